@@ -1,0 +1,43 @@
+"""Every error a user can see, in one family.
+
+Each message is one line that says what is wrong and what to do next; the CLI and the TUI print
+`str(error)` and nothing else. Internal invariants use `assert`, never these classes.
+"""
+
+from __future__ import annotations
+
+
+class LocalspecError(Exception):
+    """Base class: an error with a message meant for the user."""
+
+
+class ModelFileError(LocalspecError):
+    """A model file is missing, not GGUF, truncated, or cannot be loaded."""
+
+
+class IncompatibleDraftError(LocalspecError):
+    """The draft model cannot be paired with the target (different vocabulary)."""
+
+
+class ContextError(LocalspecError):
+    """A context cannot be created (n_ctx too large) or has run out of room."""
+
+
+class InvalidParamsError(LocalspecError):
+    """A sampling or speculation setting is out of range."""
+
+
+class NotYetError(LocalspecError):
+    """A feature that exists in the interface but has not been built yet."""
+
+
+class ChatTemplateError(LocalspecError):
+    """The model has no chat template, or the template cannot be rendered."""
+
+
+class ConfigError(LocalspecError):
+    """models.toml or another settings file is invalid."""
+
+
+class DownloadError(LocalspecError):
+    """A model download failed (network, disk, gated repository, missing file)."""

@@ -1,0 +1,87 @@
+"""Accept/reject rules for drafted tokens: greedy, exact match, and Leviathan's p/q rule.
+
+Each function takes the k drafted tokens and the target's k+1 distributions (row i is the law of
+position i given every earlier draft token) and returns (n_accepted, next_token): the caller emits
+`draft_tokens[:n_accepted] + [next_token]`. Pure functions: no I/O, one injected RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .sampling import Dist
+
+Verdict = tuple[int, int]  # (number of draft tokens accepted, the token emitted after them)
+
+
+def verify_greedy(draft_tokens: Sequence[int], target_argmax: Sequence[int]) -> Verdict:
+    """Temperature 0: accept while the draft equals the target's argmax; emit the argmax after.
+
+    `target_argmax` is indexed lazily, so later rows need not be computed after a mismatch.
+    """
+    for i, token in enumerate(draft_tokens):
+        if token != target_argmax[i]:
+            return i, target_argmax[i]
+    return len(draft_tokens), target_argmax[len(draft_tokens)]
+
+
+def verify_match(draft_tokens: Sequence[int], target_dists: Sequence[Dist], rng: np.random.Generator) -> Verdict:
+    """Exact-match verification: sample from the target, accept while it equals the draft.
+
+    Lossless for any drafter (the emitted tokens are plain target samples), but at temperature > 0 it
+    accepts with probability target(x) instead of min(1, target(x)/draft(x)).
+    """
+    for i, token in enumerate(draft_tokens):
+        sampled = target_dists[i].sample(rng)
+        if sampled != token:
+            return i, sampled
+    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)
+
+
+def verify_pq(
+    draft_tokens: Sequence[int],
+    draft_dists: Sequence[Dist | None],
+    target_dists: Sequence[Dist],
+    rng: np.random.Generator,
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023).
+
+    For i = 1..k accept x_i with probability min(1, target_i(x_i) / draft_i(x_i)). At the first
+    rejection emit y ~ norm(max(0, target_i − draft_i)); if all k pass emit y ~ target_{k+1}. The
+    emitted tokens are distributed exactly as the target alone would produce them.
+
+    Args:
+        draft_tokens: x_1..x_k.
+        draft_dists: the law each x_i was drawn from; None means a one-hot draft (n-gram lookup).
+        target_dists: k+1 target laws (lazily indexed).
+        rng: the single source of randomness.
+    """
+    for i, token in enumerate(draft_tokens):
+        target = target_dists[i]
+        draft = draft_dists[i] or Dist.one_hot(token)
+        # Step 1: the ratio test. r < target/draft accepts; draft(x) > 0 since x was drawn from it.
+        if rng.random() * draft.prob(token) < target.prob(token):
+            continue
+        # Step 2: rejected — resample from the residual, the mass the target has and the draft lacks.
+        return i, residual(target, draft).sample(rng)
+    # Step 3: every draft token passed — one bonus token from the target's next row.
+    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)
+
+
+def residual(target: Dist, draft: Dist) -> Dist:
+    """norm(max(0, target − draft)) over the union of supports; the target itself if that mass is ~0."""
+    ids = np.union1d(target.ids, draft.ids)  # (m,) sorted
+    mass = _on(ids, target) - _on(ids, draft)
+    np.maximum(mass, 0.0, out=mass)
+    if mass.sum() <= 1e-12:
+        return target
+    return Dist.from_weights(ids, mass)
+
+
+def _on(ids: np.ndarray, dist: Dist) -> np.ndarray:
+    """`dist`'s probabilities at the sorted ids `ids` (a superset of its support)."""
+    out = np.zeros(len(ids))
+    out[np.searchsorted(ids, dist.ids)] = dist.probs
+    return out
