@@ -26,7 +26,7 @@ llama_log = logging.getLogger("localspec.llama")
 
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
-_LEVELS = {2: logging.ERROR, 3: logging.WARNING, 4: logging.INFO, 5: logging.DEBUG}
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level; 5 = CONT
 
 
 class _LlamaLog:
@@ -35,15 +35,18 @@ class _LlamaLog:
     def __init__(self) -> None:
         self.recent_errors: deque[str] = deque(maxlen=4)
         self._pending = ""
+        self._level = logging.DEBUG
         # Keep the ctypes callback alive as long as llama.cpp may call it.
         self.callback = llama_cpp.llama_log_callback(self._on_log)
 
     def _on_log(self, level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+        if level in _LEVELS:
+            self._level = _LEVELS[level]  # CONT lines continue the previous level
         self._pending += text.decode("utf-8", errors="replace")
         if not self._pending.endswith("\n"):
             return  # llama.cpp prints progress dots without newlines
         line, self._pending = self._pending.rstrip(), ""
-        py_level = _LEVELS.get(level, logging.DEBUG)
+        py_level = self._level
         if py_level >= logging.ERROR and line:
             self.recent_errors.append(line)
         llama_log.log(py_level, "%s", line)
@@ -522,3 +525,57 @@ def render_builtin_chat(name: str, messages: list[dict[str, str]], *, add_genera
     if n < 0:
         raise ChatTemplateError(f"llama.cpp could not apply chat template {name!r}")
     return buf.raw[:n].decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """A compute device this llama.cpp build can really use."""
+
+    name: str
+    description: str
+    kind: str  # "cpu", "gpu", "igpu" or "accel"
+    memory_free: int
+    memory_total: int
+
+
+_DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
+
+
+def devices() -> list[Device]:
+    """Enumerate ggml's backend devices (Metal, CUDA, Vulkan, CPU…) by name.
+
+    `llama_supports_gpu_offload()` answers True even on CPU-only builds, so this is the real test.
+    """
+    init()
+    ggml = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name("ggml")))
+    base = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name("ggml-base")))
+    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    for fn in (base.ggml_backend_dev_name, base.ggml_backend_dev_description):
+        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    base.ggml_backend_dev_type.restype, base.ggml_backend_dev_type.argtypes = ctypes.c_int, [ctypes.c_void_p]
+    base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    found = []
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        found.append(Device(
+            name=base.ggml_backend_dev_name(dev).decode(),
+            description=base.ggml_backend_dev_description(dev).decode(errors="replace"),
+            kind=_DEVICE_KINDS.get(base.ggml_backend_dev_type(dev), "unknown"),
+            memory_free=free.value,
+            memory_total=total.value,
+        ))
+    return found
+
+
+def _shared_lib_name(stem: str) -> str:
+    import sys
+
+    if sys.platform == "darwin":
+        return f"lib{stem}.dylib"
+    if sys.platform == "win32":
+        return f"{stem}.dll"
+    return f"lib{stem}.so"

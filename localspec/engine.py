@@ -1,0 +1,325 @@
+"""The generation loop: one path for plain, draft-model and n-gram decoding (DESIGN §1).
+
+`speculative_step` drafts k tokens, verifies them with ONE target decode of k+1 rows, accepts or
+rejects, and rolls both caches back; k = 0 is plain decoding through the same code. `Generation`
+wraps the steps with detokenisation, stop handling, cancellation and stats, yielding one
+`TokenEvent` per emitted token. `Engine` owns the loaded models and their `KVSequence`s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import backend
+from .compat import check_pair
+from .drafters import Drafter, ModelDrafter, Proposal
+from .errors import InvalidParamsError
+from .kv import KVSequence
+from .sampling import Dist, SamplingParams, greedy_token, sampling_dist
+from .stats import Stats
+from .textstream import TextStream
+from .verify import verify_greedy, verify_match, verify_pq
+
+log = logging.getLogger("localspec.engine")
+
+VERIFY_MODES = ("auto", "pq", "match")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeParams:
+    """How drafting and verification run."""
+
+    draft_max: int = 8  # most tokens drafted per step (k); 0 = plain decoding
+    p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
+    verify: str = "auto"  # "pq" (Leviathan rejection sampling), "match" (exact match), "auto" = pq when T > 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.draft_max <= 64:
+            raise InvalidParamsError("invalid speculation setting: draft-max must be between 0 and 64")
+        if not 0 <= self.p_min <= 1:
+            raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
+        if self.verify not in VERIFY_MODES:
+            raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One emitted token (or, with token None, the close of a generation ended between steps)."""
+
+    token: int | None
+    text: str  # text released with this token ("" while bytes or a possible stop string are held back)
+    from_draft: bool
+    finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
+
+
+class TargetRows(Sequence):
+    """The target's sampling laws for the k+1 verified rows, computed lazily (row i sees x_1..x_i)."""
+
+    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams,
+                 *, greedy: bool) -> None:
+        self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
+        self._greedy = greedy
+        self._rows: dict[int, Dist | int] = {}
+
+    def __len__(self) -> int:
+        return len(self._drafts) + 1
+
+    def __getitem__(self, i: int):
+        if i not in self._rows:
+            logits = self._ctx.logits(i)  # (n_vocab,) view of batch row i
+            context = self._recent + self._drafts[:i] if self._recent else []
+            if self._greedy:
+                self._rows[i] = greedy_token(logits, context, self._sampling)
+            else:
+                self._rows[i] = sampling_dist(logits, context, self._sampling)
+        return self._rows[i]
+
+
+def speculative_step(
+    target: KVSequence,
+    drafter: Drafter | None,
+    history: list[int],
+    k: int,
+    sampling: SamplingParams,
+    spec: SpeculativeParams,
+    rng: np.random.Generator,
+    stats: Stats,
+) -> list[tuple[int, bool]]:
+    """Emit the next tokens: draft k, verify in one target pass, roll back. k = 0 is plain decoding.
+
+    The target's cache holds history[:-1] before and history[:-1] + emitted[:-1] after; the draft's
+    holds at most that.
+
+    Returns:
+        [(token, from_draft), …]: the accepted drafts, then one token sampled from the target.
+    """
+    verify = "pq" if spec.verify == "auto" else spec.verify
+    t0 = time.perf_counter()
+    drafts = Proposal()
+    if drafter is not None and k > 0:
+        drafts = drafter.propose(history, k, sampling, sample=verify == "pq", p_min=spec.p_min, rng=rng)
+    t1 = time.perf_counter()
+    n = len(history)
+    if target.needs_checkpoint and drafts.tokens:
+        target.checkpoint()
+    target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)
+    t2 = time.perf_counter()
+    recent = history[-sampling.repeat_last_n :] if sampling.penalised else []
+    rows = TargetRows(target.ctx, recent, drafts.tokens, sampling, greedy=sampling.greedy)
+    if sampling.greedy:
+        n_accepted, token = verify_greedy(drafts.tokens, rows)
+    elif verify == "pq":
+        n_accepted, token = verify_pq(drafts.tokens, drafts.dists, rows, rng)
+    else:
+        n_accepted, token = verify_match(drafts.tokens, rows, rng)
+    t3 = time.perf_counter()
+    target.rollback_to(n + n_accepted)
+    if drafter is not None:
+        drafter.keep(n + n_accepted)
+    stats.seconds_draft += t1 - t0
+    stats.seconds_verify += t2 - t1 + time.perf_counter() - t3
+    stats.seconds_sampling += t3 - t2
+    stats.record_step(len(drafts.tokens), n_accepted, n_accepted + 1)
+    return [(t, True) for t in drafts.tokens[:n_accepted]] + [(token, False)]
+
+
+class Generation:
+    """A running generation: iterate it for `TokenEvent`s, then read `tokens`, `text`, `stats`.
+
+    Stopping early (break, `close()`, `cancel()` from another thread) leaves both caches consistent:
+    every step finishes its rollback before anything is yielded.
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], *, sampling: SamplingParams, spec: SpeculativeParams,
+                 max_tokens: int, stop: Sequence[str] = (), rng: np.random.Generator | None = None) -> None:
+        if not prompt:
+            raise InvalidParamsError("the prompt is empty: give some text to continue")
+        if max_tokens < 1:
+            raise InvalidParamsError("max-tokens must be at least 1")
+        self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
+        self.max_tokens = max_tokens
+        self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
+        self.stats = Stats(prompt_tokens=len(prompt))
+        self.tokens: list[int] = []
+        self.from_draft: list[bool] = []
+        self.finish_reason: str | None = None
+        self._text = TextStream(stop)
+        self._cancel = threading.Event()
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    def cancel(self) -> None:
+        """Ask the generation to stop after the current step (thread-safe)."""
+        self._cancel.set()
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        start = time.perf_counter()
+        try:
+            yield from self._run()
+        finally:
+            self.stats.seconds = time.perf_counter() - start
+            self.engine.check_invariants()
+
+    def _run(self) -> Iterator[TokenEvent]:
+        engine, stats = self.engine, self.stats
+        t0 = time.perf_counter()
+        stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
+        stats.seconds_prefill = time.perf_counter() - t0
+        history = list(self.prompt)
+        while True:
+            reason = self._reason_to_stop(history)
+            if reason:
+                yield self._finish(None, reason)
+                return
+            k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats)
+            for token, from_draft in speculative_step(engine.target, engine.drafter, history, k, self.sampling,
+                                                      self.spec, self.rng, stats):
+                history.append(token)
+                self.tokens.append(token)
+                self.from_draft.append(from_draft)
+                if token in engine.eog:
+                    yield self._finish(token, "stop", from_draft)
+                    return
+                text = self._text.push(engine.target_model.token_bytes(token))
+                if self._text.stopped:
+                    yield self._finish(token, "stop", from_draft, text)
+                    return
+                if len(self.tokens) >= self.max_tokens:
+                    yield self._finish(token, "length", from_draft, text)
+                    return
+                yield TokenEvent(token, text, from_draft)
+
+    def _reason_to_stop(self, history: list[int]) -> str | None:
+        if self._cancel.is_set():
+            return "cancelled"
+        if len(history) >= self.engine.n_ctx:
+            return "length"
+        return None
+
+    def _finish(self, token: int | None, reason: str, from_draft: bool = False, text: str = "") -> TokenEvent:
+        self.finish_reason = reason
+        if token is not None:
+            # Tokens past the end of the step were counted as emitted; the user sees only these.
+            self.stats.emitted = len(self.tokens)
+        return TokenEvent(token, text + self._text.flush(), from_draft, reason)
+
+
+class Engine:
+    """A target model, an optional drafter, and their caches — kept warm across generations.
+
+    Build it with `Engine.load(...)` and close it (or use `with`) to free the native memory.
+    """
+
+    def __init__(self, target_model: backend.Model, target: KVSequence, drafter: Drafter | None,
+                 *, owned: Sequence = ()) -> None:
+        self.target_model = target_model
+        self.target = target
+        self.drafter = drafter
+        self.eog = target_model.eog_tokens()
+        self.n_ctx = target.ctx.n_ctx
+        self._owned = list(owned)
+
+    @classmethod
+    def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
+             n_ctx: int = 4096, n_gpu_layers: int | None = None, rollback: str = "auto",
+             swa_full: bool | None = None) -> Engine:
+        """Load the target (and the draft) and create their contexts.
+
+        Args:
+            target_path: the target GGUF.
+            draft_path: the draft GGUF (required when drafter is "model").
+            drafter: "model", "ngram" or "none".
+            n_ctx: context length of both contexts.
+            n_gpu_layers: None = all layers when the build can offload.
+            rollback: KVSequence rollback mode ("auto" probes; others force a path).
+            swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
+
+        Raises:
+            LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
+        """
+        if drafter not in ("model", "ngram", "none"):
+            raise InvalidParamsError(f"unknown drafter {drafter!r}: use model, ngram or none")
+        if drafter == "model" and draft_path is None:
+            raise InvalidParamsError("--drafter model needs --draft PATH (or use --drafter none)")
+        if drafter == "ngram":
+            from .errors import NotYetError
+
+            raise NotYetError("the n-gram drafter is not built yet: use --drafter model or none")
+        owned: list = []
+        try:
+            target_model = _own(owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers))
+            draft_model = None
+            if drafter == "model":
+                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
+                check_pair(target_model, draft_model)
+            speculating = drafter != "none"
+            target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating)
+            model_drafter = None
+            if draft_model is not None:
+                model_drafter = ModelDrafter(_sequence(owned, draft_model, n_ctx, rollback, swa_full, True))
+            return cls(target_model, target, model_drafter, owned=owned)
+        except BaseException:
+            for obj in reversed(owned):
+                obj.close()
+            raise
+
+    def draft_length(self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats) -> int:
+        """k for the next step: draft_max, bounded by the tokens still wanted and the room left."""
+        if self.drafter is None or spec.draft_max == 0:
+            stats.speculation_off = "no drafter" if self.drafter is None else "draft-max is 0"
+            stats.draft_length = 0
+            return 0
+        k = max(0, min(spec.draft_max, remaining - 1, self.n_ctx - n_history))
+        stats.draft_length, stats.speculation_off = k, ""
+        return k
+
+    def generate(self, prompt: list[int], *, sampling: SamplingParams = SamplingParams(),
+                 spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 256, stop: Sequence[str] = (),
+                 rng: np.random.Generator | None = None) -> Generation:
+        """Start a generation continuing `prompt` (token ids). Iterate the result to run it."""
+        return Generation(self, prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        """Tokenize raw text for the target (BOS as the model wants; markup is NOT parsed)."""
+        return self.target_model.tokenize(text, add_special=add_special, parse_special=False)
+
+    def check_invariants(self) -> None:
+        """Each cache holds exactly its token list (DESIGN §1, step 4)."""
+        self.target.check()
+        if isinstance(self.drafter, ModelDrafter):
+            self.drafter.seq.check()
+
+    def close(self) -> None:
+        """Free contexts and models now."""
+        for obj in reversed(self._owned):
+            obj.close()
+        self._owned.clear()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _own(owned: list, obj):
+    owned.append(obj)
+    return obj
+
+
+def _sequence(owned: list, model: backend.Model, n_ctx: int, rollback: str, swa_full: bool | None,
+              speculating: bool) -> KVSequence:
+    if swa_full is None:
+        # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
+        swa_full = speculating and model.info.n_swa > 0
+    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full))
+    return KVSequence(ctx, rollback=rollback)

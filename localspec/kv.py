@@ -1,0 +1,138 @@
+"""`KVSequence`: the single owner of one model's token history and n_past.
+
+Whatever is in the llama.cpp cache is exactly `tokens`, always: every append and rollback goes
+through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory and
+sliding-window caches that lost cells fall back to a state checkpoint, then to a full re-prefill.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .backend import Context
+
+log = logging.getLogger("localspec.kv")
+
+ROLLBACK_MODES = ("auto", "seq_rm", "checkpoint", "refill")
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """A saved sequence state and how many tokens it holds."""
+
+    n_past: int
+    state: bytes
+
+
+class KVSequence:
+    """One model context and the tokens it holds.
+
+    Args:
+        ctx: the model's context (this object does not own it; the caller closes it).
+        rollback: "auto" probes the memory once; "checkpoint" / "refill" force those paths (tests,
+            and models whose tail removal is known to be unreliable).
+    """
+
+    def __init__(self, ctx: Context, *, rollback: str = "auto") -> None:
+        assert rollback in ROLLBACK_MODES
+        self.ctx = ctx
+        self.tokens: list[int] = []
+        self.n_decoded = 0  # tokens sent through llama_decode (prefix reuse and rollback cost)
+        self.n_refills = 0  # full re-prefills forced by a failed rollback
+        self.mode = self._probe() if rollback == "auto" else rollback
+        self._checkpoint: Checkpoint | None = None
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def needs_checkpoint(self) -> bool:
+        """True when a speculative decode must be preceded by `checkpoint()`."""
+        return self.mode == "checkpoint"
+
+    def _probe(self) -> str:
+        """Find out once whether this memory can drop a partial tail (recurrent memory cannot)."""
+        self.ctx.clear()
+        self.ctx.decode([0, 0], 0, outputs=0)
+        ok = self.ctx.remove_from(1) and self.ctx.pos_range()[1] == 0
+        self.ctx.clear()
+        mode = "seq_rm" if ok else "checkpoint"
+        log.info("%s: rollback by %s", self.ctx.model.path.name, mode)
+        return mode
+
+    def append(self, tokens: list[int], *, outputs: int = 1) -> None:
+        """Decode `tokens` after the current ones; logits for the last `outputs` rows."""
+        if tokens:
+            self.ctx.decode(tokens, self.n_past, outputs=outputs)
+            self.tokens.extend(tokens)
+            self.n_decoded += len(tokens)
+
+    def checkpoint(self) -> None:
+        """Save the state so a later `rollback_to` at or after this point can restore it."""
+        self._checkpoint = Checkpoint(self.n_past, self.ctx.save_state())
+
+    def rollback_to(self, n: int) -> None:
+        """Keep only the first `n` tokens in the cache and in `tokens`."""
+        assert 0 <= n <= self.n_past
+        if n == self.n_past:
+            return
+        if self._checkpoint is not None and n < self._checkpoint.n_past:
+            self._checkpoint = None  # it holds tokens that are about to be dropped
+        if n == 0:
+            self.ctx.clear()
+            self.tokens.clear()
+            return
+        if self.mode == "seq_rm" and self.ctx.remove_from(n) and self._holds_prefix(n):
+            del self.tokens[n:]
+            return
+        cp = self._checkpoint
+        if cp is not None and cp.n_past <= n and self.mode != "refill":
+            self.ctx.load_state(cp.state)
+            keep, self.tokens = self.tokens[:n], self.tokens[: cp.n_past]
+            self.append(keep[cp.n_past :], outputs=0)
+            return
+        self._refill(n)
+
+    def _holds_prefix(self, n: int) -> bool:
+        # A sliding-window cache can report success while it dropped cells the next token must see.
+        pos_min, pos_max = self.ctx.pos_range()
+        return pos_max == n - 1 and pos_min >= 0
+
+    def _refill(self, n: int) -> None:
+        keep = self.tokens[:n]
+        if self.mode != "refill":
+            log.warning("%s: rollback to %d failed; re-prefilling", self.ctx.model.path.name, n)
+        self.n_refills += 1
+        self.ctx.clear()
+        self.tokens = []
+        self.append(keep, outputs=0)
+
+    def sync(self, tokens: list[int], *, outputs: int = 0) -> int:
+        """Make the cache hold exactly `tokens`, reusing the longest common prefix.
+
+        Args:
+            tokens: the wanted history.
+            outputs: rows at the end whose logits are needed (the last token is re-decoded if
+                it was already cached, since logits are not kept across decodes).
+
+        Returns:
+            How many tokens were decoded.
+        """
+        if tokens[: self.n_past] == self.tokens:
+            common = self.n_past  # the usual case: the cache holds a prefix of the wanted history
+        else:
+            common, limit = 0, min(len(tokens), self.n_past)
+            while common < limit and self.tokens[common] == tokens[common]:
+                common += 1
+        common = min(common, len(tokens) - outputs)
+        before = self.n_decoded
+        self.rollback_to(common)
+        self.append(tokens[common:], outputs=outputs)
+        return self.n_decoded - before
+
+    def check(self) -> None:
+        """Assert the invariant: the cache holds exactly `tokens`, positions 0..n_past-1."""
+        _, pos_max = self.ctx.pos_range()
+        assert pos_max == self.n_past - 1, f"KV holds up to {pos_max}, tokens say {self.n_past}"

@@ -1,0 +1,110 @@
+"""Speculation statistics, defined once (DESIGN §5) and shown everywhere: CLI JSON, stderr line, TUI.
+
+drafted / accepted / target passes / emitted are counted per step; acceptance rate = accepted /
+drafted; α̂ = accepted / (accepted + rejections); mean tokens per target pass = emitted / passes.
+One `Stats` per turn; `Stats.merge` sums turns into a session total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters and timings of one generation (or, merged, of a session)."""
+
+    prompt_tokens: int = 0
+    prefill_decoded: int = 0  # prompt tokens the target really decoded (the rest came from prefix reuse)
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # steps that ended on a rejected draft token
+    target_passes: int = 0
+    emitted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    draft_length: int = 0  # k chosen for the latest step
+    speculation_off: str = ""  # why the latest step decoded plainly ("" when it speculated)
+    seconds: float = 0.0  # wall time of the whole generation, prefill included
+    seconds_prefill: float = 0.0
+    seconds_draft: float = 0.0
+    seconds_verify: float = 0.0
+    seconds_sampling: float = 0.0
+
+    def record_step(self, k: int, n_accepted: int, n_emitted: int) -> None:
+        """Count one target pass that checked `k` drafts, accepted `n_accepted`, emitted `n_emitted`."""
+        self.target_passes += 1
+        self.drafted += k
+        self.accepted += n_accepted
+        self.emitted += n_emitted
+        if n_accepted < k:
+            self.rejections += 1
+        if k > len(self.drafted_by_position):
+            grow = k - len(self.drafted_by_position)
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for i in range(k):
+            self.drafted_by_position[i] += 1
+            self.accepted_by_position[i] += i < n_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """α̂: the per-token acceptance estimate of the paper."""
+        seen = self.accepted + self.rejections
+        return self.accepted / seen if seen else 0.0
+
+    @property
+    def mean_tokens_per_pass(self) -> float:
+        return self.emitted / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def seconds_generating(self) -> float:
+        return max(self.seconds - self.seconds_prefill, 0.0)
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Emitted tokens per second of generation (prefill excluded)."""
+        return self.emitted / self.seconds_generating if self.seconds_generating > 0 else 0.0
+
+    def merge(self, other: Stats) -> None:
+        """Add another generation's counts and times into this one (session totals)."""
+        for name in ("prompt_tokens", "prefill_decoded", "drafted", "accepted", "rejections", "target_passes",
+                     "emitted", "seconds", "seconds_prefill", "seconds_draft", "seconds_verify",
+                     "seconds_sampling"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.drafted_by_position, other.drafted_by_position),
+                             (self.accepted_by_position, other.accepted_by_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.draft_length, self.speculation_off = other.draft_length, other.speculation_off
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict: the counters plus every derived rate."""
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
+            mean_tokens_per_pass=self.mean_tokens_per_pass,
+            acceptance_by_position=self.acceptance_by_position,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+    def summary(self) -> str:
+        """One human line, e.g. for stderr after `localspec generate`."""
+        line = f"{self.emitted} tokens, {self.tokens_per_second:.1f} tok/s, {self.target_passes} target passes"
+        if self.drafted:
+            line += (f", acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted} drafted), "
+                     f"{self.mean_tokens_per_pass:.2f} tokens/pass")
+        else:
+            line += ", no speculation" + (f" ({self.speculation_off})" if self.speculation_off else "")
+        return line
