@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -272,6 +273,16 @@ class Model:
         """The raw vocabulary entry of a token (as stored in the GGUF), for compatibility checks."""
         raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
         return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def control_tokens(self) -> dict[str, int]:
+        """Text → id of every control token (`<|im_start|>`, `<bos>`, …): what template markup may emit."""
+        if not hasattr(self, "_control"):
+            attr = llama_cpp.llama_vocab_get_attr
+            self._control = {
+                text: t for t in range(self.n_vocab)
+                if attr(self._vocab, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL and (text := self.token_text(t))
+            }
+        return self._control
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, `<|im_end|>`, …)."""
@@ -572,8 +583,6 @@ def devices() -> list[Device]:
 
 
 def _shared_lib_name(stem: str) -> str:
-    import sys
-
     if sys.platform == "darwin":
         return f"lib{stem}.dylib"
     if sys.platform == "win32":

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +150,8 @@ class Generation:
         self.tokens: list[int] = []
         self.from_draft: list[bool] = []
         self.finish_reason: str | None = None
+        self.notices: list[str] = []  # things the user should be told (e.g. old turns dropped)
+        self.on_finish: Callable[[Generation], None] | None = None
         self._text = TextStream(stop)
         self._cancel = threading.Event()
 
@@ -167,7 +169,10 @@ class Generation:
             yield from self._run()
         finally:
             self.stats.seconds = time.perf_counter() - start
+            self.finish_reason = self.finish_reason or "cancelled"
             self.engine.check_invariants()
+            if self.on_finish is not None:
+                self.on_finish(self)
 
     def _run(self) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats

@@ -1,0 +1,190 @@
+"""The `localspec` command: argument parsing, logging set-up, and one-line errors.
+
+Subcommands live where their work is: `generate` here (the scripting face of the engine), the pair
+commands in `pairs_cli`, the chat app in `tui`. Every `LocalspecError` ends as one line on stderr and
+exit code 1; llama.cpp's own log goes to the log file, never over the user's terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from .errors import LocalspecError
+
+log = logging.getLogger("localspec.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not usage + error
+        self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Model selection flags shared by `generate` and `chat`."""
+    p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
+    p.add_argument("--target", help="target model GGUF path")
+    p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
+    p.add_argument("--drafter", choices=["model", "ngram", "none"],
+                   help="how tokens are drafted (default: model with --draft/--pair, else none)")
+    p.add_argument("--n-ctx", type=int, help="context length (default 4096, or the pair's)")
+    p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
+    p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """Sampling and speculation flags (None = the pair's or the built-in default)."""
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, help="0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--min-p", type=float)
+    p.add_argument("--repeat-penalty", type=float)
+    p.add_argument("--seed", type=int, help="same seed + same settings = same output")
+    p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
+    p.add_argument("--p-min", type=float, help="stop drafting below this draft confidence")
+    p.add_argument("--verify", choices=["pq", "match"], help="pq (default at T>0) or exact match")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="localspec", description="Local chat with exact speculative decoding on llama.cpp.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also log to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    gen = sub.add_parser("generate", help="complete a prompt (stdin when PROMPT is absent)")
+    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent")
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--system", help="system prompt (with --chat)")
+    gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
+    gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
+    gen.set_defaults(func=_generate)
+    for module in ("pairs_cli", "tui"):
+        _register(module, sub)
+    return parser
+
+
+def _register(module: str, sub) -> None:
+    """Let a subcommand module add its parsers (each is optional while it is being built)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(f".{module}", __package__)
+    except ModuleNotFoundError as e:
+        if e.name != f"{__package__}.{module}":
+            raise
+        return
+    mod.register(sub)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from .runner import open_engine, sampling_from_args, spec_from_args
+
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if args.n < 1:
+        raise LocalspecError("--n must be at least 1")
+    with open_engine(args) as (engine, settings):
+        sampling, spec = sampling_from_args(args, settings), spec_from_args(args, settings)
+        if args.chat:
+            from .session import ChatFormat, Message
+
+            messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
+            tokens = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template")).tokens(messages)
+        else:
+            tokens = engine.tokenize(prompt)
+        rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
+        for i in range(args.n):
+            gen = engine.generate(tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens,
+                                  stop=args.stop, rng=rng)
+            if args.json:
+                for _ in gen:
+                    pass
+                print(json.dumps(_completion_json(gen)), flush=True)
+            else:
+                for event in gen:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+                sys.stdout.write("\n" if args.n == 1 or i == args.n - 1 else "\n\n")
+                print(gen.stats.summary(), file=sys.stderr)
+    return 0
+
+
+def _completion_json(gen) -> dict:
+    s = gen.stats
+    return {
+        "text": gen.text,
+        "prompt_tokens": len(gen.prompt),
+        "tokens": gen.tokens,
+        "from_draft": gen.from_draft,
+        "finish_reason": gen.finish_reason,
+        "notices": gen.notices,
+        "stats": {
+            "drafted": s.drafted,
+            "accepted": s.accepted,
+            "target_passes": s.target_passes,
+            "emitted": s.emitted,
+            "acceptance_rate": s.acceptance_rate,
+            "alpha": s.alpha,
+            "mean_tokens_per_pass": s.mean_tokens_per_pass,
+            "accepted_by_position": s.accepted_by_position,
+            "drafted_by_position": s.drafted_by_position,
+            "tokens_per_second": s.tokens_per_second,
+            "seconds": s.seconds,
+            "seconds_prefill": s.seconds_prefill,
+            "seconds_draft": s.seconds_draft,
+            "seconds_verify": s.seconds_verify,
+            "seconds_sampling": s.seconds_sampling,
+            "prefill_decoded": s.prefill_decoded,
+        },
+    }
+
+
+def setup_logging(verbose: bool) -> None:
+    """Log to the log file (llama.cpp's lines included); to stderr too with --verbose."""
+    from .paths import get_paths
+
+    root = logging.getLogger("localspec")
+    root.setLevel(logging.DEBUG)
+    root.propagate = False
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        log_file = get_paths().log_file
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setLevel(logging.INFO)
+    except OSError:
+        handler = logging.NullHandler()
+    handler.setFormatter(fmt)
+    root.addHandler(handler)
+    if verbose:
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.INFO)
+        console.setFormatter(fmt)
+        root.addHandler(console)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `localspec` console script."""
+    args = build_parser().parse_args(argv)
+    setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except LocalspecError as e:
+        log.info("error: %s", e)
+        print(f"localspec: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("localspec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""A multi-turn chat on an `Engine` (DESIGN §4).
+
+Each turn renders the whole conversation with the model's chat template and hands the tokens to the
+engine, whose `KVSequence.sync` keeps the common prefix in BOTH caches and decodes only the new suffix.
+Message text is tokenized with special-token parsing off, so typing `<|im_end|>` stays text: only
+the template's own markup yields control tokens. When the conversation outgrows n_ctx, the oldest
+turns are left out of the rendering (the system prompt stays) and the turn says so.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from . import backend
+from .engine import Engine, Generation, SpeculativeParams
+from .errors import ChatTemplateError, ContextError
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: str  # "system", "user" or "assistant"
+    content: str
+
+
+class ChatFormat:
+    """Renders messages to token ids with the GGUF's Jinja template or a named llama.cpp template."""
+
+    def __init__(self, model: backend.Model, template_name: str | None = None) -> None:
+        self.model = model
+        self.template_name = template_name
+        self.template = None if template_name else model.chat_template()
+        if template_name is None and self.template is None:
+            raise ChatTemplateError(
+                f"{model.path.name} has no chat template: pass --chat-template NAME "
+                f"(e.g. chatml, llama3, gemma) or set chat_template for the pair in models.toml"
+            )
+        if template_name is not None:
+            backend.render_builtin_chat(template_name, [])  # fail early on an unknown name
+        control = sorted(model.control_tokens(), key=len, reverse=True)
+        self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
+
+    def tokens(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the conversation followed by the assistant's generation prompt."""
+        marks = [f"\u27e6{uuid.uuid4().hex}\u27e7" for _ in messages]
+        rendered = self._render([{"role": m.role, "content": mark} for m, mark in zip(messages, marks)])
+        pieces: list[tuple[str, bool]] = []  # (text, is_markup)
+        rest = rendered
+        for message, mark in zip(messages, marks):
+            before, found, rest = rest.partition(mark)
+            if not found:
+                raise ChatTemplateError("the chat template dropped a message; choose another --chat-template")
+            pieces += [(before, True), (message.content, False)]
+        pieces.append((rest, True))
+        return self._tokenize(pieces)
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        if self.template_name:
+            return backend.render_builtin_chat(self.template_name, messages)
+        m = self.model
+        return backend.render_jinja_chat(self.template, messages, bos=m.token_piece_text(m.info.bos),
+                                         eos=m.token_piece_text(m.info.eos))
+
+    def _tokenize(self, pieces: list[tuple[str, bool]]) -> list[int]:
+        # Split markup at control tokens; tokenize each run of plain text (markup and message text
+        # joined, as one tokenizer call would see it) with special parsing off.
+        out: list[int] = []
+        run = ""
+        for text, is_markup in pieces:
+            if not is_markup or self._control_re is None:
+                run += text
+                continue
+            pos = 0
+            for hit in self._control_re.finditer(text):
+                run += text[pos : hit.start()]
+                out += self.model.tokenize(run) if run else []
+                out.append(self.model.control_tokens()[hit.group()])
+                run, pos = "", hit.end()
+            run += text[pos:]
+        out += self.model.tokenize(run) if run else []
+        info = self.model.info
+        if info.add_bos and info.bos >= 0 and (not out or out[0] != info.bos):
+            out.insert(0, info.bos)
+        return out
+
+
+class ChatSession:
+    """A conversation kept warm in the engine's caches.
+
+    Args:
+        engine: the loaded models.
+        system: an optional system prompt (always kept when old turns are dropped).
+        template_name: a llama.cpp built-in template name instead of the GGUF's own.
+    """
+
+    def __init__(self, engine: Engine, *, system: str | None = None, template_name: str | None = None) -> None:
+        self.engine = engine
+        self.format = ChatFormat(engine.target_model, template_name)
+        self.messages: list[Message] = [Message("system", system)] if system else []
+        self.dropped = 0  # oldest messages left out of the last rendering to fit n_ctx
+
+    def send(self, text: str, *, sampling: SamplingParams = SamplingParams(),
+             spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 512, stop: Sequence[str] = (),
+             rng=None) -> Generation:
+        """Add a user message and start the assistant's answer; iterate the result to stream it.
+
+        The answer (partial if stopped early) joins the conversation when the iteration ends.
+        """
+        self.messages.append(Message("user", text))
+        return self._answer(sampling, spec, max_tokens, stop, rng)
+
+    def regenerate(self, **kwargs) -> Generation:
+        """Drop the last answer and generate it again."""
+        if self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1].role != "user":
+            raise ContextError("nothing to regenerate: send a message first")
+        return self._answer(kwargs.get("sampling", SamplingParams()), kwargs.get("spec", SpeculativeParams()),
+                            kwargs.get("max_tokens", 512), kwargs.get("stop", ()), kwargs.get("rng"))
+
+    def _answer(self, sampling, spec, max_tokens, stop, rng) -> Generation:
+        prompt = self._fit(max_tokens)
+        generation = self.engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop,
+                                          rng=rng)
+        if self.dropped:
+            generation.notices.append(f"the conversation is longer than the context: the {self.dropped} oldest "
+                                      f"messages were left out")
+        generation.on_finish = lambda g: self.messages.append(Message("assistant", g.text))
+        return generation
+
+    def _fit(self, max_tokens: int) -> list[int]:
+        """Tokens of the longest recent window of the conversation that leaves room for an answer."""
+        n_ctx = self.engine.n_ctx
+        room = n_ctx - min(max_tokens, n_ctx // 2)
+        system = [m for m in self.messages[:1] if m.role == "system"]
+        turns = self.messages[len(system):]
+        for start in range(0, len(turns)):
+            if start and turns[start].role != "user":
+                continue  # a window starts at a user message
+            tokens = self.format.tokens(system + turns[start:])
+            if len(tokens) <= room:
+                self.dropped = start
+                return tokens
+        raise ContextError(f"the last message does not fit in the context ({n_ctx} tokens): shorten it or raise "
+                           "--n-ctx")
+
+    def clear(self) -> None:
+        """Start a new conversation (the system prompt stays)."""
+        self.messages = [m for m in self.messages[:1] if m.role == "system"]
+        self.dropped = 0
