@@ -1,0 +1,312 @@
+"""The models.toml schema: named target + draft pairs, where their files come from, and per-pair defaults.
+
+The bundled file (shipped in the package) is read first; the user's file (`Paths.config_file`) adds pairs
+and replaces bundled ones by name, and its `default` wins. Validation is pydantic with unknown keys
+forbidden; every error becomes one `ConfigError` line naming the file, the pair and the field. The engine
+never sees pydantic: it gets plain dicts from `Pair.sampling_overrides()` and friends.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from .errors import ConfigError
+from .paths import Paths
+
+DEFAULT_QUANT = "Q4_K_M"
+BUILTIN_MODELS = ("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-f32")
+_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_QUANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+_PAIR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class ModelSource(BaseModel):
+    """Where one model file comes from: a Hub repository (by quant or by file), a local path, or a built-in.
+
+    In TOML: `"owner/repo:QUANT"` (llama.cpp's `-hf` convention; QUANT defaults to Q4_K_M),
+    `{ repo = "owner/repo", file = "name.gguf" }`, `{ path = "/models/x.gguf" }` or `{ builtin = "NAME" }`.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo: str | None = None
+    """Hugging Face repository id, "owner/name"."""
+
+    quant: str | None = None
+    """Quantization to pick among the repository's .gguf files (matched case-insensitively in file names)."""
+
+    file: str | None = None
+    """Exact file name inside the repository (instead of `quant`)."""
+
+    path: Path | None = None
+    """A local .gguf file; relative paths are relative to the models.toml that names them."""
+
+    builtin: str | None = None
+    """A model localspec provides without a download (the offline demo pair's files)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_hub_string(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "repo" in value and "file" not in value and "quant" not in value:
+            return {**value, "quant": DEFAULT_QUANT}
+        if not isinstance(value, str):
+            return value
+        repo, sep, quant = value.partition(":")
+        if not _REPO_RE.match(repo) or (sep and not _QUANT_RE.match(quant)):
+            raise ValueError(f"{value!r} is not a Hub reference: write \"owner/repo:QUANT\", e.g. "
+                             f"\"bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M\"")
+        return {"repo": repo, "quant": quant or DEFAULT_QUANT}
+
+    @field_validator("repo")
+    @classmethod
+    def _check_repo(cls, value: str | None) -> str | None:
+        if value is not None and not _REPO_RE.match(value):
+            raise ValueError(f"{value!r} is not a repository id: write \"owner/name\"")
+        return value
+
+    @field_validator("quant")
+    @classmethod
+    def _check_quant(cls, value: str | None) -> str | None:
+        if value is not None and not _QUANT_RE.match(value):
+            raise ValueError(f"{value!r} is not a quantization name such as Q4_K_M or Q8_0")
+        return value
+
+    @field_validator("builtin")
+    @classmethod
+    def _check_builtin(cls, value: str | None) -> str | None:
+        if value is not None and value not in BUILTIN_MODELS:
+            raise ValueError(f"unknown builtin model {value!r}: choose one of {', '.join(BUILTIN_MODELS)}")
+        return value
+
+    @field_validator("path")
+    @classmethod
+    def _resolve_path(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        value = value.expanduser()
+        base = (info.context or {}).get("base_dir")
+        return value if value.is_absolute() or base is None else Path(base) / value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelSource:
+        kinds = [k for k in ("repo", "path", "builtin") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of repo (\"owner/repo:QUANT\" or {repo, file}), path or builtin")
+        if self.repo is None and (self.file or self.quant):
+            raise ValueError("file and quant only go with repo")
+        if self.file and self.quant:
+            raise ValueError("give either file or quant, not both")
+        return self
+
+    @property
+    def kind(self) -> Literal["hub", "path", "builtin"]:
+        """Which of the three forms this is."""
+        return "hub" if self.repo else "path" if self.path else "builtin"
+
+    def label(self) -> str:
+        """The reference as a user would write it: `owner/repo:QUANT`, `owner/repo/file`, a path or a name."""
+        if self.repo:
+            return f"{self.repo}/{self.file}" if self.file else f"{self.repo}:{self.quant}"
+        return str(self.path) if self.path else f"builtin:{self.builtin}"
+
+
+class PairSpec(BaseModel):
+    """One `[pairs.NAME]` table: a target, the draft that speaks for it, and defaults for using them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: ModelSource
+    """The model whose output you get."""
+
+    draft: ModelSource
+    """The small model that proposes tokens (same tokenizer as the target)."""
+
+    description: str = ""
+    """One line shown by `localspec models`."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    """Sampling temperature; 0 means greedy."""
+
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+
+    top_k: int | None = Field(default=None, ge=0)
+    """Keep the k most likely tokens; 0 disables."""
+
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Drop tokens less likely than min_p times the most likely one."""
+
+    draft_max: int | None = Field(default=None, ge=1, le=64)
+    """Most tokens the draft proposes per step."""
+
+    p_min: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Stop drafting when the draft's top probability falls below this."""
+
+    verify: Literal["pq", "match"] | None = None
+    """Verification rule: "pq" (speculative sampling, default for T > 0) or "match" (exact match)."""
+
+    n_ctx: int | None = Field(default=None, ge=16)
+    """Context length in tokens."""
+
+    n_gpu_layers: int | None = Field(default=None, ge=-1)
+    """Layers to offload to the GPU; -1 means all."""
+
+    chat_template: str | None = None
+    """A llama.cpp built-in chat template name to use instead of the GGUF's own template."""
+
+
+class ModelsFile(BaseModel):
+    """A whole models.toml: an optional default pair name and the pairs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default: str | None = None
+    """The pair used when none is named."""
+
+    pairs: dict[str, PairSpec] = Field(default_factory=dict)
+    """Pairs by name."""
+
+    @field_validator("pairs")
+    @classmethod
+    def _check_names(cls, pairs: dict[str, PairSpec]) -> dict[str, PairSpec]:
+        for name in pairs:
+            if not _PAIR_NAME_RE.match(name):
+                raise ValueError(f"pair name {name!r} may only use letters, digits, '.', '_' and '-'")
+        return pairs
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """A named pair as the rest of the program sees it, with where it was defined."""
+
+    name: str
+    source: Literal["bundled", "user"]
+    file: Path
+    spec: PairSpec
+
+    @property
+    def target(self) -> ModelSource:
+        return self.spec.target
+
+    @property
+    def draft(self) -> ModelSource:
+        return self.spec.draft
+
+    @property
+    def description(self) -> str:
+        return self.spec.description
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """Per-pair sampling defaults that were set (keys of `SamplingParams`)."""
+        return self._set_fields("temperature", "top_p", "top_k", "min_p")
+
+    def speculative_overrides(self) -> dict[str, Any]:
+        """Per-pair speculation defaults that were set: draft_max, p_min, verify."""
+        return self._set_fields("draft_max", "p_min", "verify")
+
+    def model_overrides(self) -> dict[str, Any]:
+        """Per-pair loading defaults that were set: n_ctx, n_gpu_layers, chat_template."""
+        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template")
+
+    def _set_fields(self, *names: str) -> dict[str, Any]:
+        return {n: getattr(self.spec, n) for n in names if getattr(self.spec, n) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsConfig:
+    """The merged configuration: bundled pairs overlaid with the user's."""
+
+    pairs: Mapping[str, Pair]
+    default: str | None
+    files: tuple[Path, ...]
+
+    def get(self, name: str) -> Pair:
+        """The pair called `name`.
+
+        Raises:
+            ConfigError: no such pair.
+        """
+        try:
+            return self.pairs[name]
+        except KeyError:
+            raise ConfigError(f"unknown pair {name!r}: choose one of {', '.join(sorted(self.pairs))} "
+                              "(see `localspec models`)") from None
+
+
+def bundled_config_file() -> Path:
+    """The models.toml shipped inside the package."""
+    return Path(__file__).with_name("models.toml")
+
+
+def read_models_file(path: Path) -> ModelsFile:
+    """Parse and validate one models.toml.
+
+    Raises:
+        ConfigError: unreadable file, invalid TOML or an invalid field (one line naming file, pair and field).
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML ({e}): fix the syntax") from e
+    try:
+        return ModelsFile.model_validate(data, context={"base_dir": path.parent})
+    except ValidationError as e:
+        raise ConfigError(_describe(path, e)) from e
+
+
+def _describe(path: Path, error: ValidationError) -> str:
+    """One line for the first validation error, naming the file, the pair and the field."""
+    errors = error.errors()
+    first = errors[0]
+    loc = [str(part) for part in first["loc"]]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key (check its spelling or remove it)"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+    if len(loc) >= 2 and loc[0] == "pairs":
+        where = f"pair {loc[1]!r}" + (f", field {'.'.join(loc[2:])!r}" if len(loc) > 2 else "")
+    else:
+        where = f"field {'.'.join(loc)!r}" if loc else "top level"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{path}: {where}: {message}{more}"
+
+
+def load_config(paths: Paths, *, bundled: Path | None = None) -> ModelsConfig:
+    """Read the bundled models.toml, then overlay the user's one if it exists.
+
+    Args:
+        paths: where the user's file lives (`paths.config_file`).
+        bundled: another bundled file (tests); default the package's own.
+
+    Returns:
+        The merged pairs: user pairs replace bundled ones of the same name; the user's `default` wins.
+
+    Raises:
+        ConfigError: a file is invalid, or `default` names a pair that does not exist.
+    """
+    bundled = bundled or bundled_config_file()
+    layers: list[tuple[Literal["bundled", "user"], Path]] = [("bundled", bundled)]
+    if paths.config_file.is_file():
+        layers.append(("user", paths.config_file))
+    pairs: dict[str, Pair] = {}
+    default: str | None = None
+    default_file = bundled
+    for source, file in layers:
+        parsed = read_models_file(file)
+        for name, spec in parsed.pairs.items():
+            pairs[name] = Pair(name=name, source=source, file=file, spec=spec)
+        if parsed.default is not None:
+            default, default_file = parsed.default, file
+    if default is not None and default not in pairs:
+        raise ConfigError(f"{default_file}: field 'default': no pair named {default!r}: "
+                          f"choose one of {', '.join(sorted(pairs))}")
+    return ModelsConfig(pairs=pairs, default=default, files=tuple(f for _, f in layers))
