@@ -366,6 +366,7 @@ class Context:
             )
         self.model = model
         self.n_vocab = model.n_vocab
+        self.swa_full = swa_full
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx

@@ -206,7 +206,7 @@ class Generation:
     def _reason_to_stop(self, history: list[int]) -> str | None:
         if self._cancel.is_set():
             return "cancelled"
-        if len(history) >= self.engine.n_ctx:
+        if len(history) > self.engine.n_ctx:  # the cache holds history[:-1]: no cell left for the last token
             return "length"
         return None
 

@@ -84,7 +84,7 @@ class KVSequence:
             self.ctx.clear()
             self.tokens.clear()
             return
-        if self.mode == "seq_rm" and self.ctx.remove_from(n) and self._holds_prefix(n):
+        if self.mode == "seq_rm" and self._window_keeps(n) and self.ctx.remove_from(n) and self._holds_prefix(n):
             del self.tokens[n:]
             return
         cp = self._checkpoint
@@ -95,8 +95,15 @@ class KVSequence:
             return
         self._refill(n)
 
+    def _window_keeps(self, n: int) -> bool:
+        # A sliding-window cache (without swa_full) reports success for any removal, but the logits
+        # after it are silently wrong unless the window's cells before n are all still there.
+        n_swa = self.ctx.model.info.n_swa
+        if n_swa == 0 or self.ctx.swa_full:
+            return True
+        return n >= self.ctx.pos_range()[0] + n_swa - 1
+
     def _holds_prefix(self, n: int) -> bool:
-        # A sliding-window cache can report success while it dropped cells the next token must see.
         pos_min, pos_max = self.ctx.pos_range()
         return pos_max == n - 1 and pos_min >= 0
 
