@@ -32,7 +32,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
     p.add_argument("--drafter", choices=["model", "ngram", "none"],
                    help="how tokens are drafted (default: model with --draft/--pair, else none)")
-    p.add_argument("--n-ctx", type=int, help="context length (default 4096, or the pair's)")
+    p.add_argument("--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)")
     p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
 
@@ -80,7 +80,8 @@ def _register(module: str, sub) -> None:
         if e.name != f"{__package__}.{module}":
             raise
         return
-    mod.register(sub)
+    if hasattr(mod, "register"):
+        mod.register(sub)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -141,6 +142,7 @@ def _completion_json(gen) -> dict:
             "seconds_verify": s.seconds_verify,
             "seconds_sampling": s.seconds_sampling,
             "prefill_decoded": s.prefill_decoded,
+            "draft_prefill_decoded": s.draft_prefill_decoded,
         },
     }
 
@@ -171,7 +173,10 @@ def setup_logging(verbose: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `localspec` console script."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a usage error already printed as one line
+        return int(e.code or 0)
     setup_logging(args.verbose)
     try:
         return args.func(args)

@@ -25,6 +25,7 @@ class Proposal:
 
 class Drafter(Protocol):
     kind: str
+    n_ctx: int  # longest history it can draft after
 
     def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
                 p_min: float, rng: np.random.Generator) -> Proposal:
@@ -35,6 +36,10 @@ class Drafter(Protocol):
         """The first n tokens of the history are final; forget any drafted state past them."""
         ...
 
+    def prefill(self, prompt: list[int]) -> int:
+        """Get ready to draft after `prompt`; returns the tokens decoded (0 for lookup drafters)."""
+        ...
+
 
 class ModelDrafter:
     """Drafts with a small model. Its KV keeps the accepted prefix between steps."""
@@ -43,6 +48,11 @@ class ModelDrafter:
 
     def __init__(self, seq: KVSequence) -> None:
         self.seq = seq
+
+    @property
+    def n_ctx(self) -> int:
+        """Most tokens the draft can hold (its context may be shorter than the target's)."""
+        return self.seq.ctx.n_ctx
 
     def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
                 p_min: float, rng: np.random.Generator) -> Proposal:
@@ -69,6 +79,10 @@ class ModelDrafter:
             if i < k - 1:
                 seq.append([token], outputs=1)
         return out
+
+    def prefill(self, prompt: list[int]) -> int:
+        # Like the target, hold all but the last token; the first `propose` decodes it with logits.
+        return self.seq.sync(prompt[:-1])
 
     def keep(self, n: int) -> None:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the

@@ -30,6 +30,7 @@ from .verify import verify_greedy, verify_match, verify_pq
 log = logging.getLogger("localspec.engine")
 
 VERIFY_MODES = ("auto", "pq", "match")
+DEFAULT_N_CTX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,8 @@ class Generation:
         engine, stats = self.engine, self.stats
         t0 = time.perf_counter()
         stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
+        if engine.drafter is not None:
+            stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
         stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
         while True:
@@ -235,7 +238,7 @@ class Engine:
 
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
-             n_ctx: int = 4096, n_gpu_layers: int | None = None, rollback: str = "auto",
+             n_ctx: int | None = None, n_gpu_layers: int | None = None, rollback: str = "auto",
              swa_full: bool | None = None) -> Engine:
         """Load the target (and the draft) and create their contexts.
 
@@ -243,7 +246,8 @@ class Engine:
             target_path: the target GGUF.
             draft_path: the draft GGUF (required when drafter is "model").
             drafter: "model", "ngram" or "none".
-            n_ctx: context length of both contexts.
+            n_ctx: context length; None = min(4096, the target's training context). The draft's
+                context is capped at its own training context (drafting pauses past it).
             n_gpu_layers: None = all layers when the build can offload.
             rollback: KVSequence rollback mode ("auto" probes; others force a path).
             swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
@@ -267,10 +271,12 @@ class Engine:
                 draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
                 check_pair(target_model, draft_model)
             speculating = drafter != "none"
+            n_ctx = n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
             target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating)
             model_drafter = None
             if draft_model is not None:
-                model_drafter = ModelDrafter(_sequence(owned, draft_model, n_ctx, rollback, swa_full, True))
+                draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
+                model_drafter = ModelDrafter(_sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True))
             return cls(target_model, target, model_drafter, owned=owned)
         except BaseException:
             for obj in reversed(owned):
@@ -283,7 +289,9 @@ class Engine:
             stats.speculation_off = "no drafter" if self.drafter is None else "draft-max is 0"
             stats.draft_length = 0
             return 0
-        k = max(0, min(spec.draft_max, remaining - 1, self.n_ctx - n_history))
+        # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
+        room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
+        k = max(0, min(spec.draft_max, remaining - 1, room))
         stats.draft_length, stats.speculation_off = k, ""
         return k
 

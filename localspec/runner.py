@@ -14,7 +14,6 @@ from .engine import Engine, SpeculativeParams
 from .errors import InvalidParamsError, LocalspecError
 from .sampling import SamplingParams
 
-DEFAULT_N_CTX = 4096
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 _SPEC_FLAGS = ("draft_max", "p_min", "verify")
 
@@ -59,7 +58,7 @@ def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
     drafter = args.drafter or ("model" if draft else "none")
     if drafter != "model":
         draft = None
-    n_ctx = args.n_ctx or settings.get("n_ctx") or DEFAULT_N_CTX
+    n_ctx = args.n_ctx or settings.get("n_ctx")
     n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers is not None else settings.get("n_gpu_layers")
     engine = Engine.load(target, draft, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
     try:

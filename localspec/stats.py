@@ -16,6 +16,7 @@ class Stats:
 
     prompt_tokens: int = 0
     prefill_decoded: int = 0  # prompt tokens the target really decoded (the rest came from prefix reuse)
+    draft_prefill_decoded: int = 0  # the same for the draft model
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0  # steps that ended on a rejected draft token
@@ -76,7 +77,7 @@ class Stats:
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times into this one (session totals)."""
-        for name in ("prompt_tokens", "prefill_decoded", "drafted", "accepted", "rejections", "target_passes",
+        for name in ("prompt_tokens", "prefill_decoded", "draft_prefill_decoded", "drafted", "accepted", "rejections", "target_passes",
                      "emitted", "seconds", "seconds_prefill", "seconds_draft", "seconds_verify",
                      "seconds_sampling"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
