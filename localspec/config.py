@@ -143,8 +143,8 @@ class PairSpec(BaseModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     """Drop tokens less likely than min_p times the most likely one."""
 
-    draft_max: int | None = Field(default=None, ge=1, le=64)
-    """Most tokens the draft proposes per step."""
+    draft_max: int | None = Field(default=None, ge=0, le=64)
+    """Most tokens the draft proposes per step; 0 decodes without speculation."""
 
     p_min: float | None = Field(default=None, ge=0.0, le=1.0)
     """Stop drafting when the draft's top probability falls below this."""

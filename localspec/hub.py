@@ -1,0 +1,302 @@
+"""Model files from the Hugging Face Hub: resolve a reference to file names, find them in the cache, download.
+
+Downloads go through `huggingface_hub.hf_hub_download` into the shared HF cache: locking, resuming a cut
+connection, `HF_HUB_OFFLINE` and the cache layout are huggingface_hub's, never ours. This module adds what
+a GGUF user needs on top: picking the file of a quantization ("owner/repo:Q4_K_M"), split files, and one
+line a user can act on for every failure (gated repository, missing quant, dead network, full disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import ModelSource
+from .errors import DownloadError
+
+log = logging.getLogger("localspec.hub")
+
+ProgressCallback = Callable[[str, int, "int | None"], None]
+"""Called as bytes arrive: (file name, bytes so far, total bytes or None)."""
+
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_QUANT_NAME_RE = re.compile(
+    r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|FP16|FP32|MXFP4)(?![A-Za-z0-9])", re.IGNORECASE
+)
+_MAX_LISTED = 12
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    """One file of a Hub repository."""
+
+    repo: str
+    filename: str
+    size: int | None
+
+
+# --- quantization names --------------------------------------------------------------------------------------
+
+
+def _is_model_file(filename: str) -> bool:
+    name = filename.rsplit("/", 1)[-1].lower()
+    return name.endswith(".gguf") and "mmproj" not in name
+
+
+def _shard_group(filename: str) -> str:
+    """The name a file shares with its sibling shards ("x-00001-of-00003.gguf" -> "x.gguf")."""
+    return _SHARD_RE.sub(".gguf", filename)
+
+
+def quant_of(filename: str) -> str | None:
+    """The quantization named in a .gguf file name ("Qwen3-8B-Q4_K_M.gguf" -> "Q4_K_M"), or None."""
+    stem = _SHARD_RE.sub("", filename.rsplit("/", 1)[-1]).removesuffix(".gguf")
+    found = _QUANT_NAME_RE.findall(stem)
+    return found[-1].upper() if found else None
+
+
+def available_quants(filenames: list[str]) -> list[str]:
+    """The quantizations a repository offers, from its .gguf file names, sorted."""
+    return sorted({q for f in filenames if _is_model_file(f) and (q := quant_of(f))})
+
+
+def match_quant(filenames: list[str], quant: str) -> list[str]:
+    """The file(s) of one quantization: a single file, or every shard of a split model in order.
+
+    A quant matches when it appears in the file name as a whole word (case-insensitive), so "Q4_K" does not
+    pick "Q4_K_M". Projector files (mmproj) never match. Among several matching models the shortest name wins.
+
+    Returns:
+        The chosen files (empty when none matches).
+    """
+    pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(quant)}(?![A-Za-z0-9_])", re.IGNORECASE)
+    groups: dict[str, list[str]] = {}
+    for f in filenames:
+        if _is_model_file(f) and pattern.search(f.rsplit("/", 1)[-1]):
+            groups.setdefault(_shard_group(f), []).append(f)
+    if not groups:
+        return []
+    best = min(groups, key=lambda g: (len(g), g))
+    if len(groups) > 1:
+        log.info("several files match %s (%s); using %s", quant, ", ".join(sorted(groups)), best)
+    return sorted(groups[best])
+
+
+def _select(ref: ModelSource, filenames: list[str]) -> list[str]:
+    """The files `ref` names among a repository's files (empty when absent)."""
+    if ref.file:
+        return [ref.file] if ref.file in filenames else []
+    return match_quant(filenames, ref.quant or "")
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f", … ({len(items)} in all)" if len(items) > _MAX_LISTED else "") if items else "none"
+
+
+# --- the cache (no network) ------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """The Hugging Face hub cache in use (`HF_HUB_CACHE`, `HF_HOME`, or ~/.cache/huggingface/hub)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def is_offline() -> bool:
+    """True when `HF_HUB_OFFLINE` is set: huggingface_hub then only reads the cache."""
+    from huggingface_hub import constants
+
+    check = getattr(constants, "is_offline_mode", None)
+    return bool(check() if callable(check) else constants.HF_HUB_OFFLINE)
+
+
+def _cached_filenames(repo: str) -> list[str]:
+    """File names of the cached snapshot of `repo` that `main` points to (or the newest), without network."""
+    from huggingface_hub import CacheNotFound, scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache_dir())
+    except (CacheNotFound, OSError):
+        return []
+    for cached in info.repos:
+        if cached.repo_id == repo and cached.repo_type == "model" and cached.revisions:
+            revision = max(cached.revisions, key=lambda r: ("main" in r.refs, r.last_modified))
+            return [str(f.file_path.relative_to(revision.snapshot_path)) for f in revision.files]
+    return []
+
+
+def find_cached(ref: ModelSource) -> Path | None:
+    """The local path of a Hub model if every file of it is already in the cache; no network.
+
+    Returns:
+        The path to load (the first shard of a split model), or None when something is missing.
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    assert ref.repo, "only Hub references live in the cache"
+    names = [ref.file] if ref.file else match_quant(_cached_filenames(ref.repo), ref.quant or "")
+    paths = []
+    for name in names:
+        found = try_to_load_from_cache(ref.repo, name, cache_dir=cache_dir())
+        if not isinstance(found, str):
+            return None
+        paths.append(Path(found))
+    return paths[0] if paths else None
+
+
+def cached_size(path: Path) -> int:
+    """Bytes on disk of a model file, counting every shard of a split model."""
+    match = _SHARD_RE.search(path.name)
+    if not match:
+        return path.stat().st_size
+    siblings = path.parent.glob(_SHARD_RE.sub("", path.name) + f"-*-of-{match.group(2)}.gguf")
+    return sum(p.stat().st_size for p in siblings)
+
+
+# --- the Hub (network) -----------------------------------------------------------------------------------------
+
+
+def remote_files(ref: ModelSource) -> list[RemoteFile]:
+    """The files `ref` names on the Hub, with sizes (one request, no retries).
+
+    Raises:
+        DownloadError: unreachable Hub, unknown or gated repository, or no file for the quant / file name.
+    """
+    from huggingface_hub import HfApi
+
+    assert ref.repo, "only Hub references can be listed"
+    with hub_errors(ref):
+        info = HfApi().model_info(ref.repo, files_metadata=True)
+    sizes = {s.rfilename: s.size for s in info.siblings or []}
+    chosen = _select(ref, list(sizes))
+    if chosen:
+        return [RemoteFile(ref.repo, name, sizes[name]) for name in chosen]
+    ggufs = sorted(f for f in sizes if _is_model_file(f))
+    if ref.file:
+        raise DownloadError(f"{ref.repo} has no file {ref.file!r}; its GGUF files: {_listing(ggufs)}")
+    raise DownloadError(
+        f"{ref.repo} has no {ref.quant} file; quants it has: {_listing(available_quants(ggufs))} "
+        f"(write \"{ref.repo}:QUANT\" in models.toml)"
+    )
+
+
+def download(ref: ModelSource, *, progress: ProgressCallback | None = None) -> Path:
+    """Make sure every file of `ref` is in the HF cache and return the path to load.
+
+    Args:
+        ref: a Hub reference.
+        progress: called as bytes arrive; None shows huggingface_hub's own progress bar per file.
+
+    Returns:
+        The local path (first shard of a split model).
+
+    Raises:
+        DownloadError: see `hub_errors`.
+    """
+    from huggingface_hub import hf_hub_download
+
+    cached = find_cached(ref)
+    if cached is not None:
+        log.info("%s is already downloaded: %s", ref.label(), cached)
+        return cached
+    if is_offline():
+        raise DownloadError(f"{ref.label()} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE "
+                            "is set: unset HF_HUB_OFFLINE to download it")
+    paths = []
+    for remote in remote_files(ref):
+        log.info("downloading %s from %s (%s bytes)", remote.filename, remote.repo, remote.size)
+        with hub_errors(ref, remote.size):
+            paths.append(Path(hf_hub_download(remote.repo, remote.filename, tqdm_class=_progress_class(progress))))
+    return paths[0]
+
+
+def _progress_class(callback: ProgressCallback | None):
+    """A tqdm class that reports to `callback` instead of drawing a bar (None keeps the default bar)."""
+    if callback is None:
+        return None
+    from tqdm import tqdm
+
+    class _Reporter(tqdm):
+        def __init__(self, *args, **kwargs):
+            self._label = str(kwargs.get("desc") or "")
+            self._done = int(kwargs.get("initial") or 0)
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self._done += int(n or 0)
+            callback(self._label, self._done, self.total)
+            return None
+
+    return _Reporter
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "could not talk to the Hub", whichever HTTP library huggingface_hub uses."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
+                         ("requests", "ConnectionError"), ("requests", "Timeout")):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(getattr(importlib.import_module(module), name))
+    return tuple(found)
+
+
+@contextlib.contextmanager
+def hub_errors(ref: ModelSource, size: int | None = None) -> Iterator[None]:
+    """Turn huggingface_hub's and the OS's exceptions into one-line `DownloadError`s.
+
+    Args:
+        ref: what was being fetched (named in the message).
+        size: expected bytes, mentioned when the disk is full.
+    """
+    from huggingface_hub import errors as hf
+
+    repo, label = ref.repo or "", ref.label()
+    login = "log in with `hf auth login` or set HF_TOKEN"
+    try:
+        yield
+    except hf.GatedRepoError as e:
+        raise DownloadError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, then {login}") from e
+    except hf.RepositoryNotFoundError as e:
+        raise DownloadError(f"repository {repo} was not found on the Hub (if it is private, {login})") from e
+    except hf.RevisionNotFoundError as e:
+        raise DownloadError(f"{repo} has no such revision: check the reference {label}") from e
+    except hf.OfflineModeIsEnabled as e:
+        raise DownloadError(f"{label} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: "
+                            "unset HF_HUB_OFFLINE to download it") from e
+    except hf.LocalEntryNotFoundError as e:
+        raise DownloadError(f"cannot reach the Hugging Face Hub to download {label}: check your network "
+                            "connection (or HF_ENDPOINT) and retry") from e
+    except hf.HfHubHTTPError as e:
+        raise DownloadError(_http_error_line(e, repo, label, login)) from e
+    except _network_errors() as e:
+        raise DownloadError(f"cannot reach the Hugging Face Hub to download {label} ({type(e).__name__}): "
+                            "check your network connection (or HF_ENDPOINT) and retry") from e
+    except OSError as e:
+        raise DownloadError(_os_error_line(e, label, size)) from e
+
+
+def _http_error_line(error, repo: str, label: str, login: str) -> str:
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    if status in (401, 403):
+        return f"the Hub refused access to {repo} (HTTP {status}): accept its license on huggingface.co, then {login}"
+    if status == 404:
+        return f"{label} was not found on the Hub (HTTP 404): check the reference in models.toml"
+    return f"the Hub failed while downloading {label} (HTTP {status}): retry later"
+
+
+def _os_error_line(error: OSError, label: str, size: int | None) -> str:
+    if error.errno == errno.ENOSPC:
+        need = f" (it needs {size / 2**30:.1f} GiB)" if size else ""
+        return (f"the disk is full while downloading {label}{need}: free space in {cache_dir()} "
+                "or point HF_HUB_CACHE at a bigger disk")
+    if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return f"cannot write {label} into {cache_dir()} ({error.strerror}): fix its permissions or set HF_HUB_CACHE"
+    return f"downloading {label} failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}: retry"

@@ -1,0 +1,264 @@
+"""Pairs as files on this machine: what is downloaded, pulling a pair, resolving one to paths for the engine.
+
+A pair's two models come from the Hub (`hub`), a local path, or the builtin demo models (`demo`). This
+module answers "is it here?" without the network, pulls what is missing, and runs llama.cpp's pairing
+rules (`compat.check_pair`) on the two files, with a hint naming the curated drafts of the same family.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from . import demo, hub
+from .backend import Model, check_gguf_file
+from .compat import check_pair
+from .config import ModelsConfig, ModelSource, Pair
+from .errors import ModelFileError
+from .paths import Paths
+
+log = logging.getLogger("localspec.pairs")
+
+Role = Literal["target", "draft"]
+DEMO_PAIR = "demo"
+_FAMILIES = (
+    ("Llama 3", re.compile(r"llama-?3", re.IGNORECASE)),
+    ("Qwen2.5", re.compile(r"qwen2\.5", re.IGNORECASE)),
+    ("Qwen3", re.compile(r"qwen_?3", re.IGNORECASE)),
+    ("Gemma 3", re.compile(r"gemma-?3", re.IGNORECASE)),
+    ("SmolLM2", re.compile(r"smollm2", re.IGNORECASE)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStatus:
+    """One model file of a pair, as found on this machine."""
+
+    role: Role
+    ref: str
+    downloaded: bool
+    path: Path | None
+    size: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PairStatus:
+    """Both files of a pair."""
+
+    pair: Pair
+    target: FileStatus
+    draft: FileStatus
+
+    @property
+    def downloaded(self) -> bool:
+        return self.target.downloaded and self.draft.downloaded
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPair:
+    """A pair ready to load: both local paths, the pair's settings, and a hint for compatibility errors."""
+
+    pair: Pair
+    target_path: Path
+    draft_path: Path
+    hint: str
+
+
+def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
+    """Whether one model file is on this machine; never touches the network or derives anything."""
+    path: Path | None
+    if ref.kind == "hub":
+        path = hub.find_cached(ref)
+    elif ref.kind == "path":
+        path = ref.path if ref.path and ref.path.is_file() else None
+    else:
+        try:
+            path = demo.builtin_path(ref.builtin or "", paths, derive=False)
+        except ModelFileError:
+            path = None
+    size = None
+    if path is not None:
+        size = hub.cached_size(path) if ref.kind == "hub" else path.stat().st_size
+    return FileStatus(role=role, ref=ref.label(), downloaded=path is not None, path=path, size=size)
+
+
+def pair_status(pair: Pair, paths: Paths) -> PairStatus:
+    """The download state of both files of `pair` (no network)."""
+    return PairStatus(pair, local_status("target", pair.target, paths), local_status("draft", pair.draft, paths))
+
+
+def family_of(ref: ModelSource) -> str | None:
+    """The model family a reference names (Llama 3, Qwen2.5, …), guessed from its repository or file name."""
+    text = ref.label()
+    return next((name for name, pattern in _FAMILIES if pattern.search(text)), None)
+
+
+def compat_hint(pair: Pair, config: ModelsConfig) -> str:
+    """A suggestion for a failed compatibility check: the curated drafts of the target's family."""
+    family = family_of(pair.target)
+    drafts = sorted({p.draft.label() for p in config.pairs.values()
+                     if family and family_of(p.target) == family and p.draft != pair.draft})
+    if not drafts:
+        return "choose a draft from the same model family as the target (same tokenizer)"
+    return f"drafts known to fit {family} targets: {', '.join(drafts)}"
+
+
+def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths) -> ResolvedPair:
+    """Local paths of both models of `pair`, for loading. The demo target is derived here on first use.
+
+    Raises:
+        ModelFileError: a file is not downloaded ("run `localspec pull NAME`") or not a GGUF file.
+    """
+    resolved = {}
+    for role, ref in (("target", pair.target), ("draft", pair.draft)):
+        if ref.kind == "builtin":
+            path = demo.builtin_path(ref.builtin or "", paths, derive=True)
+        elif ref.kind == "path":
+            path = ref.path
+        else:
+            path = hub.find_cached(ref)
+            if path is None:
+                raise ModelFileError(f"the {role} of pair {pair.name!r} ({ref.label()}) is not downloaded: "
+                                     f"run `localspec pull {pair.name}`")
+        assert path is not None
+        check_gguf_file(path)
+        resolved[role] = path
+    return ResolvedPair(pair, resolved["target"], resolved["draft"], compat_hint(pair, config))
+
+
+def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[Pair, str | None]:
+    """The pair to use when the user names `name` (or none), and a note to show when falling back.
+
+    With no name: the default pair if it is downloaded, else the offline demo pair if it can run here.
+
+    Raises:
+        ConfigError: unknown pair name.
+        ModelFileError: nothing usable (default not downloaded, demo models not installed).
+    """
+    if name:
+        return config.get(name), None
+    default = config.pairs.get(config.default) if config.default else None
+    if default is not None and pair_status(default, paths).downloaded:
+        return default, None
+    demo_pair = config.pairs.get(DEMO_PAIR)
+    missing = f"pair {default.name!r} is not downloaded" if default else "no default pair is set"
+    if demo_pair is not None and demo.packaged_draft() is not None:
+        note = (f"{missing}; using the offline demo pair (a demo of the mechanism, not a good chat model). "
+                f"Run `localspec pull {default.name if default else 'PAIR'}` for a real one.")
+        return demo_pair, note
+    raise ModelFileError(f"{missing}: run `localspec pull {default.name if default else 'PAIR'}`, or {demo.INSTALL_HINT}")
+
+
+def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
+    """Resolve a pair for `generate`/`chat` from the environment's paths and models.toml.
+
+    Args:
+        name: the pair; None picks the default, or the offline demo when the default is not downloaded
+            (the note saying so is logged as a warning).
+
+    Returns:
+        (target path, draft path, settings): the settings hold the pair's defaults that were set (keys of
+        `Pair.sampling_overrides`, `speculative_overrides` and `model_overrides`) plus "compat_hint".
+
+    Raises:
+        ConfigError, ModelFileError: unknown pair, invalid models.toml, or files not downloaded.
+    """
+    from .config import load_config
+    from .paths import get_paths
+
+    paths = get_paths()
+    config = load_config(paths)
+    pair, note = choose_pair(name, config, paths)
+    if note:
+        log.warning("%s", note)
+    resolved = resolve_pair(pair, config, paths)
+    settings = {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides(),
+                "compat_hint": resolved.hint}
+    return str(resolved.target_path), str(resolved.draft_path), settings
+
+
+@dataclass(frozen=True, slots=True)
+class PulledFile:
+    """What `pull_pair` did for one file: "present", "downloaded", "derived", or "would-download" (dry run)."""
+
+    role: Role
+    ref: str
+    action: str
+    path: Path | None
+    size: int | None
+
+
+def pull_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, dry_run: bool = False,
+              progress: hub.ProgressCallback | None = None,
+              notify: Callable[[str], None] | None = None) -> list[PulledFile]:
+    """Make both files of `pair` available, then check that the draft fits the target.
+
+    Args:
+        pair: the pair.
+        config: all pairs (for the compatibility hint).
+        paths: localspec's folders (the demo target is derived into its data folder).
+        dry_run: only report what would be downloaded (asks the Hub for names and sizes).
+        progress: per-file download progress; None shows huggingface_hub's progress bars.
+        notify: receives a line before each download or derivation starts (default: the log).
+
+    Returns:
+        One entry per file, target first.
+
+    Raises:
+        DownloadError, ModelFileError, IncompatibleDraftError: with a line that says what to do.
+    """
+    say = notify or log.info
+    done = [_pull_one(role, ref, pair, paths, dry_run, progress, say)
+            for role, ref in (("target", pair.target), ("draft", pair.draft))]
+    if not dry_run:
+        check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
+    return done
+
+
+def _pull_one(role: Role, ref: ModelSource, pair: Pair, paths: Paths, dry_run: bool,
+              progress: hub.ProgressCallback | None, say: Callable[[str], None]) -> PulledFile:
+    status = local_status(role, ref, paths)
+    if status.downloaded:
+        return PulledFile(role, ref.label(), "present", status.path, status.size)
+    if ref.kind == "path":
+        raise ModelFileError(f"the {role} of pair {pair.name!r} is not a file: {ref.path} (fix the path in {pair.file})")
+    if ref.kind == "builtin":
+        if dry_run:
+            return PulledFile(role, ref.label(), "would-derive", None, None)
+        say(f"{role}: deriving {ref.label()} (once, a few seconds)")
+        path = demo.builtin_path(ref.builtin or "", paths, derive=True)
+        assert path is not None
+        return PulledFile(role, ref.label(), "derived", path, path.stat().st_size)
+    if dry_run:
+        files = hub.remote_files(ref)
+        sizes = [f.size for f in files]
+        size = None if None in sizes else sum(s for s in sizes if s is not None)
+        return PulledFile(role, ref.label(), "would-download", None, size)
+    say(f"{role}: downloading {ref.label()}")
+    path = hub.download(ref, progress=progress)
+    return PulledFile(role, ref.label(), "downloaded", path, hub.cached_size(path))
+
+
+def _load_vocab(path: Path) -> Model:
+    """Load a model for the compatibility check: vocabulary only when the backend offers it."""
+    if "vocab_only" in inspect.signature(Model).parameters:
+        return Model(path, n_gpu_layers=0, vocab_only=True)
+    return Model(path, n_gpu_layers=0)
+
+
+def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str = "") -> None:
+    """Run llama.cpp's pairing rules on two model files.
+
+    Raises:
+        IncompatibleDraftError: names the first difference and `hint`.
+        ModelFileError: a file cannot be loaded.
+    """
+    assert target_path is not None and draft_path is not None
+    with _load_vocab(target_path) as target, _load_vocab(draft_path) as draft:
+        check_pair(target, draft, hint=hint)
+    log.info("%s fits %s", draft_path.name, target_path.name)

@@ -1,0 +1,138 @@
+"""The pair subcommands: `localspec models`, `localspec pull`, `localspec doctor`.
+
+`register(subparsers)` adds them to the main parser; each handler returns an exit code and raises
+`LocalspecError` for the CLI to print as one line. These handlers are the only place here that prints:
+the work itself is in `pairs`, `hub`, `demo` and `doctor`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import ModelsConfig, load_config
+from .errors import ConfigError, LocalspecError
+from .pairs import PairStatus, PulledFile, pair_status, pull_pair
+from .paths import Paths, get_paths
+
+
+def register(subparsers) -> None:
+    """Add `models`, `pull` and `doctor` to an argparse subparsers object (each sets `func`)."""
+    models = subparsers.add_parser("models", help="list the model pairs and what is downloaded")
+    models.add_argument("--json", action="store_true", help="print a JSON list instead of text")
+    models.set_defaults(func=cmd_models)
+
+    pull = subparsers.add_parser("pull", help="download a pair's target and draft from the Hugging Face Hub")
+    pull.add_argument("pair", nargs="?", help="the pair to download (see `localspec models`)")
+    pull.add_argument("--all", action="store_true", help="download every pair")
+    pull.add_argument("--dry-run", action="store_true", help="only say what would be downloaded, and how much")
+    pull.set_defaults(func=cmd_pull)
+
+    doctor = subparsers.add_parser("doctor", help="check devices, paths and downloads; say what to fix")
+    doctor.set_defaults(func=cmd_doctor)
+
+
+def _gib(n: int | None) -> str:
+    return f"{n / 2**30:.2f} GiB" if n is not None else "size unknown"
+
+
+def _setup() -> tuple[Paths, ModelsConfig]:
+    paths = get_paths()
+    return paths, load_config(paths)
+
+
+# --- models -------------------------------------------------------------------------------------------------
+
+
+def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
+    pair = status.pair
+    files = {s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None,
+                      "size": s.size} for s in (status.target, status.draft)}
+    return {
+        "name": pair.name,
+        "source": pair.source,
+        "default": pair.name == config.default,
+        "description": pair.description,
+        "target": status.target.ref,
+        "draft": status.draft.ref,
+        "downloaded": status.downloaded,
+        "files": files,
+        "settings": {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides()},
+        "defined_in": str(pair.file),
+    }
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    """List every pair with its source, both references and their download state."""
+    paths, config = _setup()
+    statuses = [pair_status(pair, paths) for pair in config.pairs.values()]
+    if args.json:
+        print(json.dumps([_status_json(s, config) for s in statuses], indent=2))
+        return 0
+    for status in statuses:
+        pair = status.pair
+        tags = ", ".join(t for t in ("default" if pair.name == config.default else "", pair.source) if t)
+        print(f"{pair.name} ({tags})" + (f" — {pair.description}" if pair.description else ""))
+        for s in (status.target, status.draft):
+            state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
+            print(f"    {s.role:<7} {s.ref}  [{state}]")
+    missing = [s.pair.name for s in statuses if not s.downloaded]
+    if missing:
+        print(f"\nDownload a pair with `localspec pull NAME`. Your own pairs go in {paths.config_file}.")
+    return 0
+
+
+# --- pull ---------------------------------------------------------------------------------------------------
+
+
+def _describe(done: PulledFile) -> str:
+    action = {
+        "present": f"already downloaded ({_gib(done.size)})",
+        "downloaded": f"downloaded ({_gib(done.size)})",
+        "derived": f"derived ({_gib(done.size)})",
+        "would-download": f"would download {_gib(done.size)}",
+        "would-derive": "would derive the F32 target locally (about 0.5 GiB)",
+    }[done.action]
+    where = f"  {done.path}" if done.path else ""
+    return f"  {done.role:<7} {done.ref}: {action}{where}"
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    """Download one pair (or all), then check that each draft fits its target."""
+    paths, config = _setup()
+    if args.all == bool(args.pair):
+        raise ConfigError(f"name one pair to pull ({', '.join(config.pairs)}) or use --all, not both")
+    names = list(config.pairs) if args.all else [config.get(args.pair).name]
+    failed = 0
+    for name in names:
+        print(f"{'dry run: ' if args.dry_run else ''}pull {name}")
+        try:
+            done = pull_pair(config.get(name), config, paths, dry_run=args.dry_run,
+                             notify=lambda line: print(f"  {line}", flush=True))
+        except LocalspecError as e:
+            if not args.all:
+                raise
+            print(f"localspec: error: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        for item in done:
+            print(_describe(item))
+        if not args.dry_run:
+            print("  ok: the draft fits the target")
+    return 1 if failed else 0
+
+
+# --- doctor -------------------------------------------------------------------------------------------------
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Print the doctor's report; exit 0 even when it found things to fix (it says what to do)."""
+    from .doctor import run_doctor
+
+    report = run_doctor(get_paths())
+    for line in report.lines():
+        print(line)
+    problems = report.problems
+    print(f"\n{len(problems)} thing(s) to look at." if problems else "\nAll good.")
+    return 0
