@@ -38,3 +38,16 @@ def smollm2_path() -> Path:
         if path.is_file():
             return path
     raise FileNotFoundError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}")
+
+
+@pytest.fixture
+def localspec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """An empty LOCALSPEC_HOME for one test: config, data and logs all under tmp_path/"home".
+
+    Returns the `localspec.paths.Paths` it yields (nothing is created on disk).
+    """
+    from localspec.paths import get_paths
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    return get_paths()
