@@ -189,8 +189,10 @@ class Generation:
                 yield self._finish(None, reason)
                 return
             k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats)
-            for token, from_draft in speculative_step(engine.target, engine.drafter, history, k, self.sampling,
-                                                      self.spec, self.rng, stats):
+            emitted = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec,
+                                       self.rng, stats)
+            engine.check_invariants()
+            for token, from_draft in emitted:
                 history.append(token)
                 self.tokens.append(token)
                 self.from_draft.append(from_draft)
@@ -235,6 +237,11 @@ class Engine:
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
+        self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
+        for seq in (target, getattr(drafter, "seq", None)):
+            if seq is not None and seq.mode == "refill" and seq.probed:
+                self.cannot_roll_back = f"{seq.ctx.model.path.name} can neither drop a KV tail nor restore a state"
+                log.warning("speculation off: %s", self.cannot_roll_back)
 
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
@@ -285,8 +292,9 @@ class Engine:
 
     def draft_length(self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats) -> int:
         """k for the next step: draft_max, bounded by the tokens still wanted and the room left."""
-        if self.drafter is None or spec.draft_max == 0:
-            stats.speculation_off = "no drafter" if self.drafter is None else "draft-max is 0"
+        if self.drafter is None or spec.draft_max == 0 or self.cannot_roll_back:
+            stats.speculation_off = ("no drafter" if self.drafter is None else self.cannot_roll_back
+                                     or "draft-max is 0")
             stats.draft_length = 0
             return 0
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from .backend import Context
+from .errors import ContextError
 
 log = logging.getLogger("localspec.kv")
 
@@ -40,7 +41,8 @@ class KVSequence:
         self.tokens: list[int] = []
         self.n_decoded = 0  # tokens sent through llama_decode (prefix reuse and rollback cost)
         self.n_refills = 0  # full re-prefills forced by a failed rollback
-        self.mode = self._probe() if rollback == "auto" else rollback
+        self.probed = rollback == "auto"
+        self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
 
     @property
@@ -56,9 +58,15 @@ class KVSequence:
         """Find out once whether this memory can drop a partial tail (recurrent memory cannot)."""
         self.ctx.clear()
         self.ctx.decode([0, 0], 0, outputs=0)
-        ok = self.ctx.remove_from(1) and self.ctx.pos_range()[1] == 0
+        if self.ctx.remove_from(1) and self.ctx.pos_range()[1] == 0:
+            mode = "seq_rm"
+        else:
+            try:
+                self.ctx.load_state(self.ctx.save_state())
+                mode = "checkpoint"
+            except ContextError:
+                mode = "refill"  # correct but slow: the engine stops speculating on such a model
         self.ctx.clear()
-        mode = "seq_rm" if ok else "checkpoint"
         log.info("%s: rollback by %s", self.ctx.model.path.name, mode)
         return mode
 

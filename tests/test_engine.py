@@ -220,3 +220,14 @@ def test_context_full_ends_generation_cleanly(tiny_models):
         assert engine.target.n_past == engine.n_ctx  # every cell used (llama.cpp may round n_ctx up)
         assert len(prompt) + len(gen.tokens) == engine.n_ctx + 1
         engine.check_invariants()
+
+
+def test_memory_that_cannot_roll_back_decodes_plainly_and_says_why(tiny_models):
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as loaded:
+        loaded.target.mode = "refill"  # as if the probe had found neither tail removal nor state restore
+        engine = Engine(loaded.target_model, loaded.target, loaded.drafter)
+        prompt = engine.tokenize(PROMPT)
+        gen = run_greedy(engine, prompt, k=4, n=16)
+        plain = run_greedy(engine, prompt, k=0, n=16)
+    assert gen.stats.drafted == 0 and "neither drop a KV tail nor restore" in gen.stats.speculation_off
+    assert gen.tokens == plain.tokens
