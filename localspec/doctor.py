@@ -143,7 +143,7 @@ def _file_findings(paths: Paths, config_error: str | None) -> list[Finding]:
 
 
 def _size(n: int | None) -> str:
-    return f"{n / 2**30:.2f} GiB" if n else "?"
+    return f"{n / 2**30:.2f} GiB" if n and n >= 2**30 else f"{n / 2**20:.0f} MiB" if n else "?"
 
 
 def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:

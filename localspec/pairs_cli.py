@@ -34,7 +34,13 @@ def register(subparsers) -> None:
 
 
 def _gib(n: int | None) -> str:
-    return f"{n / 2**30:.2f} GiB" if n is not None else "size unknown"
+    """A byte count for people: "4.36 GiB", "731 MiB", "12 KiB"."""
+    if n is None:
+        return "size unknown"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
 
 
 def _setup() -> tuple[Paths, ModelsConfig]:
