@@ -153,8 +153,8 @@ def test_a_cut_connection_resumes_with_a_range_request(env, fake_hub):
 def test_dry_run_reports_sizes_and_downloads_nothing(env, fake_hub, tiny_models):
     result = cli(env, "pull", "tiny", "--dry-run")
     assert result.returncode == 0, result.stderr
-    size = tiny_models.target.stat().st_size / 2**20
-    assert f"would download {size:.0f} MiB" in result.stdout
+    size = tiny_models.target.stat().st_size / 2**10
+    assert f"test/Qwen2.5-tiny-GGUF:Q8_0: would download {size:.0f} KiB" in result.stdout
     assert not fake_hub.file_gets(".gguf") and not cached_files(env)
 
 
