@@ -77,18 +77,24 @@ def builtin_path(name: str, paths: Paths, *, derive: bool = True) -> Path | None
     return dequantize_file(draft, target)
 
 
-def is_current(target: Path, source: Path) -> bool:
-    """True when `target` exists and was derived from this very `source` file (same name and size)."""
-    if not target.is_file():
-        return False
-    try:
-        import gguf
+def _marker(target: Path) -> Path:
+    """The small file next to the target that records which source it was derived from."""
+    return target.with_name(target.name + ".source")
 
-        fields = gguf.GGUFReader(target).fields
-        size, name = fields.get(_SOURCE_SIZE_KEY), fields.get(_SOURCE_NAME_KEY)
-        return bool(size and name and size.contents() == source.stat().st_size and name.contents() == source.name)
-    except (OSError, ValueError, ImportError) as e:
-        log.warning("ignoring unreadable demo target %s: %s", target, e)
+
+def _source_id(source: Path) -> str:
+    return f"{source.name} {source.stat().st_size}"
+
+
+def is_current(target: Path, source: Path) -> bool:
+    """True when `target` exists and was derived from this very `source` file (same name and size).
+
+    The record is a marker file written after the target is in place, so a half-finished derivation
+    never counts (parsing the GGUF itself would take seconds: its vocabulary is large).
+    """
+    try:
+        return target.is_file() and _marker(target).read_text(encoding="utf-8") == _source_id(source)
+    except OSError:
         return False
 
 
@@ -112,14 +118,19 @@ def dequantize_file(source: Path, dest: Path, *, f16: bool = False) -> Path:
         raise ModelFileError(f"deriving the demo target needs the gguf package: {INSTALL_HINT}") from e
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    marker_tmp = tmp.with_suffix(".source")
     try:
+        _marker(dest).unlink(missing_ok=True)
         _write_dequantized(source, tmp, f16=f16)
         os.replace(tmp, dest)
+        marker_tmp.write_text(_source_id(source), encoding="utf-8")
+        os.replace(marker_tmp, _marker(dest))
     except (OSError, ValueError, NotImplementedError) as e:
         raise ModelFileError(f"could not derive {dest.name} from {source}: {e} — check free disk space in "
                              f"{dest.parent}") from e
     finally:
         tmp.unlink(missing_ok=True)
+        marker_tmp.unlink(missing_ok=True)
     return dest
 
 
