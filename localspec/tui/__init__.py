@@ -1,0 +1,30 @@
+"""`localspec chat`: the Textual chat app over the engine.
+
+This package registers the `chat` subcommand; everything Textual lives below it (`app` builds the app
+with `make_app`). Importing the package does not import Textual or load anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    """Add `chat` to the `localspec` command."""
+    from ..cli import add_model_args, add_sampling_args
+    from .settings import DEFAULT_MAX_TOKENS
+
+    chat = subparsers.add_parser("chat", help="chat in the terminal, watching speculative decoding work")
+    add_model_args(chat)
+    add_sampling_args(chat)
+    chat.add_argument("--system", help="system prompt of new conversations")
+    chat.set_defaults(func=_chat, max_tokens=DEFAULT_MAX_TOKENS)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from .app import make_app
+    from .settings import ChatOptions
+
+    app = make_app(ChatOptions.from_args(args))
+    app.run()
+    return app.return_code or 0

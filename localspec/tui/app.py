@@ -1,0 +1,679 @@
+"""The chat app: `make_app(options)` builds it for both `localspec chat` and the tests.
+
+`ChatApp` owns the engine, the `ChatSession`, the settings and the chat database. Loading, pulling and
+generating run in Textual thread workers that only post messages (see `messages`); the handlers below
+are the only code that changes widgets. One lock is held by whichever worker uses the engine, so the
+engine is closed (on quit or on a pair switch) only when nothing is running on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, ProgressBar, Static
+
+from ..errors import LocalspecError
+from ..paths import get_paths
+from ..session import ChatSession, Message
+from ..stats import Stats
+from . import loading
+from .live import Chunk, Finished, StatsView, stream_generation
+from .messages import AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProgress, PullBytes, PullDone, TurnFailed
+from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
+from .settings import ChatOptions, ChatSettings
+from .store import ChatStore, StoredMessage
+from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
+
+log = logging.getLogger("localspec.tui")
+
+CSS = """
+#main { height: 1fr; }
+#chat { width: 1fr; }
+#messages { height: 1fr; padding: 0 1; }
+#stats { width: 40; height: 1fr; padding: 0 1; border-left: vkey $panel-lighten-2; overflow-y: auto; }
+#stats.-hidden { display: none; }
+#status { height: 1; padding: 0 1; color: $text-muted; }
+#progress { height: 1; padding: 0 1; display: none; }
+#progress.-on { display: block; }
+PromptInput { height: auto; min-height: 3; max-height: 10; }
+ChatMessage { height: auto; margin: 0 0 1 0; padding: 0 1; }
+ChatMessage:focus { background: $boost; }
+ChatMessage.user { border-left: thick $accent; }
+ChatMessage.assistant { border-left: thick $success; }
+ChatMessage.system { border-left: thick $warning; color: $text-muted; }
+ChatMessage .caption { color: $text-muted; }
+ChatMessage Markdown { margin: 0; padding: 0; }
+ChatMessage .prov-body { display: none; }
+Screen.-provenance ChatMessage.assistant .md-body { display: none; }
+Screen.-provenance ChatMessage.assistant .prov-body { display: block; }
+ConfirmScreen, TextPromptScreen, PairScreen, SettingsScreen, HistoryScreen { align: center middle; }
+.dialog { width: 72; height: auto; max-height: 90%; padding: 1 2; border: thick $primary; background: $surface; }
+.dialog.wide { width: 110; }
+.dialog DataTable { height: auto; max-height: 20; }
+.dialog TextArea { height: 8; }
+#form { grid-size: 2; grid-columns: 26 1fr; grid-rows: 3; height: auto; }
+#form Label { padding: 1 0 0 0; }
+.buttons { height: auto; align-horizontal: right; }
+#error { color: $error; height: auto; }
+.hint { color: $text-muted; }
+"""
+
+
+class Turn:
+    """One answer being generated: what started it, and a stop that works from any thread."""
+
+    def __init__(self, turn_id: int, kind: str, text: str = "", message_id: int | None = None) -> None:
+        self.id, self.kind, self.text = turn_id, kind, text
+        self.message_id = message_id  # the saved user message this turn answers (kind "send")
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._generation = None
+
+    def attach(self, generation) -> None:
+        """The worker started the generation (it may already have been asked to stop)."""
+        with self._lock:
+            self._generation = generation
+            if self._cancelled:
+                generation.cancel()
+
+    def cancel(self) -> None:
+        """Stop after the current step (the caches stay consistent)."""
+        with self._lock:
+            self._cancelled = True
+            if self._generation is not None:
+                self._generation.cancel()
+
+
+class ChatApp(App[int]):
+    """Chat with a target + draft pair and watch speculative decoding work."""
+
+    TITLE = "localspec"
+    CSS = CSS
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+t", "toggle_provenance", "Draft colours"),
+        Binding("f2", "pairs", "Pairs"),
+        Binding("f3", "settings", "Settings"),
+        Binding("f4", "history", "Chats"),
+        Binding("f5", "system_prompt", "System prompt"),
+        Binding("f6", "copy_answer", "Copy answer"),
+        Binding("f7", "toggle_stats", "Stats panel", show=False),
+    ]
+
+    def __init__(self, options: ChatOptions, store: ChatStore) -> None:
+        super().__init__()
+        self.options = options
+        self.store = store
+        self.loaded: loading.Loaded | None = None
+        self.session: ChatSession | None = None
+        self.settings = ChatSettings(max_tokens=options.max_tokens)
+        self.system = options.system or ""
+        self.conversation_id: int | None = None
+        self.turn: Turn | None = None
+        self.loading = False
+        self.pulling = False
+        self.session_stats = Stats()
+        self.turns = 0
+        self._turn_ids = 0
+        self._live: Chunk | None = None
+        self._last_turn: Stats | None = None
+        self._answer: ChatMessage | None = None
+        self._pending_settings: ChatSettings | None = None
+        self._kept_messages: list[Message] = []  # the conversation while no session exists (loading)
+        self._engine_lock = threading.Lock()  # held by the worker that uses the engine
+        self._closing = False
+
+    # --- layout ---------------------------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        with Horizontal(id="main"):
+            with Vertical(id="chat"):
+                yield VerticalScroll(id="messages")
+                yield Static("", id="status", markup=False)
+                yield ProgressBar(id="progress", show_eta=False)
+                yield PromptInput(id="prompt", soft_wrap=True,
+                                  placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)")
+            yield StatsPanel(id="stats")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        prompt = self.query_one(PromptInput)
+        prompt.cursor_blink = self.options.cursor_blink
+        prompt.focus()
+        self.query_one("#messages", VerticalScroll).anchor()
+        self._stats_timer = self.set_interval(self.options.stats_interval, self._refresh_stats, pause=True)
+        await self._show_conversation()
+        self._draw_stats()
+        self._start_load(pair=None)
+
+    def get_system_commands(self, screen: Screen):
+        """The command palette (Ctrl+P): the app's actions next to Textual's own."""
+        yield from super().get_system_commands(screen)
+        for title, help_text, action in (
+            ("New chat", "Start a new conversation", self.action_new_chat),
+            ("Regenerate", "Generate the last answer again", self.action_regenerate),
+            ("Switch pair", "Load another target + draft pair", self.action_pairs),
+            ("Settings", "Sampling and speculation settings", self.action_settings),
+            ("Saved chats", "Resume, rename, delete or export a conversation", self.action_history),
+            ("System prompt", "Set the system prompt", self.action_system_prompt),
+            ("Copy answer", "Copy the last answer", self.action_copy_answer),
+            ("Copy code block", "Copy the last code block of the last answer", self.action_copy_code),
+            ("Draft colours", "Colour the tokens that came from the draft", self.action_toggle_provenance),
+        ):
+            yield SystemCommand(title, help_text, action)
+
+    # --- small helpers ----------------------------------------------------------------------------------------
+
+    @property
+    def _messages(self) -> VerticalScroll:
+        return self.query_one("#messages", VerticalScroll)
+
+    def _set_status(self, text: str) -> None:
+        self.query_one("#status", Static).update(text)
+
+    def _progress(self, on: bool, total: float | None = None, done: float = 0) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.set_class(on, "-on")
+        if on:
+            bar.update(total=total, progress=done)
+
+    def _error(self, message: str) -> None:
+        log.info("shown to the user: %s", message)
+        self.notify(message, severity="error", timeout=8)
+
+    def _busy(self, what: str) -> bool:
+        """True (and say why) when an answer, a load or a pull is in the way of `what`."""
+        if self.turn is not None:
+            self.notify(f"an answer is being generated: press Esc to stop it before you {what}", severity="warning")
+            return True
+        if self.loading:
+            self.notify("the models are still loading", severity="warning")
+            return True
+        return False
+
+    def _view(self, generating: bool) -> StatsView:
+        live = self._live if generating else None
+        turn = live.stats if live else self._last_turn
+        return StatsView(
+            turn=turn, session=self.session_stats, turns=self.turns,
+            tokens_per_second_now=live.tokens_per_second_now if live else 0.0,
+            tokens_per_second_turn=(live.tokens_per_second_turn if live
+                                    else turn.tokens_per_second if turn else 0.0),
+            generating=generating, drafter=self.settings.drafter, draft_max=self.settings.spec.draft_max,
+            provenance=self.screen.has_class("-provenance"))
+
+    def _draw_stats(self, view: StatsView | None = None) -> None:
+        self.query_one(StatsPanel).show(view or self._view(generating=False))
+
+    def _refresh_stats(self) -> None:
+        if self.turn is not None and self._live is not None:
+            self._draw_stats(self._view(generating=True))
+
+    # --- loading and pulling --------------------------------------------------------------------------------
+
+    def _start_load(self, pair: str | None, *, choice: loading.ModelChoice | None = None,
+                    drafter: str | None = None) -> None:
+        """Unload the current engine (if any) and load another in a worker, with progress."""
+        self.loading = True
+        old = self.loaded.engine if self.loaded else None
+        self._kept_messages = self._conversation_messages()
+        self.loaded, self.session = None, None
+        self._set_status("loading…")
+        self._progress(True)
+        self._load_worker(old, pair, choice, drafter)
+
+    @work(thread=True, group="load", exit_on_error=False)
+    def _load_worker(self, old, pair: str | None, choice: loading.ModelChoice | None, drafter: str | None) -> None:
+        with self._engine_lock:
+            if old is not None:
+                old.close()
+            try:
+                choice = choice or loading.choose_models(self.options, pair, self._post_progress)
+                loaded = loading.load_models(self.options, choice, drafter, self._post_progress)
+            except LocalspecError as e:
+                self.post_message(LoadFailed(str(e)))
+                return
+            except Exception as e:  # an engine bug must not leave a traceback over the chat
+                log.exception("loading failed")
+                self.post_message(LoadFailed(f"loading failed unexpectedly: {e} (details in "
+                                             f"{get_paths().log_file})"))
+                return
+            if self._closing:
+                loaded.engine.close()
+                return
+        self.post_message(EngineReady(loaded))
+
+    def _post_progress(self, text: str) -> None:
+        self.post_message(LoadProgress(text))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        self._set_status(message.text)
+
+    def on_pull_bytes(self, message: PullBytes) -> None:
+        self._progress(True, message.total, message.done)
+        total = f" of {message.total / 2**20:.0f} MiB" if message.total else ""
+        self._set_status(f"downloading {message.filename}: {message.done / 2**20:.0f} MiB{total}")
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        loaded = message.loaded
+        self.loading = False
+        self._progress(False)
+        template = self.options.chat_template or loaded.choice.settings.get("chat_template")
+        try:
+            session = ChatSession(loaded.engine, template_name=template)
+        except LocalspecError as e:
+            self.loaded = loaded  # kept so that a switch unloads it
+            self._set_status("no chat possible with this model: pick another pair (F2)")
+            self._error(str(e))
+            return
+        session.messages = self._system_messages() + self._conversation_messages()
+        self.loaded, self.session = loaded, session
+        self.settings = self._pending_settings or ChatSettings.initial(self.options, loaded.choice.settings,
+                                                                       loaded.drafter)
+        self._pending_settings = None
+        self.sub_title = loaded.choice.label
+        self._set_status(f"ready · {loaded.choice.label}")
+        self._draw_stats()
+        if loaded.choice.note:
+            self.notify(loaded.choice.note, severity="warning", timeout=12)
+        if self.conversation_id is not None and loaded.choice.pair:
+            self.store.set_pair(self.conversation_id, loaded.choice.pair)
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        if message.pulled:
+            self.pulling = False
+        else:
+            self.loading = False
+        self._progress(False)
+        ready = self.session is not None
+        self._set_status(f"ready · {self.loaded.choice.label}" if ready and self.loaded
+                         else "no model loaded: pick a pair (F2)")
+        self._error(message.error)
+
+    def _start_pull(self, name: str) -> None:
+        self.pulling = True
+        self._set_status(f"pulling {name}…")
+        self._progress(True)
+        self._pull_worker(name)
+
+    @work(thread=True, group="pull", exit_on_error=False)
+    def _pull_worker(self, name: str) -> None:
+        def on_bytes(filename: str, done: int, total: int | None) -> None:
+            self.post_message(PullBytes(filename, done, total))
+
+        try:
+            loading.pull(name, self._post_progress, on_bytes)
+        except LocalspecError as e:
+            self.post_message(LoadFailed(str(e), pulled=True))
+            return
+        except Exception as e:
+            log.exception("pull failed")
+            self.post_message(LoadFailed(f"pull failed unexpectedly: {e}", pulled=True))
+            return
+        self.post_message(PullDone(name))
+
+    def on_pull_done(self, message: PullDone) -> None:
+        self.pulling = False
+        self.notify(f"pair {message.pair} is downloaded")
+        if self.turn is None and not self.loading:
+            self._start_load(message.pair)
+
+    # --- the conversation ---------------------------------------------------------------------------------------
+
+    def _system_messages(self) -> list[Message]:
+        return [Message("system", self.system)] if self.system.strip() else []
+
+    def _conversation_messages(self) -> list[Message]:
+        if self.session is None:
+            return list(self._kept_messages)
+        return [m for m in self.session.messages if m.role != "system"]
+
+    async def _show_conversation(self, stored: list[StoredMessage] | None = None) -> None:
+        """Redraw the message list from the session (or from stored messages, which carry provenance)."""
+        await self._messages.remove_children()
+        widgets = [ChatMessage("system", self.system)] if self.system.strip() else []
+        if stored is not None:
+            widgets += [ChatMessage(m.role, m.content, m.provenance,
+                                    caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "")
+                        for m in stored]
+        elif self.session is not None:
+            widgets += [ChatMessage(m.role, m.content) for m in self.session.messages if m.role != "system"]
+        if widgets:
+            await self._messages.mount_all(widgets)
+        self._messages.scroll_end(animate=False)
+
+    async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        text = event.text.strip()
+        if not text or self._busy("send another message"):
+            return
+        if self.session is None:
+            self._error("no model is loaded: pick a pair (F2)")
+            return
+        self.query_one(PromptInput).clear()
+        try:
+            if self.conversation_id is None:
+                title = " ".join(text.split())[:60]
+                pair = (self.loaded.choice.pair or self.loaded.choice.label) if self.loaded else ""
+                self.conversation_id = self.store.create_conversation(title, pair=pair, system=self.system)
+            message_id = self.store.add_message(self.conversation_id, "user", text)  # committed before generating
+        except LocalspecError as e:
+            self._error(str(e))
+            return
+        await self._messages.mount(ChatMessage("user", text))
+        await self._start_turn("send", text, message_id)
+
+    async def _start_turn(self, kind: str, text: str = "", message_id: int | None = None) -> None:
+        self._turn_ids += 1
+        self.turn = Turn(self._turn_ids, kind, text, message_id)
+        self._answer = ChatMessage("assistant")
+        await self._messages.mount(self._answer)
+        self._messages.scroll_end(animate=False)
+        self._live = None
+        self._set_status("generating… (Esc stops)")
+        self._stats_timer.resume()
+        self._generate(self.turn, self.session, self.settings)
+
+    @work(thread=True, group="generate", exit_on_error=False)
+    def _generate(self, turn: Turn, session: ChatSession, settings: ChatSettings) -> None:
+        with self._engine_lock:
+            try:
+                kwargs = dict(sampling=settings.sampling, spec=settings.spec, max_tokens=settings.max_tokens,
+                              stop=self.options.stop)
+                generation = (session.send(turn.text, **kwargs) if turn.kind == "send"
+                              else session.regenerate(**kwargs))
+            except LocalspecError as e:
+                self.post_message(TurnFailed(turn.id, str(e)))
+                return
+            turn.attach(generation)
+
+            def emit(item: Chunk | Finished) -> None:
+                message = AnswerChunk(turn.id, item) if isinstance(item, Chunk) else AnswerDone(turn.id, item)
+                self.post_message(message)
+
+            stream_generation(generation, emit)
+
+    async def on_answer_chunk(self, message: AnswerChunk) -> None:
+        if self.turn is None or message.turn_id != self.turn.id or self._answer is None:
+            return
+        first = self._live is None
+        self._live = message.chunk
+        await self._answer.append(message.chunk.runs)
+        if first:
+            self._refresh_stats()
+
+    async def on_answer_done(self, message: AnswerDone) -> None:
+        if self.turn is None or message.turn_id != self.turn.id:
+            return
+        finished = message.finished
+        reason = "error" if finished.error else finished.finish_reason
+        stats = finished.stats.to_dict()
+        if self._answer is not None:
+            await self._answer.finish(finished.text, finished.runs, answer_caption(stats, reason))
+        self.turn, self._answer, self._live = None, None, None
+        self._stats_timer.pause()
+        self.session_stats.merge(finished.stats)
+        self.turns += 1
+        self._last_turn = finished.stats
+        self._draw_stats()
+        self._set_status(f"ready · {self.loaded.choice.label}" if self.loaded else "ready")
+        self._save_answer(finished, reason, stats)
+        for notice in finished.notices:
+            self.notify(notice, severity="warning", timeout=10)
+        if finished.error:
+            self._error(finished.error)
+
+    def _save_answer(self, finished: Finished, reason: str, stats: dict) -> None:
+        if self.conversation_id is None:
+            return
+        try:
+            self.store.add_message(self.conversation_id, "assistant", finished.text, finish_reason=reason,
+                                   stats=stats, provenance=finished.runs)
+        except LocalspecError as e:
+            self._error(str(e))
+
+    async def on_turn_failed(self, message: TurnFailed) -> None:
+        turn = self.turn
+        if turn is None or message.turn_id != turn.id:
+            return
+        self.turn, self._live = None, None
+        self._stats_timer.pause()
+        if self._answer is not None:
+            await self._answer.remove()
+            self._answer = None
+        if turn.kind == "send":
+            await self._take_back(turn)
+        self._set_status(f"ready · {self.loaded.choice.label}" if self.loaded else "ready")
+        self._error(message.error)
+
+    async def _take_back(self, turn: Turn) -> None:
+        """A message that could not be answered goes back into the prompt box (and out of the history)."""
+        if self.session and self.session.messages and self.session.messages[-1].role == "user":
+            self.session.messages.pop()
+        users = self._messages.query(ChatMessage).filter(".user")
+        if users:
+            await users.last().remove()
+        if self.conversation_id is not None and turn.message_id is not None:
+            self.store.delete_message(self.conversation_id, turn.message_id)
+        self.query_one(PromptInput).text = turn.text
+
+    # --- actions --------------------------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        """Stop the answer being generated (Esc)."""
+        if self.turn is not None:
+            self.turn.cancel()
+            self._set_status("stopping…")
+        else:
+            self.query_one(PromptInput).focus()
+
+    async def action_regenerate(self) -> None:
+        """Generate the last answer again."""
+        if self._busy("regenerate") or self.session is None:
+            return
+        roles = [m.role for m in self.session.messages]
+        if not roles or roles[-1] not in ("user", "assistant"):
+            self.notify("nothing to regenerate: send a message first", severity="warning")
+            return
+        answers = self._messages.query(ChatMessage).filter(".assistant")
+        if roles[-1] == "assistant" and answers:
+            await answers.last().remove()
+        if self.conversation_id is not None:
+            self.store.delete_last_answer(self.conversation_id)
+        await self._start_turn("regenerate")
+
+    async def action_new_chat(self) -> None:
+        """Start a new conversation (the system prompt stays)."""
+        if self._busy("start a new chat"):
+            return
+        if self.session is not None:
+            self.session.clear()
+        self.conversation_id = None
+        self._reset_stats()
+        await self._show_conversation()
+        self._set_status(f"new chat · {self.loaded.choice.label}" if self.loaded else "new chat")
+
+    def _reset_stats(self) -> None:
+        self.session_stats, self.turns, self._last_turn = Stats(), 0, None
+        self._draw_stats()
+
+    def action_toggle_provenance(self) -> None:
+        """Colour draft tokens (and back to Markdown)."""
+        self.screen.toggle_class("-provenance")
+        on = self.screen.has_class("-provenance")
+        if on:
+            for message in self._messages.query(ChatMessage).filter(".assistant"):
+                message.refresh_provenance()
+        self._draw_stats(self._view(generating=self.turn is not None and self._live is not None))
+        self.notify("draft tokens in green, target tokens plain" if on else "answers shown as Markdown")
+
+    def action_toggle_stats(self) -> None:
+        """Show or hide the stats panel."""
+        self.query_one(StatsPanel).toggle_class("-hidden")
+
+    def action_copy_answer(self) -> None:
+        """Copy the last answer."""
+        answers = self._messages.query(ChatMessage).filter(".assistant")
+        if not answers:
+            self.notify("no answer to copy yet", severity="warning")
+            return
+        answers.last().action_copy()
+
+    def action_copy_code(self) -> None:
+        """Copy a code block of the last answer."""
+        answers = self._messages.query(ChatMessage).filter(".assistant")
+        if answers:
+            answers.last().action_copy_code()
+
+    def action_pairs(self) -> None:
+        """Open the pair switcher."""
+        if self._busy("switch pairs"):
+            return
+        if self.pulling:
+            self.notify("a pair is being downloaded: wait for it to finish", severity="warning")
+            return
+        try:
+            rows = loading.list_pairs()
+        except LocalspecError as e:
+            self._error(str(e))
+            return
+        current = self.loaded.choice.pair if self.loaded else None
+        self.push_screen(PairScreen(rows, current), lambda name: self._pair_picked(name, rows))
+
+    def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
+        if name is None or self._busy("switch pairs"):
+            return
+        if self.loaded and name == self.loaded.choice.pair:
+            self.notify(f"{name} is already loaded")
+            return
+        row = next(r for r in rows if r.name == name)
+        if row.ready:
+            self._start_load(name)
+            return
+
+        def answer(yes: bool | None) -> None:
+            if yes:
+                self._start_pull(name)
+
+        self.push_screen(ConfirmScreen(f"Pair {name} is not downloaded ({row.status}). Download it now, as "
+                                       f"`localspec pull {name}` would?"), answer)
+
+    def action_settings(self) -> None:
+        """Open the settings form."""
+        self.push_screen(SettingsScreen(self.settings), self._settings_saved)
+
+    def _settings_saved(self, settings: ChatSettings | None) -> None:
+        if settings is None:
+            return
+        if self.loaded is None or settings.drafter == self.loaded.drafter:
+            self.settings = settings
+            self._draw_stats()
+            self.notify("settings apply from the next message")
+            return
+        if settings.drafter == "model" and self.loaded.choice.draft is None:
+            self._error("the drafter 'model' needs a draft model: this one has none (pick a pair with F2)")
+            return
+        if self._busy("change the drafter"):
+            return
+        self._pending_settings = settings
+        self._start_load(self.loaded.choice.pair, choice=self.loaded.choice, drafter=settings.drafter)
+
+    def action_history(self) -> None:
+        """Open the saved conversations."""
+        export_dir = self.options.export_dir or Path.cwd()
+        self.push_screen(HistoryScreen(self.store, self.conversation_id, export_dir), self._history_closed)
+
+    async def _history_closed(self, result: tuple[str, int] | None) -> None:
+        if result is None:
+            return
+        what, cid = result
+        if what == "deleted":
+            self.conversation_id = None
+            await self.action_new_chat()
+        elif what == "resume":
+            await self._resume(cid)
+
+    async def _resume(self, cid: int) -> None:
+        if self._busy("open another chat"):
+            return
+        if self.session is None:
+            self._error("no model is loaded: pick a pair (F2) first")
+            return
+        try:
+            conversation = self.store.get(cid)
+            stored = self.store.messages(cid)
+        except LocalspecError as e:
+            self._error(str(e))
+            return
+        self.system = conversation.system
+        self.conversation_id = cid
+        self.session.messages = self._system_messages() + [Message(m.role, m.content) for m in stored]
+        self._reset_stats()
+        await self._show_conversation(stored)
+        here = self.loaded.choice.pair if self.loaded else None
+        if conversation.pair and here and conversation.pair != here:
+            self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
+        self._set_status(f"resumed {conversation.title!r}")
+
+    def action_system_prompt(self) -> None:
+        """Edit the system prompt."""
+        self.push_screen(TextPromptScreen("System prompt (for this and new chats)", self.system, multiline=True,
+                                          cursor_blink=self.options.cursor_blink), self._system_saved)
+
+    async def _system_saved(self, text: str | None) -> None:
+        if text is None or self._busy("change the system prompt"):
+            return
+        self.system = text.strip()
+        if self.session is not None:
+            self.session.messages = self._system_messages() + self._conversation_messages()
+        if self.conversation_id is not None:
+            self.store.set_system(self.conversation_id, self.system)
+        stored = self.store.messages(self.conversation_id) if self.conversation_id is not None else None
+        await self._show_conversation(stored)
+        self.notify("system prompt set" if self.system else "system prompt removed")
+
+    # --- shutdown -------------------------------------------------------------------------------------------
+
+    async def on_unmount(self) -> None:
+        """Stop the answer, wait for the worker that holds the engine, then free the models."""
+        self._closing = True
+        if self.turn is not None:
+            self.turn.cancel()
+        acquired = await asyncio.to_thread(self._engine_lock.acquire, timeout=30)
+        if not acquired:
+            log.warning("a worker still holds the engine at exit: not freeing it")
+            return
+        try:
+            if self.loaded is not None:
+                self.loaded.engine.close()
+                self.loaded = None
+        finally:
+            self._engine_lock.release()
+            self.store.close()
+
+
+def make_app(options: ChatOptions, *, store: ChatStore | None = None) -> ChatApp:
+    """Build the chat app (the CLI and the tests both come through here).
+
+    Args:
+        options: what to load and where files go.
+        store: an open chat database; default the one at `options.db_path` or `get_paths().db_path`.
+
+    Raises:
+        LocalspecError: the chat database cannot be opened.
+    """
+    store = store or ChatStore(options.db_path or get_paths().db_path)
+    return ChatApp(options, store)
+
+
+__all__ = ["ChatApp", "ChatOptions", "ChatSettings", "make_app"]

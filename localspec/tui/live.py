@@ -1,0 +1,226 @@
+"""Live numbers for the stats panel, and the loop that turns a `Generation` into batched UI updates.
+
+`stream_generation` runs in the app's thread worker: it iterates the engine, gathers released text as
+provenance runs, and calls `emit` at most every `interval` seconds with a `Chunk` (text since the last
+chunk plus a `StatsView` snapshot), then once with the `Finished` answer. `render_stats` draws a
+`StatsView` as Rich text. Nothing here touches a widget, so the loop is safe off the UI thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from rich.cells import cell_len
+from rich.text import Text
+
+from ..engine import Generation
+from ..stats import Stats
+
+Runs = list[tuple[str, bool]]  # (text, came from the draft)
+BAR_WIDTH = 12
+DRAFT_STYLE = "bold green"  # tokens the draft proposed and the target accepted
+TARGET_STYLE = ""  # tokens the target produced itself
+
+
+@dataclass(frozen=True, slots=True)
+class StatsView:
+    """What the stats panel shows: the current (or last) turn, the session, and live rates."""
+
+    turn: Stats | None = None
+    session: Stats = field(default_factory=Stats)
+    turns: int = 0
+    tokens_per_second_now: float = 0.0
+    tokens_per_second_turn: float = 0.0
+    generating: bool = False
+    drafter: str = "model"
+    draft_max: int = 0
+    provenance: bool = False  # draft tokens are coloured: show the legend
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Text released since the last chunk, with a snapshot of the turn's stats."""
+
+    runs: Runs
+    stats: Stats
+    tokens_per_second_now: float
+    tokens_per_second_turn: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The end of a turn: the whole answer, how it ended, and its final stats."""
+
+    text: str
+    runs: Runs
+    finish_reason: str
+    stats: Stats
+    notices: list[str]
+    error: str | None = None  # a one-line error that ended the turn early
+
+
+class RateMeter:
+    """Tokens per second over the last `window` seconds."""
+
+    def __init__(self, window: float = 1.0) -> None:
+        self.window = window
+        self._points: deque[tuple[float, int]] = deque()
+
+    def update(self, now: float, emitted: int) -> float:
+        """Record the count at `now`; return the rate over the window."""
+        self._points.append((now, emitted))
+        while len(self._points) > 2 and now - self._points[1][0] >= self.window:
+            self._points.popleft()
+        t0, n0 = self._points[0]
+        return (emitted - n0) / (now - t0) if now > t0 else 0.0
+
+
+def add_run(runs: Runs, text: str, from_draft: bool) -> None:
+    """Append text to provenance runs, merging with the last run of the same origin."""
+    if not text:
+        return
+    if runs and runs[-1][1] == from_draft:
+        runs[-1] = (runs[-1][0] + text, from_draft)
+    else:
+        runs.append((text, from_draft))
+
+
+def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished], None], *,
+                      interval: float = 1 / 30, clock: Callable[[], float] = time.perf_counter) -> None:
+    """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.
+
+    A `LocalspecError` raised mid-answer ends the turn with `Finished.error` set; the caches stay consistent
+    (the engine rolls back before it raises or yields).
+    """
+    from ..errors import LocalspecError
+
+    start = last = clock()
+    meter = RateMeter()
+    pending: Runs = []
+    runs: Runs = []
+    error = None
+    try:
+        for event in generation:
+            add_run(pending, event.text, event.from_draft)
+            now = clock()
+            if now - last >= interval and pending:
+                emit(_chunk(generation.stats, pending, meter, now, now - start))
+                for text, from_draft in pending:
+                    add_run(runs, text, from_draft)
+                pending, last = [], now
+    except LocalspecError as e:
+        error = str(e)
+    for text, from_draft in pending:
+        add_run(runs, text, from_draft)
+    stats = copy.deepcopy(generation.stats)
+    emit(Finished(generation.text, runs, generation.finish_reason or "cancelled", stats, list(generation.notices),
+                  error))
+
+
+def _chunk(stats: Stats, pending: Runs, meter: RateMeter, now: float, elapsed: float) -> Chunk:
+    generating = elapsed - stats.seconds_prefill
+    turn_rate = stats.emitted / generating if generating > 0 else 0.0
+    return Chunk(list(pending), copy.deepcopy(stats), meter.update(now, stats.emitted), turn_rate)
+
+
+# --- drawing -------------------------------------------------------------------------------------------------
+
+
+def provenance_text(runs: Runs) -> Text:
+    """Answer text with draft tokens coloured."""
+    text = Text()
+    for piece, from_draft in runs:
+        text.append(piece, DRAFT_STYLE if from_draft else TARGET_STYLE)
+    return text
+
+
+def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def _usual_draft_length(turn: Stats) -> int:
+    """The draft length most steps used (k ≥ 1), else the longest one drafted."""
+    by_k = getattr(turn, "steps_by_draft_length", [])
+    counts = [(n, k) for k, n in enumerate(by_k) if k >= 1 and n]
+    return max(counts)[1] if counts else len(turn.drafted_by_position) or turn.draft_length
+
+
+def _speculation_line(view: StatsView) -> tuple[str, str]:
+    turn = view.turn
+    if view.drafter == "none":
+        return "off (no drafter)", "yellow"
+    if turn is not None and turn.target_passes:
+        if turn.speculation_off:
+            return f"off ({turn.speculation_off})", "yellow"
+        k = turn.draft_length if view.generating else _usual_draft_length(turn)
+        return f"on, draft length {k}", "green"
+    if view.draft_max == 0:
+        return "off (draft max is 0)", "yellow"
+    return f"on, draft length ≤ {view.draft_max}", "green"
+
+
+def _row(text: Text, label: str, value: str, style: str = "") -> None:
+    text.append(label + " " * max(1, 14 - cell_len(label)), "dim")
+    text.append(value + "\n", style)
+
+
+def render_stats(view: StatsView) -> Text:
+    """The stats panel: this answer's numbers, time split, acceptance by draft position, the session."""
+    text = Text()
+    text.append("this answer" + (" (live)" if view.generating else "") + "\n", "bold")
+    speculation, style = _speculation_line(view)
+    _row(text, "speculation", speculation, style)
+    turn = view.turn or Stats()
+    if turn.drafted:
+        _row(text, "acceptance", f"{turn.acceptance_rate:.0%} ({turn.accepted}/{turn.drafted})", "bold")
+    else:
+        _row(text, "acceptance", "–")
+    _row(text, "α per token", f"{turn.alpha:.2f}" if turn.drafted else "–")
+    _row(text, "tokens/pass", f"{turn.mean_tokens_per_pass:.2f}" if turn.target_passes else "–")
+    _row(text, "tok/s now", f"{view.tokens_per_second_now:.1f}" if view.generating else "–")
+    _row(text, "tok/s turn", f"{view.tokens_per_second_turn:.1f}" if turn.emitted else "–")
+    _row(text, "tokens", f"{turn.emitted} in {turn.target_passes} passes")
+    _time_split(text, turn)
+    text.append("\nacceptance by draft position\n", "bold")
+    rates = turn.acceptance_by_position
+    if not rates:
+        text.append("  nothing drafted yet\n", "dim")
+    for i, rate in enumerate(rates, start=1):
+        text.append(f"{i:>3} ")
+        text.append(_bar(rate), "green")
+        text.append(f" {rate:>4.0%}\n")
+    _session_lines(text, view)
+    if view.provenance:
+        text.append("\n■ draft token", DRAFT_STYLE)
+        text.append("  ■ target token\n")
+    return text
+
+
+def _time_split(text: Text, turn: Stats) -> None:
+    parts = {"draft": turn.seconds_draft, "verify": turn.seconds_verify, "sample": turn.seconds_sampling}
+    total = sum(parts.values())
+    text.append("\ntime split\n", "bold")
+    if total <= 0:
+        text.append("  nothing timed yet\n", "dim")
+        return
+    for name, seconds in parts.items():
+        text.append(f"  {name:<7}")
+        text.append(_bar(seconds / total), "cyan")
+        text.append(f" {seconds / total:>4.0%}\n")
+
+
+def _session_lines(text: Text, view: StatsView) -> None:
+    session = view.session
+    text.append("\nsession\n", "bold")
+    if not view.turns:
+        text.append("  no answers yet\n", "dim")
+        return
+    _row(text, "answers", str(view.turns))
+    _row(text, "acceptance", f"{session.acceptance_rate:.0%}" if session.drafted else "–")
+    _row(text, "tokens/pass", f"{session.mean_tokens_per_pass:.2f}" if session.target_passes else "–")
+    _row(text, "tok/s", f"{session.tokens_per_second:.1f}")

@@ -1,0 +1,129 @@
+"""From the chat's options (or a pair picked in the app) to a loaded `Engine`, plus the pair list and pull.
+
+These functions block (files are read, the demo target may be derived, llama.cpp loads the models), so
+the app calls them from thread workers and passes a `progress` callback that posts messages. They use
+the pairs API (`localspec.pairs`) and never touch Textual.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import demo
+from ..config import load_config
+from ..engine import Engine
+from ..errors import InvalidParamsError
+from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
+from ..paths import get_paths
+from .settings import ChatOptions
+
+log = logging.getLogger("localspec.tui.loading")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """Which files to load and with what defaults."""
+
+    target: Path
+    draft: Path | None
+    label: str  # what the header shows: the pair name, or the file names
+    pair: str | None  # the pair's name (None for --target/--draft)
+    settings: dict[str, Any]  # the pair's defaults that were set (models.toml)
+    note: str | None = None  # e.g. "using the offline demo pair"
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A loaded engine and what the app shows and remembers about it."""
+
+    engine: Engine
+    choice: ModelChoice
+    drafter: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairRow:
+    """One line of the pair switcher."""
+
+    name: str
+    description: str
+    ready: bool  # both files are here (or it is the demo pair, derived on first load)
+    status: str  # "downloaded", "not downloaded", "offline demo" …
+    default: bool
+
+
+def choose_models(options: ChatOptions, pair: str | None, progress: Progress) -> ModelChoice:
+    """Resolve `pair` (or the options' --target/--draft when pair is None) to files.
+
+    Raises:
+        LocalspecError: unknown pair, invalid models.toml, files not downloaded.
+    """
+    if pair is None and options.target:
+        target = Path(options.target)
+        draft = Path(options.draft) if options.draft else None
+        label = target.name + (f" + {draft.name}" if draft else "")
+        return ModelChoice(target, draft, label, None, {})
+    paths = get_paths()
+    config = load_config(paths)
+    chosen, note = choose_pair(pair or options.pair, config, paths)
+    if chosen.target.kind == "builtin" and not pair_status(chosen, paths).downloaded:
+        progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
+    resolved = resolve_pair(chosen, config, paths)
+    settings = {**chosen.sampling_overrides(), **chosen.speculative_overrides(), **chosen.model_overrides()}
+    return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, settings, note)
+
+
+def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, progress: Progress) -> Loaded:
+    """Load the chosen files into an Engine (the same precedence as `localspec generate`).
+
+    Raises:
+        LocalspecError: bad files, incompatible draft, n_ctx too large, a drafter that needs a missing draft.
+    """
+    drafter = drafter or options.drafter or ("model" if choice.draft else "none")
+    if drafter == "model" and choice.draft is None:
+        raise InvalidParamsError("the drafter 'model' needs a draft: start with --draft PATH or pick a pair")
+    n_ctx = options.n_ctx or choice.settings.get("n_ctx")  # None: the engine picks
+    n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers is not None else choice.settings.get("n_gpu_layers")
+    what = choice.target.name + (f" + {choice.draft.name}" if drafter == "model" and choice.draft else "")
+    progress(f"loading {what}…")
+    engine = Engine.load(choice.target, choice.draft if drafter == "model" else None, drafter=drafter,
+                         n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+    log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
+    return Loaded(engine, choice, drafter)
+
+
+def list_pairs() -> list[PairRow]:
+    """Every pair of the merged models.toml with whether it can load now (no network).
+
+    Raises:
+        ConfigError: an invalid models.toml.
+    """
+    paths = get_paths()
+    config = load_config(paths)
+    rows = []
+    for name, pair in sorted(config.pairs.items()):
+        downloaded = pair_status(pair, paths).downloaded
+        if pair.target.kind == "builtin" and not downloaded:
+            ready = demo.packaged_draft() is not None
+            status = "offline demo" if ready else "needs localspec[demo]"
+        else:
+            ready, status = downloaded, "downloaded" if downloaded else "not downloaded"
+        rows.append(PairRow(name, pair.description, ready, status, name == config.default))
+    return rows
+
+
+def pull(name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:
+    """Download both files of pair `name` (huggingface_hub does caching and resuming) and check them.
+
+    Raises:
+        LocalspecError: unknown pair, network, disk, gated repository, incompatible draft.
+    """
+    paths = get_paths()
+    config = load_config(paths)
+    pull_pair(config.get(name), config, paths, progress=on_bytes, notify=progress)

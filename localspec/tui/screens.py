@@ -1,0 +1,251 @@
+"""Modal screens: the pair switcher, the settings form, saved conversations, and two small prompts.
+
+Each screen returns its answer with `dismiss(...)` (a pair name, new `ChatSettings`, an action on a
+conversation, some text, yes/no); the app decides what to do with it. The history screen acts on the
+store directly for rename and delete, which are instant, and hands resume and export back to the app.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
+
+from ..engine import VERIFY_MODES
+from ..errors import LocalspecError
+from .loading import PairRow
+from .settings import DRAFTERS, ChatSettings
+from .store import ChatStore, export_conversation
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question."""
+
+    BINDINGS = [Binding("escape,n", "answer(False)", "No"), Binding("y", "answer(True)", "Yes")]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Static(self.question, markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Yes (y)", id="yes", variant="primary")
+                yield Button("No (n)", id="no")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        """Close with the answer."""
+        self.dismiss(yes)
+
+
+class TextPromptScreen(ModalScreen[str | None]):
+    """Ask for a line (rename) or several (system prompt). Ctrl+S or Enter (one line) saves, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
+
+    def __init__(self, title: str, value: str = "", *, multiline: bool = False, cursor_blink: bool = True) -> None:
+        super().__init__()
+        self.title_text, self.value, self.multiline, self.cursor_blink = title, value, multiline, cursor_blink
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self.title_text)
+            if self.multiline:
+                area = TextArea(self.value, id="value", soft_wrap=True)
+                area.cursor_blink = self.cursor_blink
+                yield area
+                yield Static("Ctrl+S saves · Esc cancels", classes="hint")
+            else:
+                yield Input(self.value, id="value")
+                yield Static("Enter saves · Esc cancels", classes="hint")
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value)
+
+    def action_save(self) -> None:
+        """Close with the text."""
+        widget = self.query_one("#value")
+        self.dismiss(widget.text if isinstance(widget, TextArea) else widget.value)
+
+    def action_cancel(self) -> None:
+        """Close without a change."""
+        self.dismiss(None)
+
+
+class PairScreen(ModalScreen[str | None]):
+    """The pairs of the merged models.toml; Enter picks one (the app loads it, or offers to pull it)."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(self, rows: list[PairRow], current: str | None) -> None:
+        super().__init__()
+        self.rows, self.current = rows, current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Pairs (Enter switches · Esc closes)")
+            yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("", "pair", "status", "description")
+        for row in self.rows:
+            mark = "●" if row.name == self.current else ("★" if row.default else "")
+            table.add_row(mark, row.name, row.status, row.description, key=row.name)
+        names = [row.name for row in self.rows]
+        if self.current in names:
+            table.move_cursor(row=names.index(self.current))
+        table.focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(event.row_key.value)
+
+
+class SettingsScreen(ModalScreen[ChatSettings | None]):
+    """Sampling, speculation and drafter settings, applied from the next message."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
+    FIELDS = (("temperature", "temperature (0 = greedy)"), ("top_k", "top-k (0 = off)"), ("top_p", "top-p"),
+              ("min_p", "min-p"), ("max_tokens", "max tokens"), ("draft_max", "draft max (0 = plain)"))
+
+    def __init__(self, settings: ChatSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def compose(self) -> ComposeResult:
+        values = self.settings.form_values()
+        with Vertical(classes="dialog"):
+            yield Label("Settings (applied from the next message)")
+            with Grid(id="form"):
+                for name, label in self.FIELDS:
+                    yield Label(label)
+                    yield Input(values[name], id=name)
+                yield Label("verify")
+                yield Select([(m, m) for m in VERIFY_MODES], value=values["verify"], allow_blank=False,
+                             id="verify")
+                yield Label("drafter")
+                yield Select([(d, d) for d in DRAFTERS], value=values["drafter"], allow_blank=False, id="drafter")
+            yield Static("", id="error", markup=False)
+            with Horizontal(classes="buttons"):
+                yield Button("Save (Ctrl+S)", id="save", variant="primary")
+                yield Button("Cancel (Esc)", id="cancel")
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self) -> None:
+        self.action_save()
+
+    def action_save(self) -> None:
+        """Validate the form; close with the new settings or show the one-line error."""
+        values = {name: self.query_one(f"#{name}", Input).value for name, _ in self.FIELDS}
+        for name in ("verify", "drafter"):
+            values[name] = str(self.query_one(f"#{name}", Select).value)
+        try:
+            settings = self.settings.with_values(values)
+        except LocalspecError as e:
+            self.query_one("#error", Static).update(str(e))
+            return
+        self.dismiss(settings)
+
+
+class HistoryScreen(ModalScreen[tuple[str, int] | None]):
+    """Saved conversations: Enter resumes, r renames, d deletes, m / j export to Markdown / JSON.
+
+    Closes with ("resume", id), or ("deleted", id) when the open conversation was deleted.
+    """
+
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("r", "rename", "Rename"),
+        Binding("d", "delete", "Delete"),
+        Binding("m", "export('md')", "Export .md"),
+        Binding("j", "export('json')", "Export .json"),
+    ]
+
+    def __init__(self, store: ChatStore, current: int | None, export_dir: Path) -> None:
+        super().__init__()
+        self.store, self.current, self.export_dir = store, current, export_dir
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Saved chats (Enter resumes · r rename · d delete · m/j export .md/.json · Esc closes)")
+            yield DataTable(id="chats", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("", "title", "pair", "messages", "updated")
+        self.reload()
+        table.focus()
+
+    def reload(self) -> None:
+        """Refill the table from the database."""
+        table = self.query_one(DataTable)
+        table.clear()
+        for c in self.store.conversations():
+            table.add_row("●" if c.id == self.current else "", c.title, c.pair, str(c.n_messages),
+                          c.updated[:16].replace("T", " "), key=str(c.id))
+
+    def _selected(self) -> int | None:
+        table = self.query_one(DataTable)
+        if not table.row_count:
+            return None
+        key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return int(key.value)
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.dismiss(("resume", int(event.row_key.value)))
+
+    def action_rename(self) -> None:
+        """Ask for a new title."""
+        cid = self._selected()
+        if cid is None:
+            return
+
+        def done(title: str | None) -> None:
+            if title and title.strip():
+                self._guarded(self.store.rename, cid, title.strip())
+                self.reload()
+
+        self.app.push_screen(TextPromptScreen("New title", self.store.get(cid).title), done)
+
+    def action_delete(self) -> None:
+        """Delete the selected conversation after a confirmation."""
+        cid = self._selected()
+        if cid is None:
+            return
+
+        def done(yes: bool | None) -> None:
+            if yes and self._guarded(self.store.delete, cid):
+                self.reload()
+                if cid == self.current:
+                    self.dismiss(("deleted", cid))
+
+        self.app.push_screen(ConfirmScreen(f"Delete {self.store.get(cid).title!r}?"), done)
+
+    def action_export(self, fmt: str) -> None:
+        """Write the selected conversation to the export folder."""
+        cid = self._selected()
+        if cid is not None:
+            path = self._guarded(export_conversation, self.store, cid, fmt, self.export_dir)
+            if path:
+                self.notify(f"exported to {path}")
+
+    def _guarded(self, func, *args):
+        """Run a store call; a failure becomes a notification."""
+        try:
+            return func(*args) or True
+        except LocalspecError as e:
+            self.notify(str(e), severity="error")
+            return None

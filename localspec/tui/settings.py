@@ -1,0 +1,105 @@
+"""What the chat app was asked to load, and the generation settings a user can change while chatting.
+
+`ChatOptions` is built once from the command line (or by a test) and names the models and the files the
+app uses. `ChatSettings` holds the sampling, speculation and drafter choices; the settings screen edits
+it and the app applies it from the next message. Neither knows about Textual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..engine import SpeculativeParams
+from ..errors import InvalidParamsError
+from ..runner import sampling_from_args, spec_from_args
+from ..sampling import SamplingParams
+
+DRAFTERS = ("model", "none")  # "ngram" joins when the engine has it
+OVERRIDE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "draft_max", "p_min", "verify")
+DEFAULT_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """Everything `localspec chat` was told: which models, which settings to override, where files go."""
+
+    pair: str | None = None  # a pair from models.toml (None: the default, or the demo pair)
+    target: str | None = None  # a target GGUF path instead of a pair
+    draft: str | None = None  # its draft GGUF path
+    drafter: str | None = None  # "model" or "none" (None: model when there is a draft)
+    n_ctx: int | None = None
+    n_gpu_layers: int | None = None
+    chat_template: str | None = None
+    system: str | None = None  # system prompt of new conversations
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()  # stop strings
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # flags given on the command line
+    db_path: Path | None = None  # None: get_paths().db_path
+    export_dir: Path | None = None  # None: the current directory
+    cursor_blink: bool = True  # tests and snapshots turn it off
+    stats_interval: float = 0.25  # seconds between stats panel refreshes while generating
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ChatOptions:
+        """Options from the `chat` subcommand's flags."""
+        overrides = {name: getattr(args, name) for name in OVERRIDE_FLAGS if getattr(args, name, None) is not None}
+        return cls(pair=args.pair, target=args.target, draft=args.draft, drafter=args.drafter, n_ctx=args.n_ctx,
+                   n_gpu_layers=args.n_gpu_layers, chat_template=args.chat_template, system=args.system,
+                   max_tokens=args.max_tokens, stop=tuple(args.stop or ()), overrides=overrides)
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """How answers are generated; a new value applies from the next message."""
+
+    sampling: SamplingParams = SamplingParams()
+    spec: SpeculativeParams = SpeculativeParams()
+    drafter: str = "model"  # "model" needs a draft file; "none" decodes with the target alone
+    max_tokens: int = DEFAULT_MAX_TOKENS
+
+    @classmethod
+    def initial(cls, options: ChatOptions, pair_settings: Mapping[str, Any], drafter: str) -> ChatSettings:
+        """Command-line flags over the pair's defaults over the engine's defaults."""
+        flags = argparse.Namespace(**{name: options.overrides.get(name) for name in OVERRIDE_FLAGS})
+        return cls(sampling=sampling_from_args(flags, dict(pair_settings)),
+                   spec=spec_from_args(flags, dict(pair_settings)), drafter=drafter,
+                   max_tokens=options.max_tokens)
+
+    def with_values(self, values: Mapping[str, str]) -> ChatSettings:
+        """A copy with fields set from the settings form's text values.
+
+        Raises:
+            InvalidParamsError: a value is not a number, or out of range (one line naming the field).
+        """
+        sampling = dataclasses.replace(
+            self.sampling, temperature=_number(values, "temperature", float), top_k=_number(values, "top_k", int),
+            top_p=_number(values, "top_p", float), min_p=_number(values, "min_p", float))
+        spec = dataclasses.replace(self.spec, draft_max=_number(values, "draft_max", int), verify=values["verify"])
+        drafter = values["drafter"]
+        if drafter not in DRAFTERS:
+            raise InvalidParamsError(f"unknown drafter {drafter!r}: use {' or '.join(DRAFTERS)}")
+        max_tokens = _number(values, "max_tokens", int)
+        if max_tokens < 1:
+            raise InvalidParamsError("invalid setting: max tokens must be at least 1")
+        return ChatSettings(sampling=sampling, spec=spec, drafter=drafter, max_tokens=max_tokens)
+
+    def form_values(self) -> dict[str, str]:
+        """The fields the settings form shows, as text."""
+        s = self.sampling
+        return {"temperature": f"{s.temperature:g}", "top_k": str(s.top_k), "top_p": f"{s.top_p:g}",
+                "min_p": f"{s.min_p:g}", "draft_max": str(self.spec.draft_max), "verify": self.spec.verify,
+                "drafter": self.drafter, "max_tokens": str(self.max_tokens)}
+
+
+def _number(values: Mapping[str, str], name: str, kind: type):
+    text = values[name].strip()
+    try:
+        return kind(text)
+    except ValueError:
+        what = "a whole number" if kind is int else "a number"
+        raise InvalidParamsError(f"invalid setting: {name.replace('_', '-')} must be {what}, not {text!r}") from None

@@ -1,0 +1,301 @@
+"""Saved conversations: one SQLite file (stdlib sqlite3, WAL) at `Paths.db_path`.
+
+The schema is versioned by `PRAGMA user_version` and built by `MIGRATIONS`, a list of small functions
+applied in order, each in its own transaction. The app commits the user's message before the answer is
+generated and the answer when it ends, so a crash or a kill mid-answer loses at most that answer.
+Export to Markdown and JSON lives here too: both read only what the database holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ..errors import LocalspecError
+
+log = logging.getLogger("localspec.tui.store")
+
+Provenance = list[tuple[str, bool]]
+"""An answer's text as runs of (text, came from the draft)."""
+
+
+class HistoryError(LocalspecError):
+    """The chat database cannot be opened, is from a newer localspec, or has no such conversation."""
+
+
+def _m001_conversations(db: sqlite3.Connection) -> None:
+    db.execute(
+        "CREATE TABLE conversations ("
+        " id INTEGER PRIMARY KEY,"
+        " title TEXT NOT NULL,"
+        " pair TEXT NOT NULL DEFAULT '',"
+        " system TEXT NOT NULL DEFAULT '',"
+        " created TEXT NOT NULL,"
+        " updated TEXT NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE messages ("
+        " id INTEGER PRIMARY KEY,"
+        " conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
+        " role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),"
+        " content TEXT NOT NULL,"
+        " created TEXT NOT NULL,"
+        " finish_reason TEXT,"
+        " stats TEXT,"  # JSON: Stats.to_dict() of the turn that wrote this answer
+        " provenance TEXT)"  # JSON: [[text, from_draft], ...]
+    )
+    db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_m001_conversations,)
+"""Schema steps; the database's user_version is how many have run. Append, never edit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """One saved conversation (without its messages)."""
+
+    id: int
+    title: str
+    pair: str
+    system: str
+    created: str
+    updated: str
+    n_messages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """One saved message."""
+
+    id: int
+    role: str
+    content: str
+    created: str
+    finish_reason: str | None = None
+    stats: dict | None = None
+    provenance: Provenance | None = None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Connection], None]] = MIGRATIONS) -> int:
+    """Bring the schema up to date, one transaction per step.
+
+    Returns:
+        The schema version now in the file.
+
+    Raises:
+        HistoryError: the file was written by a newer localspec.
+    """
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > len(migrations):
+        raise HistoryError(f"the chat database has schema version {version}, newer than this localspec "
+                           f"knows ({len(migrations)}): upgrade localspec")
+    for number in range(version, len(migrations)):
+        with db:  # one transaction: a step is applied whole or not at all
+            db.execute("BEGIN")
+            migrations[number](db)
+            db.execute(f"PRAGMA user_version = {number + 1}")
+        log.info("chat database migrated to schema version %d", number + 1)
+    return len(migrations)
+
+
+class ChatStore:
+    """The saved conversations. Use from one thread (the app's), close when done.
+
+    Args:
+        path: the SQLite file (its folder is created).
+        migrations: schema steps (tests pass their own).
+
+    Raises:
+        HistoryError: the file is not a database, cannot be written, or is from a newer localspec.
+    """
+
+    def __init__(self, path: Path, *, migrations=MIGRATIONS) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=5.0)
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+            migrate(self.db, migrations)
+        except (sqlite3.Error, OSError) as e:
+            raise HistoryError(f"cannot open the chat database {self.path}: {e}; move it away to start a "
+                               "fresh one") from e
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.db.close()
+
+    def _write(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                return self.db.execute(sql, params)
+        except sqlite3.Error as e:
+            raise HistoryError(f"cannot save to the chat database {self.path}: {e}") from e
+
+    def create_conversation(self, title: str, *, pair: str = "", system: str = "") -> int:
+        """Start a conversation; returns its id."""
+        now = _now()
+        cur = self._write("INSERT INTO conversations (title, pair, system, created, updated) VALUES (?, ?, ?, ?, ?)",
+                          (title, pair, system, now, now))
+        return int(cur.lastrowid)
+
+    def add_message(self, conversation_id: int, role: str, content: str, *, finish_reason: str | None = None,
+                    stats: dict | None = None, provenance: Provenance | None = None) -> int:
+        """Append a message and commit it; returns its id."""
+        now = _now()
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                cur = self.db.execute(
+                    "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (conversation_id, role, content, now, finish_reason, _json_or_none(stats),
+                     _json_or_none(provenance)))
+                self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        except sqlite3.Error as e:
+            raise HistoryError(f"cannot save to the chat database {self.path}: {e}") from e
+        return int(cur.lastrowid)
+
+    def delete_last_answer(self, conversation_id: int) -> bool:
+        """Remove the conversation's last message if it is an answer (before regenerating it)."""
+        row = self.db.execute("SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1",
+                              (conversation_id,)).fetchone()
+        if row is None or row[1] != "assistant":
+            return False
+        self._write("DELETE FROM messages WHERE id = ?", (row[0],))
+        return True
+
+    def delete_message(self, conversation_id: int, message_id: int) -> None:
+        """Remove one message (a user message that could not be answered)."""
+        self._write("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        """Give a conversation a new title."""
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def set_system(self, conversation_id: int, system: str) -> None:
+        """Record the conversation's system prompt."""
+        self._write("UPDATE conversations SET system = ?, updated = ? WHERE id = ?", (system, _now(), conversation_id))
+
+    def set_pair(self, conversation_id: int, pair: str) -> None:
+        """Record which pair the conversation now runs on."""
+        self._write("UPDATE conversations SET pair = ? WHERE id = ?", (pair, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        """Delete a conversation and its messages."""
+        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def conversations(self) -> list[Conversation]:
+        """Every conversation, most recently updated first."""
+        rows = self.db.execute(
+            "SELECT c.id, c.title, c.pair, c.system, c.created, c.updated, COUNT(m.id) FROM conversations c"
+            " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [Conversation(*row) for row in rows]
+
+    def get(self, conversation_id: int) -> Conversation:
+        """One conversation.
+
+        Raises:
+            HistoryError: no such conversation.
+        """
+        for conversation in self.conversations():
+            if conversation.id == conversation_id:
+                return conversation
+        raise HistoryError(f"no saved conversation {conversation_id}: it may have been deleted")
+
+    def messages(self, conversation_id: int) -> list[StoredMessage]:
+        """A conversation's messages in order."""
+        rows = self.db.execute(
+            "SELECT id, role, content, created, finish_reason, stats, provenance FROM messages"
+            " WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
+        return [StoredMessage(id=r[0], role=r[1], content=r[2], created=r[3], finish_reason=r[4],
+                              stats=_loads(r[5]), provenance=_provenance(_loads(r[6]))) for r in rows]
+
+
+def _json_or_none(value) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(text: str | None):
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        log.warning("ignoring an unreadable JSON column in the chat database")
+        return None
+
+
+def _provenance(value) -> Provenance | None:
+    if not isinstance(value, list):
+        return None
+    return [(str(text), bool(from_draft)) for text, from_draft in value]
+
+
+# --- export ------------------------------------------------------------------------------------------------
+
+
+def export_markdown(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+    """The conversation as a Markdown document: a title, the system prompt, then each message."""
+    lines = [f"# {conversation.title}", "", f"*{conversation.created} · pair: {conversation.pair or '?'}*", ""]
+    if conversation.system:
+        lines += ["## System", "", conversation.system, ""]
+    for message in messages:
+        heading = "You" if message.role == "user" else "Assistant"
+        if message.role == "assistant" and message.finish_reason == "cancelled":
+            heading += " (stopped)"
+        lines += [f"## {heading}", "", message.content, ""]
+    return "\n".join(lines)
+
+
+def export_json(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+    """The conversation as JSON: its fields, the system prompt and the messages with their stats."""
+    data = {
+        "id": conversation.id,
+        "title": conversation.title,
+        "pair": conversation.pair,
+        "created": conversation.created,
+        "updated": conversation.updated,
+        "system": conversation.system,
+        "messages": [
+            {"role": m.role, "content": m.content, "created": m.created, "finish_reason": m.finish_reason,
+             "stats": m.stats}
+            for m in messages
+        ],
+    }
+    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def export_conversation(store: ChatStore, conversation_id: int, fmt: str, directory: Path) -> Path:
+    """Write a conversation to `directory` as `chat-ID-TITLE.md` or `.json`; returns the file.
+
+    Raises:
+        HistoryError: unknown conversation or format, or the file cannot be written.
+    """
+    if fmt not in ("md", "json"):
+        raise HistoryError(f"unknown export format {fmt!r}: use md or json")
+    conversation = store.get(conversation_id)
+    messages = store.messages(conversation_id)
+    text = export_markdown(conversation, messages) if fmt == "md" else export_json(conversation, messages)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", conversation.title).strip("-").lower()[:40] or "untitled"
+    path = Path(directory) / f"chat-{conversation.id}-{slug}.{fmt}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise HistoryError(f"cannot write {path}: {e.strerror or e}") from e
+    return path
