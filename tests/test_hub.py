@@ -7,6 +7,7 @@ Nothing leaves the machine.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -239,3 +240,30 @@ def test_models_json_lists_curated_and_user_pairs_with_download_state(env):
     assert "not a good chat model" in pairs["demo"]["description"]
     text = cli(env, "models")
     assert text.returncode == 0 and "tiny (user) — tiny test pair" in text.stdout
+
+
+def test_pull_all_goes_on_after_a_failure(env):
+    result = cli(env, "pull", "--all", "--dry-run")
+    assert result.returncode == 1  # the bundled repositories are not on the fake Hub
+    assert "dry run: pull tiny" in result.stdout and "would download" in result.stdout
+    errors = result.stderr.strip().splitlines()
+    assert errors and all(line.startswith("localspec: error: ") for line in errors)
+    assert any("test/gated-GGUF is gated" in line for line in errors)
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), "the disk is full while downloading a/b:Q8_0 (it needs 2.0 GiB)"),
+        (OSError(errno.EACCES, "Permission denied"), "cannot write a/b:Q8_0 into"),
+        (ConnectionResetError("reset"), "cannot reach the Hugging Face Hub"),
+    ],
+)
+def test_os_errors_become_one_line(error, expected):
+    from localspec.config import ModelSource
+    from localspec.errors import DownloadError
+    from localspec.hub import hub_errors
+
+    with pytest.raises(DownloadError) as info, hub_errors(ModelSource.model_validate("a/b:Q8_0"), 2 * 2**30):
+        raise error
+    assert expected in str(info.value) and "\n" not in str(info.value)
