@@ -148,7 +148,8 @@ def _write_dequantized(source: Path, dest: Path, *, f16: bool) -> None:
     for tensor in reader.tensors:
         numpy_shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists ne0 first
         half = f16 and len(numpy_shape) > 1
-        dtype, raw = (np.float16, gguf.GGMLQuantizationType.F16) if half else (np.float32, gguf.GGMLQuantizationType.F32)
+        dtype = np.float16 if half else np.float32
+        raw = gguf.GGMLQuantizationType.F16 if half else gguf.GGMLQuantizationType.F32
         n_bytes = int(np.prod(numpy_shape)) * np.dtype(dtype).itemsize
         writer.add_tensor_info(tensor.name, numpy_shape, np.dtype(dtype), n_bytes, raw_dtype=raw)
         out_types.append(dtype)

@@ -171,6 +171,6 @@ def _demo_findings(paths: Paths) -> list[Finding]:
     found.append(Finding("gguf (to derive the target)", _version("gguf"), None if has_gguf else demo.INSTALL_HINT))
     target = demo.target_path(paths)
     derived = draft is not None and demo.is_current(target, draft)
-    found.append(Finding("F32 target", str(target) if derived else f"not derived yet ({target})",
-                         None if derived or not draft else "it is derived on first use, or now with `localspec pull demo`"))
+    advice = None if derived or not draft else "it is derived on first use, or now with `localspec pull demo`"
+    found.append(Finding("F32 target", str(target) if derived else f"not derived yet ({target})", advice))
     return found

@@ -263,7 +263,8 @@ def hub_errors(ref: ModelSource, size: int | None = None) -> Iterator[None]:
     try:
         yield
     except hf.GatedRepoError as e:
-        raise DownloadError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, then {login}") from e
+        raise DownloadError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, "
+                            f"then {login}") from e
     except hf.RepositoryNotFoundError as e:
         raise DownloadError(f"repository {repo} was not found on the Hub (if it is private, {login})") from e
     except hf.RevisionNotFoundError as e:

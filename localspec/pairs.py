@@ -147,11 +147,12 @@ def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[P
         return default, None
     demo_pair = config.pairs.get(DEMO_PAIR)
     missing = f"pair {default.name!r} is not downloaded" if default else "no default pair is set"
+    pull = f"localspec pull {default.name if default else 'PAIR'}"
     if demo_pair is not None and demo.packaged_draft() is not None:
         note = (f"{missing}; using the offline demo pair (a demo of the mechanism, not a good chat model). "
-                f"Run `localspec pull {default.name if default else 'PAIR'}` for a real one.")
+                f"Run `{pull}` for a real one.")
         return demo_pair, note
-    raise ModelFileError(f"{missing}: run `localspec pull {default.name if default else 'PAIR'}`, or {demo.INSTALL_HINT}")
+    raise ModelFileError(f"{missing}: run `{pull}`, or {demo.INSTALL_HINT}")
 
 
 def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
@@ -226,7 +227,8 @@ def _pull_one(role: Role, ref: ModelSource, pair: Pair, paths: Paths, dry_run: b
     if status.downloaded:
         return PulledFile(role, ref.label(), "present", status.path, status.size)
     if ref.kind == "path":
-        raise ModelFileError(f"the {role} of pair {pair.name!r} is not a file: {ref.path} (fix the path in {pair.file})")
+        raise ModelFileError(f"the {role} of pair {pair.name!r} is not a file: {ref.path} "
+                             f"(fix the path in {pair.file})")
     if ref.kind == "builtin":
         if dry_run:
             return PulledFile(role, ref.label(), "would-derive", None, None)

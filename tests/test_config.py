@@ -160,7 +160,8 @@ def test_unknown_pair_lists_the_choices(localspec_home):
 
 
 def test_overrides_split_by_consumer(tmp_path):
-    text = PAIR + 'temperature = 0.3\ntop_k = 5\ndraft_max = 4\nverify = "match"\nn_ctx = 1024\nchat_template = "chatml"\n'
+    text = PAIR + ('temperature = 0.3\ntop_k = 5\ndraft_max = 4\nverify = "match"\n'
+                   'n_ctx = 1024\nchat_template = "chatml"\n')
     parsed = read_models_file(write(tmp_path / "models.toml", text))
     from localspec.config import Pair
 

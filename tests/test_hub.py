@@ -254,7 +254,8 @@ def test_pull_all_goes_on_after_a_failure(env):
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (OSError(errno.ENOSPC, "No space left on device"), "the disk is full while downloading a/b:Q8_0 (it needs 2.0 GiB)"),
+        (OSError(errno.ENOSPC, "No space left on device"),
+         "the disk is full while downloading a/b:Q8_0 (it needs 2.0 GiB)"),
         (OSError(errno.EACCES, "Permission denied"), "cannot write a/b:Q8_0 into"),
         (ConnectionResetError("reset"), "cannot reach the Hugging Face Hub"),
     ],
