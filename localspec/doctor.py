@@ -21,7 +21,7 @@ from .errors import ConfigError
 from .pairs import pair_status
 from .paths import HOME_ENV, Paths
 
-_REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+_REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +86,20 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
+def _reinstall(flag: str) -> str:
+    """The command that rebuilds the installed llama-cpp-python version with one ggml backend."""
+    version = _version("llama-cpp-python")
+    return _REINSTALL.format(flag=flag, pin="" if version == "not installed" else f"=={version}")
+
+
 def _gpu_advice() -> str:
     """How to get a GPU-enabled llama-cpp-python on this kind of machine."""
     if sys.platform == "darwin":
-        return "reinstall llama-cpp-python with Metal: " + _REINSTALL.format(flag="-DGGML_METAL=on")
+        return "reinstall llama-cpp-python with Metal (several minutes): " + _reinstall("-DGGML_METAL=on")
     if shutil.which("nvidia-smi"):
-        return "an NVIDIA GPU is present: " + _REINSTALL.format(flag="-DGGML_CUDA=on")
-    return ("no GPU backend in this build (fine on a CPU-only machine); with a GPU reinstall llama-cpp-python: "
-            + _REINSTALL.format(flag="-DGGML_CUDA=on") + " (NVIDIA) or -DGGML_VULKAN=on (AMD/Intel)")
+        return "an NVIDIA GPU is present; rebuild llama-cpp-python for it: " + _reinstall("-DGGML_CUDA=on")
+    return ("no GPU backend in this build (fine on a CPU-only machine); with a GPU, rebuild llama-cpp-python: "
+            + _reinstall("-DGGML_CUDA=on") + " (NVIDIA; -DGGML_VULKAN=on for AMD/Intel)")
 
 
 def _compute_findings() -> list[Finding]:
