@@ -30,8 +30,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
     p.add_argument("--target", help="target model GGUF path")
     p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
-    p.add_argument("--drafter", choices=["model", "ngram", "none"],
-                   help="how tokens are drafted (default: model with --draft/--pair, else none)")
+    p.add_argument("--drafter", choices=["model", "ngram", "model+ngram", "none"],
+                   help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
+                        "followed the last few tokens earlier in the prompt or output; fast for repeating or "
+                        "editing a given text), model+ngram (lookup when it finds a match, else the model), none "
+                        "(default: model with --draft/--pair, else none)")
     p.add_argument("--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)")
     p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
@@ -49,6 +52,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
     p.add_argument("--p-min", type=float, help="stop drafting below this draft confidence")
     p.add_argument("--verify", choices=["pq", "match"], help="pq (default at T>0) or exact match")
+    p.add_argument("--no-adaptive", dest="adaptive", action="store_const", const=False,
+                   help="always draft --draft-max tokens (default: pick k each step from the measured acceptance "
+                        "and costs, and decode plainly when speculation would be slower)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -142,6 +148,11 @@ def _completion_json(gen) -> dict:
             "seconds_verify": s.seconds_verify,
             "seconds_sampling": s.seconds_sampling,
             "prefill_decoded": s.prefill_decoded,
+            "draft_length": s.draft_length,
+            "speculation_off": s.speculation_off,
+            "steps_by_draft_length": s.steps_by_draft_length,
+            "steps_off": s.steps_off,
+            "probes": s.probes,
             "draft_prefill_decoded": s.draft_prefill_decoded,
         },
     }

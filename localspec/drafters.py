@@ -1,7 +1,9 @@
 """Drafters propose the next k tokens and the law each was drawn from.
 
-`ModelDrafter` runs a small model that shares the target's vocabulary in its own context. A drafter
-without a distribution (n-gram lookup) returns None as the law: the one-hot case of DESIGN §1.
+`ModelDrafter` runs a small model that shares the target's vocabulary in its own context.
+`NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
+tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
+`LookupModelDrafter` tries the lookup first and the model when the history has no match.
 """
 
 from __future__ import annotations
@@ -23,9 +25,13 @@ class Proposal:
     dists: list[Dist | None] = field(default_factory=list)
 
 
+DRAFTERS = ("model", "ngram", "model+ngram", "none")
+
+
 class Drafter(Protocol):
     kind: str
     n_ctx: int  # longest history it can draft after
+    n_decoded: int  # tokens its model has decoded so far (0 without a model): drafting and catch-up cost
 
     def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
                 p_min: float, rng: np.random.Generator) -> Proposal:
@@ -53,6 +59,10 @@ class ModelDrafter:
     def n_ctx(self) -> int:
         """Most tokens the draft can hold (its context may be shorter than the target's)."""
         return self.seq.ctx.n_ctx
+
+    @property
+    def n_decoded(self) -> int:
+        return self.seq.n_decoded
 
     def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
                 p_min: float, rng: np.random.Generator) -> Proposal:
@@ -88,3 +98,77 @@ class ModelDrafter:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the
         # target by that token (and the bonus token); the next `sync` decodes both.
         self.seq.rollback_to(min(n, self.seq.n_past))
+
+
+class NgramDrafter:
+    """Prompt lookup: propose what followed the latest earlier occurrence of the history's last n tokens.
+
+    n goes from `n_max` down to `n_min`; the first n with a match wins. No model, no distribution:
+    verification sees a one-hot draft law, so p/q accepts x with probability target(x).
+    """
+
+    kind = "ngram"
+    n_ctx = 1 << 30  # the lookup works on any history length
+    n_decoded = 0
+
+    def __init__(self, n_max: int = 3, n_min: int = 2) -> None:
+        assert 1 <= n_min <= n_max
+        self.n_max, self.n_min = n_max, n_min
+
+    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
+                p_min: float, rng: np.random.Generator) -> Proposal:
+        tokens = lookup(history, k, n_max=self.n_max, n_min=self.n_min)
+        return Proposal(tokens, [None] * len(tokens))
+
+    def prefill(self, prompt: list[int]) -> int:
+        return 0
+
+    def keep(self, n: int) -> None:
+        pass
+
+
+def lookup(history: list[int], k: int, *, n_max: int, n_min: int) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram."""
+    tokens = np.asarray(history, dtype=np.int64)  # (m,)
+    m = len(tokens)
+    for n in range(min(n_max, m - 1), n_min - 1, -1):
+        # A match starts at i < m - n, so at least one token follows it; the suffix itself is excluded.
+        hits = np.ones(m - n, dtype=bool)  # (m - n,) candidate starts
+        for j in range(n):
+            hits &= tokens[j : m - n + j] == tokens[m - n + j]
+        starts = np.flatnonzero(hits)
+        if starts.size:
+            follow = int(starts[-1]) + n
+            return tokens[follow : follow + k].tolist()
+    return []
+
+
+class LookupModelDrafter(ModelDrafter):
+    """`--drafter model+ngram`: the n-gram lookup when the history has a match, the draft model otherwise.
+
+    Which drafter runs depends only on the history, so each step's draft law is still the one its
+    tokens were drawn from (one-hot for a lookup) and verification stays exact.
+    """
+
+    kind = "model+ngram"
+
+    def __init__(self, seq: KVSequence, ngram: NgramDrafter | None = None) -> None:
+        super().__init__(seq)
+        self.ngram = ngram or NgramDrafter()
+
+    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
+                p_min: float, rng: np.random.Generator) -> Proposal:
+        found = self.ngram.propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
+        if found.tokens:
+            return found
+        return super().propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
+
+
+def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:
+    """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it has one."""
+    assert kind in DRAFTERS and (draft is not None) == (kind in ("model", "model+ngram"))
+    if kind == "none":
+        return None
+    if kind == "ngram":
+        return NgramDrafter()
+    return ModelDrafter(draft) if kind == "model" else LookupModelDrafter(draft)

@@ -19,9 +19,10 @@ import numpy as np
 
 from . import backend
 from .compat import check_pair
-from .drafters import Drafter, ModelDrafter, Proposal
+from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
 from .errors import InvalidParamsError
 from .kv import KVSequence
+from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, sampling_dist
 from .stats import Stats
 from .textstream import TextStream
@@ -40,6 +41,7 @@ class SpeculativeParams:
     draft_max: int = 8  # most tokens drafted per step (k); 0 = plain decoding
     p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
     verify: str = "auto"  # "pq" (Leviathan rejection sampling), "match" (exact match), "auto" = pq when T > 0
+    adaptive: bool = True  # pick k ≤ draft_max each step from α̂ and measured costs, off when plain is faster
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_max <= 64:
@@ -179,7 +181,7 @@ class Generation:
         engine, stats = self.engine, self.stats
         t0 = time.perf_counter()
         stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
-        if engine.drafter is not None:
+        if engine.drafter is not None and engine.policy.wants_draft(self.spec.adaptive):
             stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
         stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
@@ -188,10 +190,13 @@ class Generation:
             if reason:
                 yield self._finish(None, reason)
                 return
-            k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats)
+            # With a fixed seed, k must not depend on the clock: the sampled text would too.
+            k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats,
+                                    timed=self.sampling.seed is None)
             emitted = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec,
                                        self.rng, stats)
             engine.check_invariants()
+            engine.policy.observe(stats)
             for token, from_draft in emitted:
                 history.append(token)
                 self.tokens.append(token)
@@ -237,6 +242,7 @@ class Engine:
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
+        self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
         for seq in (target, getattr(drafter, "seq", None)):
             if seq is not None and seq.mode == "refill" and seq.probed:
@@ -252,7 +258,8 @@ class Engine:
         Args:
             target_path: the target GGUF.
             draft_path: the draft GGUF (required when drafter is "model").
-            drafter: "model", "ngram" or "none".
+            drafter: "model", "ngram" (prompt lookup), "model+ngram" (lookup first, model without a
+                match) or "none".
             n_ctx: context length; None = min(4096, the target's training context). The draft's
                 context is capped at its own training context (drafting pauses past it).
             n_gpu_layers: None = all layers when the build can offload.
@@ -262,36 +269,34 @@ class Engine:
         Raises:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
         """
-        if drafter not in ("model", "ngram", "none"):
-            raise InvalidParamsError(f"unknown drafter {drafter!r}: use model, ngram or none")
-        if drafter == "model" and draft_path is None:
-            raise InvalidParamsError("--drafter model needs --draft PATH (or use --drafter none)")
-        if drafter == "ngram":
-            from .errors import NotYetError
-
-            raise NotYetError("the n-gram drafter is not built yet: use --drafter model or none")
+        if drafter not in DRAFTERS:
+            raise InvalidParamsError(f"unknown drafter {drafter!r}: use {', '.join(DRAFTERS)}")
+        uses_model = drafter in ("model", "model+ngram")
+        if uses_model and draft_path is None:
+            raise InvalidParamsError(f"--drafter {drafter} needs --draft PATH (or use --drafter ngram or none)")
         owned: list = []
         try:
             target_model = _own(owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers))
             draft_model = None
-            if drafter == "model":
+            if uses_model:
                 draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
                 check_pair(target_model, draft_model)
             speculating = drafter != "none"
             n_ctx = n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
             target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating)
-            model_drafter = None
+            draft = None
             if draft_model is not None:
                 draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
-                model_drafter = ModelDrafter(_sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True))
-            return cls(target_model, target, model_drafter, owned=owned)
+                draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True)
+            return cls(target_model, target, make_drafter(drafter, draft), owned=owned)
         except BaseException:
             for obj in reversed(owned):
                 obj.close()
             raise
 
-    def draft_length(self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats) -> int:
-        """k for the next step: draft_max, bounded by the tokens still wanted and the room left."""
+    def draft_length(self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *,
+                     timed: bool = True) -> int:
+        """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room."""
         if self.drafter is None or spec.draft_max == 0 or self.cannot_roll_back:
             stats.speculation_off = ("no drafter" if self.drafter is None else self.cannot_roll_back
                                      or "draft-max is 0")
@@ -299,9 +304,8 @@ class Engine:
             return 0
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
         room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
-        k = max(0, min(spec.draft_max, remaining - 1, room))
-        stats.draft_length, stats.speculation_off = k, ""
-        return k
+        limit = max(0, min(spec.draft_max, remaining - 1, room))
+        return self.policy.draft_length(spec.adaptive, limit, stats, timed=timed)
 
     def generate(self, prompt: list[int], *, sampling: SamplingParams = SamplingParams(),
                  spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 256, stop: Sequence[str] = (),

@@ -15,7 +15,7 @@ from .errors import InvalidParamsError, LocalspecError
 from .sampling import SamplingParams
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-_SPEC_FLAGS = ("draft_max", "p_min", "verify")
+_SPEC_FLAGS = ("draft_max", "p_min", "verify", "adaptive")
 
 
 def _pick(args: argparse.Namespace, settings: dict, names: tuple[str, ...]) -> dict:
@@ -56,7 +56,7 @@ def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
     """Load the engine the flags describe; close it on exit."""
     target, draft, settings = resolve_models(args)
     drafter = args.drafter or ("model" if draft else "none")
-    if drafter != "model":
+    if drafter not in ("model", "model+ngram"):
         draft = None
     n_ctx = args.n_ctx or settings.get("n_ctx")
     n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers is not None else settings.get("n_gpu_layers")

@@ -26,11 +26,23 @@ class Stats:
     accepted_by_position: list[int] = field(default_factory=list)
     draft_length: int = 0  # k chosen for the latest step
     speculation_off: str = ""  # why the latest step decoded plainly ("" when it speculated)
+    steps_by_draft_length: list[int] = field(default_factory=list)  # [k] = steps that chose k drafts
+    steps_off: int = 0  # steps the adaptive policy decoded plainly (see speculation_off)
+    probes: int = 0  # speculative steps the adaptive policy ran while off, to re-check the draft
     seconds: float = 0.0  # wall time of the whole generation, prefill included
     seconds_prefill: float = 0.0
     seconds_draft: float = 0.0
     seconds_verify: float = 0.0
     seconds_sampling: float = 0.0
+
+    def record_choice(self, k: int, reason: str, *, probe: bool = False) -> None:
+        """Record the draft length chosen for the next step, and why it is 0 when speculation is off."""
+        self.draft_length, self.speculation_off = k, reason
+        if k >= len(self.steps_by_draft_length):
+            self.steps_by_draft_length.extend([0] * (k + 1 - len(self.steps_by_draft_length)))
+        self.steps_by_draft_length[k] += 1
+        self.steps_off += bool(reason)
+        self.probes += probe
 
     def record_step(self, k: int, n_accepted: int, n_emitted: int) -> None:
         """Count one target pass that checked `k` drafts, accepted `n_accepted`, emitted `n_emitted`."""
@@ -79,10 +91,11 @@ class Stats:
         """Add another generation's counts and times into this one (session totals)."""
         for name in ("prompt_tokens", "prefill_decoded", "draft_prefill_decoded", "drafted", "accepted", "rejections", "target_passes",
                      "emitted", "seconds", "seconds_prefill", "seconds_draft", "seconds_verify",
-                     "seconds_sampling"):
+                     "seconds_sampling", "steps_off", "probes"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for mine, theirs in ((self.drafted_by_position, other.drafted_by_position),
-                             (self.accepted_by_position, other.accepted_by_position)):
+                             (self.accepted_by_position, other.accepted_by_position),
+                             (self.steps_by_draft_length, other.steps_by_draft_length)):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v

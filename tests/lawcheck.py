@@ -1,0 +1,100 @@
+"""Statistics for the exactness tests (DESIGN §6), in plain numpy and `math` (scipy is not a dependency).
+
+`check_law(counts, probs)` is the one verdict every law test uses: each cell within 6σ of its expected
+count AND a chi-square goodness-of-fit p-value above `P_MIN` (cells expecting < 5 pooled). A token the
+law gives probability 0 fails at once. The chi-square tail is the regularized upper incomplete gamma.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+P_MIN = 1e-4  # chi-square p-value below which a law is rejected (seeded tests: no flakiness, only margin)
+MAX_SIGMA = 6.0
+
+
+def gamma_q(a: float, x: float) -> float:
+    """Q(a, x) = Γ(a, x) / Γ(a): series below a + 1, Lentz continued fraction above (Numerical Recipes 6.2)."""
+    if x <= 0:
+        return 1.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-15:
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    tiny = 1e-300
+    b = x + 1 - a
+    c, d = 1 / tiny, 1 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1) < 1e-15:
+            break
+    return math.exp(log_front) * h
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(χ²_df ≥ x)."""
+    return gamma_q(df / 2, x / 2)
+
+
+@dataclass(frozen=True)
+class LawCheck:
+    """The verdict of comparing observed counts with an exact law."""
+
+    n: int
+    chi2: float
+    df: int
+    p_value: float
+    worst_sigma: float  # largest |count − n·p| / sqrt(n·p·(1 − p)) over the cells
+    tv: float  # total-variation distance between the empirical and the exact law
+
+    @property
+    def ok(self) -> bool:
+        return self.p_value >= P_MIN and self.worst_sigma <= MAX_SIGMA
+
+    def __str__(self) -> str:
+        return (f"n={self.n} chi2={self.chi2:.1f} df={self.df} p={self.p_value:.3g} "
+                f"worst={self.worst_sigma:.1f}σ tv={self.tv:.4f}")
+
+
+def check_law(counts, probs) -> LawCheck:
+    """Compare `counts` (observations per outcome) with the exact law `probs` (same length, sums to 1)."""
+    counts = np.asarray(counts, dtype=np.float64).ravel()  # (m,)
+    probs = np.asarray(probs, dtype=np.float64).ravel()  # (m,)
+    assert counts.shape == probs.shape and abs(probs.sum() - 1) < 1e-9
+    n = int(counts.sum())
+    expected = n * probs  # (m,)
+    tv = 0.5 * float(np.abs(counts / n - probs).sum())
+    if np.any(counts[probs == 0] > 0):
+        return LawCheck(n, math.inf, 0, 0.0, math.inf, tv)
+    live = probs > 0
+    sigma = np.sqrt(expected[live] * (1 - probs[live]))
+    worst = float(np.max(np.abs(counts[live] - expected[live]) / np.maximum(sigma, 1e-12)))
+    big = expected >= 5
+    observed_bins = list(counts[big]) + ([counts[~big & live].sum()] if np.any(~big & live) else [])
+    expected_bins = list(expected[big]) + ([expected[~big & live].sum()] if np.any(~big & live) else [])
+    obs, exp = np.array(observed_bins), np.array(expected_bins)
+    chi2 = float(np.sum((obs - exp) ** 2 / exp))
+    df = len(obs) - 1
+    return LawCheck(n, chi2, df, chi2_sf(chi2, df) if df > 0 else 1.0, worst, tv)
+
+
+def binomial_ok(successes: int, n: int, p: float) -> bool:
+    """`successes` of `n` trials within 6σ of a Binomial(n, p) mean."""
+    return abs(successes - n * p) <= MAX_SIGMA * math.sqrt(max(n * p * (1 - p), 1e-12)) + 1e-9
