@@ -64,11 +64,11 @@ def batch_cost_curve(model_path: Path, ks: list[int], repeats: int = 20) -> dict
         return {k: timed(k + 1) / one for k in ks}
 
 
-def run(engine: Engine, prompts: list[list[int]], k: int, tokens: int):
+def run(engine: Engine, prompts: list[list[int]], spec: SpeculativeParams, tokens: int):
     """Generate greedily for every prompt; returns (tok/s, generations)."""
     gens, emitted, seconds = [], 0, 0.0
     for prompt in prompts:
-        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=k), max_tokens=tokens)
+        gen = engine.generate(prompt, sampling=GREEDY, spec=spec, max_tokens=tokens)
         for _ in gen:
             pass
         gens.append(gen)
@@ -93,31 +93,32 @@ def main() -> None:
     with Engine.load(target, draft, n_ctx=2048) as engine:
         fmt = ChatFormat(engine.target_model)
         prompts = [fmt.tokens([Message("user", p)]) for p in PROMPTS]
-        rates: dict[int, list[float]] = {0: [], **{k: [] for k in args.k}}
-        last: dict[int, list] = {}
+        settings = {"plain": SpeculativeParams(draft_max=0),
+                    **{f"k={k}": SpeculativeParams(draft_max=k, adaptive=False) for k in args.k},
+                    f"adaptive (k≤{max(args.k)})": SpeculativeParams(draft_max=max(args.k))}
+        rates: dict[str, list[float]] = {name: [] for name in settings}
+        last: dict[str, list] = {}
         for _ in range(args.rounds):
-            for k in [0, *args.k]:  # alternate, so noise hits every setting alike
-                rate, gens = run(engine, prompts, k, args.tokens)
-                rates[k].append(rate)
-                last[k] = gens
-        plain = statistics.median(rates[0])
+            for name, spec in settings.items():  # alternate, so noise hits every setting alike
+                rate, last[name] = run(engine, prompts, spec, args.tokens)
+                rates[name].append(rate)
+        plain = statistics.median(rates["plain"])
         print(f"\nplain: {plain:.1f} tok/s (median of {args.rounds} rounds × {len(prompts)} prompts × "
               f"{args.tokens} tokens)")
-        for k in args.k:
-            gens = last[k]
+        for name in list(settings)[1:]:
+            gens = last[name]
             drafted = sum(g.stats.drafted for g in gens)
             accepted = sum(g.stats.accepted for g in gens)
             passes = sum(g.stats.target_passes for g in gens)
             emitted = sum(g.stats.emitted for g in gens)
-            diverged = sum(p.tokens != s.tokens for p, s in zip(last[0], gens))
-            print(f"k={k}: {statistics.median(rates[k]):.1f} tok/s  ratio {statistics.median(rates[k]) / plain:.2f}×  "
-                  f"acceptance {accepted / drafted:.0%}  tokens/pass {emitted / passes:.2f}  "
-                  f"greedy outputs differing from plain: {diverged}/{len(gens)}")
-        for p, s in zip(last[0], last[args.k[-1]]):
-            if p.tokens != s.tokens:
+            diverged = [(p, s) for p, s in zip(last["plain"], gens) if p.tokens != s.tokens]
+            print(f"{name}: {statistics.median(rates[name]):.1f} tok/s  "
+                  f"ratio {statistics.median(rates[name]) / plain:.2f}×  acceptance {accepted / max(drafted, 1):.0%}  "
+                  f"tokens/pass {emitted / passes:.2f}  greedy outputs differing from plain: "
+                  f"{len(diverged)}/{len(gens)}")
+            for p, s in diverged:
                 i = next(i for i, (a, b) in enumerate(zip(p.tokens, s.tokens)) if a != b)
-                print(f"  divergence at token {i}: plain {p.tokens[i]} vs speculative {s.tokens[i]}")
-
+                print(f"  diverges at token {i}: plain {p.tokens[i]} vs speculative {s.tokens[i]}")
 
 if __name__ == "__main__":
     np.set_printoptions(precision=3)

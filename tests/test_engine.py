@@ -18,11 +18,13 @@ from localspec.sampling import SamplingParams
 
 NEAR_TIE = 1e-3
 GREEDY = SamplingParams(temperature=0)
+FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
 PROMPT = "the man said that the water was hot and"
 
 
 def run_greedy(engine: Engine, prompt: list[int], k: int, n: int = 48):
-    gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=k), max_tokens=n)
+    spec = SpeculativeParams(draft_max=k, adaptive=False)  # fixed k: the stats below are deterministic
+    gen = engine.generate(prompt, sampling=GREEDY, spec=spec, max_tokens=n)
     events = list(gen)
     assert events[-1].finish_reason == "length"
     return gen
@@ -171,7 +173,7 @@ def test_checkpoint_restore_equals_fresh_context(tiny_models):
 def test_cancel_leaves_both_caches_consistent(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         prompt = engine.tokenize(PROMPT)
-        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=4), max_tokens=200)
+        gen = engine.generate(prompt, sampling=GREEDY, spec=FIXED4, max_tokens=200)
         events = []
         for event in gen:
             events.append(event)
@@ -189,7 +191,7 @@ def test_cancel_leaves_both_caches_consistent(tiny_models):
 def test_breaking_out_of_the_loop_leaves_caches_consistent(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         prompt = engine.tokenize(PROMPT)
-        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=4), max_tokens=100)
+        gen = engine.generate(prompt, sampling=GREEDY, spec=FIXED4, max_tokens=100)
         for i, _ in enumerate(gen):
             if i == 7:
                 break
@@ -214,7 +216,7 @@ def test_stop_strings_and_max_tokens(tiny_models):
 def test_context_full_ends_generation_cleanly(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=64) as engine:
         prompt = engine.tokenize(PROMPT)
-        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=8), max_tokens=500)
+        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=8, adaptive=False), max_tokens=500)
         events = list(gen)
         assert gen.finish_reason == "length" and events[-1].finish_reason == "length"
         assert engine.target.n_past == engine.n_ctx  # every cell used (llama.cpp may round n_ctx up)

@@ -11,7 +11,7 @@ from localspec.session import ChatFormat, ChatSession, Message
 from tinymodels import IM_END_ID, IM_START_ID
 
 GREEDY = SamplingParams(temperature=0)
-SPEC = SpeculativeParams(draft_max=4)
+SPEC = SpeculativeParams(draft_max=4, adaptive=False)
 
 
 def answer(session: ChatSession, text: str, max_tokens: int = 24):
