@@ -51,3 +51,35 @@ def localspec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     home = tmp_path / "home"
     monkeypatch.setenv("LOCALSPEC_HOME", str(home))
     return get_paths()
+
+
+@pytest.fixture
+def chat_home(localspec_home, tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """LOCALSPEC_HOME with a models.toml of tiny local pairs, a private empty HF cache, and the Hub offline.
+
+    Pairs: "tiny" (the default: target + noisy draft), "tiny-same" (target + identical draft), "remote"
+    (a Hub pair that is not downloaded) and "demo" (overridden with the tiny pair, so nothing is derived).
+    Returns the Paths.
+    """
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t, noisy, same = tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same
+    localspec_home.config_dir.mkdir(parents=True, exist_ok=True)
+    localspec_home.config_file.write_text(
+        'default = "tiny"\n'
+        f'[pairs.tiny]\ndescription = "tiny target + noisy draft"\ntarget = {{ path = "{t}" }}\n'
+        f'draft = {{ path = "{noisy}" }}\ntemperature = 0.0\nn_ctx = 2048\n'
+        f'[pairs."tiny-same"]\ndescription = "tiny target + identical draft"\ntarget = {{ path = "{t}" }}\n'
+        f'draft = {{ path = "{same}" }}\ntemperature = 0.0\nn_ctx = 2048\n'
+        '[pairs.remote]\ndescription = "a Hub pair that is not downloaded"\n'
+        'target = "localspec-test/Missing-GGUF:Q4_K_M"\ndraft = "localspec-test/Missing-GGUF:Q8_0"\n'
+        f'[pairs.demo]\ndescription = "the demo pair, here tiny"\ntarget = {{ path = "{t}" }}\n'
+        f'draft = {{ path = "{noisy}" }}\ntemperature = 0.0\nn_ctx = 2048\n',
+        encoding="utf-8",
+    )
+    return localspec_home

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -33,6 +34,8 @@ from .store import ChatStore, StoredMessage
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger("localspec.tui")
+
+GIL_SWITCH_INTERVAL = 0.001  # seconds (see on_mount)
 
 CSS = """
 #main { height: 1fr; }
@@ -76,6 +79,8 @@ class Turn:
         self._lock = threading.Lock()
         self._cancelled = False
         self._generation = None
+        self.chunk_taken = threading.Event()  # the UI handled the last chunk: the worker may post another
+        self.chunk_taken.set()
 
     def attach(self, generation) -> None:
         """The worker started the generation (it may already have been asked to stop)."""
@@ -132,6 +137,7 @@ class ChatApp(App[int]):
         self._kept_messages: list[Message] = []  # the conversation while no session exists (loading)
         self._engine_lock = threading.Lock()  # held by the worker that uses the engine
         self._closing = False
+        self._switch_interval = sys.getswitchinterval()
 
     # --- layout ---------------------------------------------------------------------------------------------
 
@@ -148,6 +154,9 @@ class ChatApp(App[int]):
         yield Footer()
 
     async def on_mount(self) -> None:
+        # The worker makes many short llama.cpp calls, each releasing the GIL; with Python's default 5 ms
+        # switch interval it waits up to that long to get it back while the UI renders (the convoy effect).
+        sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_INTERVAL))
         prompt = self.query_one(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
@@ -185,8 +194,8 @@ class ChatApp(App[int]):
     def _progress(self, on: bool, total: float | None = None, done: float = 0) -> None:
         bar = self.query_one("#progress", ProgressBar)
         bar.set_class(on, "-on")
-        if on:
-            bar.update(total=total, progress=done)
+        # An indeterminate bar (total None) animates 15 times a second even while hidden: stop it when off.
+        bar.update(total=total if on else 1, progress=done)
 
     def _error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
@@ -398,17 +407,23 @@ class ChatApp(App[int]):
             turn.attach(generation)
 
             def emit(item: Chunk | Finished) -> None:
-                message = AnswerChunk(turn.id, item) if isinstance(item, Chunk) else AnswerDone(turn.id, item)
-                self.post_message(message)
+                if isinstance(item, Chunk):
+                    turn.chunk_taken.clear()
+                    self.post_message(AnswerChunk(turn.id, item))
+                else:
+                    self.post_message(AnswerDone(turn.id, item))
 
-            stream_generation(generation, emit)
+            stream_generation(generation, emit, ready=turn.chunk_taken.is_set, interval=self.options.stream_interval)
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
         if self.turn is None or message.turn_id != self.turn.id or self._answer is None:
             return
-        first = self._live is None
+        turn, first = self.turn, self._live is None
         self._live = message.chunk
-        await self._answer.append(message.chunk.runs)
+        try:
+            await self._answer.append(message.chunk.runs)
+        finally:
+            turn.chunk_taken.set()
         if first:
             self._refresh_stats()
 
@@ -647,6 +662,7 @@ class ChatApp(App[int]):
     async def on_unmount(self) -> None:
         """Stop the answer, wait for the worker that holds the engine, then free the models."""
         self._closing = True
+        sys.setswitchinterval(self._switch_interval)
         if self.turn is not None:
             self.turn.cancel()
         acquired = await asyncio.to_thread(self._engine_lock.acquire, timeout=30)

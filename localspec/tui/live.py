@@ -9,6 +9,7 @@ chunk plus a `StatsView` snapshot), then once with the `Finished` answer. `rende
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,7 +19,10 @@ from rich.cells import cell_len
 from rich.text import Text
 
 from ..engine import Generation
+from ..errors import LocalspecError
 from ..stats import Stats
+
+log = logging.getLogger("localspec.tui.live")
 
 Runs = list[tuple[str, bool]]  # (text, came from the draft)
 BAR_WIDTH = 12
@@ -90,13 +94,15 @@ def add_run(runs: Runs, text: str, from_draft: bool) -> None:
 
 
 def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished], None], *,
-                      interval: float = 1 / 30, clock: Callable[[], float] = time.perf_counter) -> None:
+                      ready: Callable[[], bool] = lambda: True, interval: float = 1 / 20,
+                      clock: Callable[[], float] = time.perf_counter) -> None:
     """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.
 
-    A `LocalspecError` raised mid-answer ends the turn with `Finished.error` set; the caches stay consistent
-    (the engine rolls back before it raises or yields).
+    A chunk goes out at most every `interval` seconds and only when `ready()` says the UI has taken the
+    previous one: text piles up here rather than in the UI's message queue, so keys stay responsive however
+    fast the models are. An error raised mid-answer ends the turn with `Finished.error` set (the engine
+    rolls its caches back before it raises or yields).
     """
-    from ..errors import LocalspecError
 
     start = last = clock()
     meter = RateMeter()
@@ -107,13 +113,16 @@ def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished],
         for event in generation:
             add_run(pending, event.text, event.from_draft)
             now = clock()
-            if now - last >= interval and pending:
+            if pending and now - last >= interval and ready():
                 emit(_chunk(generation.stats, pending, meter, now, now - start))
                 for text, from_draft in pending:
                     add_run(runs, text, from_draft)
                 pending, last = [], now
     except LocalspecError as e:
         error = str(e)
+    except Exception as e:  # an engine bug: keep the partial answer, show one line, log the traceback
+        log.exception("generation failed")
+        error = f"generation failed unexpectedly: {e} (details in the log file)"
     for text, from_draft in pending:
         add_run(runs, text, from_draft)
     stats = copy.deepcopy(generation.stats)

@@ -43,6 +43,7 @@ class ChatOptions:
     export_dir: Path | None = None  # None: the current directory
     cursor_blink: bool = True  # tests and snapshots turn it off
     stats_interval: float = 0.25  # seconds between stats panel refreshes while generating
+    stream_interval: float = 0.1  # seconds between streamed text updates (the worker batches tokens)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ChatOptions:

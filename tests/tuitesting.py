@@ -1,0 +1,38 @@
+"""Helpers for the chat app's Pilot tests: waiting for workers, building the app on the tiny pair."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+
+async def wait_until(pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 15.0,
+                     what: str = "condition") -> None:
+    """Pause the pilot until `predicate()` is true (a worker posted what we wait for), or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def wait_ready(pilot: Pilot) -> None:
+    """Wait until the models are loaded and no answer is being generated."""
+    app = pilot.app
+    await wait_until(pilot, lambda: app.session is not None and not app.loading and app.turn is None,
+                     what="the app to be ready")
+
+
+async def send(pilot: Pilot, text: str) -> None:
+    """Type-free send: put `text` in the prompt box, press Enter, and wait for the whole answer."""
+    from localspec.tui.widgets import PromptInput
+
+    app = pilot.app
+    before = app._turn_ids
+    app.query_one(PromptInput).text = text
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: app._turn_ids > before, what="the turn to start")
+    await wait_until(pilot, lambda: app.turn is None, what="the answer to end")
+    await pilot.pause()
