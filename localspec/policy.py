@@ -72,7 +72,7 @@ class MeasuredCosts:
     prompt, or tokens decoded plainly) time the catch-up, not the drafting.
     """
 
-    def __init__(self, smoothing: float = PolicyTuning.smoothing) -> None:
+    def __init__(self, smoothing: float = PolicyTuning().smoothing) -> None:
         self.plain = Ewma(smoothing)  # seconds, target part of a plain step
         self.batch: dict[int, Ewma] = {}  # k -> seconds, target part of a step verifying k drafts
         self.draft = Ewma(smoothing)  # seconds per drafted token
@@ -178,6 +178,7 @@ class DraftPolicy:
         self.credit = 0.0  # probing allowed, in plain steps: earned while off, spent by probes
         self.lag = 0  # tokens decoded plainly since the drafter last ran: what a probe must catch up on
         self.off = False  # the latest adaptive choice found plain decoding faster
+        self.reason = ""  # and why, in the words stats show
         self._steps_on = 0
         self._unmeasured = 0
         self._pending: _Pending | None = None
@@ -208,7 +209,7 @@ class DraftPolicy:
         if adaptive and limit > 0:
             k, reason, probe = self._decide(limit, self.costs if timed else self.estimate, timed)
         else:
-            k, reason, probe = limit, "", False
+            k, reason, probe = limit, self.reason if adaptive and self.off else "", False
         stats.record_choice(k, reason, probe=probe)
         n_decoded = getattr(self.drafter, "n_decoded", 0)
         self._pending = _Pending(stats, _counters(stats), n_decoded, k, off=bool(reason), probe=probe)
@@ -237,8 +238,9 @@ class DraftPolicy:
         if self.credit >= cost:
             self.credit -= cost
             return k, "", True
-        return 0, (f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost {costs.draft_ratio():.2f}, "
-                   f"best k {k} predicts {speedup:.2f}×)"), False
+        self.reason = (f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
+                       f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)")
+        return 0, self.reason, False
 
     def _probe_cost(self, k: int, costs: Costs) -> float:
         """Plain steps a probe with k drafts is expected to lose, catching up on the lag included."""

@@ -98,3 +98,9 @@ def check_law(counts, probs) -> LawCheck:
 def binomial_ok(successes: int, n: int, p: float) -> bool:
     """`successes` of `n` trials within 6σ of a Binomial(n, p) mean."""
     return abs(successes - n * p) <= MAX_SIGMA * math.sqrt(max(n * p * (1 - p), 1e-12)) + 1e-9
+
+
+def expected_tv(probs, n: int) -> float:
+    """E[TV] between an n-sample empirical law and `probs` itself (normal approximation per cell)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return 0.5 * float(np.sum(np.sqrt(2 * probs * (1 - probs) / (math.pi * n))))

@@ -1,0 +1,154 @@
+"""The adaptive draft length (localspec/policy.py): the k it picks, when it turns speculation off and why,
+how often it probes, what it learns from step timings, and that a fixed seed never lets the clock in."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fakellm import LogitTable, fake_engine
+from localspec.engine import SpeculativeParams
+from localspec.policy import DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
+from localspec.sampling import SamplingParams
+from localspec.stats import Stats
+
+CHEAP = EstimatedCosts(draft_ratio=0.05, batch_slope=0.1)  # a GPU-like pair: drafting pays off easily
+
+
+def policy_with_alpha(alpha: float, costs=CHEAP, **tuning) -> DraftPolicy:
+    policy = DraftPolicy(costs=costs, tuning=PolicyTuning(**tuning))
+    policy.accepted, policy.seen = alpha, 1.0
+    return policy
+
+
+def test_expected_tokens_per_pass():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 5) == 6.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_k_grows_with_the_acceptance_estimate():
+    ks = [policy_with_alpha(a).draft_length(True, 8, Stats()) for a in (0.5, 0.7, 0.85, 0.95)]
+    assert ks == sorted(ks) and ks[0] >= 1 and ks[-1] == 8
+
+
+def test_fixed_draft_length_when_not_adaptive():
+    stats = Stats()
+    assert policy_with_alpha(0.0).draft_length(False, 6, stats) == 6
+    assert (stats.draft_length, stats.speculation_off, stats.steps_off) == (6, "", 0)
+
+
+def test_off_when_no_k_beats_plain_and_stats_say_why():
+    stats = Stats()
+    slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)  # a draft as slow as the target
+    assert policy_with_alpha(0.6, slow).draft_length(True, 8, stats) == 0
+    assert stats.speculation_off.startswith("adaptive: plain decoding is faster") and "α̂ 0.60" in stats.speculation_off
+    assert stats.steps_off == 1 and stats.steps_by_draft_length == [1]
+
+
+def simulate(policy: DraftPolicy, steps: int, accept_all: bool = False) -> tuple[Stats, list[int], float]:
+    """Run the policy against a drafter whose drafts are all rejected (or all accepted)."""
+    stats, ks, spent = Stats(), [], 0.0
+    for _ in range(steps):
+        k = policy.draft_length(True, 8, stats)
+        if k and stats.probes and not accept_all:
+            spent += policy._probe_cost(k, policy.costs)
+        stats.record_step(k, k if accept_all else 0, k + 1 if accept_all else 1)
+        policy.observe(stats)
+        ks.append(k)
+    return stats, ks, spent
+
+
+def test_probes_stay_within_the_budget():
+    """A useless lookup drafter (nothing to catch up on): probes cost at most 3% of the plain steps."""
+    policy = policy_with_alpha(0.0, EstimatedCosts(draft_ratio=0.0, batch_slope=0.3))
+    stats, _, spent = simulate(policy, 3000)
+    assert stats.probes > 100 and stats.steps_off + stats.probes == 3000
+    assert spent <= 0.03 * stats.steps_off + 1.0
+
+
+def test_no_probe_while_catching_up_would_cost_more_than_the_budget():
+    """A model draft must decode every plain token before it can draft again; at 10% of a target step per
+    token that alone is over budget, so it stays off (and the draft stops following the text)."""
+    policy = policy_with_alpha(0.0, EstimatedCosts(draft_ratio=0.1, batch_slope=0.3))
+    stats, _, _ = simulate(policy, 3000)
+    assert stats.probes == 0 and stats.steps_off == 3000
+    assert not policy.wants_draft(True) and policy.wants_draft(False)
+
+
+def test_a_probe_that_succeeds_turns_speculation_back_on():
+    policy = policy_with_alpha(0.0, EstimatedCosts(draft_ratio=0.0, batch_slope=0.3))
+    stats, ks, _ = simulate(policy, 400, accept_all=True)  # the drafts became perfect
+    assert ks[0] == 0 and stats.probes >= 1 and ks[-50:].count(8) >= 49  # one plain step re-times
+
+
+def test_measured_costs_fit_the_batch_line_and_skip_catch_up_steps():
+    costs = MeasuredCosts()
+    assert costs.missing() == "plain"
+    costs.observe(0, 0.010, 0.0, 0)
+    costs.observe(0, 0.010, 0.0, 0)
+    assert costs.missing() == "speculative"
+    costs.observe(4, 0.020, 0.200, 40)  # the draft caught up on 36 plain tokens: a catch-up, not drafting
+    assert costs.missing() == "speculative" and costs.catch_up_ratio() == pytest.approx(0.5)
+    costs.observe(4, 0.020, 0.012, 5)
+    costs.observe(2, 0.015, 0.006, 2)
+    assert costs.missing() is None
+    assert costs.draft_ratio() == pytest.approx(0.3)
+    assert costs.batch_ratio(4) == pytest.approx(2.0) and costs.batch_ratio(2) == pytest.approx(1.5)
+    assert costs.batch_ratio(8) == pytest.approx(3.0)  # extrapolated
+
+
+TARGET = LogitTable(5, seed=0)
+USELESS = LogitTable(5, seed=99, scale=8.0)  # unrelated to the target, and sure of itself
+
+
+def run(engine, sampling: SamplingParams, n: int = 40, spec: SpeculativeParams = SpeculativeParams()):
+    gen = engine.generate([1, 2, 3, 4], sampling=sampling, spec=spec, max_tokens=n)
+    list(gen)
+    return gen
+
+
+def test_useless_draft_goes_off_through_the_loop():
+    engine = fake_engine(TARGET, USELESS)
+    engine.policy = DraftPolicy(engine.drafter, costs=EstimatedCosts(draft_ratio=0.1, batch_slope=0.2))
+    gen = run(engine, SamplingParams(temperature=1.0), n=200)
+    assert gen.stats.drafted > 0 and gen.stats.steps_off > 150  # it tried, learnt, and went off
+    assert gen.stats.speculation_off.startswith("adaptive: plain decoding is faster")
+    assert engine.policy.alpha < 0.34
+    second = run(engine, SamplingParams(temperature=1.0), n=20)
+    assert second.stats.draft_prefill_decoded == 0  # while off, the draft does not follow new prompts
+
+
+class ClockCosts(MeasuredCosts):
+    """Measured costs that must not be consulted (a seeded run decides without the clock)."""
+
+    def missing(self):
+        raise AssertionError("a seeded generation read the timed costs")
+
+
+def test_a_fixed_seed_never_consults_timed_costs_and_repeats_exactly():
+    outputs = []
+    for _ in range(2):
+        engine = fake_engine(TARGET, LogitTable(5, seed=1, base=TARGET, noise=0.5), draft_size=100)
+        engine.policy = DraftPolicy(engine.drafter, costs=ClockCosts(), draft_size_ratio=0.1)
+        gen = run(engine, SamplingParams(temperature=1.0, seed=5), n=60)
+        assert gen.stats.drafted > 0
+        outputs.append(gen.tokens)
+    assert outputs[0] == outputs[1]
+
+
+def test_unseeded_runs_use_the_timed_costs():
+    engine = fake_engine(TARGET, LogitTable(5, seed=1, base=TARGET, noise=0.5))
+    engine.policy = DraftPolicy(engine.drafter, costs=ClockCosts())
+    with pytest.raises(AssertionError, match="read the timed costs"):
+        run(engine, SamplingParams(temperature=1.0))
+
+
+def test_measured_costs_explore_then_decide_on_a_real_clock():
+    """Timings of the fake contexts (draft as costly as the target): exploration, then a decision."""
+    engine = fake_engine(TARGET, USELESS)
+    gen = run(engine, SamplingParams(temperature=1.0), n=120)
+    counts = gen.stats.steps_by_draft_length
+    assert counts[0] >= 2 and sum(counts[1:]) >= 1  # timed plain steps, then at least one drafted step
+    assert engine.policy.costs.missing() is None
+    assert np.isfinite(engine.policy.costs.draft_ratio())
