@@ -141,12 +141,13 @@ class ModelInfo:
 class Model:
     """A loaded GGUF model (weights and vocabulary). Use as a context manager or call `close()`."""
 
-    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int | None = None, vocab_only: bool = False) -> None:
         """Load `path`.
 
         Args:
             path: a .gguf file.
             n_gpu_layers: layers to offload; None = all when the build can offload, else 0.
+            vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
 
         Raises:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
@@ -158,6 +159,7 @@ class Model:
         if n_gpu_layers is None:
             n_gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
         handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not handle:
             raise ModelFileError(
@@ -167,28 +169,25 @@ class Model:
         self._handle = handle
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
-        self.info = self._read_info()
+        self.info = self._read_info(vocab_only)
         self._piece_cache: dict[int, bytes] = {}
 
-    def _read_info(self) -> ModelInfo:
+    def _read_info(self, vocab_only: bool) -> ModelInfo:
         h, v = self._handle, self._vocab
         desc = ctypes.create_string_buffer(256)
         llama_cpp.llama_model_desc(h, desc, len(desc))
+        names = ("n_ctx_train", "n_layer", "n_embd", "n_head", "n_head_kv", "n_swa", "n_params")
+        # A vocab-only load has no hyperparameters, and llama.cpp aborts on some of these queries then.
+        hparams = {n: 0 if vocab_only else int(getattr(llama_cpp, f"llama_model_{n}")(h)) for n in names}
         return ModelInfo(
             path=self.path,
             arch=self.meta("general.architecture") or "unknown",
             description=desc.value.decode("utf-8", errors="replace"),
             n_vocab=self.n_vocab,
-            n_ctx_train=int(llama_cpp.llama_model_n_ctx_train(h)),
-            n_layer=int(llama_cpp.llama_model_n_layer(h)),
-            n_embd=int(llama_cpp.llama_model_n_embd(h)),
-            n_head=int(llama_cpp.llama_model_n_head(h)),
-            n_head_kv=int(llama_cpp.llama_model_n_head_kv(h)),
-            n_swa=int(llama_cpp.llama_model_n_swa(h)),
-            n_params=int(llama_cpp.llama_model_n_params(h)),
+            **hparams,
             file_size=self.path.stat().st_size,
-            is_recurrent=bool(llama_cpp.llama_model_is_recurrent(h)),
-            is_hybrid=bool(llama_cpp.llama_model_is_hybrid(h)),
+            is_recurrent=not vocab_only and bool(llama_cpp.llama_model_is_recurrent(h)),
+            is_hybrid=not vocab_only and bool(llama_cpp.llama_model_is_hybrid(h)),
             vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(v)), "unknown"),
             bos=int(llama_cpp.llama_vocab_bos(v)),
             eos=int(llama_cpp.llama_vocab_eos(v)),

@@ -97,6 +97,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise LocalspecError("--n must be at least 1")
     with open_engine(args) as (engine, settings):
+        if settings.get("notice"):
+            print(f"localspec: note: {settings['notice']}", file=sys.stderr)
         sampling, spec = sampling_from_args(args, settings), spec_from_args(args, settings)
         if args.chat:
             from .session import ChatFormat, Message

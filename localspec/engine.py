@@ -252,7 +252,7 @@ class Engine:
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
              n_ctx: int | None = None, n_gpu_layers: int | None = None, rollback: str = "auto",
-             swa_full: bool | None = None) -> Engine:
+             swa_full: bool | None = None, compat_hint: str = "") -> Engine:
         """Load the target (and the draft) and create their contexts.
 
         Args:
@@ -265,6 +265,7 @@ class Engine:
             n_gpu_layers: None = all layers when the build can offload.
             rollback: KVSequence rollback mode ("auto" probes; others force a path).
             swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
+            compat_hint: appended to an incompatible-draft error (e.g. the curated drafts that fit).
 
         Raises:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
@@ -280,7 +281,7 @@ class Engine:
             draft_model = None
             if uses_model:
                 draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
-                check_pair(target_model, draft_model)
+                check_pair(target_model, draft_model, hint=compat_hint)
             speculating = drafter != "none"
             n_ctx = n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
             target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating)

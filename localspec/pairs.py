@@ -7,7 +7,6 @@ rules (`compat.check_pair`) on the two files, with a hint naming the curated dra
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 from collections.abc import Callable
@@ -164,7 +163,8 @@ def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
 
     Returns:
         (target path, draft path, settings): the settings hold the pair's defaults that were set (keys of
-        `Pair.sampling_overrides`, `speculative_overrides` and `model_overrides`) plus "compat_hint".
+        `Pair.sampling_overrides`, `speculative_overrides` and `model_overrides`) plus "compat_hint" and
+        "notice" (what the user must be told, e.g. that the demo pair stands in; "" when nothing).
 
     Raises:
         ConfigError, ModelFileError: unknown pair, invalid models.toml, or files not downloaded.
@@ -179,7 +179,7 @@ def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
         log.warning("%s", note)
     resolved = resolve_pair(pair, config, paths)
     settings = {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides(),
-                "compat_hint": resolved.hint}
+                "compat_hint": resolved.hint, "notice": note or ""}
     return str(resolved.target_path), str(resolved.draft_path), settings
 
 
@@ -248,9 +248,7 @@ def _pull_one(role: Role, ref: ModelSource, pair: Pair, paths: Paths, dry_run: b
 
 def _load_vocab(path: Path) -> Model:
     """Load a model for the compatibility check: vocabulary only when the backend offers it."""
-    if "vocab_only" in inspect.signature(Model).parameters:
-        return Model(path, n_gpu_layers=0, vocab_only=True)
-    return Model(path, n_gpu_layers=0)
+    return Model(path, n_gpu_layers=0, vocab_only=True)
 
 
 def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str = "") -> None:

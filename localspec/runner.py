@@ -35,20 +35,20 @@ def spec_from_args(args: argparse.Namespace, settings: dict) -> SpeculativeParam
 
 
 def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, dict]:
-    """(target path, draft path or None, pair settings) from --pair or --target/--draft.
+    """(target path, draft path or None, pair settings) from --target/--draft, --pair, or the default pair.
 
     Raises:
-        LocalspecError: neither given, or the pair is unknown / not downloaded.
+        LocalspecError: conflicting flags, or the pair is unknown / not downloaded.
     """
-    if args.pair:
-        if args.target or args.draft:
+    if args.target:
+        if args.pair:
             raise InvalidParamsError("give either --pair or --target/--draft, not both")
-        from .pairs import resolve_pair_for_run
+        return args.target, args.draft, {}
+    if args.draft:
+        raise InvalidParamsError("--draft needs a --target to draft for")
+    from .pairs import resolve_pair_for_run
 
-        return resolve_pair_for_run(args.pair)
-    if not args.target:
-        raise InvalidParamsError("no model given: pass --target PATH [--draft PATH] or --pair NAME")
-    return args.target, args.draft, {}
+    return resolve_pair_for_run(args.pair)  # no --pair: the default pair, or the offline demo
 
 
 @contextmanager
@@ -60,7 +60,8 @@ def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
         draft = None
     n_ctx = args.n_ctx or settings.get("n_ctx")
     n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers is not None else settings.get("n_gpu_layers")
-    engine = Engine.load(target, draft, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+    engine = Engine.load(target, draft, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                         compat_hint=settings.get("compat_hint", ""))
     try:
         yield engine, settings
     finally:
