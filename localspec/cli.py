@@ -125,7 +125,6 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _completion_json(gen) -> dict:
-    s = gen.stats
     return {
         "text": gen.text,
         "prompt_tokens": len(gen.prompt),
@@ -133,30 +132,7 @@ def _completion_json(gen) -> dict:
         "from_draft": gen.from_draft,
         "finish_reason": gen.finish_reason,
         "notices": gen.notices,
-        "stats": {
-            "drafted": s.drafted,
-            "accepted": s.accepted,
-            "target_passes": s.target_passes,
-            "emitted": s.emitted,
-            "acceptance_rate": s.acceptance_rate,
-            "alpha": s.alpha,
-            "mean_tokens_per_pass": s.mean_tokens_per_pass,
-            "accepted_by_position": s.accepted_by_position,
-            "drafted_by_position": s.drafted_by_position,
-            "tokens_per_second": s.tokens_per_second,
-            "seconds": s.seconds,
-            "seconds_prefill": s.seconds_prefill,
-            "seconds_draft": s.seconds_draft,
-            "seconds_verify": s.seconds_verify,
-            "seconds_sampling": s.seconds_sampling,
-            "prefill_decoded": s.prefill_decoded,
-            "draft_length": s.draft_length,
-            "speculation_off": s.speculation_off,
-            "steps_by_draft_length": s.steps_by_draft_length,
-            "steps_off": s.steps_off,
-            "probes": s.probes,
-            "draft_prefill_decoded": s.draft_prefill_decoded,
-        },
+        "stats": gen.stats.to_dict(),
     }
 
 

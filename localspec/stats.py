@@ -83,6 +83,11 @@ class Stats:
         return max(self.seconds - self.seconds_prefill, 0.0)
 
     @property
+    def seconds_other(self) -> float:
+        """Generation time outside drafting, verifying and sampling (detokenising, stops, the caller)."""
+        return max(self.seconds_generating - self.seconds_draft - self.seconds_verify - self.seconds_sampling, 0.0)
+
+    @property
     def tokens_per_second(self) -> float:
         """Emitted tokens per second of generation (prefill excluded)."""
         return self.emitted / self.seconds_generating if self.seconds_generating > 0 else 0.0
@@ -110,6 +115,7 @@ class Stats:
             mean_tokens_per_pass=self.mean_tokens_per_pass,
             acceptance_by_position=self.acceptance_by_position,
             tokens_per_second=self.tokens_per_second,
+            seconds_other=self.seconds_other,
         )
         return out
 
