@@ -58,12 +58,12 @@ ChatMessage .prov-body { display: none; }
 Screen.-provenance ChatMessage.assistant .md-body { display: none; }
 Screen.-provenance ChatMessage.assistant .prov-body { display: block; }
 ConfirmScreen, TextPromptScreen, PairScreen, SettingsScreen, HistoryScreen { align: center middle; }
-.dialog { width: 72; height: auto; max-height: 90%; padding: 1 2; border: thick $primary; background: $surface; }
+.dialog { width: 72; max-width: 95%; height: auto; max-height: 95%; padding: 1 2; border: thick $primary;
+          background: $surface; }
 .dialog.wide { width: 110; }
 .dialog DataTable { height: auto; max-height: 20; }
 .dialog TextArea { height: 8; }
-#form { grid-size: 2; grid-columns: 26 1fr; grid-rows: 3; height: auto; }
-#form Label { padding: 1 0 0 0; }
+#form { grid-size: 2; grid-columns: 26 1fr; grid-rows: 1; grid-gutter: 1 0; height: auto; margin: 1 0; }
 .buttons { height: auto; align-horizontal: right; }
 #error { color: $error; height: auto; }
 .hint { color: $text-muted; }

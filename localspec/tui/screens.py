@@ -127,12 +127,13 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             with Grid(id="form"):
                 for name, label in self.FIELDS:
                     yield Label(label)
-                    yield Input(values[name], id=name)
+                    yield Input(values[name], id=name, compact=True)
                 yield Label("verify")
                 yield Select([(m, m) for m in VERIFY_MODES], value=values["verify"], allow_blank=False,
-                             id="verify")
+                             id="verify", compact=True)
                 yield Label("drafter")
-                yield Select([(d, d) for d in DRAFTERS], value=values["drafter"], allow_blank=False, id="drafter")
+                yield Select([(d, d) for d in DRAFTERS], value=values["drafter"], allow_blank=False, id="drafter",
+                             compact=True)
             yield Static("", id="error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
@@ -193,9 +194,13 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         """Refill the table from the database."""
         table = self.query_one(DataTable)
         table.clear()
-        for c in self.store.conversations():
+        conversations = self.store.conversations()
+        for c in conversations:
             table.add_row("●" if c.id == self.current else "", c.title, c.pair, str(c.n_messages),
                           c.updated[:16].replace("T", " "), key=str(c.id))
+        ids = [c.id for c in conversations]
+        if self.current in ids:
+            table.move_cursor(row=ids.index(self.current))
 
     def _selected(self) -> int | None:
         table = self.query_one(DataTable)

@@ -1,0 +1,105 @@
+"""Snapshot tests (pytest-textual-snapshot) of the chat app's main screens.
+
+The pictures must not change from run to run: a fixed terminal size, no cursor blink, a saved conversation
+with fixed timestamps and stats, a fixed stats panel, notifications cleared, and a models.toml whose pair
+list does not depend on what the machine has downloaded. The app still loads the REAL tiny pair.
+Update after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from localspec.config import load_config
+from localspec.stats import Stats
+from localspec.tui import loading
+from localspec.tui.app import make_app
+from localspec.tui.settings import ChatOptions
+from localspec.tui.store import ChatStore
+from tuitesting import wait_ready, wait_until
+
+SIZE = (110, 34)
+RUNS = [  # the saved answer as (text, came from the draft) runs
+    ("Speculative decoding lets a ", True), ("**small draft model** ", False),
+    ("propose tokens that the target checks in one pass.\n\n", True),
+    ("```python\nfor token in generation:\n    print(token.text, end=\"\")\n```\n\n", False),
+    ("Accepted tokens cost one target pass ", True), ("for several tokens.", False),
+]
+ANSWER = "".join(text for text, _ in RUNS)
+
+
+def fixed_stats() -> Stats:
+    """A turn's stats with round numbers (no clock reading)."""
+    return Stats(prompt_tokens=40, drafted=120, accepted=84, rejections=30, target_passes=45, emitted=129,
+                 drafted_by_position=[30, 30, 30, 30], accepted_by_position=[27, 23, 19, 15], draft_length=4,
+                 seconds=2.5, seconds_prefill=0.5, seconds_draft=0.5, seconds_verify=1.2, seconds_sampling=0.3)
+
+
+@pytest.fixture
+def snapshot_home(chat_home, tmp_path, monkeypatch):
+    """chat_home with no bundled pairs (the pair list is only the test's) and one saved conversation."""
+    bundled = tmp_path / "bundled.toml"
+    bundled.write_text("", encoding="utf-8")
+    monkeypatch.setattr(loading, "load_config", functools.partial(load_config, bundled=bundled))
+    store = ChatStore(chat_home.db_path)
+    cid = store.create_conversation("What is speculative decoding?", pair="tiny")
+    store.add_message(cid, "user", "What is speculative decoding? Show a loop.")
+    store.add_message(cid, "assistant", ANSWER, finish_reason="stop", provenance=RUNS,
+                      stats={**fixed_stats().to_dict(), "tokens_per_second": 64.5})
+    other = store.create_conversation("A shorter chat", pair="tiny-same")
+    store.add_message(other, "user", "Hi")
+    with store.db:
+        store.db.execute("UPDATE conversations SET created = '2025-05-01T09:00:00+00:00', "
+                         "updated = '2025-05-0' || id || 'T10:30:00+00:00'")
+    store.close()
+    return cid
+
+
+def app_for_snapshot(tmp_path):
+    return make_app(ChatOptions(pair="tiny", cursor_blink=False, export_dir=tmp_path, max_tokens=64))
+
+
+def resumed(cid: int, *keys: str):
+    """A run_before that waits for the models, opens the saved chat, fixes the stats and presses keys."""
+
+    async def run_before(pilot) -> None:
+        app = pilot.app
+        await wait_ready(pilot)
+        await app._resume(cid)
+        app._last_turn, app.session_stats, app.turns = fixed_stats(), fixed_stats(), 1
+        app._draw_stats()
+        for key in keys:
+            await pilot.press(key)
+        app.clear_notifications()
+        await pilot.pause()
+
+    return run_before
+
+
+def test_chat_screen(snap_compare, snapshot_home, tmp_path):
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=resumed(snapshot_home))
+
+
+def test_chat_screen_with_draft_tokens_coloured(snap_compare, snapshot_home, tmp_path):
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE,
+                        run_before=resumed(snapshot_home, "ctrl+t"))
+
+
+def test_settings_screen(snap_compare, snapshot_home, tmp_path):
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=resumed(snapshot_home, "f3"))
+
+
+def test_pair_switcher(snap_compare, snapshot_home, tmp_path):
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=resumed(snapshot_home, "f2"))
+
+
+def test_saved_chats(snap_compare, snapshot_home, tmp_path):
+    async def run_before(pilot) -> None:
+        await resumed(snapshot_home)(pilot)
+        await pilot.press("f4")
+        await wait_until(pilot, lambda: pilot.app.screen.query("DataTable"), what="the saved chats")
+        await pilot.pause()
+
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=run_before)
