@@ -39,8 +39,8 @@ def anyio_backend():
 @pytest.fixture
 def options(chat_home, tmp_path):
     """Options of a chat on the tiny pair; tests replace fields with dataclasses.replace."""
-    return ChatOptions(pair="tiny", max_tokens=40, cursor_blink=False, export_dir=tmp_path / "exports",
-                       overrides={"seed": 1}, stats_interval=0.05)
+    return ChatOptions(pair="tiny", max_tokens=24, cursor_blink=False, export_dir=tmp_path / "exports",
+                       overrides={"seed": 1, "adaptive": False}, stats_interval=0.05)
 
 
 def answers(app) -> list[ChatMessage]:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from textual.pilot import Pilot
 
 
-async def wait_until(pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 15.0,
+async def wait_until(pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 60.0,
                      what: str = "condition") -> None:
     """Pause the pilot until `predicate()` is true (a worker posted what we wait for), or fail after timeout."""
     deadline = time.monotonic() + timeout

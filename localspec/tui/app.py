@@ -29,7 +29,7 @@ from . import loading
 from .live import Chunk, Finished, StatsView, stream_generation
 from .messages import AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProgress, PullBytes, PullDone, TurnFailed
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
-from .settings import ChatOptions, ChatSettings
+from .settings import MODEL_DRAFTERS, ChatOptions, ChatSettings
 from .store import ChatStore, StoredMessage
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
@@ -220,6 +220,7 @@ class ChatApp(App[int]):
             tokens_per_second_turn=(live.tokens_per_second_turn if live
                                     else turn.tokens_per_second if turn else 0.0),
             generating=generating, drafter=self.settings.drafter, draft_max=self.settings.spec.draft_max,
+            adaptive=self.settings.spec.adaptive,
             provenance=self.screen.has_class("-provenance"))
 
     def _draw_stats(self, view: StatsView | None = None) -> None:
@@ -595,8 +596,9 @@ class ChatApp(App[int]):
             self._draw_stats()
             self.notify("settings apply from the next message")
             return
-        if settings.drafter == "model" and self.loaded.choice.draft is None:
-            self._error("the drafter 'model' needs a draft model: this one has none (pick a pair with F2)")
+        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
+            self._error(f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
+                        "(F2) or the ngram drafter")
             return
         if self._busy("change the drafter"):
             return

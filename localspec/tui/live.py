@@ -42,6 +42,7 @@ class StatsView:
     generating: bool = False
     drafter: str = "model"
     draft_max: int = 0
+    adaptive: bool = True  # the engine picks k ≤ draft_max each step (and may turn speculation off)
     provenance: bool = False  # draft tokens are coloured: show the legend
 
 
@@ -184,6 +185,7 @@ def render_stats(view: StatsView) -> Text:
     text.append("this answer" + (" (live)" if view.generating else "") + "\n", "bold")
     speculation, style = _speculation_line(view)
     _row(text, "speculation", speculation, style)
+    _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
     turn = view.turn or Stats()
     if turn.drafted:
         _row(text, "acceptance", f"{turn.acceptance_rate:.0%} ({turn.accepted}/{turn.drafted})", "bold")
@@ -211,7 +213,8 @@ def render_stats(view: StatsView) -> Text:
 
 
 def _time_split(text: Text, turn: Stats) -> None:
-    parts = {"draft": turn.seconds_draft, "verify": turn.seconds_verify, "sample": turn.seconds_sampling}
+    parts = {"draft": turn.seconds_draft, "verify": turn.seconds_verify, "sample": turn.seconds_sampling,
+             "other": turn.seconds_other}
     total = sum(parts.values())
     text.append("\ntime split\n", "bold")
     if total <= 0:

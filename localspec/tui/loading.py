@@ -19,7 +19,7 @@ from ..engine import Engine
 from ..errors import InvalidParamsError
 from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
 from ..paths import get_paths
-from .settings import ChatOptions
+from .settings import MODEL_DRAFTERS, ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")
 
@@ -75,7 +75,8 @@ def choose_models(options: ChatOptions, pair: str | None, progress: Progress) ->
     if chosen.target.kind == "builtin" and not pair_status(chosen, paths).downloaded:
         progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
     resolved = resolve_pair(chosen, config, paths)
-    settings = {**chosen.sampling_overrides(), **chosen.speculative_overrides(), **chosen.model_overrides()}
+    settings = {**chosen.sampling_overrides(), **chosen.speculative_overrides(), **chosen.model_overrides(),
+                "compat_hint": resolved.hint}
     return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, settings, note)
 
 
@@ -86,14 +87,16 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
         LocalspecError: bad files, incompatible draft, n_ctx too large, a drafter that needs a missing draft.
     """
     drafter = drafter or options.drafter or ("model" if choice.draft else "none")
-    if drafter == "model" and choice.draft is None:
-        raise InvalidParamsError("the drafter 'model' needs a draft: start with --draft PATH or pick a pair")
+    uses_model = drafter in MODEL_DRAFTERS
+    if uses_model and choice.draft is None:
+        raise InvalidParamsError(f"the drafter {drafter!r} needs a draft model: start with --draft PATH, pick a "
+                                 "pair, or use the ngram drafter")
     n_ctx = options.n_ctx or choice.settings.get("n_ctx")  # None: the engine picks
     n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers is not None else choice.settings.get("n_gpu_layers")
-    what = choice.target.name + (f" + {choice.draft.name}" if drafter == "model" and choice.draft else "")
+    what = choice.target.name + (f" + {choice.draft.name}" if uses_model and choice.draft else "")
     progress(f"loading {what}…")
-    engine = Engine.load(choice.target, choice.draft if drafter == "model" else None, drafter=drafter,
-                         n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+    engine = Engine.load(choice.target, choice.draft if uses_model else None, drafter=drafter, n_ctx=n_ctx,
+                         n_gpu_layers=n_gpu_layers, compat_hint=choice.settings.get("compat_hint", ""))
     log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
     return Loaded(engine, choice, drafter)
 

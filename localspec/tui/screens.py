@@ -115,6 +115,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
     FIELDS = (("temperature", "temperature (0 = greedy)"), ("top_k", "top-k (0 = off)"), ("top_p", "top-p"),
               ("min_p", "min-p"), ("max_tokens", "max tokens"), ("draft_max", "draft max (0 = plain)"))
+    CHOICES = (("verify", "verify", VERIFY_MODES), ("adaptive", "adaptive draft length", ("on", "off")),
+               ("drafter", "drafter", DRAFTERS))
 
     def __init__(self, settings: ChatSettings) -> None:
         super().__init__()
@@ -128,12 +130,10 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                 for name, label in self.FIELDS:
                     yield Label(label)
                     yield Input(values[name], id=name, compact=True)
-                yield Label("verify")
-                yield Select([(m, m) for m in VERIFY_MODES], value=values["verify"], allow_blank=False,
-                             id="verify", compact=True)
-                yield Label("drafter")
-                yield Select([(d, d) for d in DRAFTERS], value=values["drafter"], allow_blank=False, id="drafter",
-                             compact=True)
+                for name, label, options in self.CHOICES:
+                    yield Label(label)
+                    yield Select([(o, o) for o in options], value=values[name], allow_blank=False, id=name,
+                                 compact=True)
             yield Static("", id="error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
@@ -151,7 +151,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     def action_save(self) -> None:
         """Validate the form; close with the new settings or show the one-line error."""
         values = {name: self.query_one(f"#{name}", Input).value for name, _ in self.FIELDS}
-        for name in ("verify", "drafter"):
+        for name, _, _ in self.CHOICES:
             values[name] = str(self.query_one(f"#{name}", Select).value)
         try:
             settings = self.settings.with_values(values)

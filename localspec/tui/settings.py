@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..drafters import DRAFTERS
 from ..engine import SpeculativeParams
 from ..errors import InvalidParamsError
 from ..runner import sampling_from_args, spec_from_args
 from ..sampling import SamplingParams
 
-DRAFTERS = ("model", "none")  # "ngram" joins when the engine has it
-OVERRIDE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "draft_max", "p_min", "verify")
+MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft file loaded
+OVERRIDE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "draft_max", "p_min", "verify",
+                  "adaptive")
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -60,7 +62,7 @@ class ChatSettings:
 
     sampling: SamplingParams = SamplingParams()
     spec: SpeculativeParams = SpeculativeParams()
-    drafter: str = "model"  # "model" needs a draft file; "none" decodes with the target alone
+    drafter: str = "model"  # one of DRAFTERS; "model" and "model+ngram" need a draft file
     max_tokens: int = DEFAULT_MAX_TOKENS
 
     @classmethod
@@ -80,7 +82,8 @@ class ChatSettings:
         sampling = dataclasses.replace(
             self.sampling, temperature=_number(values, "temperature", float), top_k=_number(values, "top_k", int),
             top_p=_number(values, "top_p", float), min_p=_number(values, "min_p", float))
-        spec = dataclasses.replace(self.spec, draft_max=_number(values, "draft_max", int), verify=values["verify"])
+        spec = dataclasses.replace(self.spec, draft_max=_number(values, "draft_max", int), verify=values["verify"],
+                                   adaptive=values["adaptive"] == "on")
         drafter = values["drafter"]
         if drafter not in DRAFTERS:
             raise InvalidParamsError(f"unknown drafter {drafter!r}: use {' or '.join(DRAFTERS)}")
@@ -94,7 +97,8 @@ class ChatSettings:
         s = self.sampling
         return {"temperature": f"{s.temperature:g}", "top_k": str(s.top_k), "top_p": f"{s.top_p:g}",
                 "min_p": f"{s.min_p:g}", "draft_max": str(self.spec.draft_max), "verify": self.spec.verify,
-                "drafter": self.drafter, "max_tokens": str(self.max_tokens)}
+                "adaptive": "on" if self.spec.adaptive else "off", "drafter": self.drafter,
+                "max_tokens": str(self.max_tokens)}
 
 
 def _number(values: Mapping[str, str], name: str, kind: type):
