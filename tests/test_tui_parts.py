@@ -1,0 +1,107 @@
+"""The chat app's pieces that need no terminal: settings parsing, the stats panel text, the streaming loop."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from localspec.engine import Engine, SpeculativeParams
+from localspec.errors import InvalidParamsError
+from localspec.sampling import SamplingParams
+from localspec.session import ChatSession
+from localspec.stats import Stats
+from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, render_stats, stream_generation
+from localspec.tui.settings import ChatOptions, ChatSettings
+from localspec.tui.widgets import answer_caption, code_blocks
+
+
+def test_settings_from_flags_over_pair_defaults():
+    options = ChatOptions(overrides={"temperature": 0.3, "draft_max": 4}, max_tokens=99)
+    settings = ChatSettings.initial(options, {"temperature": 0.7, "top_k": 20}, "model")
+    assert settings.sampling.temperature == 0.3 and settings.sampling.top_k == 20
+    assert settings.spec.draft_max == 4 and settings.max_tokens == 99 and settings.drafter == "model"
+
+
+def test_settings_form_round_trip_and_one_line_errors():
+    settings = ChatSettings()
+    values = settings.form_values()
+    assert settings.with_values(values) == settings
+    changed = settings.with_values({**values, "temperature": "0", "adaptive": "off", "drafter": "ngram"})
+    assert changed.sampling.greedy and not changed.spec.adaptive and changed.drafter == "ngram"
+    with pytest.raises(InvalidParamsError, match="top-p must be a number, not 'x'"):
+        settings.with_values({**values, "top_p": "x"})
+    with pytest.raises(InvalidParamsError, match="top-p must be in"):
+        settings.with_values({**values, "top_p": "2"})
+    with pytest.raises(InvalidParamsError, match="max tokens must be at least 1"):
+        settings.with_values({**values, "max_tokens": "0"})
+
+
+def test_options_from_the_chat_flags():
+    args = argparse.Namespace(pair="demo", target=None, draft=None, drafter=None, n_ctx=None, n_gpu_layers=None,
+                              chat_template=None, system="be brief", max_tokens=10, stop=["END"], temperature=0.0,
+                              top_k=None, top_p=None, min_p=None, repeat_penalty=None, seed=3, draft_max=None,
+                              p_min=None, verify=None, adaptive=False)
+    options = ChatOptions.from_args(args)
+    assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
+    assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
+
+
+def test_stats_panel_names_acceptance_and_tok_s():
+    turn = Stats(drafted=10, accepted=7, rejections=2, target_passes=4, emitted=11, drafted_by_position=[4, 4, 2],
+                 accepted_by_position=[4, 2, 1], draft_length=3, seconds=2.0, seconds_prefill=1.0,
+                 seconds_draft=0.2, seconds_verify=0.6, seconds_sampling=0.2)
+    text = render_stats(StatsView(turn=turn, session=turn, turns=1, tokens_per_second_turn=11.0, draft_max=8,
+                                  provenance=True)).plain
+    assert "acceptance    70% (7/10)" in text and "tok/s turn    11.0" in text
+    assert "tokens/pass   2.75" in text and "on, draft length 3" in text
+    assert "  1 ████████████ 100%" in text and "  3 ██████░░░░░░  50%" in text
+    assert "verify ███████░░░░░  60%" in text and "draft token" in text
+    idle = render_stats(StatsView(drafter="none")).plain
+    assert "off (no drafter)" in idle and "nothing drafted yet" in idle and "no answers yet" in idle
+    off = Stats(target_passes=3, emitted=3, speculation_off="adaptive: plain decoding is faster")
+    assert "off (adaptive: plain decoding is faster)" in render_stats(StatsView(turn=off, draft_max=8)).plain
+
+
+def test_rate_meter_and_runs():
+    meter = RateMeter(window=1.0)
+    assert meter.update(0.0, 0) == 0.0
+    assert meter.update(0.5, 10) == pytest.approx(20.0)
+    assert meter.update(3.0, 40) == pytest.approx(30 / 2.5)
+    runs: list = []
+    for text, from_draft in (("a", True), ("b", True), ("", False), ("c", False), ("d", True)):
+        add_run(runs, text, from_draft)
+    assert runs == [("ab", True), ("c", False), ("d", True)]
+
+
+def test_caption_and_code_blocks():
+    assert answer_caption({"drafted": 4, "acceptance_rate": 0.5, "mean_tokens_per_pass": 2.0, "emitted": 8,
+                           "tokens_per_second": 12.25}, "cancelled") == (
+        "stopped · acceptance 50% · 2.00 tokens/pass · 12.2 tok/s")
+    assert answer_caption(None, "length") == "cut at max tokens"
+    text = "x\n\n```py\na = 1\n```\n\n    indented\n\n```\nb\n```\n"
+    assert code_blocks(text) == ["a = 1\n", "indented\n", "b\n"]
+
+
+def test_stream_batches_tokens_and_keeps_provenance(tiny_models):
+    clock_ticks = iter(range(10_000))
+    chunks: list[Chunk] = []
+    done: list[Finished] = []
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
+        generation = ChatSession(engine).send("Hello", sampling=SamplingParams(temperature=0.0),
+                                              spec=SpeculativeParams(adaptive=False), max_tokens=60)
+        taken = {"ready": True}
+
+        def emit(item):
+            (chunks if isinstance(item, Chunk) else done).append(item)
+            taken["ready"] = len(chunks) % 2 == 0  # the UI "takes" every other chunk late
+
+        stream_generation(generation, emit, ready=lambda: taken["ready"], interval=5,
+                          clock=lambda: float(next(clock_ticks)))
+    [finished] = done
+    assert chunks and len(chunks) < 60
+    assert finished.text.startswith("".join(text for c in chunks for text, _ in c.runs))
+    assert "".join(text for text, _ in finished.runs) == finished.text == generation.text
+    assert any(d for _, d in finished.runs) and any(not d for _, d in finished.runs)
+    assert finished.finish_reason == "length" and finished.stats.emitted == 60 and finished.error is None
+    assert chunks[-1].stats.emitted < 60  # snapshots, not the live object
