@@ -23,7 +23,7 @@ from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, Sett
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import ChatMessage, PromptInput, StatsPanel
-from tuitesting import send, wait_ready, wait_until
+from tuitesting import record_notifications, send, wait_ready, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -51,10 +51,6 @@ def stats_text(app) -> str:
     return str(app.query_one(StatsPanel).render())
 
 
-def notifications(app) -> list[str]:
-    return [n.message for n in app._notifications]
-
-
 def saved(chat_home, conversation_id) -> list:
     store = ChatStore(chat_home.db_path)
     try:
@@ -72,7 +68,7 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
         await real_append(self, runs)
 
     monkeypatch.setattr(ChatMessage, "append", append)
-    app = make_app(dataclasses.replace(options, max_tokens=400, stream_interval=0.01))
+    app = make_app(dataclasses.replace(options, max_tokens=120, stream_interval=0.005))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         assert app.sub_title == "tiny"
@@ -85,7 +81,7 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
         rows = saved(chat_home, app.conversation_id)
         assert [(m.role, m.finish_reason) for m in rows] == [("user", None), ("assistant", "length")]
         assert rows[1].content == answer.text
-        assert rows[1].stats["emitted"] == 400
+        assert rows[1].stats["emitted"] == 120
         assert "".join(text for text, _ in rows[1].provenance) == answer.text
         text = stats_text(app)
         assert "acceptance" in text and "tok/s" in text and "acceptance by draft position" in text
@@ -252,6 +248,7 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
 
 async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
     app = make_app(options)
+    notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await pilot.press("f2")
@@ -264,7 +261,7 @@ async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
         assert "localspec pull remote" in str(app.screen.query_one(Static).render())
         await pilot.press("y")  # the Hub is offline here: the pull fails with one line, the chat goes on
         await wait_until(pilot, lambda: not app.pulling, what="the pull to fail")
-        [error] = [n for n in notifications(app) if "remote" in n or "offline" in n.lower()]
+        [error] = [n for n in notes if "remote" in n or "offline" in n.lower()]
         assert "\n" not in error and "Traceback" not in error
         assert app.loaded.choice.pair == "tiny" and app.session is not None
 
@@ -361,11 +358,12 @@ async def test_copy_a_message_and_a_code_block(options, chat_home):
 
 async def test_a_message_that_does_not_fit_is_one_line_and_comes_back(options, chat_home):
     app = make_app(dataclasses.replace(options, n_ctx=64))
+    notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        long_text = "word " * 200
+        long_text = "word " * 1000  # far more than n_ctx (the engine may raise a tiny n_ctx to its minimum)
         await send(pilot, long_text)
-        [error] = notifications(app)
+        [error] = notes
         assert "does not fit" in error and "\n" not in error
         assert app.query_one(PromptInput).text == long_text.strip()
         assert not app.query(ChatMessage) and app.session.messages == []
@@ -374,14 +372,15 @@ async def test_a_message_that_does_not_fit_is_one_line_and_comes_back(options, c
 
 async def test_a_bad_model_file_is_a_notification_not_a_traceback(options, chat_home, tiny_models):
     app = make_app(dataclasses.replace(options, pair=None, target=str(tiny_models.not_gguf), draft=None))
+    notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: not app.loading, what="the load to fail")
-        [error] = notifications(app)
+        [error] = notes
         assert "\n" not in error and "Traceback" not in error
         assert "no model loaded" in str(app.query_one("#status", Static).render())
         app.query_one(PromptInput).text = "hello"
         await pilot.press("enter")
-        assert "no model is loaded" in notifications(app)[-1]
+        assert "no model is loaded" in notes[-1]
 
 
 async def test_no_pair_downloaded_falls_back_to_the_demo_pair_and_says_so(options, chat_home):
@@ -392,10 +391,11 @@ async def test_no_pair_downloaded_falls_back_to_the_demo_pair_and_says_so(option
     text = chat_home.config_file.read_text().replace('default = "tiny"', 'default = "remote"')
     chat_home.config_file.write_text(text)
     app = make_app(dataclasses.replace(options, pair=None))
+    notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         assert app.loaded.choice.pair == "demo"
-        assert any("offline demo pair" in n for n in notifications(app))
+        assert any("offline demo pair" in n for n in notes)
 
 
 async def test_quit_while_generating_frees_the_engine(options, chat_home):

@@ -36,3 +36,16 @@ async def send(pilot: Pilot, text: str) -> None:
     await wait_until(pilot, lambda: app._turn_ids > before, what="the turn to start")
     await wait_until(pilot, lambda: app.turn is None, what="the answer to end")
     await pilot.pause()
+
+
+def record_notifications(app) -> list[str]:
+    """Every message the app notifies from now on (toasts expire; this list does not)."""
+    seen: list[str] = []
+    notify = app.notify
+
+    def recording(message, *args, **kwargs):
+        seen.append(str(message))
+        return notify(message, *args, **kwargs)
+
+    app.notify = recording
+    return seen

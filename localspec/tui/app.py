@@ -197,6 +197,13 @@ class ChatApp(App[int]):
         # An indeterminate bar (total None) animates 15 times a second even while hidden: stop it when off.
         bar.update(total=total if on else 1, progress=done)
 
+    def _ready_text(self) -> str:
+        if self.loaded is None:
+            return "ready"
+        choice = self.loaded.choice
+        demo = " (the offline demo pair: a demo of the mechanism, not a good chat model)" if choice.note else ""
+        return f"ready · {choice.label}{demo}"
+
     def _error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
         self.notify(message, severity="error", timeout=8)
@@ -277,6 +284,9 @@ class ChatApp(App[int]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         loaded = message.loaded
+        if self._closing:
+            loaded.engine.close()
+            return
         self.loading = False
         self._progress(False)
         template = self.options.chat_template or loaded.choice.settings.get("chat_template")
@@ -293,7 +303,7 @@ class ChatApp(App[int]):
                                                                        loaded.drafter)
         self._pending_settings = None
         self.sub_title = loaded.choice.label
-        self._set_status(f"ready · {loaded.choice.label}")
+        self._set_status(self._ready_text())
         self._draw_stats()
         if loaded.choice.note:
             self.notify(loaded.choice.note, severity="warning", timeout=12)
@@ -307,8 +317,7 @@ class ChatApp(App[int]):
             self.loading = False
         self._progress(False)
         ready = self.session is not None
-        self._set_status(f"ready · {self.loaded.choice.label}" if ready and self.loaded
-                         else "no model loaded: pick a pair (F2)")
+        self._set_status(self._ready_text() if ready else "no model loaded: pick a pair (F2)")
         self._error(message.error)
 
     def _start_pull(self, name: str) -> None:
@@ -364,8 +373,8 @@ class ChatApp(App[int]):
         self._messages.scroll_end(animate=False)
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
-        text = event.text.strip()
-        if not text or self._busy("send another message"):
+        text = event.text.rstrip()  # leading spaces may be code indentation
+        if not text.strip() or self._busy("send another message"):
             return
         if self.session is None:
             self._error("no model is loaded: pick a pair (F2)")
@@ -405,6 +414,11 @@ class ChatApp(App[int]):
             except LocalspecError as e:
                 self.post_message(TurnFailed(turn.id, str(e)))
                 return
+            except Exception as e:  # never leave the turn hanging with a traceback in the log only
+                log.exception("the turn could not start")
+                self.post_message(TurnFailed(turn.id, f"the answer could not start: {e} (details in "
+                                                      f"{get_paths().log_file})"))
+                return
             turn.attach(generation)
 
             def emit(item: Chunk | Finished) -> None:
@@ -442,7 +456,7 @@ class ChatApp(App[int]):
         self.turns += 1
         self._last_turn = finished.stats
         self._draw_stats()
-        self._set_status(f"ready · {self.loaded.choice.label}" if self.loaded else "ready")
+        self._set_status(self._ready_text())
         self._save_answer(finished, reason, stats)
         for notice in finished.notices:
             self.notify(notice, severity="warning", timeout=10)
@@ -469,7 +483,7 @@ class ChatApp(App[int]):
             self._answer = None
         if turn.kind == "send":
             await self._take_back(turn)
-        self._set_status(f"ready · {self.loaded.choice.label}" if self.loaded else "ready")
+        self._set_status(self._ready_text())
         self._error(message.error)
 
     async def _take_back(self, turn: Turn) -> None:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from ..engine import Generation
 from ..errors import LocalspecError
+from ..paths import get_paths
 from ..stats import Stats
 
 log = logging.getLogger("localspec.tui.live")
@@ -123,7 +124,7 @@ def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished],
         error = str(e)
     except Exception as e:  # an engine bug: keep the partial answer, show one line, log the traceback
         log.exception("generation failed")
-        error = f"generation failed unexpectedly: {e} (details in the log file)"
+        error = f"generation failed unexpectedly: {e} (details in {get_paths().log_file})"
     for text, from_draft in pending:
         add_run(runs, text, from_draft)
     stats = copy.deepcopy(generation.stats)
