@@ -31,43 +31,12 @@ from .messages import AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProg
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from .settings import MODEL_DRAFTERS, ChatOptions, ChatSettings
 from .store import ChatStore, StoredMessage
+from .styles import CSS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger("localspec.tui")
 
 GIL_SWITCH_INTERVAL = 0.001  # seconds (see on_mount)
-
-CSS = """
-#main { height: 1fr; }
-#chat { width: 1fr; }
-#messages { height: 1fr; padding: 0 1; }
-#stats { width: 40; height: 1fr; padding: 0 1; border-left: vkey $panel-lighten-2; overflow-y: auto; }
-#stats.-hidden { display: none; }
-#status { height: 1; padding: 0 1; color: $text-muted; }
-#progress { height: 1; padding: 0 1; display: none; }
-#progress.-on { display: block; }
-PromptInput { height: auto; min-height: 3; max-height: 10; }
-ChatMessage { height: auto; margin: 0 0 1 0; padding: 0 1; }
-ChatMessage:focus { background: $boost; }
-ChatMessage.user { border-left: thick $accent; }
-ChatMessage.assistant { border-left: thick $success; }
-ChatMessage.system { border-left: thick $warning; color: $text-muted; }
-ChatMessage .caption { color: $text-muted; }
-ChatMessage Markdown { margin: 0; padding: 0; }
-ChatMessage .prov-body { display: none; }
-Screen.-provenance ChatMessage.assistant .md-body { display: none; }
-Screen.-provenance ChatMessage.assistant .prov-body { display: block; }
-ConfirmScreen, TextPromptScreen, PairScreen, SettingsScreen, HistoryScreen { align: center middle; }
-.dialog { width: 72; max-width: 95%; height: auto; max-height: 95%; padding: 1 2; border: thick $primary;
-          background: $surface; }
-.dialog.wide { width: 110; }
-.dialog DataTable { height: auto; max-height: 20; }
-.dialog TextArea { height: 8; }
-#form { grid-size: 2; grid-columns: 26 1fr; grid-rows: 1; grid-gutter: 1 0; height: auto; margin: 1 0; }
-.buttons { height: auto; align-horizontal: right; }
-#error { color: $error; height: auto; }
-.hint { color: $text-muted; }
-"""
 
 
 class Turn:
@@ -246,6 +215,7 @@ class ChatApp(App[int]):
         old = self.loaded.engine if self.loaded else None
         self._kept_messages = self._conversation_messages()
         self.loaded, self.session = None, None
+        self._reset_stats()  # the numbers belong to the models that made them
         self._set_status("loading…")
         self._progress(True)
         self._load_worker(old, pair, choice, drafter)
