@@ -72,7 +72,7 @@ class PromptInput(TextArea):
 
 
 class ChatMessage(Vertical, can_focus=True):
-    """One message: its role, a caption, and the text as Markdown (or coloured by provenance)."""
+    """One message: its role, a caption, and the text (answers as Markdown, or coloured by provenance)."""
 
     BINDINGS = [
         Binding("c", "copy", "Copy message"),
@@ -90,9 +90,11 @@ class ChatMessage(Vertical, can_focus=True):
 
     def compose(self):
         yield Static(self._title(), classes="caption", markup=False)
+        if self.role != "assistant":  # what the user typed, line breaks and all
+            yield Static(self.text, classes="plain-body", markup=False)
+            return
         yield Markdown(self.text, classes="md-body")
-        if self.role == "assistant":
-            yield Static(provenance_text(self.runs), classes="prov-body")
+        yield Static(provenance_text(self.runs), classes="prov-body")
 
     def _title(self) -> str:
         return ROLE_NAMES.get(self.role, self.role) + (f" · {self.caption}" if self.caption else "")
