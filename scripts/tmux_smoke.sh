@@ -47,6 +47,7 @@ wait_for() {
 }
 
 read -ra launcher <<< "$LOCALSPEC"  # may be several words, e.g. "python -m localspec"
+command -v "${launcher[0]}" >/dev/null || { echo "cannot run '${launcher[0]}': install localspec or set LOCALSPEC" >&2; exit 1; }
 cmd=$(printf '%q ' "${launcher[@]}" chat "$@")
 tmux new-session -d -s "$session" -x "$WIDTH" -y "$HEIGHT" \
   "TERM=xterm-256color COLORTERM=truecolor $cmd; echo \"localspec exited with \$?\"; sleep 30"
