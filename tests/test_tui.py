@@ -409,3 +409,43 @@ async def test_quit_while_generating_frees_the_engine(options, chat_home):
         await pilot.press("ctrl+q")
     assert app.loaded is None and engine._owned == []
     assert saved(chat_home, 1)[0].content == "Go"  # the user's message was committed before the answer
+
+
+async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, tiny_models, monkeypatch):
+    from huggingface_hub import constants
+
+    from fakehub import FakeHub
+
+    hub = FakeHub()
+    hub.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_models.target.read_bytes())
+    hub.add("test/tiny-draft-GGUF", "tiny-draft-Q8_0.gguf", tiny_models.draft_noisy.read_bytes())
+    hub.start()
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)  # huggingface_hub read HF_ENDPOINT at import
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    with chat_home.config_file.open("a", encoding="utf-8") as f:
+        f.write('[pairs.pullme]\ntarget = "test/tiny-GGUF:Q8_0"\ndraft = "test/tiny-draft-GGUF:Q8_0"\n')
+    app = make_app(options)
+    statuses: list[str] = []
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_ready(pilot)
+            real_set_status = app._set_status
+            app._set_status = lambda text: (statuses.append(text), real_set_status(text))
+            await pilot.press("f2")
+            await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
+            table = app.screen.query_one(DataTable)
+            names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+            table.move_cursor(row=names.index("pullme"))
+            await pilot.press("enter")
+            await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the pull offer")
+            await pilot.press("y")
+            await wait_until(pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "pullme",
+                             what="the pulled pair to load")
+            assert any(s.startswith("downloading tiny-Q8_0.gguf") for s in statuses)
+            await send(pilot, "Hello from the Hub")
+            assert app.session.messages[-1].role == "assistant"
+    finally:
+        hub.stop()

@@ -250,7 +250,8 @@ class ChatApp(App[int]):
     def on_pull_bytes(self, message: PullBytes) -> None:
         self._progress(True, message.total, message.done)
         total = f" of {message.total / 2**20:.0f} MiB" if message.total else ""
-        self._set_status(f"downloading {message.filename}: {message.done / 2**20:.0f} MiB{total}")
+        name = message.filename.rsplit("/", 1)[-1]  # the label may be a shortened URL
+        self._set_status(f"downloading {name}: {message.done / 2**20:.0f} MiB{total}")
 
     def on_engine_ready(self, message: EngineReady) -> None:
         loaded = message.loaded
