@@ -60,7 +60,8 @@ def test_stats_panel_names_acceptance_and_tok_s():
     idle = render_stats(StatsView(drafter="none")).plain
     assert "off (no drafter)" in idle and "nothing drafted yet" in idle and "no answers yet" in idle
     off = Stats(target_passes=3, emitted=3, speculation_off="adaptive: plain decoding is faster")
-    assert "off (adaptive: plain decoding is faster)" in render_stats(StatsView(turn=off, draft_max=8)).plain
+    shown = render_stats(StatsView(turn=off, draft_max=8)).plain
+    assert "speculation   off\n  adaptive: plain decoding is faster\n" in shown
 
 
 def test_rate_meter_and_runs():

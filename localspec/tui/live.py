@@ -161,18 +161,19 @@ def _usual_draft_length(turn: Stats) -> int:
     return max(counts)[1] if counts else len(turn.drafted_by_position) or turn.draft_length
 
 
-def _speculation_line(view: StatsView) -> tuple[str, str]:
+def _speculation_line(view: StatsView) -> tuple[str, str, str]:
+    """(verdict, why it is off or "", style) for the speculation row."""
     turn = view.turn
     if view.drafter == "none":
-        return "off (no drafter)", "yellow"
+        return "off", "no drafter", "yellow"
     if turn is not None and turn.target_passes:
         if turn.speculation_off:
-            return f"off ({turn.speculation_off})", "yellow"
+            return "off", turn.speculation_off, "yellow"
         k = turn.draft_length if view.generating else _usual_draft_length(turn)
-        return f"on, draft length {k}", "green"
+        return f"on, draft length {k}", "", "green"
     if view.draft_max == 0:
-        return "off (draft max is 0)", "yellow"
-    return f"on, draft length ≤ {view.draft_max}", "green"
+        return "off", "draft max is 0", "yellow"
+    return f"on, draft length ≤ {view.draft_max}", "", "green"
 
 
 def _row(text: Text, label: str, value: str, style: str = "") -> None:
@@ -184,8 +185,12 @@ def render_stats(view: StatsView) -> Text:
     """The stats panel: this answer's numbers, time split, acceptance by draft position, the session."""
     text = Text()
     text.append("this answer" + (" (live)" if view.generating else "") + "\n", "bold")
-    speculation, style = _speculation_line(view)
-    _row(text, "speculation", speculation, style)
+    verdict, why, style = _speculation_line(view)
+    if len(why) > 20:  # a long reason (the adaptive policy explains itself) goes on its own line
+        _row(text, "speculation", verdict, style)
+        text.append(f"  {why}\n", "dim")
+    else:
+        _row(text, "speculation", f"{verdict} ({why})" if why else verdict, style)
     _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
     turn = view.turn or Stats()
     if turn.drafted:
