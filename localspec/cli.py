@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -25,6 +26,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _env_threads() -> int | None:
+    value = os.environ.get("LOCALSPEC_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Model selection flags shared by `generate` and `chat`."""
     p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
@@ -37,6 +43,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(default: model with --draft/--pair, else none)")
     p.add_argument("--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)")
     p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
+    p.add_argument("--threads", type=int, default=_env_threads(),
+                   help="CPU threads (default: $LOCALSPEC_THREADS, else one per physical core)")
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
 
 

@@ -251,7 +251,8 @@ class Engine:
 
     @classmethod
     def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
-             n_ctx: int | None = None, n_gpu_layers: int | None = None, rollback: str = "auto",
+             n_ctx: int | None = None, n_gpu_layers: int | None = None, n_threads: int | None = None,
+             rollback: str = "auto",
              swa_full: bool | None = None, compat_hint: str = "") -> Engine:
         """Load the target (and the draft) and create their contexts.
 
@@ -263,6 +264,7 @@ class Engine:
             n_ctx: context length; None = min(4096, the target's training context). The draft's
                 context is capped at its own training context (drafting pauses past it).
             n_gpu_layers: None = all layers when the build can offload.
+            n_threads: CPU threads per context; None = physical cores.
             rollback: KVSequence rollback mode ("auto" probes; others force a path).
             swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
             compat_hint: appended to an incompatible-draft error (e.g. the curated drafts that fit).
@@ -284,11 +286,11 @@ class Engine:
                 check_pair(target_model, draft_model, hint=compat_hint)
             speculating = drafter != "none"
             n_ctx = n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
-            target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating)
+            target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating, n_threads)
             draft = None
             if draft_model is not None:
                 draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
-                draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True)
+                draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True, n_threads)
             return cls(target_model, target, make_drafter(drafter, draft), owned=owned)
         except BaseException:
             for obj in reversed(owned):
@@ -343,9 +345,9 @@ def _own(owned: list, obj):
 
 
 def _sequence(owned: list, model: backend.Model, n_ctx: int, rollback: str, swa_full: bool | None,
-              speculating: bool) -> KVSequence:
+              speculating: bool, n_threads: int | None) -> KVSequence:
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
-    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full))
+    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=n_threads))
     return KVSequence(ctx, rollback=rollback)

@@ -61,7 +61,7 @@ def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
     n_ctx = args.n_ctx or settings.get("n_ctx")
     n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers is not None else settings.get("n_gpu_layers")
     engine = Engine.load(target, draft, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                         compat_hint=settings.get("compat_hint", ""))
+                         n_threads=args.threads, compat_hint=settings.get("compat_hint", ""))
     try:
         yield engine, settings
     finally:

@@ -39,7 +39,7 @@ def test_settings_form_round_trip_and_one_line_errors():
 
 def test_options_from_the_chat_flags():
     args = argparse.Namespace(pair="demo", target=None, draft=None, drafter=None, n_ctx=None, n_gpu_layers=None,
-                              chat_template=None, system="be brief", max_tokens=10, stop=["END"], temperature=0.0,
+                              threads=None, chat_template=None, system="be brief", max_tokens=10, stop=["END"], temperature=0.0,
                               top_k=None, top_p=None, min_p=None, repeat_penalty=None, seed=3, draft_max=None,
                               p_min=None, verify=None, adaptive=False)
     options = ChatOptions.from_args(args)

@@ -96,7 +96,7 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     what = choice.target.name + (f" + {choice.draft.name}" if uses_model and choice.draft else "")
     progress(f"loading {what}…")
     engine = Engine.load(choice.target, choice.draft if uses_model else None, drafter=drafter, n_ctx=n_ctx,
-                         n_gpu_layers=n_gpu_layers, compat_hint=choice.settings.get("compat_hint", ""))
+                         n_gpu_layers=n_gpu_layers, n_threads=options.threads, compat_hint=choice.settings.get("compat_hint", ""))
     log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
     return Loaded(engine, choice, drafter)
 

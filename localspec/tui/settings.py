@@ -36,6 +36,7 @@ class ChatOptions:
     drafter: str | None = None  # "model" or "none" (None: model when there is a draft)
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
+    threads: int | None = None
     chat_template: str | None = None
     system: str | None = None  # system prompt of new conversations
     max_tokens: int = DEFAULT_MAX_TOKENS
@@ -52,8 +53,8 @@ class ChatOptions:
         """Options from the `chat` subcommand's flags."""
         overrides = {name: getattr(args, name) for name in OVERRIDE_FLAGS if getattr(args, name, None) is not None}
         return cls(pair=args.pair, target=args.target, draft=args.draft, drafter=args.drafter, n_ctx=args.n_ctx,
-                   n_gpu_layers=args.n_gpu_layers, chat_template=args.chat_template, system=args.system,
-                   max_tokens=args.max_tokens, stop=tuple(args.stop or ()), overrides=overrides)
+                   n_gpu_layers=args.n_gpu_layers, threads=args.threads, chat_template=args.chat_template,
+                   system=args.system, max_tokens=args.max_tokens, stop=tuple(args.stop or ()), overrides=overrides)
 
 
 @dataclass(frozen=True)
