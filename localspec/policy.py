@@ -1,30 +1,38 @@
 """Adaptive draft length (DESIGN §3): choose k each step for the most tokens per second.
 
-`DraftPolicy` keeps an EWMA estimate α̂ of the per-token acceptance and picks k = argmax E(k) / (k·c +
-v(k)) from `MeasuredCosts`, this machine's step costs learned from the loop's own timings. When no k ≥ 1
-beats plain decoding it decodes plainly and probes again only from a small budget earned while plain.
+`DraftPolicy` keeps a recency-weighted estimate α̂ of the per-token acceptance and picks k = argmax
+E(k) / (k·c + v(k)) with `MeasuredCosts`, this machine's step costs learned from the loop's own timings.
+When no k ≥ 1 beats plain decoding it decodes plainly and probes again only from a small budget earned
+while plain.
 With a fixed seed the choice must not depend on the clock (it would change the sampled text), so the
 costs are then estimated from the model sizes. One policy per `Engine`: it learns across turns.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from .backend import Model
+    from .drafters import Drafter
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyTuning:
     """Constants of the adaptive policy (the defaults are what the engine uses)."""
 
-    alpha_prior: float = 0.5  # α̂ before any draft was verified
-    smoothing: float = 0.2  # EWMA weight of the newest step, for α̂ and for the costs
+    alpha_prior: float = 0.5  # α̂ before any draft was verified (worth two drafted tokens of evidence)
+    min_evidence: int = 8  # drafted tokens verified before the draft may be judged not worth it
+    forget: float = 0.2  # share of the older acceptance counts α̂ forgets at each verified step
     margin: float = 0.03  # speculate only when predicted at least this much faster than plain
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
-    explore_k: int = 1  # k while the costs are still unknown (cheap to lose with a useless draft)
-    retime_every: int = 128  # while speculating, one plain step this often keeps its timing fresh
+    explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
+    retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
 
 
 class Costs(Protocol):
@@ -51,56 +59,80 @@ class Costs(Protocol):
         ...
 
 
-class Ewma:
-    """A mean that weighs the newest sample by max(1/n, smoothing): exact for the first samples."""
+class RecentMedian:
+    """The median of the last `window` timings: robust to the moments other processes took the cores, and
+    unbiased whatever the number of samples (a low quantile of many samples undercuts one of few)."""
 
-    __slots__ = ("n", "value", "smoothing")
+    __slots__ = ("n", "_recent")
 
-    def __init__(self, smoothing: float) -> None:
-        self.n, self.value, self.smoothing = 0, 0.0, smoothing
+    def __init__(self, window: int = 24) -> None:
+        self.n = 0
+        self._recent: deque[float] = deque(maxlen=window)
 
     def add(self, sample: float) -> None:
         self.n += 1
-        self.value += max(1.0 / self.n, self.smoothing) * (sample - self.value)
+        self._recent.append(sample)
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self._recent) if self._recent else 0.0
 
 
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (`Stats.seconds_*`).
 
-    v(k) is a line through v(0) = 1 fitted to the batch sizes seen so far, so k values never tried
-    are extrapolated from those that were. Steps on which the draft caught up on many tokens (its
-    prompt, or tokens decoded plainly) time the catch-up, not the drafting.
+    The target part of a step with k drafts is fitted by a line a + b·k over every k seen, plain steps
+    (k = 0) included, so c = draft token / a and v(k) = (a + b·k) / a use all the data and extrapolate
+    to k never tried. Steps on which the draft caught up on many tokens (its prompt, or tokens decoded
+    plainly) time the catch-up, not the drafting.
     """
 
-    def __init__(self, smoothing: float = PolicyTuning().smoothing) -> None:
-        self.plain = Ewma(smoothing)  # seconds, target part of a plain step
-        self.batch: dict[int, Ewma] = {}  # k -> seconds, target part of a step verifying k drafts
-        self.draft = Ewma(smoothing)  # seconds per drafted token
-        self.catch_up = Ewma(smoothing)  # seconds per token the draft decoded in a catch-up
-        self._smoothing = smoothing
+    def __init__(self, min_samples: int = 4) -> None:
+        self.min_samples = min_samples  # per kind of step, before the costs are trusted
+        self.target: dict[int, RecentMedian] = {}  # k -> seconds, target part of a step verifying k drafts
+        self.draft = RecentMedian()  # seconds per drafted token
+        self.catch_up = RecentMedian()  # seconds per token the draft decoded in a catch-up
+        self._ratios: tuple[float, float, float] | None = None  # (c, b/a, catch-up), refitted lazily
 
     def missing(self) -> str | None:
-        if self.plain.n < 2:
+        if 0 not in self.target or self.target[0].n < self.min_samples:
             return "plain"
-        return None if self.draft.n and self.batch else "speculative"
+        batches = sum(e.n for k, e in self.target.items() if k)
+        return None if min(self.draft.n, batches) >= self.min_samples else "speculative"
+
+    def _line(self) -> tuple[float, float]:
+        """(a, b) of the weighted least-squares line seconds ≈ a + b·k, with b ≥ 0 (a handful of points)."""
+        points = [(k, e.value, min(e.n, 8)) for k, e in self.target.items()]
+        total = sum(w for _, _, w in points)
+        k_mean = sum(w * k for k, _, w in points) / total
+        t_mean = sum(w * t for _, t, w in points) / total
+        spread = sum(w * (k - k_mean) ** 2 for k, _, w in points)
+        b = max(sum(w * (k - k_mean) * (t - t_mean) for k, t, w in points) / spread, 0.0) if spread else 0.0
+        a = t_mean - b * k_mean
+        return (a, b) if a > 0 else (self.target[0].value, b)
+
+    def _fit(self) -> tuple[float, float, float]:
+        if self._ratios is None:
+            a, b = self._line()
+            # Unmeasured catch-up: assume a batched token costs as much as a drafted one (an upper bound).
+            catch_up = self.catch_up.value if self.catch_up.n else self.draft.value
+            self._ratios = (self.draft.value / a, b / a, catch_up / a)
+        return self._ratios
 
     def draft_ratio(self) -> float:
-        return self.draft.value / self.plain.value
+        return self._fit()[0]
 
     def batch_ratio(self, k: int) -> float:
-        weighted = [(min(e.n, 8), j, e.value / self.plain.value - 1.0) for j, e in self.batch.items()]
-        slope = sum(w * j * extra for w, j, extra in weighted) / sum(w * j * j for w, j, _ in weighted)
-        return 1.0 + max(slope, 0.0) * k
+        return 1.0 + self._fit()[1] * k
 
     def catch_up_ratio(self) -> float:
-        # Unmeasured: assume a batched token costs as much as a drafted one (an upper bound).
-        return (self.catch_up.value if self.catch_up.n else self.draft.value) / self.plain.value
+        return self._fit()[2]
 
     def observe(self, drafted: int, target_seconds: float, draft_seconds: float, draft_decoded: int) -> None:
+        self._ratios = None
+        self.target.setdefault(drafted, RecentMedian()).add(target_seconds)
         if drafted == 0:
-            self.plain.add(target_seconds)
             return
-        self.batch.setdefault(drafted, Ewma(self._smoothing)).add(target_seconds)
         if draft_decoded <= drafted + 2:  # a regular step: the pending token(s), then one decode per draft
             self.draft.add(draft_seconds / drafted)
         elif draft_decoded >= 8:
@@ -123,13 +155,13 @@ class EstimatedCosts:
         return 1.0 + self._batch_slope * k
 
     def catch_up_ratio(self) -> float:
-        return self._draft_ratio
+        return self._draft_ratio / 2  # a batched token: measured 0.4-0.6 of a drafted one on 2 CPU cores
 
     def observe(self, drafted: int, target_seconds: float, draft_seconds: float, draft_decoded: int) -> None:
         pass
 
 
-def size_ratio(target_model, drafter) -> float:
+def size_ratio(target_model: Model, drafter: Drafter | None) -> float:
     """Draft weight bytes / target weight bytes (0 for a drafter without a model)."""
     seq = getattr(drafter, "seq", None)
     return seq.ctx.model.info.file_size / target_model.info.file_size if seq is not None else 0.0
@@ -168,13 +200,14 @@ class DraftPolicy:
         tuning: the policy's constants.
     """
 
-    def __init__(self, drafter=None, *, costs: Costs | None = None, estimate: Costs | None = None,
+    def __init__(self, drafter: Drafter | None = None, *, costs: Costs | None = None, estimate: Costs | None = None,
                  draft_size_ratio: float = 1.0, tuning: PolicyTuning = PolicyTuning()) -> None:
         self.drafter = drafter
         self.tuning = tuning
-        self.costs: Costs = costs if costs is not None else MeasuredCosts(tuning.smoothing)
+        self.costs: Costs = costs if costs is not None else MeasuredCosts()
         self.estimate: Costs = estimate if estimate is not None else EstimatedCosts(draft_size_ratio)
-        self.accepted, self.seen = tuning.alpha_prior, 1.0  # EWMAs of accepted and of accepted + rejected
+        self.accepted, self.seen = 2 * tuning.alpha_prior, 2.0  # discounted counts: accepted, accepted + rejected
+        self.verified = 0  # drafted tokens verified so far (not discounted)
         self.credit = 0.0  # probing allowed, in plain steps: earned while off, spent by probes
         self.lag = 0  # tokens decoded plainly since the drafter last ran: what a probe must catch up on
         self.off = False  # the latest adaptive choice found plain decoding faster
@@ -185,7 +218,7 @@ class DraftPolicy:
 
     @property
     def alpha(self) -> float:
-        """α̂: the EWMA estimate of accepted / (accepted + rejections)."""
+        """α̂ = accepted / (accepted + rejections), over exponentially discounted recent steps."""
         return self.accepted / self.seen
 
     def speedup(self, k: int, costs: Costs) -> float:
@@ -223,11 +256,11 @@ class DraftPolicy:
         if missing:
             # Explore until a drafted step was timed; a drafter that keeps proposing nothing is retried rarely.
             self._unmeasured += 1
-            if self._unmeasured <= 8 or self._unmeasured % 64 == 0:
-                return min(limit, tuning.explore_k), "", False
+            if self._unmeasured <= 16 or self._unmeasured % 64 == 0:
+                return min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]), "", False
             return 0, "adaptive: the drafter has proposed nothing to time yet", False
         k, speedup = self.best(limit, costs)
-        self.off = speedup <= 1.0 + tuning.margin
+        self.off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
         if not self.off:
             self.credit = 0.0
             self._steps_on += 1
@@ -257,10 +290,11 @@ class DraftPolicy:
         draft_s, verify_s, sampling_s = (a - b for a, b in zip(now[4:], pending.before[4:]))
         decoded = getattr(self.drafter, "n_decoded", 0) - pending.draft_decoded
         self.costs.observe(drafted, verify_s + sampling_s, draft_s, decoded)
+        self.verified += drafted
         if drafted:
-            w = self.tuning.smoothing
-            self.accepted += w * (accepted - self.accepted)
-            self.seen += w * (accepted + rejected - self.seen)
+            keep = 1.0 - self.tuning.forget
+            self.accepted = keep * self.accepted + accepted
+            self.seen = keep * self.seen + accepted + rejected
         self.lag = 0 if pending.k else self.lag + emitted
         if pending.off:
             self.credit += self.tuning.probe_budget

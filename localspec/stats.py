@@ -125,6 +125,8 @@ class Stats:
         if self.drafted:
             line += (f", acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted} drafted), "
                      f"{self.mean_tokens_per_pass:.2f} tokens/pass")
+            if self.speculation_off:
+                line += f", then plain ({self.speculation_off})"
         else:
             line += ", no speculation" + (f" ({self.speculation_off})" if self.speculation_off else "")
         return line
