@@ -1,7 +1,7 @@
 """The `localspec` command: argument parsing, logging set-up, and one-line errors.
 
 Subcommands live where their work is: `generate` here (the scripting face of the engine), the pair
-commands in `pairs_cli`, the chat app in `tui`. Every `LocalspecError` ends as one line on stderr and
+commands in `pairs_cli`, the chat app in `tui` (each adds its parsers through `register`). Every `LocalspecError` ends as one line on stderr and
 exit code 1; llama.cpp's own log goes to the log file, never over the user's terminal.
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import pairs_cli, tui
 from .errors import LocalspecError
 
 log = logging.getLogger("localspec.cli")
@@ -79,23 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
     gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
     gen.set_defaults(func=_generate)
-    for module in ("pairs_cli", "tui"):
-        _register(module, sub)
+    pairs_cli.register(sub)
+    tui.register(sub)
     return parser
-
-
-def _register(module: str, sub) -> None:
-    """Let a subcommand module add its parsers (each is optional while it is being built)."""
-    import importlib
-
-    try:
-        mod = importlib.import_module(f".{module}", __package__)
-    except ModuleNotFoundError as e:
-        if e.name != f"{__package__}.{module}":
-            raise
-        return
-    if hasattr(mod, "register"):
-        mod.register(sub)
 
 
 def _generate(args: argparse.Namespace) -> int:
