@@ -168,8 +168,9 @@ def adaptive_vs_plain(target: Path, drafts: dict[str, Path], tokens: int, rounds
                 costs, last = engine.policy.costs, gens[-1].stats
                 print(f"    {drafting}/{steps} steps drafted, {sum(g.stats.probes for g in gens)} probes, "
                       f"{sum(g.stats.accepted for g in gens)}/{sum(g.stats.drafted for g in gens)} drafts accepted; "
-                      f"learnt α̂ {engine.policy.alpha:.2f}, c {costs.draft_ratio():.2f}, v(1) {costs.batch_ratio(1):.2f}, "
-                      f"v({k}) {costs.batch_ratio(k):.2f}; last run: {last.speculation_off or 'speculating'}")
+                      f"learnt α̂ {engine.policy.alpha:.2f}, c {costs.draft_ratio():.2f}, "
+                      f"v(1) {costs.batch_ratio(1):.2f}, v({k}) {costs.batch_ratio(k):.2f}; "
+                      f"last run: {last.speculation_off or 'speculating'}")
 
 
 def ngram(target: Path, tokens: int, rounds: int, k: int) -> None:

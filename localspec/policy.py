@@ -254,7 +254,7 @@ class DraftPolicy:
         if missing == "plain":
             return 0, "adaptive: timing a plain step", False
         if missing:
-            # Explore until a drafted step was timed; a drafter that keeps proposing nothing is retried rarely.
+            # Explore until enough drafted steps were timed; a drafter that proposes nothing is retried rarely.
             self._unmeasured += 1
             if self._unmeasured <= 16 or self._unmeasured % 64 == 0:
                 return min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]), "", False

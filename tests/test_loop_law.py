@@ -26,7 +26,7 @@ PROMPT = [1, 3, 0, 4, 1, 3, 2, 0]
 TARGET = LogitTable(VOCAB, seed=0)
 DRAFT = LogitTable(VOCAB, seed=1, base=TARGET, noise=1.2)  # partial acceptance
 SAMPLING = SamplingParams(temperature=1.0, top_k=4, top_p=0.97, min_p=0.03, repeat_penalty=1.6, repeat_last_n=4)
-N_RUNS = 5000
+N_RUNS = 4000
 
 
 def step_law(prefix: list[int], params: SamplingParams) -> np.ndarray:

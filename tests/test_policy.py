@@ -50,7 +50,8 @@ def test_off_when_no_k_beats_plain_and_stats_say_why():
     stats = Stats()
     slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)  # a draft as slow as the target
     assert policy_with_alpha(0.6, slow).draft_length(True, 8, stats) == 0
-    assert stats.speculation_off.startswith("adaptive: plain decoding is faster") and "α̂ 0.60" in stats.speculation_off
+    reason = stats.speculation_off
+    assert reason.startswith("adaptive: plain decoding is faster") and "α̂ 0.60" in reason
     assert stats.steps_off == 1 and stats.steps_by_draft_length == [1]
 
 
