@@ -20,6 +20,7 @@ from localspec.cli import main
 PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at the top-4 boundary
 TOP_K = 4
 N_CTX = 64
+THREADS = 1  # these 0.3 MB models decode 10-100× slower on two threads when the cores are shared
 RUNS = {"pq": 6000, "match": 4000, "none": 3000}
 MODES = {
     "pq": ["--verify", "pq"],
@@ -34,7 +35,7 @@ class Reference:
     def __init__(self, target_path) -> None:
         self.min_gap = np.inf  # smallest gap between the 4th and 5th logit over the prefixes
         self.law: dict[tuple[int, ...], float] = {}
-        with backend.Model(target_path) as model, backend.Context(model, n_ctx=N_CTX) as ctx:
+        with backend.Model(target_path) as model, backend.Context(model, n_ctx=N_CTX, n_threads=THREADS) as ctx:
             self.prompt = model.tokenize(PROMPT, add_special=True)
             self._ctx = ctx
             self._walk([], 1.0)
@@ -76,15 +77,6 @@ class Reference:
         return worst
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One llama.cpp thread for these 0.3 MB models: two threads spin on barriers (10-100× slower when the
-    cores are shared). The reference and the CLI both run with it, so the comparison is unchanged."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(backend, "physical_cores", lambda: 1)
-        yield
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_models) -> Reference:
     return Reference(tiny_models.target)
@@ -109,7 +101,8 @@ def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys,
     draft = [] if mode == "none" else ["--draft", str(tiny_models.draft_noisy), "--draft-max", "2", "--no-adaptive"]
     code = main(["generate", PROMPT, "--target", str(tiny_models.target), *draft, *MODES[mode],
                  "--temperature", "1", "--top-k", str(TOP_K), "--top-p", "1", "--min-p", "0",
-                 "--max-tokens", "3", "--n", str(n), "--seed", "3", "--n-ctx", str(N_CTX), "--json"])
+                 "--max-tokens", "3", "--n", str(n), "--seed", "3", "--n-ctx", str(N_CTX), "--threads", str(THREADS),
+                 "--json"])
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == n
     index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
