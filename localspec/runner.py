@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .engine import Engine, SpeculativeParams
-from .errors import InvalidParamsError, LocalspecError
+from .errors import InvalidParamsError
 from .sampling import SamplingParams
 
 _SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 _SPEC_FLAGS = ("draft_max", "p_min", "verify", "adaptive")
+MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded
 
 
 def _pick(args: argparse.Namespace, settings: dict, names: tuple[str, ...]) -> dict:
@@ -51,21 +52,38 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, dict]:
     return resolve_pair_for_run(args.pair)  # no --pair: the default pair, or the offline demo
 
 
+def load_engine(target, draft, settings: dict, *, drafter: str | None = None, n_ctx: int | None = None,
+                n_gpu_layers: int | None = None, n_threads: int | None = None) -> Engine:
+    """Load target and draft with explicit options over the pair's settings (shared by generate and chat).
+
+    Args:
+        target, draft: model paths (draft may be None).
+        settings: the pair's defaults from `resolve_models` ({} for plain paths).
+        drafter: "model", "ngram", "model+ngram", "none"; None = model when there is a draft.
+
+    Raises:
+        LocalspecError: as `Engine.load`; a model drafter without a draft file.
+    """
+    drafter = drafter or ("model" if draft else "none")
+    if drafter in MODEL_DRAFTERS and draft is None:
+        raise InvalidParamsError(f"the drafter {drafter!r} needs a draft model: give --draft PATH, pick a pair, "
+                                 "or use --drafter ngram")
+    n_gpu_layers = n_gpu_layers if n_gpu_layers is not None else settings.get("n_gpu_layers")
+    return Engine.load(target, draft if drafter in MODEL_DRAFTERS else None, drafter=drafter,
+                       n_ctx=n_ctx or settings.get("n_ctx"), n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                       compat_hint=settings.get("compat_hint", ""))
+
+
 @contextmanager
 def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
     """Load the engine the flags describe; close it on exit."""
     target, draft, settings = resolve_models(args)
-    drafter = args.drafter or ("model" if draft else "none")
-    if drafter not in ("model", "model+ngram"):
-        draft = None
-    n_ctx = args.n_ctx or settings.get("n_ctx")
-    n_gpu_layers = args.n_gpu_layers if args.n_gpu_layers is not None else settings.get("n_gpu_layers")
-    engine = Engine.load(target, draft, drafter=drafter, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                         n_threads=args.threads, compat_hint=settings.get("compat_hint", ""))
+    engine = load_engine(target, draft, settings, drafter=args.drafter, n_ctx=args.n_ctx,
+                         n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     try:
         yield engine, settings
     finally:
         engine.close()
 
 
-__all__ = ["open_engine", "sampling_from_args", "spec_from_args", "resolve_models", "LocalspecError"]
+__all__ = ["open_engine", "load_engine", "sampling_from_args", "spec_from_args", "resolve_models"]

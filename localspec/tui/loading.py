@@ -16,9 +16,9 @@ from typing import Any
 from .. import demo
 from ..config import load_config
 from ..engine import Engine
-from ..errors import InvalidParamsError
 from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
 from ..paths import get_paths
+from ..runner import load_engine
 from .settings import MODEL_DRAFTERS, ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")
@@ -88,15 +88,10 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     """
     drafter = drafter or options.drafter or ("model" if choice.draft else "none")
     uses_model = drafter in MODEL_DRAFTERS
-    if uses_model and choice.draft is None:
-        raise InvalidParamsError(f"the drafter {drafter!r} needs a draft model: start with --draft PATH, pick a "
-                                 "pair, or use the ngram drafter")
-    n_ctx = options.n_ctx or choice.settings.get("n_ctx")  # None: the engine picks
-    n_gpu_layers = options.n_gpu_layers if options.n_gpu_layers is not None else choice.settings.get("n_gpu_layers")
     what = choice.target.name + (f" + {choice.draft.name}" if uses_model and choice.draft else "")
     progress(f"loading {what}…")
-    engine = Engine.load(choice.target, choice.draft if uses_model else None, drafter=drafter, n_ctx=n_ctx,
-                         n_gpu_layers=n_gpu_layers, n_threads=options.threads, compat_hint=choice.settings.get("compat_hint", ""))
+    engine = load_engine(choice.target, choice.draft, choice.settings, drafter=drafter, n_ctx=options.n_ctx,
+                         n_gpu_layers=options.n_gpu_layers, n_threads=options.threads)
     log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
     return Loaded(engine, choice, drafter)
 

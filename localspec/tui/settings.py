@@ -17,10 +17,9 @@ from typing import Any
 from ..drafters import DRAFTERS
 from ..engine import SpeculativeParams
 from ..errors import InvalidParamsError
-from ..runner import sampling_from_args, spec_from_args
+from ..runner import MODEL_DRAFTERS, sampling_from_args, spec_from_args
 from ..sampling import SamplingParams
 
-MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft file loaded
 OVERRIDE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "draft_max", "p_min", "verify",
                   "adaptive")
 DEFAULT_MAX_TOKENS = 1024
