@@ -62,12 +62,9 @@ def load_engine(target, draft, settings: dict, *, drafter: str | None = None, n_
         drafter: "model", "ngram", "model+ngram", "none"; None = model when there is a draft.
 
     Raises:
-        LocalspecError: as `Engine.load`; a model drafter without a draft file.
+        LocalspecError: as `Engine.load` (a model drafter without a draft file among them).
     """
     drafter = drafter or ("model" if draft else "none")
-    if drafter in MODEL_DRAFTERS and draft is None:
-        raise InvalidParamsError(f"the drafter {drafter!r} needs a draft model: give --draft PATH, pick a pair, "
-                                 "or use --drafter ngram")
     n_gpu_layers = n_gpu_layers if n_gpu_layers is not None else settings.get("n_gpu_layers")
     return Engine.load(target, draft if drafter in MODEL_DRAFTERS else None, drafter=drafter,
                        n_ctx=n_ctx or settings.get("n_ctx"), n_gpu_layers=n_gpu_layers, n_threads=n_threads,
