@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from .kv import KVSequence
-from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
+from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
 @dataclass(slots=True)
@@ -71,10 +71,10 @@ class ModelDrafter:
         if seq.needs_checkpoint:
             seq.checkpoint()
         out = Proposal()
-        recent = history[-sampling.repeat_last_n :] if sampling.penalised else []
+        recent = penalty_window(history, sampling)
         for i in range(k):
             logits = seq.ctx.logits(-1)  # (n_vocab,) view, valid until the next draft decode
-            context = recent + out.tokens if recent else out.tokens
+            context = recent + out.tokens
             if sample and not sampling.greedy:
                 dist = sampling_dist(logits, context, sampling)
                 token, confidence = dist.sample(rng), dist.top()[1]

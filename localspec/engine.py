@@ -23,7 +23,7 @@ from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
 from .errors import InvalidParamsError
 from .kv import KVSequence
 from .policy import DraftPolicy, size_ratio
-from .sampling import Dist, SamplingParams, greedy_token, sampling_dist
+from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats
 from .textstream import TextStream
 from .verify import verify_greedy, verify_match, verify_pq
@@ -77,7 +77,7 @@ class TargetRows(Sequence):
     def __getitem__(self, i: int):
         if i not in self._rows:
             logits = self._ctx.logits(i)  # (n_vocab,) view of batch row i
-            context = self._recent + self._drafts[:i] if self._recent else []
+            context = self._recent + self._drafts[:i]  # drafts x_1..x_i count as history for row i
             if self._greedy:
                 self._rows[i] = greedy_token(logits, context, self._sampling)
             else:
@@ -114,7 +114,7 @@ def speculative_step(
         target.checkpoint()
     target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)
     t2 = time.perf_counter()
-    recent = history[-sampling.repeat_last_n :] if sampling.penalised else []
+    recent = penalty_window(history, sampling)
     rows = TargetRows(target.ctx, recent, drafts.tokens, sampling, greedy=sampling.greedy)
     if sampling.greedy:
         n_accepted, token = verify_greedy(drafts.tokens, rows)

@@ -95,6 +95,11 @@ class Dist:
         return cls(ids[order].astype(np.int64), weights[order] / weights.sum())
 
 
+def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
+    """The tail of `history` the penalties look at ([] when no penalty is on, so callers skip the copy)."""
+    return history[-params.repeat_last_n :] if params.penalised else []
+
+
 def apply_penalties(logits: np.ndarray, history: list[int], params: SamplingParams) -> np.ndarray:
     """Return a penalised copy of `logits` (llama.cpp's rules) over the last `repeat_last_n` tokens."""
     counts = Counter(history[-params.repeat_last_n :])
