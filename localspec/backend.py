@@ -442,7 +442,6 @@ class Context:
             if first_out < n:
                 self._out[max(first_out, 0) : n] = 1
             self._batch.n_tokens = n
-            self._last_chunk = n
             rc = llama_cpp.llama_decode(self.handle, self._batch)
             if rc != 0:
                 if rc == 1:
@@ -459,6 +458,21 @@ class Context:
         if not ptr:
             raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def logits_block(self, n: int) -> np.ndarray:
+        """Rows 0..n-1 of the last decode's logits as one float32 view of shape (n, n_vocab).
+
+        llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
+        the rows are copied into one array.
+        """
+        first = llama_cpp.llama_get_logits_ith(self.handle, 0)
+        last = llama_cpp.llama_get_logits_ith(self.handle, n - 1)
+        if not first or not last:
+            raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
+        start = ctypes.addressof(first.contents)
+        if ctypes.addressof(last.contents) - start == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
+            return np.ctypeslib.as_array(first, shape=(n, self.n_vocab))
+        return np.stack([self.logits(i) for i in range(n)])
 
     def remove_from(self, pos: int) -> bool:
         """Remove every cell at position ≥ pos; False when the memory cannot drop a partial tail."""

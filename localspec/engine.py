@@ -24,7 +24,7 @@ from .errors import InvalidParamsError
 from .kv import KVSequence
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
-from .stats import Stats
+from .stats import Stats, Step
 from .textstream import TextStream
 from .verify import verify_greedy, verify_match, verify_pq
 
@@ -62,26 +62,40 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
 
 
-class TargetRows(Sequence):
+class TargetLaws(Sequence):
     """The target's sampling laws for the k+1 verified rows, computed lazily (row i sees x_1..x_i)."""
 
-    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams,
-                 *, greedy: bool) -> None:
+    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
-        self._greedy = greedy
-        self._rows: dict[int, Dist | int] = {}
+        self._rows: dict[int, Dist] = {}
 
     def __len__(self) -> int:
         return len(self._drafts) + 1
 
-    def __getitem__(self, i: int):
+    def __getitem__(self, i: int) -> Dist:
         if i not in self._rows:
-            logits = self._ctx.logits(i)  # (n_vocab,) view of batch row i
-            context = self._recent + self._drafts[:i]  # drafts x_1..x_i count as history for row i
-            if self._greedy:
-                self._rows[i] = greedy_token(logits, context, self._sampling)
-            else:
-                self._rows[i] = sampling_dist(logits, context, self._sampling)
+            # drafts x_1..x_i count as history for row i
+            self._rows[i] = sampling_dist(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
+        return self._rows[i]
+
+
+class TargetArgmax(Sequence):
+    """The target's greedy tokens for the k+1 verified rows: one argmax over the whole block of rows when no
+    penalty makes a row depend on the drafts before it, else row by row, lazily."""
+
+    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+        self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
+        self._rows: dict[int, int] = {}
+        if not recent:
+            block = ctx.logits_block(len(drafts) + 1)  # (k+1, n_vocab) view
+            self._rows = dict(enumerate(np.argmax(block, axis=1).tolist()))
+
+    def __len__(self) -> int:
+        return len(self._drafts) + 1
+
+    def __getitem__(self, i: int) -> int:
+        if i not in self._rows:
+            self._rows[i] = greedy_token(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
         return self._rows[i]
 
 
@@ -93,17 +107,18 @@ def speculative_step(
     sampling: SamplingParams,
     spec: SpeculativeParams,
     rng: np.random.Generator,
-    stats: Stats,
-) -> list[tuple[int, bool]]:
+) -> Step:
     """Emit the next tokens: draft k, verify in one target pass, roll back. k = 0 is plain decoding.
 
     The target's cache holds history[:-1] before and history[:-1] + emitted[:-1] after; the draft's
     holds at most that.
 
     Returns:
-        [(token, from_draft), …]: the accepted drafts, then one token sampled from the target.
+        What happened: the emitted tokens (the accepted drafts, then one token from the target), the
+        counts and the timings. `Stats` and the draft policy both learn from it.
     """
     verify = "pq" if spec.verify == "auto" else spec.verify
+    draft_decoded = drafter.n_decoded if drafter is not None else 0
     t0 = time.perf_counter()
     drafts = Proposal()
     if drafter is not None and k > 0:
@@ -115,22 +130,22 @@ def speculative_step(
     target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)
     t2 = time.perf_counter()
     recent = penalty_window(history, sampling)
-    rows = TargetRows(target.ctx, recent, drafts.tokens, sampling, greedy=sampling.greedy)
     if sampling.greedy:
-        n_accepted, token = verify_greedy(drafts.tokens, rows)
-    elif verify == "pq":
-        n_accepted, token = verify_pq(drafts.tokens, drafts.dists, rows, rng)
+        n_accepted, token = verify_greedy(drafts.tokens, TargetArgmax(target.ctx, recent, drafts.tokens, sampling))
     else:
-        n_accepted, token = verify_match(drafts.tokens, rows, rng)
+        laws = TargetLaws(target.ctx, recent, drafts.tokens, sampling)
+        if verify == "pq":
+            n_accepted, token = verify_pq(drafts.tokens, drafts.dists, laws, rng)
+        else:
+            n_accepted, token = verify_match(drafts.tokens, laws, rng)
     t3 = time.perf_counter()
     target.rollback_to(n + n_accepted)
     if drafter is not None:
         drafter.keep(n + n_accepted)
-    stats.seconds_draft += t1 - t0
-    stats.seconds_verify += t2 - t1 + time.perf_counter() - t3
-    stats.seconds_sampling += t3 - t2
-    stats.record_step(len(drafts.tokens), n_accepted, n_accepted + 1)
-    return [(t, True) for t in drafts.tokens[:n_accepted]] + [(token, False)]
+    tokens = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
+    return Step(tokens, len(drafts.tokens), n_accepted, seconds_draft=t1 - t0,
+                seconds_verify=t2 - t1 + time.perf_counter() - t3, seconds_sampling=t3 - t2,
+                draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded)
 
 
 class Generation:
@@ -180,6 +195,7 @@ class Generation:
     def _run(self) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
         t0 = time.perf_counter()
+        engine.policy.start()
         stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
         if engine.drafter is not None and engine.policy.wants_draft(self.spec.adaptive):
             stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
@@ -193,11 +209,11 @@ class Generation:
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
             k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats,
                                     timed=self.sampling.seed is None)
-            emitted = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec,
-                                       self.rng, stats)
+            step = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec, self.rng)
             engine.check_invariants()
-            engine.policy.observe(stats)
-            for token, from_draft in emitted:
+            stats.record_step(step)
+            engine.policy.observe(step)
+            for token, from_draft in step.tokens:
                 history.append(token)
                 self.tokens.append(token)
                 self.from_draft.append(from_draft)
@@ -308,7 +324,10 @@ class Engine:
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
         room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
         limit = max(0, min(spec.draft_max, remaining - 1, room))
-        return self.policy.draft_length(spec.adaptive, limit, stats, timed=timed)
+        choice = self.policy.choose(spec.adaptive, limit, timed=timed)
+        stats.record_choice(choice.k, choice.reason, probe=choice.probe)
+        stats.decision = self.policy.decision
+        return choice.k
 
     def generate(self, prompt: list[int], *, sampling: SamplingParams = SamplingParams(),
                  spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 256, stop: Sequence[str] = (),

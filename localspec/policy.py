@@ -2,8 +2,9 @@
 
 `DraftPolicy` keeps a recency-weighted estimate α̂ of the per-token acceptance and picks k = argmax
 E(k) / (k·c + v(k)) with `MeasuredCosts`, this machine's step costs learned from the loop's own timings.
-When no k ≥ 1 beats plain decoding it decodes plainly and probes again only from a small budget earned
-while plain.
+When no k ≥ 1 beats plain decoding it decodes plainly; each new generation opens with a short probe, and
+inside an answer probes are paid from a small budget earned while plain, so "off" is never final.
+It learns from the `Step` records the loop returns (one writer of the counters: the loop).
 With a fixed seed the choice must not depend on the clock (it would change the sampled text), so the
 costs are then estimated from the model sizes. One policy per `Engine`: it learns across turns.
 """
@@ -15,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from .stats import Stats
+from .stats import Decision, Step
 
 if TYPE_CHECKING:
     from .backend import Model
@@ -33,6 +34,9 @@ class PolicyTuning:
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
     explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
     retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
+    start_probe_steps: int = 2  # speculative steps that open each generation while off (a fresh look)
+    window: int = 12  # timings per kind of step that the medians look at
+    keep_on_start: int = 1  # newest timings kept when a generation starts (the probe's own soon outvote them)
 
 
 class Costs(Protocol):
@@ -58,6 +62,10 @@ class Costs(Protocol):
         """Record one step: k drafted tokens, the target's and the drafter's seconds, draft tokens decoded."""
         ...
 
+    def keep_newest(self, n: int) -> None:
+        """Forget all but the newest n timings of each kind (a new generation begins)."""
+        ...
+
 
 class RecentMedian:
     """The median of the last `window` timings: robust to the moments other processes took the cores, and
@@ -65,7 +73,7 @@ class RecentMedian:
 
     __slots__ = ("n", "_recent")
 
-    def __init__(self, window: int = 24) -> None:
+    def __init__(self, window: int = 12) -> None:
         self.n = 0
         self._recent: deque[float] = deque(maxlen=window)
 
@@ -73,13 +81,18 @@ class RecentMedian:
         self.n += 1
         self._recent.append(sample)
 
+    def keep_newest(self, n: int) -> None:
+        """Forget all but the newest n timings (a new generation: conditions may have changed)."""
+        while len(self._recent) > n:
+            self._recent.popleft()
+
     @property
     def value(self) -> float:
         return statistics.median(self._recent) if self._recent else 0.0
 
 
 class MeasuredCosts:
-    """Costs measured from the real step timings the loop already takes (`Stats.seconds_*`).
+    """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
     The target part of a step with k drafts is fitted by a line a + b·k over every k seen, plain steps
     (k = 0) included, so c = draft token / a and v(k) = (a + b·k) / a use all the data and extrapolate
@@ -128,6 +141,11 @@ class MeasuredCosts:
     def catch_up_ratio(self) -> float:
         return self._fit()[2]
 
+    def keep_newest(self, n: int) -> None:
+        self._ratios = None
+        for estimator in (*self.target.values(), self.draft, self.catch_up):
+            estimator.keep_newest(n)
+
     def observe(self, drafted: int, target_seconds: float, draft_seconds: float, draft_decoded: int) -> None:
         self._ratios = None
         self.target.setdefault(drafted, RecentMedian()).add(target_seconds)
@@ -160,6 +178,9 @@ class EstimatedCosts:
     def observe(self, drafted: int, target_seconds: float, draft_seconds: float, draft_decoded: int) -> None:
         pass
 
+    def keep_newest(self, n: int) -> None:
+        pass
+
 
 def size_ratio(target_model: Model, drafter: Drafter | None) -> float:
     """Draft weight bytes / target weight bytes (0 for a drafter without a model)."""
@@ -173,27 +194,24 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pending:
-    """What a step started from, to learn from its outcome in `DraftPolicy.observe`."""
+class Choice:
+    """The policy's draft length for the next step, and why it is 0 when it chose plain decoding."""
 
-    stats: Stats
-    before: tuple[int, int, int, int, float, float, float]  # see `_counters`
-    draft_decoded: int
     k: int
-    off: bool
-    probe: bool
-
-
-def _counters(stats: Stats) -> tuple[int, int, int, int, float, float, float]:
-    return (stats.drafted, stats.accepted, stats.rejections, stats.emitted, stats.seconds_draft,
-            stats.seconds_verify, stats.seconds_sampling)
+    reason: str = ""  # "" when speculating (or when k is fixed)
+    probe: bool = False  # a speculative step taken while off, to re-check the draft
 
 
 class DraftPolicy:
-    """Chooses k for each step and learns from the outcome; one per `Engine`, kept across generations.
+    """Chooses k for each step and learns from each `Step`; one per `Engine`, kept across generations.
+
+    No verdict is final: every generation starts with a short probe (`start`), so one bad moment — cold
+    caches, another process on the cores — cannot switch a good draft off for the session. Timings are
+    medians of recent steps, and a new generation keeps only the newest few, so the probe's own timings
+    decide. Inside a long answer, probes are paid from a budget earned while decoding plainly.
 
     Args:
-        drafter: the engine's drafter or None; its `n_decoded` tells drafting from catching up.
+        drafter: the engine's drafter or None.
         costs: the timed cost model (default: measured on this machine; tests inject fixed ones).
         estimate: the cost model of runs that must not read the clock (default: from `draft_size_ratio`).
         draft_size_ratio: draft weight bytes / target weight bytes (see `size_ratio`).
@@ -212,9 +230,13 @@ class DraftPolicy:
         self.lag = 0  # tokens decoded plainly since the drafter last ran: what a probe must catch up on
         self.off = False  # the latest adaptive choice found plain decoding faster
         self.reason = ""  # and why, in the words stats show
+        self.decision = Decision()
+        self._start_probes = 0  # speculative steps still owed to the probe that opens a generation
         self._steps_on = 0
         self._unmeasured = 0
-        self._pending: _Pending | None = None
+        self._last = Choice(0)
+        self._plain_rate = RecentMedian(tuning.window)  # tokens/s of recent plain steps
+        self._spec_rate = RecentMedian(tuning.window)  # tokens/s of recent speculative steps
 
     @property
     def alpha(self) -> float:
@@ -229,72 +251,89 @@ class DraftPolicy:
         """The k in 1..limit with the highest predicted speed-up, and that speed-up."""
         return max(((k, self.speedup(k, costs)) for k in range(1, limit + 1)), key=lambda pair: pair[1])
 
+    def start(self) -> None:
+        """A new generation begins: if speculation is off, it opens with a probe (the draft follows its prompt,
+        batched, as part of the prefill) and old timings give way to the probe's."""
+        if self.off:
+            self._start_probes = self.tuning.start_probe_steps
+            self.lag = 0
+            self.credit = 0.0  # the in-answer budget starts again from nothing
+        for estimator in (self._plain_rate, self._spec_rate):
+            estimator.keep_newest(self.tuning.keep_on_start)
+        self.costs.keep_newest(self.tuning.keep_on_start)
+
     def wants_draft(self, adaptive: bool) -> bool:
         """Whether the drafter should follow the prompt now (not while adaptive speculation is off)."""
-        return not (adaptive and self.off)
+        return not (adaptive and self.off) or self._start_probes > 0
 
-    def draft_length(self, adaptive: bool, limit: int, stats: Stats, *, timed: bool = True) -> int:
-        """k for the next step, at most `limit`; the choice and why it is 0 go into `stats`.
+    def choose(self, adaptive: bool, limit: int, *, timed: bool = True) -> Choice:
+        """The draft length for the next step, at most `limit`.
 
-        With `adaptive` off, k is `limit` (the fixed --draft-max, bounded by what is left). With `timed`
-        off (a fixed seed), the choice uses the estimated costs, so it never depends on the clock.
+        With `adaptive` off, k is `limit` (the fixed --draft-max, bounded by what is left). With `timed` off
+        (a fixed seed), the choice uses the estimated costs, so it never depends on the clock.
         """
         if adaptive and limit > 0:
-            k, reason, probe = self._decide(limit, self.costs if timed else self.estimate, timed)
+            choice = self._decide(limit, self.costs if timed else self.estimate, timed)
         else:
-            k, reason, probe = limit, self.reason if adaptive and self.off else "", False
-        stats.record_choice(k, reason, probe=probe)
-        n_decoded = getattr(self.drafter, "n_decoded", 0)
-        self._pending = _Pending(stats, _counters(stats), n_decoded, k, off=bool(reason), probe=probe)
-        return k
+            choice = Choice(limit, self.reason if adaptive and self.off else "")
+        self._last = choice
+        return choice
 
-    def _decide(self, limit: int, costs: Costs, timed: bool) -> tuple[int, str, bool]:
+    def _decide(self, limit: int, costs: Costs, timed: bool) -> Choice:
         tuning = self.tuning
         missing = costs.missing()
         if missing == "plain":
-            return 0, "adaptive: timing a plain step", False
+            return Choice(0, "adaptive: timing a plain step")
         if missing:
             # Explore until enough drafted steps were timed; a drafter that proposes nothing is retried rarely.
             self._unmeasured += 1
             if self._unmeasured <= 16 or self._unmeasured % 64 == 0:
-                return min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]), "", False
-            return 0, "adaptive: the drafter has proposed nothing to time yet", False
+                return Choice(min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]))
+            return Choice(0, "adaptive: the drafter has proposed nothing to time yet")
         k, speedup = self.best(limit, costs)
+        self._record_decision(k, speedup, costs)
         self.off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
         if not self.off:
             self.credit = 0.0
+            self._start_probes = 0
             self._steps_on += 1
             if timed and self._steps_on % tuning.retime_every == 0:
-                return 0, "adaptive: timing a plain step", False
-            return k, "", False
+                return Choice(0, "adaptive: timing a plain step")
+            return Choice(k)
+        if self._start_probes > 0:
+            self._start_probes -= 1
+            return Choice(k, probe=True)
         cost = self._probe_cost(k, costs)
         if self.credit >= cost:
             self.credit -= cost
-            return k, "", True
+            return Choice(k, probe=True)
         self.reason = (f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
                        f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)")
-        return 0, self.reason, False
+        return Choice(0, self.reason)
+
+    def _record_decision(self, k: int, speedup: float, costs: Costs) -> None:
+        plain, spec = self._plain_rate, self._spec_rate
+        measured = spec.value / plain.value if plain.n and spec.n and plain.value > 0 else 0.0
+        self.decision = Decision(draft_cost=costs.draft_ratio(), verify_cost=costs.batch_ratio(k), alpha=self.alpha,
+                                 predicted_speedup=speedup, measured_speedup=measured)
 
     def _probe_cost(self, k: int, costs: Costs) -> float:
         """Plain steps a probe with k drafts is expected to lose, catching up on the lag included."""
         return (self.lag * costs.catch_up_ratio() + k * costs.draft_ratio() + costs.batch_ratio(k)
                 - expected_tokens(self.alpha, k))
 
-    def observe(self, stats: Stats) -> None:
-        """Learn from the step just run on `stats` (call it right after `speculative_step`)."""
-        pending, self._pending = self._pending, None
-        if pending is None or pending.stats is not stats:
-            return
-        now = _counters(stats)
-        drafted, accepted, rejected, emitted = (a - b for a, b in zip(now[:4], pending.before[:4]))
-        draft_s, verify_s, sampling_s = (a - b for a, b in zip(now[4:], pending.before[4:]))
-        decoded = getattr(self.drafter, "n_decoded", 0) - pending.draft_decoded
-        self.costs.observe(drafted, verify_s + sampling_s, draft_s, decoded)
-        self.verified += drafted
-        if drafted:
+    def observe(self, step: Step) -> None:
+        """Learn from the step just run (call it with what `speculative_step` returned)."""
+        last, self._last = self._last, Choice(0)
+        self.costs.observe(step.drafted, step.seconds_verify + step.seconds_sampling, step.seconds_draft,
+                           step.draft_decoded)
+        self.verified += step.drafted
+        if step.drafted:
             keep = 1.0 - self.tuning.forget
-            self.accepted = keep * self.accepted + accepted
-            self.seen = keep * self.seen + accepted + rejected
-        self.lag = 0 if pending.k else self.lag + emitted
-        if pending.off:
+            self.accepted = keep * self.accepted + step.accepted
+            self.seen = keep * self.seen + step.accepted + step.rejected
+        if step.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
+            (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / step.seconds)
+        self.lag = 0 if last.k else self.lag + step.emitted
+        if last.reason and self.off:
             self.credit += self.tuning.probe_budget

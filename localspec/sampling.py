@@ -1,8 +1,20 @@
-"""The sampling transform shared by the draft and the target (DESIGN §2).
+"""The sampling transform shared by the draft and the target (DESIGN §2), at a cost that ignores the vocabulary.
 
 logits → repetition/frequency/presence penalties → temperature → softmax → top-k → top-p → min-p →
 renormalise. The result is a `Dist`: the exact law a token is drawn from, which speculative
 verification needs for both models. Randomness comes only from an injected numpy Generator.
+
+Nothing here sorts the vocabulary. A row of 262,144 logits is read once, as block maxima (`_Blocks`);
+the blocks whose maximum can reach the cut — the k-th largest value for top-k, max + T·ln(min_p) for
+min-p — give a small candidate set, and only the candidates are sorted and exponentiated in float64.
+The penalties touch at most `repeat_last_n` tokens, so they are applied to those alone (the candidate
+set is widened by that many so it stays exact). Top-p without top-k needs the softmax mass of the whole
+row, taken in float32 once and re-taken in float64 only when a cut falls within its rounding error. With
+every filter off the law is one float64 softmax over the row.
+
+Ties are broken one way everywhere: among equal values the lower token id comes first (greedy picks
+it, top-k keeps it, top-p counts it first). tests/sampling_reference.py holds the plain full-sort
+version of the same law, which the tests compare against.
 """
 
 from __future__ import annotations
@@ -56,9 +68,9 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class Dist:
-    """A sampling distribution over a sparse support, most probable token first."""
+    """A sampling distribution over a sparse support: token ids in ascending order, their probabilities."""
 
-    ids: np.ndarray  # (m,) int64 token ids
+    ids: np.ndarray  # (m,) int64, ascending, unique
     probs: np.ndarray  # (m,) float64, sums to 1
 
     @classmethod
@@ -67,12 +79,13 @@ class Dist:
 
     def prob(self, token: int) -> float:
         """Probability of `token` (0 outside the support)."""
-        hit = np.flatnonzero(self.ids == token)
-        return float(self.probs[hit[0]]) if hit.size else 0.0
+        i = int(np.searchsorted(self.ids, token))
+        return float(self.probs[i]) if i < len(self.ids) and self.ids[i] == token else 0.0
 
     def top(self) -> tuple[int, float]:
-        """The most probable token and its probability."""
-        return int(self.ids[0]), float(self.probs[0])
+        """The most probable token (the lower id among equals) and its probability."""
+        i = int(np.argmax(self.probs))
+        return int(self.ids[i]), float(self.probs[i])
 
     def sample(self, rng: np.random.Generator) -> int:
         """Draw one token (inverse CDF: one uniform per draw)."""
@@ -88,11 +101,11 @@ class Dist:
 
     @classmethod
     def from_weights(cls, ids: np.ndarray, weights: np.ndarray) -> Dist:
-        """A `Dist` from non-negative weights on `ids` (zeros dropped, normalised here)."""
+        """A `Dist` from non-negative weights on distinct `ids` (zeros dropped, normalised here)."""
         keep = weights > 0
-        ids, weights = ids[keep], weights[keep]
-        order = np.argsort(-weights, kind="stable")
-        return cls(ids[order].astype(np.int64), weights[order] / weights.sum())
+        ids, weights = np.asarray(ids, dtype=np.int64)[keep], np.asarray(weights, dtype=np.float64)[keep]
+        order = np.argsort(ids, kind="stable")
+        return cls(ids[order], weights[order] / weights.sum())
 
 
 def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
@@ -100,60 +113,201 @@ def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
     return history[-params.repeat_last_n :] if params.penalised else []
 
 
-def apply_penalties(logits: np.ndarray, history: list[int], params: SamplingParams) -> np.ndarray:
-    """Return a penalised copy of `logits` (llama.cpp's rules) over the last `repeat_last_n` tokens."""
+_BLOCK = 256  # logits per block: a 262,144-token row is 1,024 block maxima
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_VALUES = np.zeros(0, dtype=np.float32)
+_CUT_MARGIN = 1e-4  # logits: a candidate threshold is lowered by this, so float rounding never loses a survivor
+_MASS_TOLERANCE = 1e-6  # relative: a top-p cut this close to the float32 mass is decided again in float64
+_WINDOWS = (7.0, 14.0, 28.0)  # top-p without top-k or min-p: candidates within this many T·nats of the max
+
+
+class _Blocks:
+    """One logits row seen as blocks of `_BLOCK` values and their maxima (one pass over the row)."""
+
+    __slots__ = ("row", "head", "tail", "maxima")
+
+    def __init__(self, row: np.ndarray) -> None:
+        n_head = row.shape[0] // _BLOCK * _BLOCK
+        self.row = row
+        self.head = row[:n_head].reshape(-1, _BLOCK)  # (n_blocks, _BLOCK) view
+        self.tail = row[n_head:]  # (< _BLOCK,) the rest
+        maxima = self.head.max(axis=1)
+        self.maxima = np.append(maxima, self.tail.max()) if self.tail.size else maxima
+
+    def lower_bound(self, need: int) -> float:
+        """A value t with at least `need` entries ≥ t: the need-th largest block maximum (or, past the number
+        of blocks, the exact need-th largest value)."""
+        n_max = self.maxima.shape[0]
+        if need <= n_max:
+            return float(np.partition(self.maxima, n_max - need)[n_max - need])
+        n = self.row.shape[0]
+        return float(np.partition(self.row, n - min(need, n))[n - min(need, n)])
+
+    def above(self, threshold: float) -> np.ndarray:
+        """Ascending ids of every entry ≥ threshold, reading only the blocks whose maximum reaches it."""
+        hit = np.flatnonzero(self.maxima >= threshold)
+        n_head = self.head.shape[0]
+        full = hit[hit < n_head]
+        rows, cols = np.nonzero(self.head[full] >= threshold)
+        ids = full[rows] * _BLOCK + cols
+        if hit.size and hit[-1] == n_head:  # the tail block
+            ids = np.concatenate([ids, n_head * _BLOCK + np.flatnonzero(self.tail >= threshold)])
+        return ids.astype(np.int64, copy=False)
+
+
+def _as_row(logits: np.ndarray) -> np.ndarray:
+    return logits if logits.dtype == np.float32 else logits.astype(np.float32)
+
+
+def _penalties(row: np.ndarray, history: list[int], params: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """(ascending ids, penalised float32 values) of the tokens the penalties change (llama.cpp's rules)."""
+    if not (params.penalised and history):
+        return _NO_IDS, _NO_VALUES
     counts = Counter(history[-params.repeat_last_n :])
-    out = np.array(logits, dtype=np.float32)
-    ids = np.fromiter(counts, dtype=np.int64, count=len(counts))
-    n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
-    vals = out[ids]
-    vals = np.where(vals > 0, vals / params.repeat_penalty, vals * params.repeat_penalty)
-    out[ids] = vals - n * params.frequency_penalty - params.presence_penalty
-    return out
+    ids = np.fromiter(sorted(counts), dtype=np.int64, count=len(counts))
+    n = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.float32, count=len(ids))
+    values = row[ids]
+    values = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
+    return ids, values - n * params.frequency_penalty - params.presence_penalty
+
+
+def _values(row: np.ndarray, ids: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates `ids` ∪ the penalised tokens, ascending, with their (penalised) values."""
+    if pen_ids.size:
+        ids = np.union1d(ids, pen_ids)
+    values = row[ids]
+    if pen_ids.size:
+        values[np.searchsorted(ids, pen_ids)] = pen_values
+    return ids, values
 
 
 def greedy_token(logits: np.ndarray, history: list[int], params: SamplingParams) -> int:
-    """The argmax after penalties (temperature 0)."""
-    if params.penalised and history:
-        logits = apply_penalties(logits, history, params)
-    return int(np.argmax(logits))
+    """The argmax after penalties (temperature 0); the lower id among equal values."""
+    row = _as_row(logits)
+    pen_ids, pen_values = _penalties(row, history, params)
+    if not pen_ids.size:
+        return int(np.argmax(row))
+    # The best unpenalised token is among the len(pen_ids) + 1 largest raw values.
+    blocks = _Blocks(row)
+    ids, values = _values(row, blocks.above(blocks.lower_bound(len(pen_ids) + 1)), pen_ids, pen_values)
+    return int(ids[np.argmax(values)])
 
 
 def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams) -> Dist:
     """The final sampling distribution for one row of logits.
 
     Args:
-        logits: (n_vocab,) raw logits (a view is fine; it is not modified).
+        logits: (n_vocab,) raw float32 logits (a view is fine; it is not modified).
         history: every token before this position (prompt + output, drafts accepted so far included).
         params: the shared transform settings; temperature 0 gives a one-hot at the argmax.
 
     Returns:
         The `Dist` a token at this position is drawn from.
     """
-    if params.penalised and history:
-        logits = apply_penalties(logits, history, params)
     if params.greedy:
-        return Dist.one_hot(int(np.argmax(logits)))
-    n_vocab = logits.shape[0]
+        return Dist.one_hot(greedy_token(logits, history, params))
+    row = _as_row(logits)
+    pen_ids, pen_values = _penalties(row, history, params)
+    n_vocab = row.shape[0]
     if 0 < params.top_k < n_vocab:
-        ids = np.argpartition(logits, n_vocab - params.top_k)[n_vocab - params.top_k :]
-    else:
-        ids = np.arange(n_vocab)
-    scaled = logits[ids].astype(np.float64) / params.temperature  # (m,)
-    order = np.argsort(-scaled, kind="stable")
-    ids, scaled = ids[order], scaled[order]
-    probs = np.exp(scaled - scaled[0])
-    probs /= probs.sum()
-    keep = len(probs)
-    if params.top_p < 1.0:
-        keep = min(keep, int(np.searchsorted(np.cumsum(probs), params.top_p, side="left")) + 1)
+        # The top_k largest after penalties lie among the top_k + len(pen_ids) largest raw values ∪ pen_ids.
+        blocks = _Blocks(row)
+        need = min(n_vocab, params.top_k + len(pen_ids))
+        ids, values = _values(row, blocks.above(blocks.lower_bound(need)), pen_ids, pen_values)
+        order = np.argsort(-values, kind="stable")[: params.top_k]
+        return _cut(ids[order], values[order], params, None)  # normalised over the top-k set
+    if params.min_p == 0 and params.top_p == 1:
+        return _softmax(row, pen_ids, pen_values, params.temperature)
+    blocks = _Blocks(row)
+    # A lower bound of the penalised row's maximum: the best unpenalised value is among the len(pen_ids) + 1
+    # largest raw values (when any token is unpenalised), and each penalised value is a candidate.
+    best_raw = blocks.lower_bound(len(pen_ids) + 1) if len(pen_ids) < n_vocab else -math.inf
+    if pen_ids.size:
+        best_raw = max(best_raw, float(pen_values.max()))
+    mass = _RowMass(row, pen_ids, pen_values, params.temperature)
+    windows = [-params.temperature * math.log(params.min_p)] if params.min_p > 0 else [w * params.temperature
+                                                                                     for w in _WINDOWS]
+    for width in windows:
+        threshold = best_raw - width - _CUT_MARGIN
+        ids, values = _values(row, blocks.above(threshold), pen_ids, pen_values)
+        # Exactly the tokens whose penalised value reaches the threshold: a prefix of the row in sorted order.
+        level = values >= threshold
+        ids, values = ids[level], values[level]
+        order = np.argsort(-values, kind="stable")
+        dist = _cut(ids[order], values[order], params, mass)
+        if dist is not None:
+            return dist
+    return _softmax(row, pen_ids, pen_values, params.temperature, top_p=params.top_p)
+
+
+class _RowMass:
+    """Σ exp((v − m)/T) over the whole penalised row, m its maximum: what top-p without top-k divides by."""
+
+    def __init__(self, row: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray, temperature: float) -> None:
+        self.row, self.pen_ids, self.pen_values, self.temperature = row, pen_ids, pen_values, temperature
+        self._cache: dict[tuple[float, bool], float] = {}
+
+    def __call__(self, best: float, *, precise: bool = False) -> float:
+        key = (best, precise)
+        if key not in self._cache:
+            row = self.row.astype(np.float64 if precise else np.float32)  # a copy, penalised in place
+            row[self.pen_ids] = self.pen_values
+            total = float(np.exp((row - best) * (1.0 / self.temperature)).sum(dtype=np.float64))
+            self._cache[key] = total
+        return self._cache[key]
+
+
+def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _RowMass | None) -> Dist | None:
+    """Top-p, then min-p, on candidates sorted best first; None when top-p reaches past them.
+
+    `mass` is None when the candidates are the whole set the law is normalised over (the top-k set);
+    otherwise the candidates are a prefix of the penalised row in sorted order and `mass` gives the total.
+    """
+    scaled = values.astype(np.float64) / params.temperature
+    weights = np.exp(scaled - scaled[0])  # (m,) relative to the best, which has weight 1
+    keep = len(weights)
     if params.min_p > 0.0:
-        keep = min(keep, int(np.count_nonzero(probs >= params.min_p * probs[0])))
-    probs = probs[:keep] / probs[:keep].sum()
-    return Dist(ids[:keep].astype(np.int64), probs)
+        keep = int(np.count_nonzero(weights >= params.min_p))
+    if params.top_p < 1.0 and keep > 1:
+        cum = np.cumsum(weights)
+        if mass is None:
+            keep = min(keep, int(np.searchsorted(cum, params.top_p * cum[-1], side="left")) + 1)
+        # With min-p on, every token outside the candidates fails min-p, and the row's mass is at least
+        # cum[-1]: a cut past keep - 2 under that bound is no cut at all. Without min-p, look at the mass.
+        elif params.min_p == 0.0 or cum[keep - 2] >= params.top_p * cum[-1]:
+            total = mass(float(values[0]))
+            near = np.abs(cum - params.top_p * total) <= _MASS_TOLERANCE * total
+            if near[: keep].any():
+                total = mass(float(values[0]), precise=True)
+            cut = int(np.searchsorted(cum, params.top_p * total, side="left"))
+            if cut >= len(cum) and keep == len(cum) and params.min_p == 0.0:
+                return None  # top-p reaches past these candidates: widen the window
+            keep = min(keep, cut + 1)
+    ids, weights = ids[:keep], weights[:keep]
+    order = np.argsort(ids)
+    return Dist(ids[order], weights[order] / weights.sum())
+
+
+def _softmax(row: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray, temperature: float,
+             top_p: float = 1.0) -> Dist:
+    """The law over the whole vocabulary in float64 (no filter, or a top-p wider than every window)."""
+    scaled = row.astype(np.float64)
+    scaled[pen_ids] = pen_values
+    scaled /= temperature
+    weights = np.exp(scaled - scaled.max())
+    ids = np.arange(row.shape[0], dtype=np.int64)
+    if top_p < 1.0:  # the rare wide top-p: a full sort, once
+        order = np.argsort(-scaled, kind="stable")
+        cum = np.cumsum(weights[order])
+        keep = int(np.searchsorted(cum, top_p * cum[-1], side="left")) + 1
+        ids = np.sort(order[:keep])
+        weights = weights[ids]
+    return Dist(ids, weights / weights.sum())
 
 
 def top_probability(logits: np.ndarray) -> float:
     """Softmax probability of the argmax at temperature 1 (the draft's confidence, for p_min)."""
-    m = float(np.max(logits))
-    return 1.0 / float(np.sum(np.exp(logits - m, dtype=np.float64)))
+    row = _as_row(logits)
+    m = row.max()
+    return 1.0 / float(np.exp(row - m).sum(dtype=np.float64))

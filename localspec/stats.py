@@ -10,6 +10,42 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one step of the generation loop did: the one record `Stats` and the draft policy learn from."""
+
+    tokens: tuple[tuple[int, bool], ...]  # (token, from_draft) emitted: the accepted drafts, then the target's
+    drafted: int  # draft tokens verified
+    accepted: int  # of those, accepted
+    seconds_draft: float = 0.0  # drafting, the draft model's catch-up included
+    seconds_verify: float = 0.0  # the target's decode and rollback
+    seconds_sampling: float = 0.0  # the target's sampling laws and accept/reject
+    draft_decoded: int = 0  # tokens the draft model decoded (its drafts and any catch-up)
+
+    @property
+    def emitted(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def rejected(self) -> bool:
+        return self.accepted < self.drafted
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_draft + self.seconds_verify + self.seconds_sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The adaptive policy's inputs and verdict at its latest choice (shown by the stats panel and --json)."""
+
+    draft_cost: float = 0.0  # c: one drafted token / one plain target step
+    verify_cost: float = 0.0  # v(k): a step verifying k drafts / one plain target step, at the chosen k
+    alpha: float = 0.0  # α̂, the per-token acceptance the policy expects
+    predicted_speedup: float = 0.0  # E(k) / (k·c + v(k)) at the chosen (or best) k
+    measured_speedup: float = 0.0  # recent speculative steps' tokens/s over recent plain steps' (0 until both)
+
+
 @dataclass(slots=True)
 class Stats:
     """Counters and timings of one generation (or, merged, of a session)."""
@@ -34,6 +70,7 @@ class Stats:
     seconds_draft: float = 0.0
     seconds_verify: float = 0.0
     seconds_sampling: float = 0.0
+    decision: Decision = field(default_factory=Decision)  # the adaptive policy's latest inputs and verdict
 
     def record_choice(self, k: int, reason: str, *, probe: bool = False) -> None:
         """Record the draft length chosen for the next step, and why it is 0 when speculation is off."""
@@ -44,14 +81,17 @@ class Stats:
         self.steps_off += bool(reason)
         self.probes += probe
 
-    def record_step(self, k: int, n_accepted: int, n_emitted: int) -> None:
-        """Count one target pass that checked `k` drafts, accepted `n_accepted`, emitted `n_emitted`."""
+    def record_step(self, step: Step) -> None:
+        """Count one target pass: its drafts, what was accepted and emitted, and where the time went."""
+        k, n_accepted = step.drafted, step.accepted
         self.target_passes += 1
         self.drafted += k
         self.accepted += n_accepted
-        self.emitted += n_emitted
-        if n_accepted < k:
-            self.rejections += 1
+        self.emitted += step.emitted
+        self.rejections += step.rejected
+        self.seconds_draft += step.seconds_draft
+        self.seconds_verify += step.seconds_verify
+        self.seconds_sampling += step.seconds_sampling
         if k > len(self.drafted_by_position):
             grow = k - len(self.drafted_by_position)
             self.drafted_by_position.extend([0] * grow)
@@ -105,6 +145,7 @@ class Stats:
             for i, v in enumerate(theirs):
                 mine[i] += v
         self.draft_length, self.speculation_off = other.draft_length, other.speculation_off
+        self.decision = other.decision
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict: the counters plus every derived rate."""

@@ -72,16 +72,33 @@ def verify_pq(
 
 def residual(target: Dist, draft: Dist) -> Dist:
     """norm(max(0, target − draft)) over the union of supports; the target itself if that mass is ~0."""
-    ids = np.union1d(target.ids, draft.ids)  # (m,) sorted
-    mass = _on(ids, target) - _on(ids, draft)
+    ids, target_probs, draft_probs = _aligned(target, draft)
+    mass = target_probs - draft_probs
     np.maximum(mass, 0.0, out=mass)
     if mass.sum() <= 1e-12:
         return target
-    return Dist.from_weights(ids, mass)
+    keep = mass > 0
+    return Dist(ids[keep], mass[keep] / mass[keep].sum())
 
 
-def _on(ids: np.ndarray, dist: Dist) -> np.ndarray:
-    """`dist`'s probabilities at the sorted ids `ids` (a superset of its support)."""
-    out = np.zeros(len(ids))
-    out[np.searchsorted(ids, dist.ids)] = dist.probs
-    return out
+def _aligned(a: Dist, b: Dist) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, a's probabilities, b's probabilities) on the union of the two (ascending) supports.
+
+    The cost follows the supports, never the vocabulary: a support usually holds the other (a one-hot
+    draft inside the target's candidates), and then no merge is needed.
+    """
+    if a.ids.shape == b.ids.shape and np.array_equal(a.ids, b.ids):
+        return a.ids, a.probs, b.probs
+    big, small = (a, b) if len(a.ids) >= len(b.ids) else (b, a)
+    pos = np.searchsorted(big.ids, small.ids)
+    inside = pos < len(big.ids)
+    inside[inside] = big.ids[pos[inside]] == small.ids[inside]
+    if inside.all():
+        ids, on_big, on_small = big.ids, big.probs, np.zeros(len(big.ids))
+        on_small[pos] = small.probs
+    else:
+        ids = np.union1d(big.ids, small.ids)
+        on_big, on_small = np.zeros(len(ids)), np.zeros(len(ids))
+        on_big[np.searchsorted(ids, big.ids)] = big.probs
+        on_small[np.searchsorted(ids, small.ids)] = small.probs
+    return (ids, on_big, on_small) if big is a else (ids, on_small, on_big)

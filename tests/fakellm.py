@@ -75,6 +75,9 @@ class TableContext:
         assert row is not None, f"no logits for batch row {i}"
         return row
 
+    def logits_block(self, n: int) -> np.ndarray:
+        return np.stack([self.logits(i) for i in range(n)])  # (n, n_vocab)
+
     def remove_from(self, pos: int) -> bool:
         del self.tokens[pos:]
         return True

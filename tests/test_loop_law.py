@@ -30,10 +30,10 @@ N_RUNS = 4000
 
 
 def step_law(prefix: list[int], params: SamplingParams) -> np.ndarray:
-    """The target's sampling law (VOCAB,) after `prefix`, from the shared transform."""
-    from localspec.sampling import sampling_dist
+    """The target's sampling law (VOCAB,) after `prefix`, from the full-sort reference of the transform."""
+    from sampling_reference import reference_dense
 
-    return sampling_dist(TARGET.logits(tuple(prefix)), prefix, params).dense(VOCAB)
+    return reference_dense(TARGET.logits(tuple(prefix)), prefix, params)
 
 
 def exact_law(params: SamplingParams, n_tokens: int = 3) -> np.ndarray:

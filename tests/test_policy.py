@@ -8,9 +8,9 @@ import pytest
 
 from fakellm import LogitTable, fake_engine
 from localspec.engine import SpeculativeParams
-from localspec.policy import DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
+from localspec.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
 from localspec.sampling import SamplingParams
-from localspec.stats import Stats
+from localspec.stats import Stats, Step
 
 CHEAP = EstimatedCosts(draft_ratio=0.05, batch_slope=0.1)  # a GPU-like pair: drafting pays off easily
 
@@ -28,42 +28,45 @@ def test_expected_tokens_per_pass():
 
 
 def test_k_grows_with_the_acceptance_estimate():
-    ks = [policy_with_alpha(a).draft_length(True, 8, Stats()) for a in (0.5, 0.7, 0.85, 0.95)]
+    ks = [policy_with_alpha(a).choose(True, 8).k for a in (0.5, 0.7, 0.85, 0.95)]
     assert ks == sorted(ks) and ks[0] >= 1 and ks[-1] == 8
 
 
 def test_fixed_draft_length_when_not_adaptive():
-    stats = Stats()
-    assert policy_with_alpha(0.0).draft_length(False, 6, stats) == 6
-    assert (stats.draft_length, stats.speculation_off, stats.steps_off) == (6, "", 0)
+    assert policy_with_alpha(0.0).choose(False, 6) == Choice(6, "", probe=False)
 
 
 def test_not_judged_before_enough_drafts_were_verified():
     policy = policy_with_alpha(0.0, EstimatedCosts(draft_ratio=0.9, batch_slope=0.3))
     policy.verified = 0
-    stats = Stats()
-    ks = [policy.draft_length(True, 8, stats) for _ in range(3)]
+    ks = [policy.choose(True, 8).k for _ in range(3)]
     assert ks == [1, 1, 1] and not policy.off  # k is still the best guess; the verdict waits for evidence
 
 
 def test_off_when_no_k_beats_plain_and_stats_say_why():
-    stats = Stats()
     slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)  # a draft as slow as the target
-    assert policy_with_alpha(0.6, slow).draft_length(True, 8, stats) == 0
-    reason = stats.speculation_off
-    assert reason.startswith("adaptive: plain decoding is faster") and "α̂ 0.60" in reason
-    assert stats.steps_off == 1 and stats.steps_by_draft_length == [1]
+    policy = policy_with_alpha(0.6, slow)
+    choice = policy.choose(True, 8)
+    assert choice.k == 0 and not choice.probe
+    assert choice.reason.startswith("adaptive: plain decoding is faster") and "α̂ 0.60" in choice.reason
+    decision = policy.decision  # the inputs of the verdict, as the stats panel and --json show them
+    assert (decision.draft_cost, decision.alpha) == (pytest.approx(0.9), pytest.approx(0.6))
+    assert decision.verify_cost == pytest.approx(1.3) and decision.predicted_speedup < 1.0
 
 
 def simulate(policy: DraftPolicy, steps: int, accept_all: bool = False) -> tuple[Stats, list[int], float]:
     """Run the policy against a drafter whose drafts are all rejected (or all accepted)."""
     stats, ks, spent = Stats(), [], 0.0
     for _ in range(steps):
-        k = policy.draft_length(True, 8, stats)
-        if k and stats.probes and not accept_all:
+        choice = policy.choose(True, 8)
+        stats.record_choice(choice.k, choice.reason, probe=choice.probe)
+        k = choice.k
+        if k and choice.probe and not accept_all:
             spent += policy._probe_cost(k, policy.costs)
-        stats.record_step(k, k if accept_all else 0, k + 1 if accept_all else 1)
-        policy.observe(stats)
+        n_accepted = k if accept_all else 0
+        step = Step(((0, False),) * (n_accepted + 1), k, n_accepted)
+        stats.record_step(step)
+        policy.observe(step)
         ks.append(k)
     return stats, ks, spent
 
@@ -76,13 +79,18 @@ def test_probes_stay_within_the_budget():
     assert spent <= 0.03 * stats.steps_off + 1.0
 
 
-def test_no_probe_while_catching_up_would_cost_more_than_the_budget():
+def test_no_probe_inside_an_answer_while_catching_up_would_cost_more_than_the_budget():
     """A model draft must decode every plain token before it can draft again; at 10% of a target step per
-    token that alone is over budget, so it stays off (and the draft stops following the text)."""
+    token that alone is over budget, so inside one answer it stays off (and the draft stops following the
+    text) — until the next generation, which opens with a probe."""
     policy = policy_with_alpha(0.0, EstimatedCosts(draft_ratio=0.1, batch_slope=0.3))
     stats, _, _ = simulate(policy, 3000)
     assert stats.probes == 0 and stats.steps_off == 3000
     assert not policy.wants_draft(True) and policy.wants_draft(False)
+    policy.start()  # a new generation: never an absorbing "off"
+    assert policy.wants_draft(True)
+    stats, ks, _ = simulate(policy, 10)
+    assert ks[:2] == [1, 1] and stats.probes == 2 and ks[2:] == [0] * 8  # probed, still useless: off again
 
 
 def test_a_probe_that_succeeds_turns_speculation_back_on():
@@ -126,7 +134,9 @@ def test_useless_draft_goes_off_through_the_loop():
     assert gen.stats.speculation_off.startswith("adaptive: plain decoding is faster")
     assert engine.policy.alpha < 0.34
     second = run(engine, SamplingParams(temperature=1.0), n=20)
-    assert second.stats.draft_prefill_decoded == 0  # while off, the draft does not follow new prompts
+    # The next generation opens with a probe: the draft follows the prompt again, drafts twice, then is off.
+    assert second.stats.probes == 2 and second.stats.drafted == 2
+    assert second.stats.speculation_off.startswith("adaptive: plain decoding is faster")
 
 
 class ClockCosts(MeasuredCosts):
@@ -162,3 +172,58 @@ def test_measured_costs_explore_then_decide_on_a_real_clock():
     assert counts[0] >= 2 and sum(counts[1:]) >= 1  # timed plain steps, then at least one drafted step
     assert engine.policy.costs.missing() is None
     assert np.isfinite(engine.policy.costs.draft_ratio())
+
+
+class InjectedCosts(MeasuredCosts):
+    """Measured costs fed by the steps' own (injected) seconds — the policy's real cost model."""
+
+
+def timed_step(k: int, accepted: int, *, plain: float, draft_token: float, slope: float = 0.2) -> Step:
+    """A step with injected timings: target part plain·(1 + slope·k), draft part k·draft_token."""
+    return Step(((0, False),) * (accepted + 1), k, accepted, seconds_draft=k * draft_token,
+                seconds_verify=plain * (1 + slope * k), draft_decoded=k)
+
+
+def run_turn(policy: DraftPolicy, steps: int, *, draft_token: float, alpha: float, plain: float = 0.010) -> list[Choice]:
+    """One generation against a draft that is accepted with rate `alpha` (deterministically spread)."""
+    policy.start()
+    choices, credit = [], 0.0
+    for _ in range(steps):
+        choice = policy.choose(True, 8)
+        accepted = 0
+        for _ in range(choice.k):
+            credit += alpha
+            if credit < 1:
+                break
+            credit -= 1
+            accepted += 1
+        policy.observe(timed_step(choice.k, accepted, plain=plain, draft_token=draft_token))
+        choices.append(choice)
+    return choices
+
+
+def test_a_slow_first_turn_does_not_decide_the_session():
+    """Cold caches and a busy core make the first turn's drafting look 1.7× a target step: speculation goes
+    off. The next turn opens with a probe, its timings are normal again, and speculation is back on within it."""
+    policy = DraftPolicy(costs=InjectedCosts(), tuning=PolicyTuning())
+    first = run_turn(policy, 60, draft_token=0.017, alpha=0.96)
+    assert policy.off and first[-1].k == 0 and "plain decoding is faster" in first[-1].reason
+    second = run_turn(policy, 60, draft_token=0.001, alpha=0.96)
+    on_from = next(i for i, c in enumerate(second) if c.k and not c.probe)
+    assert on_from <= 10 and not policy.off
+    assert sum(c.k > 0 for c in second[on_from:]) >= 0.9 * len(second[on_from:])
+    assert policy.decision.predicted_speedup > 1.5 and policy.decision.measured_speedup > 1.5
+
+
+def test_a_useless_draft_stays_off_and_costs_under_five_percent():
+    """α = 0 over many short generations: each opens with a 2-step probe, and the time lost to probing and
+    exploring stays under 5% of plain decoding (costs from the injected timings: plain 10 ms, draft 3 ms)."""
+    policy = DraftPolicy(costs=InjectedCosts(), tuning=PolicyTuning())
+    plain, draft_token, slope = 0.010, 0.003, 0.2
+    spent = tokens = 0
+    for _ in range(30):
+        for choice in run_turn(policy, 40, draft_token=draft_token, alpha=0.0, plain=plain):
+            spent += plain * (1 + slope * choice.k) + choice.k * draft_token
+            tokens += 1  # nothing is ever accepted: one token per step
+    assert policy.off
+    assert (tokens * plain) / spent >= 0.95
