@@ -11,14 +11,22 @@ import ctypes
 import logging
 import os
 import sys
+import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-import llama_cpp
-from llama_cpp import llama_chat_format
+# llama.cpp's CPU backend runs on OpenMP, whose idle threads spin by default. On a machine where another
+# process holds a core (a browser, an editor, the chat app's own rendering) the spinning threads and that
+# process take turns and decoding collapses (measured: 20× slower with one busy core of two). Passive
+# waiting costs nothing measurable on idle cores. libgomp reads this when it is loaded, by the import
+# below, so it is set first; a value the user exported wins.
+OMP_WAIT_POLICY = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import llama_cpp  # noqa: E402  (must follow the OpenMP setting)
+from llama_cpp import llama_chat_format  # noqa: E402
 
 from .errors import ChatTemplateError, ContextError, ModelFileError
 
@@ -89,6 +97,13 @@ def physical_cores() -> int:
     except OSError:
         pass
     return os.cpu_count() or 1
+
+
+def default_threads() -> tuple[int, str]:
+    """Threads per context when none is asked for, and why (for `localspec doctor`)."""
+    cores = physical_cores()
+    return cores, (f"one per physical core ({cores}); idle threads wait passively (OMP_WAIT_POLICY="
+                   f"{OMP_WAIT_POLICY}), so a busy core slows decoding instead of stalling it")
 
 
 def system_info() -> str:
@@ -372,7 +387,7 @@ class Context:
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
         params.n_seq_max = 1
-        threads = n_threads or physical_cores()
+        threads = n_threads or default_threads()[0]
         params.n_threads = threads
         params.n_threads_batch = threads
         params.swa_full = swa_full
@@ -385,6 +400,8 @@ class Context:
                 "use a smaller --n-ctx"
             )
         self._handle = handle
+        self.n_threads = threads
+        self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
         self._mem = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -442,7 +459,9 @@ class Context:
             if first_out < n:
                 self._out[max(first_out, 0) : n] = 1
             self._batch.n_tokens = n
+            t0 = time.perf_counter()
             rc = llama_cpp.llama_decode(self.handle, self._batch)
+            self.seconds_decoding += time.perf_counter() - t0
             if rc != 0:
                 if rc == 1:
                     raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import pairs_cli, tui
+from . import bench_cli, pairs_cli, tui
 from .errors import LocalspecError
 
 log = logging.getLogger("localspec.cli")
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
     gen.set_defaults(func=_generate)
     pairs_cli.register(sub)
+    bench_cli.register(sub, add_model_args)
     tui.register(sub)
     return parser
 

@@ -115,6 +115,8 @@ def _compute_findings() -> list[Finding]:
     has_gpu = any(d.kind in ("gpu", "igpu") for d in devices)
     found.append(Finding("GPU offload", "yes" if has_gpu else "no (CPU only)", None if has_gpu else _gpu_advice()))
     found.append(Finding("CPU cores", f"{backend.physical_cores()} physical"))
+    threads, why = backend.default_threads()
+    found.append(Finding("threads", f"{threads}: {why}; override with --threads N or LOCALSPEC_THREADS"))
     found.append(Finding("system info", backend.system_info()))
     return found
 

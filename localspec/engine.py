@@ -307,6 +307,9 @@ class Engine:
             if draft_model is not None:
                 draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
                 draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True, n_threads)
+            for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
+                if seq is not None:
+                    seq.warm()
             return cls(target_model, target, make_drafter(drafter, draft), owned=owned)
         except BaseException:
             for obj in reversed(owned):
@@ -338,6 +341,13 @@ class Engine:
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Tokenize raw text for the target (BOS as the model wants; markup is NOT parsed)."""
         return self.target_model.tokenize(text, add_special=add_special, parse_special=False)
+
+    def seconds_decoding(self) -> float:
+        """Time spent inside llama_decode by both models so far (what is not Python)."""
+        seconds = self.target.ctx.seconds_decoding
+        if isinstance(self.drafter, ModelDrafter):
+            seconds += self.drafter.seq.ctx.seconds_decoding
+        return seconds
 
     def check_invariants(self) -> None:
         """Each cache holds exactly its token list (DESIGN §1, step 4)."""

@@ -70,6 +70,15 @@ class KVSequence:
         log.info("%s: rollback by %s", self.ctx.model.path.name, mode)
         return mode
 
+    def warm(self, rows: int = 9) -> None:
+        """Run a 1-row and a `rows`-row decode on the empty cache, then empty it again: llama.cpp allocates
+        and touches its buffers now, so the first timed steps of the first answer are not the cold ones."""
+        assert not self.tokens, "warm an empty sequence only"
+        rows = max(1, min(rows, self.ctx.n_ctx - 1))
+        self.ctx.decode([0], 0, outputs=1)
+        self.ctx.decode([0] * rows, 1, outputs=rows)
+        self.ctx.clear()
+
     def append(self, tokens: list[int], *, outputs: int = 1) -> None:
         """Decode `tokens` after the current ones; logits for the last `outputs` rows."""
         if tokens:

