@@ -10,7 +10,7 @@ from localspec.engine import Engine, SpeculativeParams
 from localspec.errors import InvalidParamsError
 from localspec.sampling import SamplingParams
 from localspec.session import ChatSession
-from localspec.stats import Stats
+from localspec.stats import Decision, Stats
 from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, render_stats, stream_generation
 from localspec.tui.settings import ChatOptions, ChatSettings
 from localspec.tui.widgets import answer_caption, code_blocks
@@ -62,6 +62,16 @@ def test_stats_panel_names_acceptance_and_tok_s():
     off = Stats(target_passes=3, emitted=3, speculation_off="adaptive: plain decoding is faster")
     shown = render_stats(StatsView(turn=off, draft_max=8)).plain
     assert "speculation   off\n  adaptive: plain decoding is faster\n" in shown
+    assert "policy" not in shown  # no decision taken yet: no numbers to show
+
+
+def test_stats_panel_shows_what_the_policy_decides_from():
+    turn = Stats(drafted=8, accepted=6, rejections=2, target_passes=4, emitted=10, draft_length=3,
+                 decision=Decision(draft_cost=0.31, verify_cost=1.42, alpha=0.93, predicted_speedup=2.1,
+                                   measured_speedup=1.87))
+    text = render_stats(StatsView(turn=turn, draft_max=8, adaptive=True)).plain
+    assert "policy        c 0.31 · v(k) 1.42 · α̂ 0.93" in text
+    assert "speed-up      predicted 2.10× · measured 1.87×" in text
 
 
 def test_rate_meter_and_runs():

@@ -202,6 +202,12 @@ def render_stats(view: StatsView) -> Text:
     _row(text, "tok/s now", f"{view.tokens_per_second_now:.1f}" if view.generating else "–")
     _row(text, "tok/s turn", f"{view.tokens_per_second_turn:.1f}" if turn.emitted else "–")
     _row(text, "tokens", f"{turn.emitted} in {turn.target_passes} passes")
+    decision = turn.decision
+    if view.adaptive and decision.predicted_speedup > 0:  # what the adaptive policy decides from
+        _row(text, "policy", f"c {decision.draft_cost:.2f} · v(k) {decision.verify_cost:.2f} · "
+                             f"α̂ {decision.alpha:.2f}")
+        measured = f"{decision.measured_speedup:.2f}×" if decision.measured_speedup else "–"
+        _row(text, "speed-up", f"predicted {decision.predicted_speedup:.2f}× · measured {measured}")
     _time_split(text, turn)
     text.append("\nacceptance by draft position\n", "bold")
     rates = turn.acceptance_by_position

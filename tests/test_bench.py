@@ -1,0 +1,79 @@
+"""`localspec bench` on the real tiny pair: every setting runs, the table and --json hold finite ratios, greedy
+divergences are reported with their top-2 gap, and a missing or broken peer is one note while the localspec
+rows still print."""
+
+from __future__ import annotations
+
+import json
+import math
+import stat
+
+import pytest
+
+from localspec.cli import main
+
+EXPECTED = {(0.0, "plain"), (0.0, "k=2"), (0.0, "k=3"), (0.0, "adaptive≤3"), (0.8, "plain"), (0.8, "k=2 pq"),
+            (0.8, "k=3 pq"), (0.8, "adaptive≤3 pq"), (0.8, "k=2 match"), (0.8, "k=3 match"),
+            (0.8, "adaptive≤3 match")}
+
+
+def bench(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
+    code = main(["bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.draft_noisy),
+                 "--tokens", "12", "--rounds", "1", "--k", "2,3", "--threads", "1", *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, localspec_home):
+    code, out, err = bench(capsys, tiny_models, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {(r["temperature"], r["setting"]): r for r in report["rows"]}
+    assert set(rows) == EXPECTED
+    for (t, name), r in rows.items():
+        for key in ("tokens_per_second", "ratio", "acceptance", "alpha", "tokens_per_pass", "draft_cost",
+                    "verify_cost", "predicted", "efficiency", "python_ms_per_step"):
+            assert math.isfinite(r[key]), (name, key, r[key])
+        assert r["tokens_per_second"] > 0 and r["ratio"] > 0
+        if name == "plain":
+            assert r["ratio"] == pytest.approx(1.0) and r["acceptance"] == 0
+        elif not name.startswith("adaptive"):
+            assert r["acceptance"] > 0 and r["draft_cost"] > 0 and r["verify_cost"] > 0 and r["predicted"] > 0
+            assert r["tokens_per_pass"] > 1
+    assert report["threads"] == 1 and report["machine"] and report["date"]
+    for r in report["rows"]:  # greedy divergences carry the target's top-2 gap at that token
+        for d in r["divergences"]:
+            assert d["index"] >= 0 and d["top2_gap"] >= 0
+
+
+def test_table_and_a_missing_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path):
+    code, out, err = bench(capsys, tiny_models, "--temperature", "0", "--peer", str(tmp_path / "nowhere"))
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.startswith("setting") and "×plain" in line for line in lines)
+    assert sum(line.startswith(("plain", "k=", "adaptive")) for line in lines) == 4
+    notes = [line for line in lines if line.startswith("note: llama-server")]
+    assert len(notes) == 1 and "no llama-server binary" in notes[0]
+    assert "Traceback" not in out + err
+
+
+def test_a_broken_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path):
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho 'error: unknown argument' >&2\nexit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    code, out, err = bench(capsys, tiny_models, "--temperature", "0", "--k", "2", "--peer", str(fake))
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("note: llama-server failed")]
+    assert len(notes) == 1 and "exited at start (code 3): error: unknown argument" in notes[0]
+    assert any(line.startswith("k=2") for line in out.splitlines())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--k", "2,x"], "--k takes a comma-separated list"),
+    (["--k", "0"], "--k values must be 1..64"),
+    (["--verify", "maybe"], "--verify takes pq and/or match"),
+    (["--tokens", "1"], "--tokens must be ≥ 2"),
+])
+def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
+    code, out, err = bench(capsys, tiny_models, *flags)
+    assert code == 1 and message in err and len(err.strip().splitlines()) == 1
