@@ -20,7 +20,6 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,8 +147,8 @@ class _Blocks:
         hit = np.flatnonzero(self.maxima >= threshold)
         n_head = self.head.shape[0]
         full = hit[hit < n_head]
-        rows, cols = np.nonzero(self.head[full] >= threshold)
-        ids = full[rows] * _BLOCK + cols
+        flat = np.flatnonzero(self.head[full] >= threshold)  # into the (len(full), _BLOCK) gathered blocks
+        ids = full[flat // _BLOCK] * _BLOCK + flat % _BLOCK
         if hit.size and hit[-1] == n_head:  # the tail block
             ids = np.concatenate([ids, n_head * _BLOCK + np.flatnonzero(self.tail >= threshold)])
         return ids.astype(np.int64, copy=False)
@@ -163,9 +162,8 @@ def _penalties(row: np.ndarray, history: list[int], params: SamplingParams) -> t
     """(ascending ids, penalised float32 values) of the tokens the penalties change (llama.cpp's rules)."""
     if not (params.penalised and history):
         return _NO_IDS, _NO_VALUES
-    counts = Counter(history[-params.repeat_last_n :])
-    ids = np.fromiter(sorted(counts), dtype=np.int64, count=len(counts))
-    n = np.fromiter((counts[i] for i in ids.tolist()), dtype=np.float32, count=len(ids))
+    ids, n = np.unique(np.asarray(history[-params.repeat_last_n :], dtype=np.int64), return_counts=True)
+    n = n.astype(np.float32)
     values = row[ids]
     values = np.where(values > 0, values / params.repeat_penalty, values * params.repeat_penalty)
     return ids, values - n * params.frequency_penalty - params.presence_penalty
