@@ -253,11 +253,13 @@ class DraftPolicy:
 
     def start(self) -> None:
         """A new generation begins: if speculation is off, it opens with a probe (the draft follows its prompt,
-        batched, as part of the prefill) and old timings give way to the probe's."""
-        if self.off:
-            self._start_probes = self.tuning.start_probe_steps
-            self.lag = 0
-            self.credit = 0.0  # the in-answer budget starts again from nothing
+        batched, as part of the prefill) and old timings give way to the probe's (conditions may have changed:
+        the caches are warm now, or the other process on the cores is gone)."""
+        if not self.off:
+            return  # speculation is on: nothing to re-check
+        self._start_probes = self.tuning.start_probe_steps
+        self.lag = 0
+        self.credit = 0.0  # the in-answer budget starts again from nothing
         for estimator in (self._plain_rate, self._spec_rate):
             estimator.keep_newest(self.tuning.keep_on_start)
         self.costs.keep_newest(self.tuning.keep_on_start)
