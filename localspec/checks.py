@@ -15,7 +15,7 @@ from .errors import InvalidParamsError, LocalspecError
 from .textinput import clean
 
 THREADS_ENV = "LOCALSPEC_THREADS"
-N_CTX_MIN, N_CTX_MAX = 16, 1 << 24
+N_CTX_MIN, N_CTX_MAX = 16, 2**31 - 1
 SEED_MAX = 2**64 - 1
 TOP_K_MAX = 2**31 - 1
 N_MAX = 10_000
