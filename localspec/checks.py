@@ -76,7 +76,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     from .sampling import SamplingParams
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
-    _bounded(args, "n_gpu_layers", -1)
+    _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
     _bounded(args, "seed", 0, SEED_MAX)
     _bounded(args, "top_k", 0, TOP_K_MAX)
     _bounded(args, "max_tokens", 1)

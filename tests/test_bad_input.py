@@ -103,6 +103,7 @@ CPUS = cpu_count()
     (["--n-ctx", "16"], 0, None),
     (["--n-ctx", str(2**40)], 1, "--n-ctx"),
     (["--n-gpu-layers", "-2"], 1, "--n-gpu-layers -2"),
+    (["--n-gpu-layers", str(2**31)], 1, "--n-gpu-layers"),
     (["--max-tokens", "0"], 1, "--max-tokens 0"),
     (["--max-tokens", "1"], 0, None),
     (["--n", "0"], 1, "--n 0"),
@@ -285,8 +286,7 @@ def _wait_for_output(proc: subprocess.Popen, n_bytes: int) -> None:
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", ["first-token", "mid-generation", "between-completions", "twice"])
 def test_signals(world, sig, code, moment):
-    n = 400 if moment == "between-completions" else 1
-    proc = _start(["generate", "the man said", "--max-tokens", "2000", "--n", n, "--temperature", "0.8",
+    proc = _start(["generate", "the man said", "--max-tokens", "2000", "--n", 400, "--temperature", "0.8",
                    "--seed", "3", "--no-adaptive", "--draft-max", "4"])
     try:
         _wait_for_output(proc, {"first-token": 1, "mid-generation": 200, "between-completions": 2000,
