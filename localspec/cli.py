@@ -19,14 +19,14 @@ from . import pairs_cli, tui
 from .checks import check_run_args
 from .errors import ContextError, LocalspecError
 from .interrupts import SignalGuard
-from .textinput import clean, read_stream, replaced_notice
+from .textinput import clean, one_line, read_stream, replaced_notice
 
 log = logging.getLogger("localspec.cli")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + error
-        self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"localspec: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except LocalspecError as e:
         log.info("error: %s", e)
-        print(f"localspec: error: {e}", file=sys.stderr)
+        print(f"localspec: error: {one_line(str(e))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:
         code = getattr(e, "exit_code", 130)

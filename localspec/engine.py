@@ -189,7 +189,8 @@ class Generation:
         engine, stats = self.engine, self.stats
         t0 = time.perf_counter()
         stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
-        if engine.drafter is not None and engine.policy.wants_draft(self.spec.adaptive):
+        drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx  # a shorter draft context
+        if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
             stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
         stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)

@@ -42,3 +42,12 @@ def read_stream(stream: BinaryIO | None) -> tuple[str, int]:
 def replaced_notice(n: int, what: str) -> str:
     """The note shown when `n` bytes of `what` were not UTF-8."""
     return f"{what} had {n} byte{'s' if n != 1 else ''} that are not UTF-8: each became U+FFFD"
+
+
+def one_line(message: str) -> str:
+    """A message as exactly one printable line: line breaks escaped, lone surrogates as \\udcXX."""
+    escaped = "".join(c.encode("unicode_escape").decode("ascii") if c in _BREAKS else c for c in message)
+    return escaped.encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")  # what str.splitlines() splits on
