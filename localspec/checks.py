@@ -78,7 +78,6 @@ def check_run_args(args: argparse.Namespace) -> None:
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
     _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
     _bounded(args, "seed", 0, SEED_MAX)
-    _bounded(args, "top_k", 0, TOP_K_MAX)
     _bounded(args, "max_tokens", 1)
     _bounded(args, "n", 1, N_MAX)
     if args.threads is not None:
@@ -86,6 +85,8 @@ def check_run_args(args: argparse.Namespace) -> None:
     else:
         args.threads = threads_from_env()
     SamplingParams(**{n: getattr(args, n) for n in _SAMPLING_FLAGS if getattr(args, n, None) is not None})
+    if (getattr(args, "top_k", None) or 0) > TOP_K_MAX:
+        raise InvalidParamsError(f"invalid sampling setting: top-k must be at most {TOP_K_MAX} (0 = off)")
     SpeculativeParams(**{n: getattr(args, n) for n in _SPEC_FLAGS if getattr(args, n, None) is not None})
     if getattr(args, "system", None) is not None and getattr(args, "chat", True) is False:
         raise InvalidParamsError("--system only applies with --chat: add --chat or drop --system")
