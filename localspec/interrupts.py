@@ -54,7 +54,9 @@ class SignalGuard:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # After a signal the command is exiting: a second one during interpreter shutdown (which
+            # restores the default handlers) would kill the process instead of letting it exit 130 / 143.
+            signal.signal(sig, signal.SIG_IGN if self.signum is not None else handler)
         if self._previous:
             sys.unraisablehook = self._hook
         self._previous.clear()

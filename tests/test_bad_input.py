@@ -271,36 +271,43 @@ def test_models_toml_damage(chat_home, capsys, damage, command):
 # --- signals at several moments -------------------------------------------------------------------------------
 
 def _start(args: list) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=dict(os.environ))
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # shared CPUs: spinning OpenMP threads crawl
+    return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
 
 
-def _wait_for_output(proc: subprocess.Popen, n_bytes: int) -> None:
-    got = 0
-    while got < n_bytes:
-        chunk = proc.stdout.read1(4096)
-        assert chunk, "the generation ended before the signal: make it longer"
-        got += len(chunk)
+def _wait_for_completions(proc: subprocess.Popen, n: int) -> list[bytes]:
+    """Read stderr until `n` completions have printed their stats line."""
+    lines = []
+    while sum(b"tok/s" in line for line in lines) < n:
+        line = proc.stderr.readline()
+        assert line, f"the command ended early: {b''.join(lines)!r}"
+        lines.append(line)
+    return lines
+
+
+MOMENTS = {  # completions to wait for, then seconds to wait: the signal lands in prefill, drafting or verifying
+    "after-first": (1, 0.0), "inside-second": (1, 0.02), "after-third": (3, 0.0), "twice": (2, 0.0)}
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("moment", ["first-token", "mid-generation", "between-completions", "twice"])
+@pytest.mark.parametrize("moment", MOMENTS)
 def test_signals(world, sig, code, moment):
-    proc = _start(["generate", "the man said", "--max-tokens", "2000", "--n", 400, "--temperature", "0.8",
-                   "--seed", "3", "--no-adaptive", "--draft-max", "4"])
+    proc = _start(["generate", "the man said", "--max-tokens", "24", "--n", 1000, "--temperature", "0.8",
+                   "--seed", "3", "--no-adaptive", "--draft-max", "4", "--threads", "1"])
     try:
-        _wait_for_output(proc, {"first-token": 1, "mid-generation": 200, "between-completions": 2000,
-                                "twice": 50}[moment])
+        completions, delay = MOMENTS[moment]
+        early = _wait_for_completions(proc, completions)
+        time.sleep(delay)
         proc.send_signal(sig)
         if moment == "twice":
-            time.sleep(0.01)
             proc.send_signal(sig)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     from badinput import Outcome
 
-    outcome = Outcome(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+    outcome = Outcome(proc.returncode, "", (b"".join(early) + err).decode("utf-8", "replace"))
     assert_outcome(outcome, code, "localspec: terminated" if code == 143 else "localspec: interrupted",
                    log_file=world.log_file)
     assert outcome.err.splitlines()[-1] in ("localspec: interrupted", "localspec: terminated")
