@@ -175,7 +175,7 @@ class Model:
             n_gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
-        handle = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
+        handle = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
         if not handle:
             raise ModelFileError(
                 f"could not load {self.path}: the file is truncated or corrupt, or its architecture is not "
@@ -254,7 +254,7 @@ class Model:
             add_special: add BOS (and EOS) as the model is configured to.
             parse_special: turn markup such as `<|im_end|>` into control tokens. Keep False for user text.
         """
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", errors="replace")  # lone surrogates become "?" (callers clean text first)
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()
         n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)

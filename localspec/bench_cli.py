@@ -33,6 +33,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .runner import load_engine, resolve_models
     from .session import ChatFormat, Message
 
+    from .checks import check_run_args
+
+    check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
     ks = bench.parse_list(args.k, int, "k")
     temperatures = bench.parse_list(args.temperature, float, "temperature")
     verifies = bench.parse_list(args.verify, str, "verify")

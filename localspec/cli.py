@@ -10,26 +10,23 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 
 import numpy as np
 
 from . import bench_cli, pairs_cli, tui
-from .errors import LocalspecError
+from .checks import check_run_args
+from .errors import ContextError, LocalspecError
+from .interrupts import SignalGuard
+from .textinput import clean, one_line, read_stream, replaced_notice
 
 log = logging.getLogger("localspec.cli")
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + error
-        self.exit(2, f"localspec: error: {message} (see `{self.prog} --help`)\n")
-
-
-def _env_threads() -> int | None:
-    value = os.environ.get("LOCALSPEC_THREADS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else None
+        self.exit(2, f"localspec: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -44,8 +41,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "(default: model with --draft/--pair, else none)")
     p.add_argument("--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)")
     p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
-    p.add_argument("--threads", type=int, default=_env_threads(),
-                   help="CPU threads (default: $LOCALSPEC_THREADS, else one per physical core)")
+    p.add_argument("--threads", type=int,
+                   help="CPU threads, 1 to the CPU count (default: $LOCALSPEC_THREADS, else one per physical core)")
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
 
 
@@ -72,13 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="also log to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser("generate", help="complete a prompt (stdin when PROMPT is absent)")
-    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent")
+    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent (bytes that are not UTF-8 "
+                                               "become U+FFFD, with a note)")
     add_model_args(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--system", help="system prompt (with --chat)")
     gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
     gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
+    gen.add_argument("--truncate", action="store_true",
+                     help="drop the start of a prompt too long for the context (default: an error)")
     gen.set_defaults(func=_generate)
     pairs_cli.register(sub)
     bench_cli.register(sub, add_model_args)
@@ -86,13 +86,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _read_prompt(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The prompt as valid text, and a note when bytes had to be replaced."""
+    if args.prompt is not None:
+        prompt, replaced = clean(args.prompt)
+    else:
+        prompt, replaced = read_stream(getattr(sys.stdin, "buffer", None))
+    return prompt, [replaced_notice(replaced, "the prompt")] if replaced else []
+
+
+def _fit_prompt(tokens: list[int], n_ctx: int, args: argparse.Namespace, bos: int) -> tuple[list[int], list[str]]:
+    """The prompt's tokens if they fit the context; with --truncate, its end (and BOS) made to fit."""
+    if len(tokens) < n_ctx:
+        return tokens, []
+    if not args.truncate:
+        raise ContextError(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten it, raise "
+                           "--n-ctx, or pass --truncate to drop its start")
+    head = tokens[:1] if tokens[0] == bos else []
+    keep = n_ctx - min(args.max_tokens, n_ctx // 2) - len(head)
+    kept = head + tokens[len(tokens) - keep:]
+    return kept, [f"the prompt was truncated: kept its last {len(kept)} of {len(tokens)} tokens to fit the "
+                  f"{n_ctx}-token context"]
+
+
 def _generate(args: argparse.Namespace) -> int:
+    with SignalGuard() as guard:  # SIGINT / SIGTERM: exit 130 / 143, caches consistent
+        return _generate_guarded(args, guard)
+
+
+def _generate_guarded(args: argparse.Namespace, guard: SignalGuard) -> int:
     from .runner import open_engine, sampling_from_args, spec_from_args
 
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
-    if args.n < 1:
-        raise LocalspecError("--n must be at least 1")
+    prompt, notices = _read_prompt(args)
     with open_engine(args) as (engine, settings):
+        guard.check()  # a signal during loading that a llama.cpp log callback swallowed
         if settings.get("notice"):
             print(f"localspec: note: {settings['notice']}", file=sys.stderr)
         sampling, spec = sampling_from_args(args, settings), spec_from_args(args, settings)
@@ -103,21 +130,40 @@ def _generate(args: argparse.Namespace) -> int:
             tokens = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template")).tokens(messages)
         else:
             tokens = engine.tokenize(prompt)
+        tokens, truncated = _fit_prompt(tokens, engine.n_ctx, args, engine.target_model.info.bos)
+        notices += truncated
+        for note in notices:
+            print(f"localspec: note: {note}", file=sys.stderr)
         rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
         for i in range(args.n):
             gen = engine.generate(tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens,
                                   stop=args.stop, rng=rng)
-            if args.json:
-                for _ in gen:
-                    pass
-                print(json.dumps(_completion_json(gen)), flush=True)
-            else:
-                for event in gen:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
-                sys.stdout.write("\n" if args.n == 1 or i == args.n - 1 else "\n\n")
-                print(gen.stats.summary(), file=sys.stderr)
+            gen.notices.extend(notices)
+            guard.generation = gen  # a signal now ends it between steps
+            _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
+            guard.generation = None
+            guard.check()
     return 0
+
+
+def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None:
+    """Run one completion: a JSON line, or streamed text, then its new notes and a stats line on stderr.
+
+    `printed`: how many of `gen.notices` (the prompt's) were already shown.
+    """
+    if args.json:
+        for _ in gen:
+            pass
+        print(json.dumps(_completion_json(gen)), flush=True)
+        return
+    for event in gen:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n" if last else "\n\n")
+    sys.stdout.flush()
+    for note in gen.notices[printed:]:
+        print(f"localspec: note: {note}", file=sys.stderr)
+    print(gen.stats.summary(), file=sys.stderr)
 
 
 def _completion_json(gen) -> dict:
@@ -143,10 +189,10 @@ def setup_logging(verbose: bool) -> None:
     try:
         log_file = get_paths().log_file
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8", errors="backslashreplace")
         handler.setLevel(logging.INFO)
-    except OSError:
-        handler = logging.NullHandler()
+    except (OSError, ValueError):
+        handler = logging.NullHandler()  # `localspec doctor` reports an unwritable log folder
     handler.setFormatter(fmt)
     root.addHandler(handler)
     if verbose:
@@ -156,22 +202,42 @@ def setup_logging(verbose: bool) -> None:
         root.addHandler(console)
 
 
+def prepare(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate the command line without loading anything (the fuzz tests' entry point).
+
+    Raises:
+        SystemExit: --help, or a usage error already printed as one line (code 2).
+        LocalspecError: a flag out of range, a missing model file, … (one line).
+    """
+    args = build_parser().parse_args(argv)
+    if args.command in ("generate", "chat"):
+        check_run_args(args)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `localspec` console script."""
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")  # no encoding error on a non-UTF-8 terminal
     try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as e:  # --help, or a usage error already printed as one line
-        return int(e.code or 0)
-    setup_logging(args.verbose)
-    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as e:  # --help, or a usage error already printed as one line
+            return int(e.code or 0)
+        setup_logging(args.verbose)
+        if args.command in ("generate", "chat"):
+            check_run_args(args)
         return args.func(args)
     except LocalspecError as e:
         log.info("error: %s", e)
-        print(f"localspec: error: {e}", file=sys.stderr)
+        print(f"localspec: error: {one_line(str(e))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("localspec: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        code = getattr(e, "exit_code", 130)
+        log.info("stopped by %s", "SIGTERM" if code == 143 else "SIGINT")
+        print("localspec: terminated" if code == 143 else "localspec: interrupted", file=sys.stderr)
+        return code
     except BrokenPipeError:
         return 0
 

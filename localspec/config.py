@@ -255,6 +255,8 @@ def read_models_file(path: Path) -> ModelsFile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): save it as UTF-8") from e
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML ({e}): fix the syntax") from e
     try:
@@ -295,6 +297,8 @@ def load_config(paths: Paths, *, bundled: Path | None = None) -> ModelsConfig:
     """
     bundled = bundled or bundled_config_file()
     layers: list[tuple[Literal["bundled", "user"], Path]] = [("bundled", bundled)]
+    if paths.config_file.is_dir():
+        raise ConfigError(f"{paths.config_file} is a folder: models.toml must be a file (move the folder away)")
     if paths.config_file.is_file():
         layers.append(("user", paths.config_file))
     pairs: dict[str, Pair] = {}

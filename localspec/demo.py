@@ -13,8 +13,9 @@ import logging
 import os
 from pathlib import Path
 
+from .checks import folder_problem
 from .errors import ModelFileError
-from .paths import Paths
+from .paths import HOME_ENV, Paths
 
 log = logging.getLogger("localspec.demo")
 
@@ -116,18 +117,22 @@ def dequantize_file(source: Path, dest: Path, *, f16: bool = False) -> Path:
         import gguf  # noqa: F401  (optional dependency: localspec[demo])
     except ImportError as e:
         raise ModelFileError(f"deriving the demo target needs the gguf package: {INSTALL_HINT}") from e
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    problem = folder_problem(dest.parent)
+    if problem:
+        raise ModelFileError(f"cannot write the demo target into {dest.parent}: {problem} — set {HOME_ENV} to a "
+                             "writable folder, or fix that one")
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     marker_tmp = tmp.with_suffix(".source")
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         _marker(dest).unlink(missing_ok=True)
         _write_dequantized(source, tmp, f16=f16)
         os.replace(tmp, dest)
         marker_tmp.write_text(_source_id(source), encoding="utf-8")
         os.replace(marker_tmp, _marker(dest))
     except (OSError, ValueError, NotImplementedError) as e:
-        raise ModelFileError(f"could not derive {dest.name} from {source}: {e} — check free disk space in "
-                             f"{dest.parent}") from e
+        raise ModelFileError(f"could not derive {dest.name} from {source}: {e} — check free disk space and "
+                             f"permissions in {dest.parent}") from e
     finally:
         tmp.unlink(missing_ok=True)
         marker_tmp.unlink(missing_ok=True)

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import backend, demo, hub
+from .checks import THREADS_ENV, cpu_count, folder_problem, threads_from_env
 from .config import ModelsConfig, bundled_config_file, load_config
-from .errors import ConfigError
+from .errors import ConfigError, InvalidParamsError
 from .pairs import pair_status
 from .paths import HOME_ENV, Paths
 
@@ -114,9 +115,8 @@ def _compute_findings() -> list[Finding]:
         found.append(Finding(f"device {d.name}", f"{d.description} ({d.kind}{memory})"))
     has_gpu = any(d.kind in ("gpu", "igpu") for d in devices)
     found.append(Finding("GPU offload", "yes" if has_gpu else "no (CPU only)", None if has_gpu else _gpu_advice()))
-    found.append(Finding("CPU cores", f"{backend.physical_cores()} physical"))
-    threads, why = backend.default_threads()
-    found.append(Finding("threads", f"{threads}: {why}; override with --threads N or LOCALSPEC_THREADS"))
+    found.append(Finding("CPU cores", f"{backend.physical_cores()} physical, {cpu_count()} usable threads"))
+    found.append(_threads_finding())
     found.append(Finding("system info", backend.system_info()))
     return found
 
@@ -136,8 +136,9 @@ def _file_findings(paths: Paths, config_error: str | None) -> list[Finding]:
         Finding("LOCALSPEC_HOME", home or "not set (platform folders)"),
         Finding("user models.toml", f"{user_file} — {user_state}"),
         Finding("bundled models.toml", str(bundled_config_file())),
-        Finding("data folder", str(paths.data_dir)),
-        Finding("log folder", str(paths.log_dir)),
+        _folder_finding("config folder", paths.config_dir),
+        _folder_finding("data folder", paths.data_dir),
+        _folder_finding("log folder", paths.log_dir),
         Finding("Hugging Face cache", f"{hub.cache_dir()} ({_free_space(hub.cache_dir())})"),
         Finding("huggingface_hub", _version("huggingface_hub")),
     ]
@@ -148,6 +149,27 @@ def _file_findings(paths: Paths, config_error: str | None) -> list[Finding]:
     if config_error:
         found.append(Finding("models.toml", "invalid", config_error))
     return found
+
+
+def _folder_finding(label: str, folder: Path) -> Finding:
+    """A folder localspec writes to, flagged when files cannot be created in it."""
+    problem = folder_problem(folder)
+    if problem is None:
+        return Finding(label, str(folder))
+    return Finding(label, f"{folder} — unusable: {problem}",
+                   f"set {HOME_ENV} to a writable folder, or fix that one (nothing can be saved there)")
+
+
+def _threads_finding() -> Finding:
+    """The thread count `generate` and `chat` would use without --threads."""
+    try:
+        from_env = threads_from_env()
+    except InvalidParamsError as e:
+        return Finding("threads", "invalid setting", str(e))
+    if from_env is not None:
+        return Finding("threads", f"{from_env} (from {THREADS_ENV})")
+    threads, why = backend.default_threads()
+    return Finding("threads", f"{threads}: {why}; --threads N or {THREADS_ENV} to change")
 
 
 def _size(n: int | None) -> str:

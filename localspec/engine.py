@@ -20,7 +20,7 @@ import numpy as np
 from . import backend
 from .compat import check_pair
 from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
-from .errors import InvalidParamsError
+from .errors import ContextError, InvalidParamsError
 from .kv import KVSequence
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
@@ -161,6 +161,9 @@ class Generation:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
         if max_tokens < 1:
             raise InvalidParamsError("max-tokens must be at least 1")
+        if len(prompt) >= engine.n_ctx:
+            raise ContextError(f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten "
+                               "it or raise --n-ctx")
         self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
         self.max_tokens = max_tokens
         self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
@@ -185,6 +188,11 @@ class Generation:
         start = time.perf_counter()
         try:
             yield from self._run()
+        except GeneratorExit:
+            raise  # closed at a yield: between steps, the caches are consistent
+        except BaseException:
+            self.engine.repair()  # a step cut short (Ctrl+C inside a decode or a rollback): roll it back
+            raise
         finally:
             self.stats.seconds = time.perf_counter() - start
             self.finish_reason = self.finish_reason or "cancelled"
@@ -197,7 +205,8 @@ class Generation:
         t0 = time.perf_counter()
         engine.policy.start()
         stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
-        if engine.drafter is not None and engine.policy.wants_draft(self.spec.adaptive):
+        drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx  # a shorter draft context
+        if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
             stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
         stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
@@ -233,6 +242,8 @@ class Generation:
         if self._cancel.is_set():
             return "cancelled"
         if len(history) > self.engine.n_ctx:  # the cache holds history[:-1]: no cell left for the last token
+            self.notices.append(f"the context is full ({self.engine.n_ctx} tokens): the answer was cut short; "
+                                "raise --n-ctx or shorten the prompt")
             return "length"
         return None
 
@@ -354,6 +365,12 @@ class Engine:
         self.target.check()
         if isinstance(self.drafter, ModelDrafter):
             self.drafter.seq.check()
+
+    def repair(self) -> None:
+        """Bring each cache back in line with its token list after an interrupted step (see `KVSequence.repair`)."""
+        self.target.repair()
+        if isinstance(self.drafter, ModelDrafter):
+            self.drafter.seq.repair()
 
     def close(self) -> None:
         """Free contexts and models now."""

@@ -156,6 +156,20 @@ class KVSequence:
         self.append(tokens[common:], outputs=outputs)
         return self.n_decoded - before
 
+    def repair(self) -> None:
+        """Make `tokens` and the cache agree again after an operation was cut short (Ctrl+C, an error).
+
+        An exception can land between a `llama_decode` and the bookkeeping after it, or between a
+        removal and the list update: the cache then holds more cells than `tokens` (drop them) or fewer
+        (forget the tokens it lost). A tail that cannot be dropped ends in a re-prefill.
+        """
+        self._checkpoint = None
+        held = self.ctx.pos_range()[1] + 1
+        if held < self.n_past:
+            del self.tokens[held:]
+        elif held > self.n_past and not (self.ctx.remove_from(self.n_past) and self._holds_prefix(self.n_past)):
+            self._refill(self.n_past)
+
     def check(self) -> None:
         """Assert the invariant: the cache holds exactly `tokens`, positions 0..n_past-1."""
         _, pos_max = self.ctx.pos_range()

@@ -466,6 +466,10 @@ class ChatApp(App[int]):
             await users.last().remove()
         if self.conversation_id is not None and turn.message_id is not None:
             self.store.delete_message(self.conversation_id, turn.message_id)
+            if not self.store.messages(self.conversation_id):
+                # Its title came from the message just taken back: a conversation of nothing is not kept.
+                self.store.delete(self.conversation_id)
+                self.conversation_id = None
         self.query_one(PromptInput).text = turn.text
 
     # --- actions --------------------------------------------------------------------------------------------

