@@ -16,9 +16,9 @@ from .errors import InvalidParamsError, LocalspecError
 def register(subparsers, add_model_args) -> None:
     p = subparsers.add_parser("bench", help="measure plain vs speculative speed side by side (and llama-server)")
     add_model_args(p)
-    p.add_argument("--k", default="2,4,8", help="fixed draft lengths to run (comma-separated; default 2,4,8)")
-    p.add_argument("--temperature", default="0,0.8", help="temperatures (default 0,0.8)")
-    p.add_argument("--verify", default="pq,match", help="verifications at T > 0 (default pq,match)")
+    p.add_argument("--k", dest="ks", default="2,4,8", help="fixed draft lengths to run (comma-separated; default 2,4,8)")
+    p.add_argument("--temperature", dest="temperatures", default="0,0.8", help="temperatures (default 0,0.8)")
+    p.add_argument("--verify", dest="verifies", default="pq,match", help="verifications at T > 0 (default pq,match)")
     p.add_argument("--prompts", help="a text file, one prompt per line (default: four built-in chat prompts)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per run (default 64)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over every prompt and setting (default 2)")
@@ -36,9 +36,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .checks import check_run_args
 
     check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
-    ks = bench.parse_list(args.k, int, "k")
-    temperatures = bench.parse_list(args.temperature, float, "temperature")
-    verifies = bench.parse_list(args.verify, str, "verify")
+    ks = bench.parse_list(args.ks, int, "k")
+    temperatures = bench.parse_list(args.temperatures, float, "temperature")
+    verifies = bench.parse_list(args.verifies, str, "verify")
     if any(k < 1 or k > 64 for k in ks) or any(t < 0 for t in temperatures):
         raise InvalidParamsError("--k values must be 1..64 and temperatures ≥ 0")
     if any(v not in ("pq", "match") for v in verifies):
