@@ -106,6 +106,8 @@ def _generate(args: argparse.Namespace) -> int:
         for i in range(args.n):
             gen = engine.generate(tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens,
                                   stop=args.stop, rng=rng)
+            if sys.stderr.isatty():
+                gen.on_prefill = _show_prefill
             if args.json:
                 for _ in gen:
                     pass
@@ -117,6 +119,13 @@ def _generate(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n" if args.n == 1 or i == args.n - 1 else "\n\n")
                 print(gen.stats.summary(), file=sys.stderr)
     return 0
+
+
+def _show_prefill(model: str, done: int, total: int) -> None:
+    """Progress of reading a long prompt, on one stderr line that the last step erases."""
+    line = f"localspec: reading the prompt into the {model}: {done:,}/{total:,} tokens"
+    sys.stderr.write(f"\r{line}" if done < total else "\r" + " " * len(line) + "\r")
+    sys.stderr.flush()
 
 
 def _completion_json(gen) -> dict:
