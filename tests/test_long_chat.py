@@ -64,7 +64,8 @@ def chat(session: ChatSession, turns: range, *, spec=SPEC, max_tokens=16, check=
 # --- the cache operation -----------------------------------------------------------------------------------
 
 
-def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models):
+@pytest.mark.parametrize("model", ["target", "swa"])
+def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model):
     """Removing a span and shifting the rest back gives the logits of leaving the rest where it was.
 
     Attention with RoPE sees only relative positions, so a cache whose first cells were removed WITHOUT a
@@ -73,8 +74,8 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models):
     """
     rng = np.random.default_rng(1)
     tokens = [1, *rng.integers(261, 800, 99).tolist()]
-    with backend.Model(tiny_models.target) as model:
-        with backend.Context(model, n_ctx=256) as ctx:
+    with backend.Model(getattr(tiny_models, model)) as model:
+        with backend.Context(model, n_ctx=256, swa_full=True) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens, outputs=0)
             assert seq.can_drop and seq.drop(0, 40)
@@ -83,7 +84,7 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models):
             assert ctx.pos_range() == (0, 59)
             seq.append([300], outputs=1)
             shifted = ctx.logits(-1).copy()
-        with backend.Context(model, n_ctx=256) as ctx:
+        with backend.Context(model, n_ctx=256, swa_full=True) as ctx:
             ctx.decode(tokens, 0, outputs=0)
             assert ctx.remove_span(0, 40) and ctx.pos_range() == (40, 99)
             ctx.decode([300], 100, outputs=1)
@@ -181,9 +182,12 @@ def test_greedy_speculative_equals_plain_after_a_shift(tiny_models, record_prope
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         session = ChatSession(engine, system="Be brief.")
         chat(session, range(30))
-        shifts = session.shifts
-        gen = session.send(question(30), sampling=GREEDY, spec=SPEC, max_tokens=40)
-        list(gen)
+        for i in range(30, 36):  # until a turn is shifted (most are, by now)
+            shifts = session.shifts
+            gen = session.send(question(i), sampling=GREEDY, spec=SPEC, max_tokens=40)
+            list(gen)
+            if session.shifts == shifts + 1:
+                break
         assert session.shifts == shifts + 1  # this very turn was shifted
         held = list(engine.target.tokens[: len(gen.prompt) - 1])
         again = session.regenerate(sampling=GREEDY, spec=PLAIN, max_tokens=40)
@@ -208,11 +212,14 @@ def test_speculative_sampling_follows_the_targets_law_on_the_shifted_cache(tiny_
         target = engine.target
         target.sync(prompt[:-1])
         assert target.n_dropped > 0
-        law: dict[tuple[int, int], float] = {}
+        law: dict[tuple[int, ...], float] = {}
         n = target.n_past
         target.append([prompt[-1]], outputs=1)
         first = _top4(target.ctx.logits(-1))
         for t1, p1 in first:
+            if t1 in engine.eog:
+                law[(t1,)] = p1  # the answer ends after one token
+                continue
             target.rollback_to(n + 1)
             target.append([t1], outputs=1)
             for t2, p2 in _top4(target.ctx.logits(-1)):
@@ -278,7 +285,7 @@ def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_model
             fresh.target.rollback_to(0)
             ref = fresh.generate(gen.prompt, sampling=GREEDY, spec=PLAIN, max_tokens=12)
             list(ref)
-            assert ref.tokens == gen.tokens
+            divergence(path, gen.prompt, ref.tokens, gen.tokens)  # none, or only at a near-tie
 
 
 def test_swa_pair_shifts_with_the_full_size_window_cache(tiny_models):
