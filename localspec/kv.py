@@ -108,6 +108,13 @@ class KVSequence:
         info = self.ctx.model.info
         return self.mode == "seq_rm" and not (info.is_recurrent or info.is_hybrid) and self.ctx.can_shift()
 
+    def can_drop_span(self, start: int, n: int) -> bool:
+        """True when `drop(start, n)` would succeed: the memory can shift, and a sliding-window cache
+        (without swa_full) keeps every cell the next token's window needs."""
+        n_swa = self.ctx.model.info.n_swa
+        window_safe = n_swa == 0 or self.ctx.swa_full or start + n <= self.n_past - n_swa
+        return window_safe and self.can_drop
+
     def drop(self, start: int, n: int) -> bool:
         """Remove tokens[start:start+n] from the cache and move the later ones n positions back.
 
@@ -115,12 +122,12 @@ class KVSequence:
         the model's state from now on, no longer the state a fresh prefill of `tokens` would give.
 
         Returns:
-            False when the memory cannot (see `can_drop`); nothing changed then.
+            False when the memory cannot (see `can_drop_span`); nothing changed then.
         """
         assert start >= 0 and n >= 0 and start + n <= self.n_past
         if n == 0:
             return True
-        if not self.can_drop:
+        if not self.can_drop_span(start, n):
             return False
         if start + n == self.n_past:
             self.rollback_to(start)

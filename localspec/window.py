@@ -81,10 +81,12 @@ def shift_caches(seqs: Sequence[KVSequence], old: Sequence[int], new: Sequence[i
     """
     target = seqs[0]
     plan = plan_shift(target.tokens, old, new)
-    if not worth_it(plan, target.tokens, new) or not can_shift(seqs):
+    if not worth_it(plan, target.tokens, new):
         return None
-    for seq in seqs:
-        own = plan if seq is target else plan_shift(seq.tokens, old, new)
+    plans = [plan_shift(seq.tokens, old, new) for seq in seqs]
+    if not all(own is None or seq.can_drop_span(own.start, own.n) for seq, own in zip(seqs, plans)):
+        return None
+    for seq, own in zip(seqs, plans):
         if own is not None and not seq.drop(own.start, own.n):
             # can_drop said yes; a refusal now means the memory is not what we think: start afresh.
             log.warning("%s: dropping a span failed; re-prefilling", seq.ctx.model.path.name)

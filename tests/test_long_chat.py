@@ -64,8 +64,8 @@ def chat(session: ChatSession, turns: range, *, spec=SPEC, max_tokens=16, check=
 # --- the cache operation -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["target", "swa"])
-def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model):
+@pytest.mark.parametrize(("model", "swa_full"), [("target", False), ("swa", True), ("swa", False)])
+def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model, swa_full):
     """Removing a span and shifting the rest back gives the logits of leaving the rest where it was.
 
     Attention with RoPE sees only relative positions, so a cache whose first cells were removed WITHOUT a
@@ -75,7 +75,7 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model)
     rng = np.random.default_rng(1)
     tokens = [1, *rng.integers(261, 800, 99).tolist()]
     with backend.Model(getattr(tiny_models, model)) as model:
-        with backend.Context(model, n_ctx=256, swa_full=True) as ctx:
+        with backend.Context(model, n_ctx=256, swa_full=swa_full) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens, outputs=0)
             assert seq.can_drop and seq.drop(0, 40)
@@ -84,7 +84,7 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model)
             assert ctx.pos_range() == (0, 59)
             seq.append([300], outputs=1)
             shifted = ctx.logits(-1).copy()
-        with backend.Context(model, n_ctx=256, swa_full=True) as ctx:
+        with backend.Context(model, n_ctx=256, swa_full=swa_full) as ctx:
             ctx.decode(tokens, 0, outputs=0)
             assert ctx.remove_span(0, 40) and ctx.pos_range() == (40, 99)
             ctx.decode([300], 100, outputs=1)
@@ -118,14 +118,18 @@ def test_recurrent_memory_cannot_drop_a_span(tiny_models):
         seq.check()
 
 
-@pytest.mark.parametrize(("swa_full", "shifts"), [(True, True), (False, False)])
-def test_sliding_window_cache_shifts_only_when_full_size(tiny_models, swa_full, shifts):
-    with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=256, swa_full=swa_full) as ctx:
+@pytest.mark.parametrize(("n_ctx", "swa_full", "shifts"), [(1024, True, True), (1024, False, False),
+                                                             (256, False, True)])
+def test_sliding_window_cache_shifts_where_llama_cpp_says_it_can(tiny_models, n_ctx, swa_full, shifts):
+    """A window cache smaller than n_ctx cannot shift; a full-size one can (swa_full, or a short n_ctx)."""
+    with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full) as ctx:
         seq = KVSequence(ctx)
         seq.append(list(range(300, 360)), outputs=0)
         assert seq.can_drop is shifts
         assert seq.drop(5, 10) is shifts
         seq.check()
+        if shifts and not swa_full:  # never a span that the next token's window (8) still needs
+            assert not seq.drop(40, 5) and len(seq.tokens) == 50
 
 
 def test_plan_shift_finds_the_dropped_span_and_checks_it():
@@ -141,7 +145,7 @@ def test_plan_shift_finds_the_dropped_span_and_checks_it():
     renumbered = sys_ + [20, 22] + c
     plan = plan_shift(old, old, renumbered)
     assert not plan.exact and plan.reused == common_prefix(sys_ + b + c, renumbered)
-    assert plan_shift(sys_ + a, old, new) is None  # the cache does not hold what the cut drops
+    assert plan_shift(sys_ + a[:2], old, new) is None  # the cache does not hold all that the cut drops
     assert plan_shift(old, old, old) is None
 
 
@@ -271,15 +275,18 @@ def test_a_template_that_renders_a_shortened_chat_differently_falls_back_to_bloc
         assert len(reads) <= session.block_drops + 1  # re-reads only at block drops, not every turn
 
 
-@pytest.mark.parametrize("model", ["recurrent", "swa"])
-def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_models, model):
-    """No shift possible: block drops; each answer equals a fresh engine's answer to the same prompt."""
+@pytest.mark.parametrize(("model", "n_ctx", "turns"), [("recurrent", 256, 30), ("swa", 1024, 90)])
+def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_models, model, n_ctx, turns):
+    """No shift possible: block drops; each answer equals a fresh engine's answer to the same prompt.
+
+    (A sliding-window cache is smaller than n_ctx at 1024 without swa_full, which is off without a draft.)
+    """
     path = getattr(tiny_models, model)
-    with Engine.load(path, drafter="none", n_ctx=256) as engine, \
-            Engine.load(path, drafter="none", n_ctx=256) as fresh:
+    with Engine.load(path, drafter="none", n_ctx=n_ctx) as engine, \
+            Engine.load(path, drafter="none", n_ctx=n_ctx) as fresh:
         session = ChatSession(engine, system="Be brief.")
         assert not engine.target.can_drop
-        gens = chat(session, range(30), spec=PLAIN, max_tokens=12)
+        gens = chat(session, range(turns), spec=PLAIN, max_tokens=12)
         assert session.block_drops >= 2 and session.shifts == 0
         for gen in gens[-4:]:
             fresh.target.rollback_to(0)
