@@ -50,19 +50,19 @@ def soak(target, draft, n_ctx: int, turns: int, max_tokens: int, quiet: bool) ->
         session = ChatSession(engine, system=SYSTEM)
         filled_at = None
         for i in range(turns):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             gen = session.send(message(i), sampling=sampling, spec=spec, max_tokens=max_tokens)
             for _ in gen:
                 pass
-            seconds = time.perf_counter() - t0
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
             if filled_at is None and session.dropped:
                 filled_at = i
-            row = {"turn": i + 1, "seconds": round(seconds, 3), "prompt": len(gen.prompt),
+            row = {"turn": i + 1, "seconds": round(seconds, 3), "cpu_seconds": round(cpu, 3), "prompt": len(gen.prompt),
                    "target_decoded": gen.stats.prefill_decoded, "draft_decoded": gen.stats.draft_prefill_decoded,
                    "emitted": len(gen.tokens), "dropped": session.dropped}
             rows.append(row)
             if not quiet:
-                print(f"  n_ctx {n_ctx} turn {i + 1:3d}: {seconds:6.2f} s  prompt {row['prompt']:5d}  "
+                print(f"  n_ctx {n_ctx} turn {i + 1:3d}: {seconds:6.2f} s (cpu {cpu:6.2f} s)  prompt {row['prompt']:5d}  "
                       f"read target {row['target_decoded']:5d} draft {row['draft_decoded']:5d}  "
                       f"answer {row['emitted']:2d}  dropped {session.dropped}", flush=True)
             if (i + 1) % 25 == 0 or i == 0:
@@ -70,20 +70,25 @@ def soak(target, draft, n_ctx: int, turns: int, max_tokens: int, quiet: bool) ->
                 print(f"  n_ctx {n_ctx} turn {i + 1:3d}: RSS {rss[-1][1]:.1f} MB  load {os.getloadavg()[0]:.2f}",
                       flush=True)
         shifts, blocks = getattr(session, "shifts", None), getattr(session, "block_drops", None)
-    before = [r["seconds"] for r in rows[: filled_at if filled_at is not None else len(rows)]]
-    after = [r["seconds"] for r in rows[filled_at:]] if filled_at is not None else []
+    cut = filled_at if filled_at is not None else len(rows)
+    before, after = [r["seconds"] for r in rows[:cut]], [r["seconds"] for r in rows[cut:]]
+    cpu_before, cpu_after = [r["cpu_seconds"] for r in rows[:cut]], [r["cpu_seconds"] for r in rows[cut:]]
     summary = {
         "n_ctx": n_ctx, "turns": turns, "filled_at_turn": None if filled_at is None else filled_at + 1,
         "median_before_s": round(statistics.median(before), 3) if before else None,
         "median_after_s": round(statistics.median(after), 3) if after else None,
-        "median_read_before": statistics.median(r["target_decoded"] for r in rows[: filled_at or len(rows)]),
-        "median_read_after": statistics.median(r["target_decoded"] for r in rows[filled_at:]) if after else None,
+        "median_cpu_before_s": round(statistics.median(cpu_before), 3) if before else None,
+        "median_cpu_after_s": round(statistics.median(cpu_after), 3) if after else None,
+        "median_read_before": statistics.median(r["target_decoded"] for r in rows[:cut]),
+        "median_read_after": statistics.median(r["target_decoded"] for r in rows[cut:]) if after else None,
+        "median_draft_read_after": statistics.median(r["draft_decoded"] for r in rows[cut:]) if after else None,
         "shifts": shifts, "block_drops": blocks, "rss_mb": rss,
         "rss_growth_pct": round(100 * (rss[-1][1] - rss[0][1]) / rss[0][1], 2) if len(rss) > 1 else None,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
     if summary["median_before_s"] and summary["median_after_s"]:
         summary["after_over_before"] = round(summary["median_after_s"] / summary["median_before_s"], 2)
+        summary["cpu_after_over_before"] = round(summary["median_cpu_after_s"] / summary["median_cpu_before_s"], 2)
     return summary
 
 
