@@ -175,11 +175,11 @@ class ChatSession:
                     if not window.worth_it(plan, self.engine.target.tokens, new_tokens):
                         self.shift_fallback = "the chat template renders a shortened conversation differently"
                         log.warning("no context shifting for this chat: %s", self.shift_fallback)
-                if self.shift_fallback is None:
-                    if window.shift_caches(seqs, tokens, new_tokens) is not None:
-                        self.shifts += 1
+                if self.shift_fallback is None and window.shift_caches(seqs, tokens, new_tokens) is not None:
+                    self.shifts += 1
                     return new_start, new_tokens
-        # A block drop: leave half the room free so the next re-read is many turns away.
+        # A block drop (the caches will re-read the window): leave half the room free so that the next
+        # re-read is many turns away.
         found = self._first_fit(system, turns, starts, room // 2) or self._first_fit(system, turns, starts, room)
         if found is None:
             raise ContextError(f"the last message does not fit in the context ({self.engine.n_ctx} tokens): "
