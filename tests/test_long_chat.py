@@ -346,3 +346,17 @@ def test_a_long_prefill_reports_progress_and_stops_with_consistent_caches(tiny_m
         list(full)
         assert full.stats.prefill_decoded == len(prompt) - 1 - 512  # resumes where it stopped
         assert full.finish_reason == "length"
+
+
+def test_the_chat_app_loop_reports_reading_a_long_prompt(tiny_models):
+    from localspec.tui.live import Finished, Reading, stream_generation
+
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=2048) as engine:
+        prompt = engine.tokenize(" ".join(WORDS * 60))
+        items = []
+        stream_generation(engine.generate(prompt, sampling=GREEDY, spec=SPEC, max_tokens=4), items.append)
+    readings = [item for item in items if isinstance(item, Reading)]
+    assert isinstance(items[-1], Finished) and items[-1].finish_reason == "length"
+    assert {r.model for r in readings} == {"target", "draft"}
+    assert readings[0].done < readings[0].total and "reading the conversation into the target" in readings[0].status()
+    assert readings[-1].done == readings[-1].total and readings[-1].status().startswith("generating")
