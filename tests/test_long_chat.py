@@ -305,19 +305,18 @@ def test_swa_pair_shifts_with_the_full_size_window_cache(tiny_models):
 
 
 def test_smollm2_long_chat_shifts_exactly_and_matches_plain_greedy(smollm2_path, record_property):
-    with Engine.load(smollm2_path, smollm2_path, n_ctx=512) as engine:
+    with Engine.load(smollm2_path, smollm2_path, n_ctx=256) as engine:
         session = ChatSession(engine, system="You are a helpful assistant.")
-        topics = ["cats", "the sea", "bread", "rain", "music", "trees", "stars", "bicycles", "tea", "snow",
-                  "rivers", "clocks", "maps", "bees", "salt", "glass"]
+        topics = ["cats", "the sea", "bread", "rain", "music", "trees", "stars", "bicycles", "tea", "snow"]
         gens = []
         for i, topic in enumerate(topics):
-            gen = session.send(f"Give me one short fact about {topic}.", sampling=GREEDY, spec=SPEC, max_tokens=24)
+            gen = session.send(f"Give me one short fact about {topic}.", sampling=GREEDY, spec=SPEC, max_tokens=16)
             list(gen)
             assert_caches_hold_the_fresh_rendering(session, gen)
             gens.append(gen)
         assert session.shifts >= 2 and session.render_mismatches == 0 and session.block_drops == 0
         assert gens[-1].stats.prefill_decoded < 60
-        again = session.regenerate(sampling=GREEDY, spec=PLAIN, max_tokens=24)
+        again = session.regenerate(sampling=GREEDY, spec=PLAIN, max_tokens=16)
         list(again)
         assert again.stats.prefill_decoded == 0
     near_tie = divergence(smollm2_path, gens[-1].prompt, again.tokens, gens[-1].tokens)
