@@ -1,11 +1,12 @@
 """Soak a long chat: many short turns on the offline demo pair, past a full context (issue #10).
 
-One `ChatSession` (speculation on, greedy, short answers) per n_ctx. Prints every turn's time and the
+One `ChatSession` (speculation on with a fixed k unless --adaptive, greedy, short answers) per n_ctx. Prints every turn's time and the
 tokens each model decoded, RSS every 25 turns, and a summary: median per-turn time before the context
 filled and after, their ratio, how the cuts were handled (shifts / block drops), RSS growth. Not a test:
 the numbers depend on the machine and its load (printed with them).
 
-    python benchmarks/soak_chat.py [--turns 300] [--n-ctx 2048 512] [--max-tokens 16] [--quiet]
+    python benchmarks/soak_chat.py [--turns 300] [--n-ctx 2048 512] [--max-tokens 16] [--draft-max 4]
+                                   [--adaptive] [--quiet] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,9 +43,8 @@ def message(i: int) -> str:
     return ASKS[i % len(ASKS)].format(TOPICS[(i * 7) % len(TOPICS)])
 
 
-def soak(target, draft, n_ctx: int, turns: int, max_tokens: int, quiet: bool) -> dict:
+def soak(target, draft, n_ctx: int, turns: int, max_tokens: int, quiet: bool, spec: SpeculativeParams) -> dict:
     sampling = SamplingParams(temperature=0)
-    spec = SpeculativeParams()
     rows, rss = [], []
     with Engine.load(target, draft, n_ctx=n_ctx) as engine:
         session = ChatSession(engine, system=SYSTEM)
@@ -97,6 +97,10 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--n-ctx", type=int, nargs="+", default=[2048, 512])
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--draft-max", type=int, default=4, help="draft length k (0 = plain decoding)")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="let the adaptive policy choose k and switch speculation off; the default keeps k "
+                             "fixed so that the curve measures the context, not the policy's choices under load")
     parser.add_argument("--quiet", action="store_true", help="no per-turn lines (RSS and the summary only)")
     parser.add_argument("--json", help="also write the summaries to this file")
     args = parser.parse_args()
@@ -108,7 +112,8 @@ def main() -> int:
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     summaries = []
     for n_ctx in args.n_ctx:
-        summary = soak(target, draft, n_ctx, args.turns, args.max_tokens, args.quiet)
+        spec = SpeculativeParams(draft_max=args.draft_max, adaptive=args.adaptive)
+        summary = soak(target, draft, n_ctx, args.turns, args.max_tokens, args.quiet, spec)
         summaries.append(summary)
         print(json.dumps(summary), flush=True)
     if args.json:
