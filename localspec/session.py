@@ -24,6 +24,11 @@ from .sampling import SamplingParams
 
 log = logging.getLogger("localspec.session")
 
+# A cut leaves the window this full (of the room left after the answer's reserve), like llama-server's
+# context shift: a turn's cost grows with the context it attends to, so a chat past the fill runs
+# between half and full, not always full; and a model that must re-read does so once per many turns.
+CUT_TO = 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class Message:
@@ -145,9 +150,9 @@ class ChatSession:
         """Tokens of the longest recent window of the conversation that leaves room for an answer.
 
         The window starts where the last one did (one rendering per turn while it fits). When it no
-        longer fits, a binary search over later user messages finds the new start, and the caches are
-        shifted to it (`window.shift_caches`), so only the new turn is decoded. Where they cannot be
-        shifted, the window drops to half the room at once: one re-read every many turns, not every turn.
+        longer fits, a binary search over later user messages finds the start that leaves it about half
+        full (`CUT_TO`), and the caches are shifted to it (`window.shift_caches`), so only the new turn
+        is decoded. Where they cannot be shifted they re-read the window: once per many turns.
         """
         n_ctx = self.engine.n_ctx
         room = n_ctx - min(max_tokens, n_ctx // 2)
@@ -166,7 +171,8 @@ class ChatSession:
         starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
         seqs = [seq for seq in (self.engine.target, getattr(self.engine.drafter, "seq", None)) if seq is not None]
         if window.can_shift(seqs) and self.shift_fallback is None:
-            found = self._first_fit(system, turns, starts, room)
+            found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
+                     or self._first_fit(system, turns, starts, room))
             if found is not None:
                 new_start, new_tokens = found
                 plan = window.plan_shift(self.engine.target.tokens, tokens, new_tokens)
@@ -178,9 +184,9 @@ class ChatSession:
                 if self.shift_fallback is None and window.shift_caches(seqs, tokens, new_tokens) is not None:
                     self.shifts += 1
                     return new_start, new_tokens
-        # A block drop (the caches will re-read the window): leave half the room free so that the next
-        # re-read is many turns away.
-        found = self._first_fit(system, turns, starts, room // 2) or self._first_fit(system, turns, starts, room)
+        # A block drop (the caches will re-read the window): the next re-read is many turns away.
+        found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
+                 or self._first_fit(system, turns, starts, room))
         if found is None:
             raise ContextError(f"the last message does not fit in the context ({self.engine.n_ctx} tokens): "
                                "shorten it or raise --n-ctx")

@@ -159,7 +159,7 @@ def test_turns_after_the_fill_decode_only_their_new_tokens_on_both_models(tiny_m
         gens = chat(session, range(40))
         first_cut = next(i for i, g in enumerate(gens) if g.notices)
         after = gens[first_cut:]
-        assert len(after) >= 10 and session.shifts >= len(after) - 1 and session.block_drops == 0
+        assert len(after) >= 10 and session.shifts >= 2 and session.block_drops == 0
         assert session.render_mismatches == 0 and session.shift_fallback is None
         for gen in after:  # the window holds 300+ tokens; a turn adds a few dozen
             assert gen.stats.prompt_tokens > 300
@@ -187,7 +187,7 @@ def test_greedy_speculative_equals_plain_after_a_shift(tiny_models, record_prope
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         session = ChatSession(engine, system="Be brief.")
         chat(session, range(30))
-        for i in range(30, 36):  # until a turn is shifted (most are, by now)
+        for i in range(30, 50):  # until a turn is shifted
             shifts = session.shifts
             gen = session.send(question(i), sampling=GREEDY, spec=SPEC, max_tokens=40)
             list(gen)
@@ -308,7 +308,8 @@ def test_swa_pair_shifts_with_the_full_size_window_cache(tiny_models):
 def test_smollm2_long_chat_shifts_exactly_and_matches_plain_greedy(smollm2_path, record_property):
     with Engine.load(smollm2_path, smollm2_path, n_ctx=256) as engine:
         session = ChatSession(engine, system="You are a helpful assistant.")
-        topics = ["cats", "the sea", "bread", "rain", "music", "trees", "stars", "bicycles", "tea", "snow"]
+        topics = ["cats", "the sea", "bread", "rain", "music", "trees", "stars", "bicycles", "tea", "snow",
+                  "rivers", "clocks", "maps", "bees", "salt", "glass"]
         gens = []
         for i, topic in enumerate(topics):
             gen = session.send(f"Give me one short fact about {topic}.", sampling=GREEDY, spec=SPEC, max_tokens=16)
