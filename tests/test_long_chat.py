@@ -161,8 +161,8 @@ def test_turns_after_the_fill_decode_only_their_new_tokens_on_both_models(tiny_m
         after = gens[first_cut:]
         assert len(after) >= 10 and session.shifts >= 2 and session.block_drops == 0
         assert session.render_mismatches == 0 and session.shift_fallback is None
-        for gen in after:  # the window holds 300+ tokens; a turn adds a few dozen
-            assert gen.stats.prompt_tokens > 300
+        for gen in after:  # the window holds 200+ tokens (half the room or more); a turn adds a few dozen
+            assert gen.stats.prompt_tokens > 200
             assert gen.stats.prefill_decoded < 80, gen.stats.prefill_decoded
             assert gen.stats.draft_prefill_decoded < 80, gen.stats.draft_prefill_decoded
         assert engine.target.n_dropped > 0 and engine.drafter.seq.n_dropped > 0
