@@ -497,6 +497,25 @@ class Context:
         """Remove every cell at position ≥ pos; False when the memory cannot drop a partial tail."""
         return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1))
 
+    def remove_span(self, start: int, end: int) -> bool:
+        """Remove the cells at positions start..end-1; False when the memory cannot (it is then unchanged)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
+
+    def can_shift(self) -> bool:
+        """True when this memory can move cells to other positions (`llama_memory_can_shift`).
+
+        False for sliding-window caches smaller than n_ctx and for some position encodings. Recurrent
+        memory says True, yet it cannot remove a span from the middle: check `remove_span` too.
+        """
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
+    def shift(self, start: int, delta: int) -> None:
+        """Add `delta` to the position of every cell at position ≥ start (`llama_memory_seq_add`).
+
+        The keys are re-rotated lazily, by the next `decode`.
+        """
+        llama_cpp.llama_memory_seq_add(self._mem, 0, start, -1, delta)
+
     def clear(self) -> None:
         """Empty the cache (always possible, for every kind of memory)."""
         llama_cpp.llama_memory_clear(self._mem, True)

@@ -139,6 +139,8 @@ def _generate_guarded(args: argparse.Namespace, guard: SignalGuard) -> int:
             gen = engine.generate(tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens,
                                   stop=args.stop, rng=rng)
             gen.notices.extend(notices)
+            if sys.stderr.isatty():
+                gen.on_prefill = _show_prefill
             guard.generation = gen  # a signal now ends it between steps
             _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
             guard.generation = None
@@ -164,6 +166,13 @@ def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None
     for note in gen.notices[printed:]:
         print(f"localspec: note: {note}", file=sys.stderr)
     print(gen.stats.summary(), file=sys.stderr)
+
+
+def _show_prefill(model: str, done: int, total: int) -> None:
+    """Progress of reading a long prompt, on one stderr line that the last step erases."""
+    line = f"localspec: reading the prompt into the {model}: {done:,}/{total:,} tokens"
+    sys.stderr.write(f"\r{line}" if done < total else "\r" + " " * len(line) + "\r")
+    sys.stderr.flush()
 
 
 def _completion_json(gen) -> dict:

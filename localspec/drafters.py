@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from .kv import KVSequence
+from .kv import KVSequence, Progress
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
@@ -42,8 +42,12 @@ class Drafter(Protocol):
         """The first n tokens of the history are final; forget any drafted state past them."""
         ...
 
-    def prefill(self, prompt: list[int]) -> int:
-        """Get ready to draft after `prompt`; returns the tokens decoded (0 for lookup drafters)."""
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
+        """Get ready to draft after `prompt`; returns the tokens decoded (0 for lookup drafters).
+
+        Raises:
+            PrefillStopped: `progress` asked to stop (see `KVSequence.append`).
+        """
         ...
 
 
@@ -90,9 +94,9 @@ class ModelDrafter:
                 seq.append([token], outputs=1)
         return out
 
-    def prefill(self, prompt: list[int]) -> int:
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         # Like the target, hold all but the last token; the first `propose` decodes it with logits.
-        return self.seq.sync(prompt[:-1])
+        return self.seq.sync(prompt[:-1], progress=progress)
 
     def keep(self, n: int) -> None:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the
@@ -120,7 +124,7 @@ class NgramDrafter:
         tokens = lookup(history, k, n_max=self.n_max, n_min=self.n_min)
         return Proposal(tokens, [None] * len(tokens))
 
-    def prefill(self, prompt: list[int]) -> int:
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         return 0
 
     def keep(self, n: int) -> None:

@@ -21,7 +21,7 @@ from . import backend
 from .compat import check_pair
 from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
 from .errors import ContextError, InvalidParamsError
-from .kv import KVSequence
+from .kv import KVSequence, PrefillStopped
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats, Step
@@ -32,6 +32,7 @@ log = logging.getLogger("localspec.engine")
 
 VERIFY_MODES = ("auto", "pq", "match")
 DEFAULT_N_CTX = 4096
+PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +174,8 @@ class Generation:
         self.finish_reason: str | None = None
         self.notices: list[str] = []  # things the user should be told (e.g. old turns dropped)
         self.on_finish: Callable[[Generation], None] | None = None
+        # Called as on_prefill(model, decoded, total) while a long prompt is read ("target" or "draft").
+        self.on_prefill: Callable[[str, int, int], None] | None = None
         self._text = TextStream(stop)
         self._cancel = threading.Event()
 
@@ -204,11 +207,18 @@ class Generation:
         engine, stats = self.engine, self.stats
         t0 = time.perf_counter()
         engine.policy.start()
-        stats.prefill_decoded = engine.target.sync(self.prompt[:-1])
-        drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx  # a shorter draft context
-        if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
-            stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt)
-        stats.seconds_prefill = time.perf_counter() - t0
+        try:
+            stats.prefill_decoded = engine.target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
+            drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx
+            if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
+                stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt,
+                                                                     progress=self._prefill_progress("draft"))
+        except PrefillStopped:  # Esc while reading a long prompt: the caches hold what was read so far
+            yield self._finish(None, "cancelled")
+            return
+        finally:
+            stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
         while True:
             reason = self._reason_to_stop(history)
@@ -237,6 +247,13 @@ class Generation:
                     yield self._finish(token, "length", from_draft, text)
                     return
                 yield TokenEvent(token, text, from_draft)
+
+    def _prefill_progress(self, model: str) -> Callable[[int, int], bool]:
+        def report(done: int, total: int) -> bool:
+            if self.on_prefill is not None and total >= PREFILL_REPORT_MIN:
+                self.on_prefill(model, done, total)
+            return not self._cancel.is_set()
+        return report
 
     def _reason_to_stop(self, history: list[int]) -> str | None:
         if self._cancel.is_set():

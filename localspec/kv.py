@@ -3,11 +3,14 @@
 Whatever is in the llama.cpp cache is exactly `tokens`, always: every append and rollback goes
 through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory and
 sliding-window caches that lost cells fall back to a state checkpoint, then to a full re-prefill.
+`drop` removes a span from the middle and shifts the rest back (context shifting), where the
+memory can move positions.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backend import Context
@@ -16,6 +19,13 @@ from .errors import ContextError
 log = logging.getLogger("localspec.kv")
 
 ROLLBACK_MODES = ("auto", "seq_rm", "checkpoint", "refill")
+PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
+
+Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
+
+
+class PrefillStopped(Exception):
+    """A progress callback asked to stop; the cache holds the tokens decoded so far (still consistent)."""
 
 
 @dataclass(slots=True)
@@ -41,6 +51,7 @@ class KVSequence:
         self.tokens: list[int] = []
         self.n_decoded = 0  # tokens sent through llama_decode (prefix reuse and rollback cost)
         self.n_refills = 0  # full re-prefills forced by a failed rollback
+        self.n_dropped = 0  # tokens removed from the middle by `drop` (context shifting)
         self.probed = rollback == "auto"
         self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
@@ -79,12 +90,64 @@ class KVSequence:
         self.ctx.decode([0] * rows, 1, outputs=rows)
         self.ctx.clear()
 
-    def append(self, tokens: list[int], *, outputs: int = 1) -> None:
-        """Decode `tokens` after the current ones; logits for the last `outputs` rows."""
-        if tokens:
-            self.ctx.decode(tokens, self.n_past, outputs=outputs)
-            self.tokens.extend(tokens)
-            self.n_decoded += len(tokens)
+    def append(self, tokens: list[int], *, outputs: int = 1, progress: Progress | None = None) -> None:
+        """Decode `tokens` after the current ones; logits for the last `outputs` rows.
+
+        With `progress`, decode in chunks and report after each one.
+
+        Raises:
+            PrefillStopped: `progress` returned False (the chunks decoded so far stay in the cache).
+        """
+        if progress is None or len(tokens) <= PROGRESS_CHUNK:
+            if tokens:
+                self.ctx.decode(tokens, self.n_past, outputs=outputs)
+                self.tokens.extend(tokens)
+                self.n_decoded += len(tokens)
+            return
+        for start in range(0, len(tokens), PROGRESS_CHUNK):
+            chunk = tokens[start : start + PROGRESS_CHUNK]
+            last = start + len(chunk) == len(tokens)
+            self.append(chunk, outputs=outputs if last else 0)
+            if not progress(start + len(chunk), len(tokens)) and not last:
+                raise PrefillStopped()
+
+    @property
+    def can_drop(self) -> bool:
+        """True when `drop` can remove a span from the middle (KV memory that can shift positions)."""
+        info = self.ctx.model.info
+        return self.mode == "seq_rm" and not (info.is_recurrent or info.is_hybrid) and self.ctx.can_shift()
+
+    def can_drop_span(self, start: int, n: int) -> bool:
+        """True when `drop(start, n)` would succeed: the memory can shift, and a sliding-window cache
+        (without swa_full) keeps every cell the next token's window needs."""
+        n_swa = self.ctx.model.info.n_swa
+        window_safe = n_swa == 0 or self.ctx.swa_full or start + n <= self.n_past - n_swa
+        return window_safe and self.can_drop
+
+    def drop(self, start: int, n: int) -> bool:
+        """Remove tokens[start:start+n] from the cache and move the later ones n positions back.
+
+        The later tokens keep their cells (their keys are re-rotated, not recomputed): the cache is
+        the model's state from now on, no longer the state a fresh prefill of `tokens` would give.
+
+        Returns:
+            False when the memory cannot (see `can_drop_span`); nothing changed then.
+        """
+        assert start >= 0 and n >= 0 and start + n <= self.n_past
+        if n == 0:
+            return True
+        if not self.can_drop_span(start, n):
+            return False
+        if start + n == self.n_past:
+            self.rollback_to(start)
+            return True
+        if not self.ctx.remove_span(start, start + n):
+            return False
+        self._checkpoint = None
+        self.ctx.shift(start + n, -n)
+        del self.tokens[start : start + n]
+        self.n_dropped += n
+        return True
 
     def checkpoint(self) -> None:
         """Save the state so a later `rollback_to` at or after this point can restore it."""
@@ -133,16 +196,20 @@ class KVSequence:
         self.tokens = []
         self.append(keep, outputs=0)
 
-    def sync(self, tokens: list[int], *, outputs: int = 0) -> int:
+    def sync(self, tokens: list[int], *, outputs: int = 0, progress: Progress | None = None) -> int:
         """Make the cache hold exactly `tokens`, reusing the longest common prefix.
 
         Args:
             tokens: the wanted history.
             outputs: rows at the end whose logits are needed (the last token is re-decoded if
                 it was already cached, since logits are not kept across decodes).
+            progress: called after each chunk of a long decode (see `append`).
 
         Returns:
             How many tokens were decoded.
+
+        Raises:
+            PrefillStopped: `progress` asked to stop; the cache holds a prefix of `tokens`.
         """
         if tokens[: self.n_past] == self.tokens:
             common = self.n_past  # the usual case: the cache holds a prefix of the wanted history
@@ -153,7 +220,7 @@ class KVSequence:
         common = min(common, len(tokens) - outputs)
         before = self.n_decoded
         self.rollback_to(common)
-        self.append(tokens[common:], outputs=outputs)
+        self.append(tokens[common:], outputs=outputs, progress=progress)
         return self.n_decoded - before
 
     def repair(self) -> None:

@@ -4,20 +4,30 @@ Each turn renders the whole conversation with the model's chat template and hand
 engine, whose `KVSequence.sync` keeps the common prefix in BOTH caches and decodes only the new suffix.
 Message text is tokenized with special-token parsing off, so typing `<|im_end|>` stays text: only
 the template's own markup yields control tokens. When the conversation outgrows n_ctx, the oldest
-turns are left out of the rendering (the system prompt stays) and the turn says so.
+turns are left out of the rendering (the system prompt stays) and the turn says so; the caches are
+shifted to the shorter window where the memory allows it (`window`), so the turn still decodes only
+its new tokens.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import backend
+from . import backend, window
 from .engine import Engine, Generation, SpeculativeParams
 from .errors import ChatTemplateError, ContextError
 from .sampling import SamplingParams
+
+log = logging.getLogger("localspec.session")
+
+# A cut leaves the window this full (of the room left after the answer's reserve), like llama-server's
+# context shift: a turn's cost grows with the context it attends to, so a chat past the fill runs
+# between half and full, not always full; and a model that must re-read does so once per many turns.
+CUT_TO = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +111,11 @@ class ChatSession:
         self.format = ChatFormat(engine.target_model, template_name)
         self.messages: list[Message] = [Message("system", system)] if system else []
         self.dropped = 0  # oldest messages left out of the last rendering to fit n_ctx
+        self._cut: Message | None = None  # the first message of that rendering (to notice replaced messages)
+        self.shifts = 0  # cuts handled by shifting the caches (only the new turn decoded)
+        self.block_drops = 0  # cuts handled by dropping a block of turns and re-reading the rest
+        self.render_mismatches = 0  # shifts whose kept tokens differed from the fresh rendering
+        self.shift_fallback: str | None = None  # why this chat no longer tries to shift
 
     def send(self, text: str, *, sampling: SamplingParams = SamplingParams(),
              spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 512, stop: Sequence[str] = (),
@@ -132,22 +147,65 @@ class ChatSession:
         return generation
 
     def _fit(self, max_tokens: int) -> list[int]:
-        """Tokens of the longest recent window of the conversation that leaves room for an answer."""
+        """Tokens of the longest recent window of the conversation that leaves room for an answer.
+
+        The window starts where the last one did (one rendering per turn while it fits). When it no
+        longer fits, a binary search over later user messages finds the start that leaves it about half
+        full (`CUT_TO`), and the caches are shifted to it (`window.shift_caches`), so only the new turn
+        is decoded. Where they cannot be shifted they re-read the window: once per many turns.
+        """
         n_ctx = self.engine.n_ctx
         room = n_ctx - min(max_tokens, n_ctx // 2)
         system = [m for m in self.messages[:1] if m.role == "system"]
         turns = self.messages[len(system):]
-        for start in range(0, len(turns)):
-            if start and turns[start].role != "user":
-                continue  # a window starts at a user message
-            tokens = self.format.tokens(system + turns[start:])
-            if len(tokens) <= room:
-                self.dropped = start
-                return tokens
-        raise ContextError(f"the last message does not fit in the context ({n_ctx} tokens): shorten it or raise "
-                           "--n-ctx")
+        start = self.dropped
+        if not (start < len(turns) and turns[start] is self._cut):
+            start = 0  # the messages were replaced (a resumed or edited chat): search from the beginning
+        tokens = self.format.tokens(system + turns[start:])
+        if len(tokens) > room:
+            start, tokens = self._cut_window(system, turns, start, tokens, room)
+        self.dropped, self._cut = start, turns[start] if turns else None
+        return tokens
+
+    def _cut_window(self, system, turns, start, tokens, room) -> tuple[int, list[int]]:
+        starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
+        seqs = [seq for seq in (self.engine.target, getattr(self.engine.drafter, "seq", None)) if seq is not None]
+        if window.can_shift(seqs) and self.shift_fallback is None:
+            found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
+                     or self._first_fit(system, turns, starts, room))
+            if found is not None:
+                new_start, new_tokens = found
+                plan = window.plan_shift(self.engine.target.tokens, tokens, new_tokens)
+                if plan is not None and not plan.exact:
+                    self.render_mismatches += 1
+                    if not window.worth_it(plan, self.engine.target.tokens, new_tokens):
+                        self.shift_fallback = "the chat template renders a shortened conversation differently"
+                        log.warning("no context shifting for this chat: %s", self.shift_fallback)
+                if self.shift_fallback is None and window.shift_caches(seqs, tokens, new_tokens) is not None:
+                    self.shifts += 1
+                    return new_start, new_tokens
+        # A block drop (the caches will re-read the window): the next re-read is many turns away.
+        found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
+                 or self._first_fit(system, turns, starts, room))
+        if found is None:
+            raise ContextError(f"the last message does not fit in the context ({self.engine.n_ctx} tokens): "
+                               "shorten it or raise --n-ctx")
+        self.block_drops += 1
+        return found
+
+    def _first_fit(self, system, turns, starts, budget) -> tuple[int, list[int]] | None:
+        """The earliest start in `starts` whose window fits `budget` (binary search: O(log n) renderings)."""
+        lo, hi, best = 0, len(starts), None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            tokens = self.format.tokens(system + turns[starts[mid] :])
+            if len(tokens) <= budget:
+                best, hi = (starts[mid], tokens), mid
+            else:
+                lo = mid + 1
+        return best
 
     def clear(self) -> None:
         """Start a new conversation (the system prompt stays)."""
         self.messages = [m for m in self.messages[:1] if m.role == "system"]
-        self.dropped = 0
+        self.dropped, self._cut = 0, None

@@ -26,8 +26,9 @@ from ..paths import get_paths
 from ..session import ChatSession, Message
 from ..stats import Stats
 from . import loading
-from .live import Chunk, Finished, StatsView, stream_generation
-from .messages import AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProgress, PullBytes, PullDone, TurnFailed
+from .live import Chunk, Finished, Reading, StatsView, stream_generation
+from .messages import (AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProgress, PromptReading, PullBytes,
+                       PullDone, TurnFailed)
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from .settings import MODEL_DRAFTERS, ChatOptions, ChatSettings
 from .store import ChatStore, StoredMessage
@@ -392,10 +393,12 @@ class ChatApp(App[int]):
                 return
             turn.attach(generation)
 
-            def emit(item: Chunk | Finished) -> None:
+            def emit(item: Chunk | Reading | Finished) -> None:
                 if isinstance(item, Chunk):
                     turn.chunk_taken.clear()
                     self.post_message(AnswerChunk(turn.id, item))
+                elif isinstance(item, Reading):
+                    self.post_message(PromptReading(turn.id, item))
                 else:
                     self.post_message(AnswerDone(turn.id, item))
 
@@ -412,6 +415,10 @@ class ChatApp(App[int]):
             turn.chunk_taken.set()
         if first:
             self._refresh_stats()
+
+    def on_prompt_reading(self, message: PromptReading) -> None:
+        if self.turn is not None and message.turn_id == self.turn.id:
+            self._set_status(message.reading.status())
 
     async def on_answer_done(self, message: AnswerDone) -> None:
         if self.turn is None or message.turn_id != self.turn.id:

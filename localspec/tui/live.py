@@ -58,6 +58,21 @@ class Chunk:
 
 
 @dataclass(frozen=True, slots=True)
+class Reading:
+    """Progress of reading a long prompt into one model (before the first token)."""
+
+    model: str  # "target" or "draft"
+    done: int
+    total: int
+
+    def status(self) -> str:
+        """The status-line text for this step."""
+        if self.done >= self.total:
+            return "generating… (Esc stops)"
+        return f"reading the conversation into the {self.model}: {self.done:,}/{self.total:,} tokens… (Esc stops)"
+
+
+@dataclass(frozen=True, slots=True)
 class Finished:
     """The end of a turn: the whole answer, how it ended, and its final stats."""
 
@@ -95,7 +110,7 @@ def add_run(runs: Runs, text: str, from_draft: bool) -> None:
         runs.append((text, from_draft))
 
 
-def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished], None], *,
+def stream_generation(generation: Generation, emit: Callable[[Chunk | Reading | Finished], None], *,
                       ready: Callable[[], bool] = lambda: True, interval: float = 1 / 20,
                       clock: Callable[[], float] = time.perf_counter) -> None:
     """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.
@@ -103,8 +118,9 @@ def stream_generation(generation: Generation, emit: Callable[[Chunk | Finished],
     A chunk goes out at most every `interval` seconds and only when `ready()` says the UI has taken the
     previous one: text piles up here rather than in the UI's message queue, so keys stay responsive however
     fast the models are. An error raised mid-answer ends the turn with `Finished.error` set (the engine
-    rolls its caches back before it raises or yields).
+    rolls its caches back before it raises or yields). Reading a long prompt reports `Reading` steps.
     """
+    generation.on_prefill = lambda model, done, total: emit(Reading(model, done, total))
 
     start = last = clock()
     meter = RateMeter()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from .live import Chunk, Finished
+from .live import Chunk, Finished, Reading
 from .loading import Loaded
 
 
@@ -59,6 +59,14 @@ class AnswerChunk(Message):
     def __init__(self, turn_id: int, chunk: Chunk) -> None:
         super().__init__()
         self.turn_id, self.chunk = turn_id, chunk
+
+
+class PromptReading(Message):
+    """Progress of reading a long prompt before the answer starts."""
+
+    def __init__(self, turn_id: int, reading: Reading) -> None:
+        super().__init__()
+        self.turn_id, self.reading = turn_id, reading
 
 
 class AnswerDone(Message):
