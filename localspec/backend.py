@@ -18,15 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-# llama.cpp's CPU backend runs on OpenMP, whose idle threads spin by default. On a machine where another
-# process holds a core (a browser, an editor, the chat app's own rendering) the spinning threads and that
-# process take turns and decoding collapses (measured: 20× slower with one busy core of two). Passive
-# waiting costs nothing measurable on idle cores. libgomp reads this when it is loaded, by the import
-# below, so it is set first; a value the user exported wins.
-OMP_WAIT_POLICY = os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import llama_cpp  # noqa: E402  (must follow the OpenMP setting)
-from llama_cpp import llama_chat_format  # noqa: E402
+import llama_cpp
+from llama_cpp import llama_chat_format
 
 from .errors import ChatTemplateError, ContextError, ModelFileError
 
@@ -102,8 +95,80 @@ def physical_cores() -> int:
 def default_threads() -> tuple[int, str]:
     """Threads per context when none is asked for, and why (for `localspec doctor`)."""
     cores = physical_cores()
-    return cores, (f"one per physical core ({cores}); idle threads wait passively (OMP_WAIT_POLICY="
-                   f"{OMP_WAIT_POLICY}), so a busy core slows decoding instead of stalling it")
+    if not CoreMonitor.available():
+        return cores, f"one per physical core ({cores})"
+    free = CoreMonitor().free_cores(wait=0.3)
+    now = max(1, min(cores, int(free + 0.3)))
+    return now, (f"one per core that other processes leave free, re-checked while generating (now {now} of "
+                 f"{cores}: others use {cores - free:.1f} cores); a spinning llama.cpp thread that shares its core "
+                 "with another process stalls every step")
+
+
+class CoreMonitor:
+    """How many cores other processes leave free: the machine's busy time (/proc/stat) minus this process's.
+
+    llama.cpp's CPU threads wait for each other at every operation by spinning; one thread that shares its
+    core with another process makes all of them wait for the scheduler (measured on 2 cores: 0.33× plain
+    speed with one busy-loop process; one thread instead keeps ~1×). So the thread count follows the cores
+    actually free. Linux only; elsewhere `available()` is False and the count stays one per physical core.
+    """
+
+    def __init__(self) -> None:
+        self._last = self._sample()
+
+    @staticmethod
+    def available() -> bool:
+        return Path("/proc/stat").is_file()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float]:
+        """(wall seconds, busy core-seconds of the whole machine, this process's CPU seconds)."""
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [float(x) for x in f.readline().split()[1:]]
+        ticks = os.sysconf("SC_CLK_TCK")
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+        return time.monotonic(), (sum(fields[:8]) - idle) / ticks, time.process_time()
+
+    def free_cores(self, *, wait: float = 0.0) -> float:
+        """Cores left free by other processes since the previous call (after sleeping `wait` seconds)."""
+        if wait:
+            time.sleep(wait)
+        now = self._sample()
+        wall = now[0] - self._last[0]
+        others = max(0.0, (now[1] - self._last[1]) - (now[2] - self._last[2]))
+        self._last = now
+        cores = physical_cores()
+        return cores - min(cores, others / wall) if wall > 0 else float(cores)
+
+
+class ThreadTuner:
+    """Keeps the contexts' thread count at the cores other processes leave free (see `CoreMonitor`).
+
+    `check()` is cheap; it re-measures at most every `interval` seconds and changes the contexts' threads
+    (`llama_set_n_threads`) when the free cores changed by a whole core.
+    """
+
+    def __init__(self, contexts: list[Context], *, interval: float = 0.5) -> None:
+        self.contexts = contexts
+        self.interval = interval
+        self.cores = physical_cores()
+        self.threads = contexts[0].n_threads if contexts else self.cores
+        self._monitor = CoreMonitor() if CoreMonitor.available() else None
+        self._next = time.monotonic() + interval
+
+    def check(self) -> int:
+        """Re-measure when due; returns the thread count in use."""
+        if self._monitor is None or time.monotonic() < self._next:
+            return self.threads
+        self._next = time.monotonic() + self.interval
+        free = self._monitor.free_cores()
+        wanted = max(1, min(self.cores, int(free + 0.3)))  # a core 70% free is worth a thread
+        if wanted != self.threads:
+            log.info("threads %d -> %d (%.1f cores free)", self.threads, wanted, free)
+            self.threads = wanted
+            for ctx in self.contexts:
+                ctx.set_threads(wanted)
+        return self.threads
 
 
 def system_info() -> str:
@@ -387,7 +452,7 @@ class Context:
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
         params.n_seq_max = 1
-        threads = n_threads or default_threads()[0]
+        threads = n_threads or physical_cores()
         params.n_threads = threads
         params.n_threads_batch = threads
         params.swa_full = swa_full
@@ -477,6 +542,11 @@ class Context:
         if not ptr:
             raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def set_threads(self, n: int) -> None:
+        """Use n CPU threads from the next decode on (the results do not depend on it)."""
+        llama_cpp.llama_set_n_threads(self.handle, n, n)
+        self.n_threads = n
 
     def logits_block(self, n: int) -> np.ndarray:
         """Rows 0..n-1 of the last decode's logits as one float32 view of shape (n, n_vocab).

@@ -62,7 +62,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                          n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
     show = _progress()
     try:
-        threads = engine.target.ctx.n_threads
+        threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
         try:
             fmt = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template"))
             prompts = [fmt.tokens([Message("user", t)]) for t in texts]

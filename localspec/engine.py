@@ -228,6 +228,8 @@ class Generation:
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
             k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats,
                                     timed=self.sampling.seed is None)
+            if engine.threads is not None:
+                engine.threads.check()
             step = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec, self.rng)
             engine.check_invariants()
             stats.record_step(step)
@@ -279,13 +281,16 @@ class Engine:
     """
 
     def __init__(self, target_model: backend.Model, target: KVSequence, drafter: Drafter | None,
-                 *, owned: Sequence = ()) -> None:
+                 *, owned: Sequence = (), auto_threads: bool = False) -> None:
         self.target_model = target_model
         self.target = target
         self.drafter = drafter
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
+        # Threads follow the cores other processes leave free, unless the caller fixed them.
+        contexts = [target.ctx] + ([drafter.seq.ctx] if isinstance(drafter, ModelDrafter) else [])
+        self.threads = backend.ThreadTuner(contexts) if auto_threads else None
         self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
         for seq in (target, getattr(drafter, "seq", None)):
@@ -308,7 +313,8 @@ class Engine:
             n_ctx: context length; None = min(4096, the target's training context). The draft's
                 context is capped at its own training context (drafting pauses past it).
             n_gpu_layers: None = all layers when the build can offload.
-            n_threads: CPU threads per context; None = physical cores.
+            n_threads: CPU threads per context; None = the cores other processes leave free, re-checked
+                while generating (`backend.ThreadTuner`).
             rollback: KVSequence rollback mode ("auto" probes; others force a path).
             swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
             compat_hint: appended to an incompatible-draft error (e.g. the curated drafts that fit).
@@ -338,7 +344,7 @@ class Engine:
             for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
                 if seq is not None:
                     seq.warm()
-            return cls(target_model, target, make_drafter(drafter, draft), owned=owned)
+            return cls(target_model, target, make_drafter(drafter, draft), owned=owned, auto_threads=n_threads is None)
         except BaseException:
             for obj in reversed(owned):
                 obj.close()
