@@ -112,7 +112,7 @@ def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
     return history[-params.repeat_last_n :] if params.penalised else []
 
 
-_BLOCK = 256  # logits per block: a 262,144-token row is 1,024 block maxima
+_BLOCK = 1024  # logits per block: a 262,144-token row is 256 block maxima (measured: 1024 beats 256 and 512)
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_VALUES = np.zeros(0, dtype=np.float32)
 _CUT_MARGIN = 1e-4  # logits: a candidate threshold is lowered by this, so float rounding never loses a survivor

@@ -50,7 +50,7 @@ def assert_same_law(got: Dist, want: dict[int, float]) -> None:
     np.testing.assert_allclose(got.probs, expected, rtol=1e-9, atol=0)
 
 
-@pytest.mark.parametrize("n_vocab", [7, 300, 3 * 256 + 17, 4096])
+@pytest.mark.parametrize("n_vocab", [7, 300, 3 * 1024 + 17, 4096])
 @pytest.mark.parametrize("penalty", list(PENALTIES))
 def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
     rng = np.random.default_rng([n_vocab, len(penalty)])
@@ -77,7 +77,7 @@ def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
     SamplingParams(temperature=1.2, top_k=2000, top_p=0.95, min_p=0.0, repeat_penalty=1.1),
 ], ids=["default", "topk0-minp", "topk0-topp", "all-off", "topk0-wide-topp-penalty", "topk2000"])
 def test_same_law_at_a_real_vocabulary(params: SamplingParams) -> None:
-    """262,144 tokens (Gemma 3): the block maxima span 1,024 blocks; a flat row makes top-p reach far."""
+    """262,144 tokens (Gemma 3): 256 blocks of maxima; a flat row makes top-p reach far."""
     rng = np.random.default_rng(7)
     for row in (random_row(rng, 262_144, ties=False), (rng.standard_normal(262_144) * 0.5).astype(np.float32)):
         history = history_for(rng, row)

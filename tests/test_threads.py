@@ -1,0 +1,57 @@
+"""Threads follow the cores other processes leave free: the monitor sees another process's busy loop, and the
+tuner moves the contexts' thread count with it (the count never depends on this process's own load)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from localspec import backend
+
+pytestmark = pytest.mark.skipif(not backend.CoreMonitor.available(), reason="needs /proc/stat (Linux)")
+
+
+def test_monitor_counts_other_processes_not_this_one():
+    monitor = backend.CoreMonitor()
+    end = time.process_time() + 0.4
+    while time.process_time() < end:  # this process busy: not "other"
+        pass
+    assert monitor.free_cores() >= backend.physical_cores() - 0.5
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.3)
+        monitor.free_cores()
+        free = monitor.free_cores(wait=0.8)
+    finally:
+        busy.kill()
+        busy.wait()
+    assert free <= backend.physical_cores() - 0.5  # the busy loop held (most of) a core
+
+
+class FakeContext:
+    def __init__(self, n: int) -> None:
+        self.n_threads = n
+
+    def set_threads(self, n: int) -> None:
+        self.n_threads = n
+
+
+class FixedMonitor:
+    def __init__(self, free: float) -> None:
+        self.free = free
+
+    def free_cores(self, *, wait: float = 0.0) -> float:
+        return self.free
+
+
+def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
+    monkeypatch.setattr(backend, "physical_cores", lambda: 4)
+    contexts = [FakeContext(4), FakeContext(4)]
+    tuner = backend.ThreadTuner(contexts, interval=0.0)
+    for free, want in ((4.0, 4), (2.9, 3), (1.2, 1), (0.1, 1), (3.8, 4)):
+        tuner._monitor = FixedMonitor(free)
+        assert tuner.check() == want
+        assert [c.n_threads for c in contexts] == [want, want]
