@@ -112,7 +112,7 @@ def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
     return history[-params.repeat_last_n :] if params.penalised else []
 
 
-_BLOCK = 1024  # logits per block: a 262,144-token row is 256 block maxima (measured: 1024 beats 256 and 512)
+_BLOCK = 1024  # most logits per block: a 262,144-token row is 256 block maxima (faster than 256 or 512)
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_VALUES = np.zeros(0, dtype=np.float32)
 _CUT_MARGIN = 1e-4  # logits: a candidate threshold is lowered by this, so float rounding never loses a survivor
@@ -123,12 +123,16 @@ _WINDOWS = (7.0, 14.0, 28.0)  # top-p without top-k or min-p: candidates within 
 class _Blocks:
     """One logits row seen as blocks of `_BLOCK` values and their maxima (one pass over the row)."""
 
-    __slots__ = ("row", "head", "tail", "maxima")
+    __slots__ = ("row", "size", "head", "tail", "maxima")
 
-    def __init__(self, row: np.ndarray) -> None:
-        n_head = row.shape[0] // _BLOCK * _BLOCK
+    def __init__(self, row: np.ndarray, need: int = 1) -> None:
+        # Blocks small enough that the `need` best values hit few of them (at least 4·need blocks), large enough
+        # that the pass over the row stays one fast reduction.
+        fit = row.shape[0] // (4 * need)
+        self.size = size = max(64, min(_BLOCK, 1 << max(fit.bit_length() - 1, 0)))
+        n_head = row.shape[0] // size * size
         self.row = row
-        self.head = row[:n_head].reshape(-1, _BLOCK)  # (n_blocks, _BLOCK) view
+        self.head = row[:n_head].reshape(-1, size)  # (n_blocks, size) view
         self.tail = row[n_head:]  # (< _BLOCK,) the rest
         maxima = self.head.max(axis=1)
         self.maxima = np.append(maxima, self.tail.max()) if self.tail.size else maxima
@@ -147,10 +151,11 @@ class _Blocks:
         hit = np.flatnonzero(self.maxima >= threshold)
         n_head = self.head.shape[0]
         full = hit[hit < n_head]
-        flat = np.flatnonzero(self.head[full] >= threshold)  # into the (len(full), _BLOCK) gathered blocks
-        ids = full[flat // _BLOCK] * _BLOCK + flat % _BLOCK
+        size = self.size
+        flat = np.flatnonzero(self.head[full] >= threshold)  # into the (len(full), size) gathered blocks
+        ids = full[flat // size] * size + flat % size
         if hit.size and hit[-1] == n_head:  # the tail block
-            ids = np.concatenate([ids, n_head * _BLOCK + np.flatnonzero(self.tail >= threshold)])
+            ids = np.concatenate([ids, n_head * size + np.flatnonzero(self.tail >= threshold)])
         return ids.astype(np.int64, copy=False)
 
 
@@ -187,7 +192,7 @@ def greedy_token(logits: np.ndarray, history: list[int], params: SamplingParams)
     if not pen_ids.size:
         return int(np.argmax(row))
     # The best unpenalised token is among the len(pen_ids) + 1 largest raw values.
-    blocks = _Blocks(row)
+    blocks = _Blocks(row, len(pen_ids) + 1)
     ids, values = _values(row, blocks.above(blocks.lower_bound(len(pen_ids) + 1)), pen_ids, pen_values)
     return int(ids[np.argmax(values)])
 
@@ -210,8 +215,8 @@ def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams
     n_vocab = row.shape[0]
     if 0 < params.top_k < n_vocab:
         # The top_k largest after penalties lie among the top_k + len(pen_ids) largest raw values ∪ pen_ids.
-        blocks = _Blocks(row)
         need = min(n_vocab, params.top_k + len(pen_ids))
+        blocks = _Blocks(row, need)
         ids, values = _values(row, blocks.above(blocks.lower_bound(need)), pen_ids, pen_values)
         order = np.argsort(-values, kind="stable")[: params.top_k]
         return _cut(ids[order], values[order], params, None)  # normalised over the top-k set
