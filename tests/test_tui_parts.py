@@ -62,7 +62,7 @@ def test_stats_panel_names_acceptance_and_tok_s():
     off = Stats(target_passes=3, emitted=3, speculation_off="adaptive: plain decoding is faster")
     shown = render_stats(StatsView(turn=off, draft_max=8)).plain
     assert "speculation   off\n  adaptive: plain decoding is faster\n" in shown
-    assert "policy" not in shown  # no decision taken yet: no numbers to show
+    assert "speed-up" not in shown  # no decision taken yet: no numbers to show
 
 
 def test_stats_panel_shows_what_the_policy_decides_from():
@@ -70,8 +70,8 @@ def test_stats_panel_shows_what_the_policy_decides_from():
                  decision=Decision(draft_cost=0.31, verify_cost=1.42, alpha=0.93, predicted_speedup=2.1,
                                    measured_speedup=1.87))
     text = render_stats(StatsView(turn=turn, draft_max=8, adaptive=True)).plain
-    assert "policy        c 0.31 · v(k) 1.42 · α̂ 0.93" in text
-    assert "speed-up      predicted 2.10× · measured 1.87×" in text
+    assert "c · v(k) · α̂  0.31 · 1.42 · 0.93" in text
+    assert "speed-up      2.10× pred, 1.87× real" in text
 
 
 def test_rate_meter_and_runs():

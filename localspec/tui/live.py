@@ -220,10 +220,9 @@ def render_stats(view: StatsView) -> Text:
     _row(text, "tokens", f"{turn.emitted} in {turn.target_passes} passes")
     decision = turn.decision
     if view.adaptive and decision.predicted_speedup > 0:  # what the adaptive policy decides from
-        _row(text, "policy", f"c {decision.draft_cost:.2f} · v(k) {decision.verify_cost:.2f} · "
-                             f"α̂ {decision.alpha:.2f}")
+        _row(text, "c · v(k) · α̂", f"{decision.draft_cost:.2f} · {decision.verify_cost:.2f} · {decision.alpha:.2f}")
         measured = f"{decision.measured_speedup:.2f}×" if decision.measured_speedup else "–"
-        _row(text, "speed-up", f"predicted {decision.predicted_speedup:.2f}× · measured {measured}")
+        _row(text, "speed-up", f"{decision.predicted_speedup:.2f}× pred, {measured} real")
     _time_split(text, turn)
     text.append("\nacceptance by draft position\n", "bold")
     rates = turn.acceptance_by_position
