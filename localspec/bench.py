@@ -138,13 +138,10 @@ def _run_one(engine: Engine, prompt: list[int], setting: Setting, tokens: int) -
     for _ in gen:
         pass
     decoded = engine.seconds_decoding() - decode_before
-    # Python time of the generating part: the whole minus llama_decode minus the prefill (all decode there).
-    python = max(gen.stats.seconds_generating - (decoded - _prefill_decode_share(gen.stats)), 0.0)
+    # Python time while generating: generating time minus the llama_decode time spent after the prefill (the
+    # prefill itself is almost all llama_decode).
+    python = max(gen.stats.seconds_generating - (decoded - gen.stats.seconds_prefill), 0.0)
     return gen, python
-
-
-def _prefill_decode_share(stats: Stats) -> float:
-    return stats.seconds_prefill  # the prefill is (almost) all llama_decode
 
 
 def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple[Divergence, ...]) -> Row:
@@ -158,12 +155,10 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
     c = (s.seconds_draft / s.drafted) / plain_step if s.drafted and plain_step else 0.0
     v = ((s.seconds_verify + s.seconds_sampling) / s.target_passes) / plain_step if s.target_passes and plain_step \
         else 0.0
-    if setting.k == 0:
-        predicted = 1.0
-    elif v:
-        predicted = expected_tokens(s.alpha, 0) if not mean_k else _expected(s.alpha, mean_k) / (mean_k * c + v)
+    if setting.k == 0 or not mean_k:
+        predicted = 1.0  # plain, or an adaptive run that never drafted
     else:
-        predicted = 0.0
+        predicted = _expected(s.alpha, mean_k) / (mean_k * c + v) if v else 0.0
     ratio = rate / plain_rate if plain_rate else 0.0
     return Row(setting=setting.name, temperature=setting.temperature, k=setting.k, verify=setting.verify,
                tokens_per_second=rate, ratio=ratio, acceptance=s.acceptance_rate, alpha=s.alpha,
