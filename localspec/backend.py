@@ -16,9 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_chat_format
 
 from .errors import ChatTemplateError, ContextError, ModelFileError
@@ -99,9 +98,11 @@ def default_threads() -> tuple[int, str]:
         return cores, f"one per physical core ({cores})"
     free = CoreMonitor().free_cores(wait=0.3)
     now = max(1, min(cores, int(free + 0.3)))
-    return now, (f"one per core that other processes leave free, re-checked while generating (now {now} of "
-                 f"{cores}: others use {cores - free:.1f} cores); a spinning llama.cpp thread that shares its core "
-                 "with another process stalls every step")
+    return now, (
+        f"one per core that other processes leave free, re-checked while generating (now {now} of "
+        f"{cores}: others use {cores - free:.1f} cores); a spinning llama.cpp thread that shares its core "
+        "with another process stalls every step"
+    )
 
 
 class CoreMonitor:
@@ -358,7 +359,8 @@ class Model:
         if not hasattr(self, "_control"):
             attr = llama_cpp.llama_vocab_get_attr
             self._control = {
-                text: t for t in range(self.n_vocab)
+                text: t
+                for t in range(self.n_vocab)
                 if attr(self._vocab, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL and (text := self.token_text(t))
             }
         return self._control
@@ -529,7 +531,9 @@ class Context:
             self.seconds_decoding += time.perf_counter() - t0
             if rc != 0:
                 if rc == 1:
-                    raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+                    raise ContextError(
+                        f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
+                    )
                 raise ContextError(f"llama_decode failed with code {rc}{_llama_error()}")
             start += n
 
@@ -621,8 +625,9 @@ def render_jinja_chat(
     Raises:
         ChatTemplateError: the template does not render.
     """
-    formatter = llama_chat_format.Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos,
-                                                      add_generation_prompt=add_generation_prompt)
+    formatter = llama_chat_format.Jinja2ChatFormatter(
+        template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
+    )
     try:
         return formatter(messages=messages).prompt
     except Exception as e:  # Jinja raises many types; a template bug must not crash the app
@@ -688,19 +693,25 @@ def devices() -> list[Device]:
     for fn in (base.ggml_backend_dev_name, base.ggml_backend_dev_description):
         fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     base.ggml_backend_dev_type.restype, base.ggml_backend_dev_type.argtypes = ctypes.c_int, [ctypes.c_void_p]
-    base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+    base.ggml_backend_dev_memory.argtypes = [
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        found.append(Device(
-            name=base.ggml_backend_dev_name(dev).decode(),
-            description=base.ggml_backend_dev_description(dev).decode(errors="replace"),
-            kind=_DEVICE_KINDS.get(base.ggml_backend_dev_type(dev), "unknown"),
-            memory_free=free.value,
-            memory_total=total.value,
-        ))
+        found.append(
+            Device(
+                name=base.ggml_backend_dev_name(dev).decode(),
+                description=base.ggml_backend_dev_description(dev).decode(errors="replace"),
+                kind=_DEVICE_KINDS.get(base.ggml_backend_dev_type(dev), "unknown"),
+                memory_free=free.value,
+                memory_total=total.value,
+            )
+        )
     return found
 
 

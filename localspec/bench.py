@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +76,7 @@ def settings_for(ks: Sequence[int], temperatures: Sequence[float], verifies: Seq
     limit = max(ks)
     for t in temperatures:
         out.append(Setting(t, 0))
-        for verify in (["pq"] if t == 0 else list(verifies)):
+        for verify in ["pq"] if t == 0 else list(verifies):
             out += [Setting(t, k, verify, limit) for k in ks] + [Setting(t, None, verify, limit)]
     return out
 
@@ -149,23 +149,41 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
     rate = s.tokens_per_second
     plain_stats = plain.stats if plain else None
     plain_rate = plain_stats.tokens_per_second if plain_stats else 0.0
-    plain_step = (plain_stats.seconds_verify + plain_stats.seconds_sampling) / max(plain_stats.target_passes, 1) \
-        if plain_stats else 0.0
+    plain_step = (
+        (plain_stats.seconds_verify + plain_stats.seconds_sampling) / max(plain_stats.target_passes, 1)
+        if plain_stats
+        else 0.0
+    )
     mean_k = s.drafted / s.target_passes if s.target_passes else 0.0
     c = (s.seconds_draft / s.drafted) / plain_step if s.drafted and plain_step else 0.0
-    v = ((s.seconds_verify + s.seconds_sampling) / s.target_passes) / plain_step if s.target_passes and plain_step \
+    v = (
+        ((s.seconds_verify + s.seconds_sampling) / s.target_passes) / plain_step
+        if s.target_passes and plain_step
         else 0.0
+    )
     if setting.k == 0 or not mean_k:
         predicted = 1.0  # plain, or an adaptive run that never drafted
     else:
         predicted = _expected(s.alpha, mean_k) / (mean_k * c + v) if v else 0.0
     ratio = rate / plain_rate if plain_rate else 0.0
-    return Row(setting=setting.name, temperature=setting.temperature, k=setting.k, verify=setting.verify,
-               tokens_per_second=rate, ratio=ratio, acceptance=s.acceptance_rate, alpha=s.alpha,
-               tokens_per_pass=s.mean_tokens_per_pass, draft_cost=c, verify_cost=v, mean_k=mean_k,
-               predicted=predicted, efficiency=ratio / predicted if predicted else 0.0,
-               python_ms_per_step=1e3 * tally.seconds_outside_decode / max(s.target_passes, 1),
-               divergences=divergences)
+    return Row(
+        setting=setting.name,
+        temperature=setting.temperature,
+        k=setting.k,
+        verify=setting.verify,
+        tokens_per_second=rate,
+        ratio=ratio,
+        acceptance=s.acceptance_rate,
+        alpha=s.alpha,
+        tokens_per_pass=s.mean_tokens_per_pass,
+        draft_cost=c,
+        verify_cost=v,
+        mean_k=mean_k,
+        predicted=predicted,
+        efficiency=ratio / predicted if predicted else 0.0,
+        python_ms_per_step=1e3 * tally.seconds_outside_decode / max(s.target_passes, 1),
+        divergences=divergences,
+    )
 
 
 def _expected(alpha: float, k: float) -> float:
@@ -198,8 +216,9 @@ class BusyCore:
     """A busy-loop process holding one core while the `with` block runs (stopped however the block ends)."""
 
     def __enter__(self) -> BusyCore:
-        self._proc = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3600\n"
-                                       "while time.time() < end: pass"])
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "import time\nend = time.time() + 3600\nwhile time.time() < end: pass"]
+        )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -207,8 +226,15 @@ class BusyCore:
         self._proc.wait()
 
 
-def run_bench(engine: Engine, prompts: list[list[int]], settings: list[Setting], *, tokens: int, rounds: int,
-              progress: Callable[[str], None] = lambda _: None) -> dict[Setting, Tally]:
+def run_bench(
+    engine: Engine,
+    prompts: list[list[int]],
+    settings: list[Setting],
+    *,
+    tokens: int,
+    rounds: int,
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[Setting, Tally]:
     """Run every setting on every prompt, interleaved, `rounds` times; returns what each setting added up."""
     tallies = {s: Tally() for s in settings}
     total, done = rounds * len(prompts) * len(settings), 0
@@ -245,24 +271,36 @@ def rows_from(engine: Engine, prompts: list[list[int]], tallies: dict[Setting, T
 
 def machine_line(threads: int) -> str:
     load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return (f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
-            f"{threads} threads, load {load}")
+    return (
+        f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
+        f"{threads} threads, load {load}"
+    )
 
 
 def render(report: BenchReport) -> list[str]:
     """The report as a table (text lines)."""
-    lines = [f"localspec bench — {report.date}", f"machine: {report.machine}", f"command: {report.command}",
-             f"target: {report.target}", f"draft:  {report.draft}", ""]
-    head = (f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
-            f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}")
+    lines = [
+        f"localspec bench — {report.date}",
+        f"machine: {report.machine}",
+        f"command: {report.command}",
+        f"target: {report.target}",
+        f"draft:  {report.draft}",
+        "",
+    ]
+    head = (
+        f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
+        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}"
+    )
     has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
     if has_peer:
         head += f"{'peer tok/s':>11}{'×peer':>7}"
     lines.append(head)
     for r in report.rows:
-        line = (f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
-                f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
-                f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}")
+        line = (
+            f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+            f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
+            f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
+        )
         if has_peer:
             if r.peer_tokens_per_second:
                 line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
@@ -271,13 +309,19 @@ def render(report: BenchReport) -> list[str]:
         lines.append(line)
     for r in report.rows:
         for d in r.divergences:
-            lines.append(f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
-                         f"(target top-2 gap {d.top2_gap:.4f})")
+            lines.append(
+                f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
+                f"(target top-2 gap {d.top2_gap:.4f})"
+            )
     if report.busy:
         lines += ["", "one busy core (a busy-loop process on one core):"]
         for b in report.busy:
-            lines.append(f"  {b['setting']:<16} quiet {b['quiet']:.1f} tok/s, busy {b['busy']:.1f} tok/s "
-                         f"({b['busy'] / b['quiet']:.2f}× quiet)" if b["quiet"] else f"  {b['setting']}: no data")
+            lines.append(
+                f"  {b['setting']:<16} quiet {b['quiet']:.1f} tok/s, busy {b['busy']:.1f} tok/s "
+                f"({b['busy'] / b['quiet']:.2f}× quiet)"
+                if b["quiet"]
+                else f"  {b['setting']}: no data"
+            )
     lines += [f"note: {n}" for n in report.notes]
     return lines
 
@@ -287,7 +331,7 @@ def to_json(report: BenchReport) -> str:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def parse_list(text: str, kind: type, name: str) -> list:
@@ -313,8 +357,9 @@ def read_prompts(path: str | None) -> list[str]:
     return prompts
 
 
-def busy_rows(engine: Engine, prompts: list[list[int]], settings: list[Setting], tokens: int,
-              progress: Callable[[str], None]) -> list[dict]:
+def busy_rows(
+    engine: Engine, prompts: list[list[int]], settings: list[Setting], tokens: int, progress: Callable[[str], None]
+) -> list[dict]:
     """Each setting quiet and with one busy core, interleaved (quiet, busy, quiet, busy…)."""
     quiet = {s: Tally() for s in settings}
     busy = {s: Tally() for s in settings}
@@ -328,8 +373,10 @@ def busy_rows(engine: Engine, prompts: list[list[int]], settings: list[Setting],
             busy[setting].stats.merge(gen.stats)
             done = p * len(settings) + settings.index(setting) + 1
             progress(f"{_bar(done, len(prompts) * len(settings))} one busy core: {setting.name}")
-    return [{"setting": s.name, "quiet": quiet[s].stats.tokens_per_second, "busy": busy[s].stats.tokens_per_second}
-            for s in settings]
+    return [
+        {"setting": s.name, "quiet": quiet[s].stats.tokens_per_second, "busy": busy[s].stats.tokens_per_second}
+        for s in settings
+    ]
 
 
 def peer_settings(settings: list[Setting]) -> list[Setting]:
@@ -338,9 +385,20 @@ def peer_settings(settings: list[Setting]) -> list[Setting]:
     return [s for s in settings if s.k is not None]
 
 
-def run_peer(binary: Path, target: str, draft: str, prompts: list[list[int]], settings: list[Setting], *,
-             tokens: int, rounds: int, threads: int, n_ctx: int, n_gpu_layers: int | None,
-             progress: Callable[[str], None]) -> dict[Setting, tuple[float, float]]:
+def run_peer(
+    binary: Path,
+    target: str,
+    draft: str,
+    prompts: list[list[int]],
+    settings: list[Setting],
+    *,
+    tokens: int,
+    rounds: int,
+    threads: int,
+    n_ctx: int,
+    n_gpu_layers: int | None,
+    progress: Callable[[str], None],
+) -> dict[Setting, tuple[float, float]]:
     """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt."""
     from .peer import LlamaServer
 
@@ -348,17 +406,30 @@ def run_peer(binary: Path, target: str, draft: str, prompts: list[list[int]], se
     drafted: dict[Setting, list[int]] = {s: [0, 0] for s in settings}
     for round_ in range(rounds):
         for setting in settings:
-            with LlamaServer(binary, target, draft if setting.k else None, k=setting.k or 0,
-                             probabilistic=setting.temperature > 0 and setting.verify == "pq", threads=threads,
-                             n_ctx=n_ctx, n_gpu_layers=n_gpu_layers) as server:
+            with LlamaServer(
+                binary,
+                target,
+                draft if setting.k else None,
+                k=setting.k or 0,
+                probabilistic=setting.temperature > 0 and setting.verify == "pq",
+                threads=threads,
+                n_ctx=n_ctx,
+                n_gpu_layers=n_gpu_layers,
+            ) as server:
                 for p, prompt in enumerate(prompts):
                     sp = setting.sampling
-                    result = server.complete(prompt, n_predict=tokens, temperature=sp.temperature, top_k=sp.top_k,
-                                             top_p=sp.top_p, min_p=sp.min_p, seed=1000 * round_ + p)
+                    result = server.complete(
+                        prompt,
+                        n_predict=tokens,
+                        temperature=sp.temperature,
+                        top_k=sp.top_k,
+                        top_p=sp.top_p,
+                        min_p=sp.min_p,
+                        seed=1000 * round_ + p,
+                    )
                     rates[setting].append(result.tokens_per_second)
                     drafted[setting][0] += result.drafted
                     drafted[setting][1] += result.accepted
             done = round_ * len(settings) + settings.index(setting) + 1
             progress(f"{_bar(done, rounds * len(settings))} llama-server {setting.name}, round {round_ + 1}")
-    return {s: (statistics.median(rates[s]), drafted[s][1] / drafted[s][0] if drafted[s][0] else 0.0)
-            for s in settings}
+    return {s: (statistics.median(rates[s]), drafted[s][1] / drafted[s][0] if drafted[s][0] else 0.0) for s in settings}

@@ -16,24 +16,31 @@ from .errors import InvalidParamsError, LocalspecError
 def register(subparsers, add_model_args) -> None:
     p = subparsers.add_parser("bench", help="measure plain vs speculative speed side by side (and llama-server)")
     add_model_args(p)
-    p.add_argument("--k", dest="ks", default="2,4,8", help="fixed draft lengths to run (comma-separated; default 2,4,8)")
+    p.add_argument(
+        "--k", dest="ks", default="2,4,8", help="fixed draft lengths to run (comma-separated; default 2,4,8)"
+    )
     p.add_argument("--temperature", dest="temperatures", default="0,0.8", help="temperatures (default 0,0.8)")
     p.add_argument("--verify", dest="verifies", default="pq,match", help="verifications at T > 0 (default pq,match)")
     p.add_argument("--prompts", help="a text file, one prompt per line (default: four built-in chat prompts)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per run (default 64)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over every prompt and setting (default 2)")
-    p.add_argument("--peer", nargs="?", const="", default=None, metavar="PATH",
-                   help="also run llama-server (PATH, or its folder; alone: the one on PATH)")
+    p.add_argument(
+        "--peer",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="also run llama-server (PATH, or its folder; alone: the one on PATH)",
+    )
     p.add_argument("--busy", action="store_true", help="also run plain and adaptive with one core kept busy")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from .checks import check_run_args
     from .runner import load_engine, resolve_models
     from .session import ChatFormat, Message
-
-    from .checks import check_run_args
 
     check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
     ks = bench.parse_list(args.ks, int, "k")
@@ -58,8 +65,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target, draft, settings = resolve_models(args)
     if not draft:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
-    engine = load_engine(target, draft, settings, drafter=args.drafter or "model", n_ctx=args.n_ctx,
-                         n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+    engine = load_engine(
+        target,
+        draft,
+        settings,
+        drafter=args.drafter or "model",
+        n_ctx=args.n_ctx,
+        n_gpu_layers=args.n_gpu_layers,
+        n_threads=args.threads,
+    )
     show = _progress()
     try:
         threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
@@ -70,21 +84,45 @@ def cmd_bench(args: argparse.Namespace) -> int:
             prompts = [engine.tokenize(t) for t in texts]  # a base model: the plain text
             notes.append("the target has no chat template: prompts are plain text")
         chosen = bench.settings_for(ks, temperatures, verifies)
-        report = bench.BenchReport(machine=bench.machine_line(threads), command="localspec " + " ".join(sys.argv[1:]),
-                                   date=bench.now(), target=target, draft=draft, threads=threads, notes=notes)
+        report = bench.BenchReport(
+            machine=bench.machine_line(threads),
+            command="localspec " + " ".join(sys.argv[1:]),
+            date=bench.now(),
+            target=target,
+            draft=draft,
+            threads=threads,
+            notes=notes,
+        )
         tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
         report.rows = bench.rows_from(engine, prompts, tallies)
         if binary is not None:
             from .peer import PeerError
 
             try:
-                peer = bench.run_peer(binary, target, draft, prompts, bench.peer_settings(chosen), tokens=args.tokens,
-                                      rounds=args.rounds, threads=threads, n_ctx=engine.n_ctx,
-                                      n_gpu_layers=args.n_gpu_layers, progress=show)
+                peer = bench.run_peer(
+                    binary,
+                    target,
+                    draft,
+                    prompts,
+                    bench.peer_settings(chosen),
+                    tokens=args.tokens,
+                    rounds=args.rounds,
+                    threads=threads,
+                    n_ctx=engine.n_ctx,
+                    n_gpu_layers=args.n_gpu_layers,
+                    progress=show,
+                )
                 by_name = {(s.name, s.temperature): v for s, v in peer.items()}
-                report.rows = [dataclasses.replace(r, peer_tokens_per_second=by_name[(r.setting, r.temperature)][0],
-                                                   peer_acceptance=by_name[(r.setting, r.temperature)][1])
-                               if (r.setting, r.temperature) in by_name else r for r in report.rows]
+                report.rows = [
+                    dataclasses.replace(
+                        r,
+                        peer_tokens_per_second=by_name[(r.setting, r.temperature)][0],
+                        peer_acceptance=by_name[(r.setting, r.temperature)][1],
+                    )
+                    if (r.setting, r.temperature) in by_name
+                    else r
+                    for r in report.rows
+                ]
             except PeerError as e:
                 report.notes.append(f"llama-server failed: {e}")
         if args.busy:

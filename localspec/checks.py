@@ -33,8 +33,10 @@ def check_threads(n: int, source: str = "--threads") -> int:
     """`n` when it is a usable thread count, else an InvalidParamsError naming the range."""
     top = cpu_count()
     if not 1 <= n <= top:
-        raise InvalidParamsError(f"{source} {n} is out of range: this machine runs {top} thread"
-                                 f"{'s' if top != 1 else ''} at once; use 1 to {top}")
+        raise InvalidParamsError(
+            f"{source} {n} is out of range: this machine runs {top} thread"
+            f"{'s' if top != 1 else ''} at once; use 1 to {top}"
+        )
     return n
 
 
@@ -50,8 +52,9 @@ def threads_from_env(environ=None) -> int | None:
     try:
         n = int(value)
     except ValueError:
-        raise InvalidParamsError(f"{THREADS_ENV}={clean(value)[0]!r} is not a whole number: unset it or use 1 to "
-                                 f"{cpu_count()}") from None
+        raise InvalidParamsError(
+            f"{THREADS_ENV}={clean(value)[0]!r} is not a whole number: unset it or use 1 to {cpu_count()}"
+        ) from None
     return check_threads(n, f"{THREADS_ENV}=")
 
 

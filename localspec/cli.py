@@ -1,8 +1,9 @@
 """The `localspec` command: argument parsing, logging set-up, and one-line errors.
 
 Subcommands live where their work is: `generate` here (the scripting face of the engine), the pair
-commands in `pairs_cli`, the chat app in `tui` (each adds its parsers through `register`). Every `LocalspecError` ends as one line on stderr and
-exit code 1; llama.cpp's own log goes to the log file, never over the user's terminal.
+commands in `pairs_cli`, the chat app in `tui` (each adds its parsers through `register`). Every
+`LocalspecError` ends as one line on stderr and exit code 1; llama.cpp's own log goes to the log file,
+never over the user's terminal.
 """
 
 from __future__ import annotations
@@ -34,15 +35,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
     p.add_argument("--target", help="target model GGUF path")
     p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
-    p.add_argument("--drafter", choices=["model", "ngram", "model+ngram", "none"],
-                   help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
-                        "followed the last few tokens earlier in the prompt or output; fast for repeating or "
-                        "editing a given text), model+ngram (lookup when it finds a match, else the model), none "
-                        "(default: model with --draft/--pair, else none)")
-    p.add_argument("--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)")
+    p.add_argument(
+        "--drafter",
+        choices=["model", "ngram", "model+ngram", "none"],
+        help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
+        "followed the last few tokens earlier in the prompt or output; fast for repeating or "
+        "editing a given text), model+ngram (lookup when it finds a match, else the model), none "
+        "(default: model with --draft/--pair, else none)",
+    )
+    p.add_argument(
+        "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"
+    )
     p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
-    p.add_argument("--threads", type=int,
-                   help="CPU threads, 1 to the CPU count (default: $LOCALSPEC_THREADS, else one per physical core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads, 1 to the CPU count (default: $LOCALSPEC_THREADS, else one per physical core)",
+    )
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
 
 
@@ -58,9 +67,14 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
     p.add_argument("--p-min", type=float, help="stop drafting below this draft confidence")
     p.add_argument("--verify", choices=["pq", "match"], help="pq (default at T>0) or exact match")
-    p.add_argument("--no-adaptive", dest="adaptive", action="store_const", const=False,
-                   help="always draft --draft-max tokens (default: pick k each step from the measured acceptance "
-                        "and costs, and decode plainly when speculation would be slower)")
+    p.add_argument(
+        "--no-adaptive",
+        dest="adaptive",
+        action="store_const",
+        const=False,
+        help="always draft --draft-max tokens (default: pick k each step from the measured acceptance "
+        "and costs, and decode plainly when speculation would be slower)",
+    )
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -69,16 +83,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="also log to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     gen = sub.add_parser("generate", help="complete a prompt (stdin when PROMPT is absent)")
-    gen.add_argument("prompt", nargs="?", help="the prompt; read from stdin when absent (bytes that are not UTF-8 "
-                                               "become U+FFFD, with a note)")
+    gen.add_argument(
+        "prompt",
+        nargs="?",
+        help="the prompt; read from stdin when absent (bytes that are not UTF-8 become U+FFFD, with a note)",
+    )
     add_model_args(gen)
     add_sampling_args(gen)
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--system", help="system prompt (with --chat)")
     gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
     gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
-    gen.add_argument("--truncate", action="store_true",
-                     help="drop the start of a prompt too long for the context (default: an error)")
+    gen.add_argument(
+        "--truncate",
+        action="store_true",
+        help="drop the start of a prompt too long for the context (default: an error)",
+    )
     gen.set_defaults(func=_generate)
     pairs_cli.register(sub)
     bench_cli.register(sub, add_model_args)
@@ -100,13 +120,16 @@ def _fit_prompt(tokens: list[int], n_ctx: int, args: argparse.Namespace, bos: in
     if len(tokens) < n_ctx:
         return tokens, []
     if not args.truncate:
-        raise ContextError(f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten it, raise "
-                           "--n-ctx, or pass --truncate to drop its start")
+        raise ContextError(
+            f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten it, raise "
+            "--n-ctx, or pass --truncate to drop its start"
+        )
     head = tokens[:1] if tokens[0] == bos else []
     keep = n_ctx - min(args.max_tokens, n_ctx // 2) - len(head)
-    kept = head + tokens[len(tokens) - keep:]
-    return kept, [f"the prompt was truncated: kept its last {len(kept)} of {len(tokens)} tokens to fit the "
-                  f"{n_ctx}-token context"]
+    kept = head + tokens[len(tokens) - keep :]
+    return kept, [
+        f"the prompt was truncated: kept its last {len(kept)} of {len(tokens)} tokens to fit the {n_ctx}-token context"
+    ]
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -127,7 +150,9 @@ def _generate_guarded(args: argparse.Namespace, guard: SignalGuard) -> int:
             from .session import ChatFormat, Message
 
             messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
-            tokens = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template")).tokens(messages)
+            tokens = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template")).tokens(
+                messages
+            )
         else:
             tokens = engine.tokenize(prompt)
         tokens, truncated = _fit_prompt(tokens, engine.n_ctx, args, engine.target_model.info.bos)
@@ -136,8 +161,9 @@ def _generate_guarded(args: argparse.Namespace, guard: SignalGuard) -> int:
             print(f"localspec: note: {note}", file=sys.stderr)
         rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
         for i in range(args.n):
-            gen = engine.generate(tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens,
-                                  stop=args.stop, rng=rng)
+            gen = engine.generate(
+                tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens, stop=args.stop, rng=rng
+            )
             gen.notices.extend(notices)
             if sys.stderr.isatty():
                 gen.on_prefill = _show_prefill

@@ -24,7 +24,9 @@ def check_pair(target: Model, draft: Model, *, hint: str = "") -> None:
     problem = pair_problem(target, draft)
     if problem:
         suffix = f"; {hint}" if hint else "; choose a draft from the same model family (same tokenizer)"
-        raise IncompatibleDraftError(f"draft {draft.path.name} does not fit target {target.path.name}: {problem}{suffix}")
+        raise IncompatibleDraftError(
+            f"draft {draft.path.name} does not fit target {target.path.name}: {problem}{suffix}"
+        )
 
 
 def pair_problem(target: Model, draft: Model) -> str | None:
@@ -37,8 +39,10 @@ def pair_problem(target: Model, draft: Model) -> str | None:
     if t.eos != d.eos:
         return f"EOS tokens differ (target {t.eos}, draft {d.eos})"
     if abs(t.n_vocab - d.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
-        return (f"vocabulary sizes differ by {abs(t.n_vocab - d.n_vocab)} (target {t.n_vocab}, draft {d.n_vocab}; "
-                f"at most {MAX_VOCAB_SIZE_DIFFERENCE} allowed)")
+        return (
+            f"vocabulary sizes differ by {abs(t.n_vocab - d.n_vocab)} (target {t.n_vocab}, draft {d.n_vocab}; "
+            f"at most {MAX_VOCAB_SIZE_DIFFERENCE} allowed)"
+        )
     for token in range(FIRST_CHECKED_TOKEN, min(t.n_vocab, d.n_vocab)):
         target_text, draft_text = target.token_text(token), draft.token_text(token)
         if target_text != draft_text:

@@ -60,15 +60,17 @@ class ModelSource(BaseModel):
             return value
         repo, sep, quant = value.partition(":")
         if not _REPO_RE.match(repo) or (sep and not _QUANT_RE.match(quant)):
-            raise ValueError(f"{value!r} is not a Hub reference: write \"owner/repo:QUANT\", e.g. "
-                             f"\"bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M\"")
+            raise ValueError(
+                f'{value!r} is not a Hub reference: write "owner/repo:QUANT", e.g. '
+                f'"bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M"'
+            )
         return {"repo": repo, "quant": quant or DEFAULT_QUANT}
 
     @field_validator("repo")
     @classmethod
     def _check_repo(cls, value: str | None) -> str | None:
         if value is not None and not _REPO_RE.match(value):
-            raise ValueError(f"{value!r} is not a repository id: write \"owner/name\"")
+            raise ValueError(f'{value!r} is not a repository id: write "owner/name"')
         return value
 
     @field_validator("quant")
@@ -98,7 +100,7 @@ class ModelSource(BaseModel):
     def _one_kind(self) -> ModelSource:
         kinds = [k for k in ("repo", "path", "builtin") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError("give exactly one of repo (\"owner/repo:QUANT\" or {repo, file}), path or builtin")
+            raise ValueError('give exactly one of repo ("owner/repo:QUANT" or {repo, file}), path or builtin')
         if self.repo is None and (self.file or self.quant):
             raise ValueError("file and quant only go with repo")
         if self.file and self.quant:
@@ -236,8 +238,9 @@ class ModelsConfig:
         try:
             return self.pairs[name]
         except KeyError:
-            raise ConfigError(f"unknown pair {name!r}: choose one of {', '.join(sorted(self.pairs))} "
-                              "(see `localspec models`)") from None
+            raise ConfigError(
+                f"unknown pair {name!r}: choose one of {', '.join(sorted(self.pairs))} (see `localspec models`)"
+            ) from None
 
 
 def bundled_config_file() -> Path:
@@ -311,6 +314,7 @@ def load_config(paths: Paths, *, bundled: Path | None = None) -> ModelsConfig:
         if parsed.default is not None:
             default, default_file = parsed.default, file
     if default is not None and default not in pairs:
-        raise ConfigError(f"{default_file}: field 'default': no pair named {default!r}: "
-                          f"choose one of {', '.join(sorted(pairs))}")
+        raise ConfigError(
+            f"{default_file}: field 'default': no pair named {default!r}: choose one of {', '.join(sorted(pairs))}"
+        )
     return ModelsConfig(pairs=pairs, default=default, files=tuple(f for _, f in layers))

@@ -119,8 +119,10 @@ def dequantize_file(source: Path, dest: Path, *, f16: bool = False) -> Path:
         raise ModelFileError(f"deriving the demo target needs the gguf package: {INSTALL_HINT}") from e
     problem = folder_problem(dest.parent)
     if problem:
-        raise ModelFileError(f"cannot write the demo target into {dest.parent}: {problem} — set {HOME_ENV} to a "
-                             "writable folder, or fix that one")
+        raise ModelFileError(
+            f"cannot write the demo target into {dest.parent}: {problem} — set {HOME_ENV} to a "
+            "writable folder, or fix that one"
+        )
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     marker_tmp = tmp.with_suffix(".source")
     try:
@@ -131,8 +133,9 @@ def dequantize_file(source: Path, dest: Path, *, f16: bool = False) -> Path:
         marker_tmp.write_text(_source_id(source), encoding="utf-8")
         os.replace(marker_tmp, _marker(dest))
     except (OSError, ValueError, NotImplementedError) as e:
-        raise ModelFileError(f"could not derive {dest.name} from {source}: {e} — check free disk space and "
-                             f"permissions in {dest.parent}") from e
+        raise ModelFileError(
+            f"could not derive {dest.name} from {source}: {e} — check free disk space and permissions in {dest.parent}"
+        ) from e
     finally:
         tmp.unlink(missing_ok=True)
         marker_tmp.unlink(missing_ok=True)

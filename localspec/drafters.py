@@ -33,8 +33,16 @@ class Drafter(Protocol):
     n_ctx: int  # longest history it can draft after
     n_decoded: int  # tokens its model has decoded so far (0 without a model): drafting and catch-up cost
 
-    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
-                p_min: float, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        history: list[int],
+        k: int,
+        sampling: SamplingParams,
+        *,
+        sample: bool,
+        p_min: float,
+        rng: np.random.Generator,
+    ) -> Proposal:
         """Draft up to k tokens after `history`; `sample` draws from the draft law (p/q verification)."""
         ...
 
@@ -68,8 +76,16 @@ class ModelDrafter:
     def n_decoded(self) -> int:
         return self.seq.n_decoded
 
-    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
-                p_min: float, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        history: list[int],
+        k: int,
+        sampling: SamplingParams,
+        *,
+        sample: bool,
+        p_min: float,
+        rng: np.random.Generator,
+    ) -> Proposal:
         seq = self.seq
         seq.sync(history, outputs=1)
         if seq.needs_checkpoint:
@@ -119,8 +135,16 @@ class NgramDrafter:
         assert 1 <= n_min <= n_max
         self.n_max, self.n_min = n_max, n_min
 
-    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
-                p_min: float, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        history: list[int],
+        k: int,
+        sampling: SamplingParams,
+        *,
+        sample: bool,
+        p_min: float,
+        rng: np.random.Generator,
+    ) -> Proposal:
         tokens = lookup(history, k, n_max=self.n_max, n_min=self.n_min)
         return Proposal(tokens, [None] * len(tokens))
 
@@ -160,8 +184,16 @@ class LookupModelDrafter(ModelDrafter):
         super().__init__(seq)
         self.ngram = ngram or NgramDrafter()
 
-    def propose(self, history: list[int], k: int, sampling: SamplingParams, *, sample: bool,
-                p_min: float, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        history: list[int],
+        k: int,
+        sampling: SamplingParams,
+        *,
+        sample: bool,
+        p_min: float,
+        rng: np.random.Generator,
+    ) -> Proposal:
         found = self.ngram.propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
         if found.tokens:
             return found

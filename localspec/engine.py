@@ -144,9 +144,15 @@ def speculative_step(
     if drafter is not None:
         drafter.keep(n + n_accepted)
     tokens = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
-    return Step(tokens, len(drafts.tokens), n_accepted, seconds_draft=t1 - t0,
-                seconds_verify=t2 - t1 + time.perf_counter() - t3, seconds_sampling=t3 - t2,
-                draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded)
+    return Step(
+        tokens,
+        len(drafts.tokens),
+        n_accepted,
+        seconds_draft=t1 - t0,
+        seconds_verify=t2 - t1 + time.perf_counter() - t3,
+        seconds_sampling=t3 - t2,
+        draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded,
+    )
 
 
 class Generation:
@@ -156,15 +162,25 @@ class Generation:
     every step finishes its rollback before anything is yielded.
     """
 
-    def __init__(self, engine: Engine, prompt: list[int], *, sampling: SamplingParams, spec: SpeculativeParams,
-                 max_tokens: int, stop: Sequence[str] = (), rng: np.random.Generator | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prompt: list[int],
+        *,
+        sampling: SamplingParams,
+        spec: SpeculativeParams,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        rng: np.random.Generator | None = None,
+    ) -> None:
         if not prompt:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
         if max_tokens < 1:
             raise InvalidParamsError("max-tokens must be at least 1")
         if len(prompt) >= engine.n_ctx:
-            raise ContextError(f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten "
-                               "it or raise --n-ctx")
+            raise ContextError(
+                f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten it or raise --n-ctx"
+            )
         self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
         self.max_tokens = max_tokens
         self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
@@ -212,8 +228,9 @@ class Generation:
             # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
             drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx
             if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
-                stats.draft_prefill_decoded = engine.drafter.prefill(self.prompt,
-                                                                     progress=self._prefill_progress("draft"))
+                stats.draft_prefill_decoded = engine.drafter.prefill(
+                    self.prompt, progress=self._prefill_progress("draft")
+                )
         except PrefillStopped:  # Esc while reading a long prompt: the caches hold what was read so far
             yield self._finish(None, "cancelled")
             return
@@ -226,8 +243,9 @@ class Generation:
                 yield self._finish(None, reason)
                 return
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
-            k = engine.draft_length(self.spec, self.max_tokens - len(self.tokens), len(history), stats,
-                                    timed=self.sampling.seed is None)
+            k = engine.draft_length(
+                self.spec, self.max_tokens - len(self.tokens), len(history), stats, timed=self.sampling.seed is None
+            )
             if engine.threads is not None:
                 engine.threads.check()
             step = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec, self.rng)
@@ -255,14 +273,17 @@ class Generation:
             if self.on_prefill is not None and total >= PREFILL_REPORT_MIN:
                 self.on_prefill(model, done, total)
             return not self._cancel.is_set()
+
         return report
 
     def _reason_to_stop(self, history: list[int]) -> str | None:
         if self._cancel.is_set():
             return "cancelled"
         if len(history) > self.engine.n_ctx:  # the cache holds history[:-1]: no cell left for the last token
-            self.notices.append(f"the context is full ({self.engine.n_ctx} tokens): the answer was cut short; "
-                                "raise --n-ctx or shorten the prompt")
+            self.notices.append(
+                f"the context is full ({self.engine.n_ctx} tokens): the answer was cut short; "
+                "raise --n-ctx or shorten the prompt"
+            )
             return "length"
         return None
 
@@ -280,8 +301,15 @@ class Engine:
     Build it with `Engine.load(...)` and close it (or use `with`) to free the native memory.
     """
 
-    def __init__(self, target_model: backend.Model, target: KVSequence, drafter: Drafter | None,
-                 *, owned: Sequence = (), auto_threads: bool = False) -> None:
+    def __init__(
+        self,
+        target_model: backend.Model,
+        target: KVSequence,
+        drafter: Drafter | None,
+        *,
+        owned: Sequence = (),
+        auto_threads: bool = False,
+    ) -> None:
         self.target_model = target_model
         self.target = target
         self.drafter = drafter
@@ -299,10 +327,19 @@ class Engine:
                 log.warning("speculation off: %s", self.cannot_roll_back)
 
     @classmethod
-    def load(cls, target_path: str | Path, draft_path: str | Path | None = None, *, drafter: str = "model",
-             n_ctx: int | None = None, n_gpu_layers: int | None = None, n_threads: int | None = None,
-             rollback: str = "auto",
-             swa_full: bool | None = None, compat_hint: str = "") -> Engine:
+    def load(
+        cls,
+        target_path: str | Path,
+        draft_path: str | Path | None = None,
+        *,
+        drafter: str = "model",
+        n_ctx: int | None = None,
+        n_gpu_layers: int | None = None,
+        n_threads: int | None = None,
+        rollback: str = "auto",
+        swa_full: bool | None = None,
+        compat_hint: str = "",
+    ) -> Engine:
         """Load the target (and the draft) and create their contexts.
 
         Args:
@@ -350,12 +387,12 @@ class Engine:
                 obj.close()
             raise
 
-    def draft_length(self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *,
-                     timed: bool = True) -> int:
+    def draft_length(
+        self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
+    ) -> int:
         """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room."""
         if self.drafter is None or spec.draft_max == 0 or self.cannot_roll_back:
-            stats.speculation_off = ("no drafter" if self.drafter is None else self.cannot_roll_back
-                                     or "draft-max is 0")
+            stats.speculation_off = "no drafter" if self.drafter is None else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
             return 0
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
@@ -366,9 +403,16 @@ class Engine:
         stats.decision = self.policy.decision
         return choice.k
 
-    def generate(self, prompt: list[int], *, sampling: SamplingParams = SamplingParams(),
-                 spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 256, stop: Sequence[str] = (),
-                 rng: np.random.Generator | None = None) -> Generation:
+    def generate(
+        self,
+        prompt: list[int],
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = 256,
+        stop: Sequence[str] = (),
+        rng: np.random.Generator | None = None,
+    ) -> Generation:
         """Start a generation continuing `prompt` (token ids). Iterate the result to run it."""
         return Generation(self, prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
 
@@ -413,8 +457,15 @@ def _own(owned: list, obj):
     return obj
 
 
-def _sequence(owned: list, model: backend.Model, n_ctx: int, rollback: str, swa_full: bool | None,
-              speculating: bool, n_threads: int | None) -> KVSequence:
+def _sequence(
+    owned: list,
+    model: backend.Model,
+    n_ctx: int,
+    rollback: str,
+    swa_full: bool | None,
+    speculating: bool,
+    n_threads: int | None,
+) -> KVSequence:
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0

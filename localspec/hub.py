@@ -184,7 +184,7 @@ def remote_files(ref: ModelSource) -> list[RemoteFile]:
         raise DownloadError(f"{ref.repo} has no file {ref.file!r}; its GGUF files: {_listing(ggufs)}")
     raise DownloadError(
         f"{ref.repo} has no {ref.quant} file; quants it has: {_listing(available_quants(ggufs))} "
-        f"(write \"{ref.repo}:QUANT\" in models.toml)"
+        f'(write "{ref.repo}:QUANT" in models.toml)'
     )
 
 
@@ -208,8 +208,10 @@ def download(ref: ModelSource, *, progress: ProgressCallback | None = None) -> P
         log.info("%s is already downloaded: %s", ref.label(), cached)
         return cached
     if is_offline():
-        raise DownloadError(f"{ref.label()} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE "
-                            "is set: unset HF_HUB_OFFLINE to download it")
+        raise DownloadError(
+            f"{ref.label()} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE "
+            "is set: unset HF_HUB_OFFLINE to download it"
+        )
     paths = []
     for remote in remote_files(ref):
         log.info("downloading %s from %s (%s bytes)", remote.filename, remote.repo, remote.size)
@@ -241,8 +243,12 @@ def _progress_class(callback: ProgressCallback | None):
 def _network_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "could not talk to the Hub", whichever HTTP library huggingface_hub uses."""
     found: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
-                         ("requests", "ConnectionError"), ("requests", "Timeout")):
+    for module, name in (
+        ("httpx2", "TransportError"),
+        ("httpx", "TransportError"),
+        ("requests", "ConnectionError"),
+        ("requests", "Timeout"),
+    ):
         with contextlib.suppress(ImportError, AttributeError):
             found.append(getattr(importlib.import_module(module), name))
     return tuple(found)
@@ -263,23 +269,29 @@ def hub_errors(ref: ModelSource, size: int | None = None) -> Iterator[None]:
     try:
         yield
     except hf.GatedRepoError as e:
-        raise DownloadError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, "
-                            f"then {login}") from e
+        raise DownloadError(
+            f"{repo} is gated: accept its license at https://huggingface.co/{repo}, then {login}"
+        ) from e
     except hf.RepositoryNotFoundError as e:
         raise DownloadError(f"repository {repo} was not found on the Hub (if it is private, {login})") from e
     except hf.RevisionNotFoundError as e:
         raise DownloadError(f"{repo} has no such revision: check the reference {label}") from e
     except hf.OfflineModeIsEnabled as e:
-        raise DownloadError(f"{label} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: "
-                            "unset HF_HUB_OFFLINE to download it") from e
+        raise DownloadError(
+            f"{label} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: unset HF_HUB_OFFLINE to download it"
+        ) from e
     except hf.LocalEntryNotFoundError as e:
-        raise DownloadError(f"cannot reach the Hugging Face Hub to download {label}: check your network "
-                            "connection (or HF_ENDPOINT) and retry") from e
+        raise DownloadError(
+            f"cannot reach the Hugging Face Hub to download {label}: check your network "
+            "connection (or HF_ENDPOINT) and retry"
+        ) from e
     except hf.HfHubHTTPError as e:
         raise DownloadError(_http_error_line(e, repo, label, login)) from e
     except _network_errors() as e:
-        raise DownloadError(f"cannot reach the Hugging Face Hub to download {label} ({type(e).__name__}): "
-                            "check your network connection (or HF_ENDPOINT) and retry") from e
+        raise DownloadError(
+            f"cannot reach the Hugging Face Hub to download {label} ({type(e).__name__}): "
+            "check your network connection (or HF_ENDPOINT) and retry"
+        ) from e
     except OSError as e:
         raise DownloadError(_os_error_line(e, label, size)) from e
 
@@ -296,8 +308,10 @@ def _http_error_line(error, repo: str, label: str, login: str) -> str:
 def _os_error_line(error: OSError, label: str, size: int | None) -> str:
     if error.errno == errno.ENOSPC:
         need = f" (it needs {size / 2**30:.1f} GiB)" if size else ""
-        return (f"the disk is full while downloading {label}{need}: free space in {cache_dir()} "
-                "or point HF_HUB_CACHE at a bigger disk")
+        return (
+            f"the disk is full while downloading {label}{need}: free space in {cache_dir()} "
+            "or point HF_HUB_CACHE at a bigger disk"
+        )
     if error.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
         return f"cannot write {label} into {cache_dir()} ({error.strerror}): fix its permissions or set HF_HUB_CACHE"
     return f"downloading {label} failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}: retry"

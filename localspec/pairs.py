@@ -100,8 +100,13 @@ def family_of(ref: ModelSource) -> str | None:
 def compat_hint(pair: Pair, config: ModelsConfig) -> str:
     """A suggestion for a failed compatibility check: the curated drafts of the target's family."""
     family = family_of(pair.target)
-    drafts = sorted({p.draft.label() for p in config.pairs.values()
-                     if family and family_of(p.target) == family and p.draft != pair.draft})
+    drafts = sorted(
+        {
+            p.draft.label()
+            for p in config.pairs.values()
+            if family and family_of(p.target) == family and p.draft != pair.draft
+        }
+    )
     if not drafts:
         return "choose a draft from the same model family as the target (same tokenizer)"
     return f"drafts known to fit {family} targets: {', '.join(drafts)}"
@@ -122,8 +127,10 @@ def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths) -> ResolvedPair
         else:
             path = hub.find_cached(ref)
             if path is None:
-                raise ModelFileError(f"the {role} of pair {pair.name!r} ({ref.label()}) is not downloaded: "
-                                     f"run `localspec pull {pair.name}`")
+                raise ModelFileError(
+                    f"the {role} of pair {pair.name!r} ({ref.label()}) is not downloaded: "
+                    f"run `localspec pull {pair.name}`"
+                )
         assert path is not None
         check_gguf_file(path)
         resolved[role] = path
@@ -148,8 +155,10 @@ def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[P
     missing = f"pair {default.name!r} is not downloaded" if default else "no default pair is set"
     pull = f"localspec pull {default.name if default else 'PAIR'}"
     if demo_pair is not None and demo.packaged_draft() is not None:
-        note = (f"{missing}; using the offline demo pair (a demo of the mechanism, not a good chat model). "
-                f"Run `{pull}` for a real one.")
+        note = (
+            f"{missing}; using the offline demo pair (a demo of the mechanism, not a good chat model). "
+            f"Run `{pull}` for a real one."
+        )
         return demo_pair, note
     raise ModelFileError(f"{missing}: run `{pull}`, or {demo.INSTALL_HINT}")
 
@@ -178,8 +187,13 @@ def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
     if note:
         log.warning("%s", note)
     resolved = resolve_pair(pair, config, paths)
-    settings = {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides(),
-                "compat_hint": resolved.hint, "notice": note or ""}
+    settings = {
+        **pair.sampling_overrides(),
+        **pair.speculative_overrides(),
+        **pair.model_overrides(),
+        "compat_hint": resolved.hint,
+        "notice": note or "",
+    }
     return str(resolved.target_path), str(resolved.draft_path), settings
 
 
@@ -194,9 +208,15 @@ class PulledFile:
     size: int | None
 
 
-def pull_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, dry_run: bool = False,
-              progress: hub.ProgressCallback | None = None,
-              notify: Callable[[str], None] | None = None) -> list[PulledFile]:
+def pull_pair(
+    pair: Pair,
+    config: ModelsConfig,
+    paths: Paths,
+    *,
+    dry_run: bool = False,
+    progress: hub.ProgressCallback | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> list[PulledFile]:
     """Make both files of `pair` available, then check that the draft fits the target.
 
     Args:
@@ -214,21 +234,31 @@ def pull_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, dry_run: bool =
         DownloadError, ModelFileError, IncompatibleDraftError: with a line that says what to do.
     """
     say = notify or log.info
-    done = [_pull_one(role, ref, pair, paths, dry_run, progress, say)
-            for role, ref in (("target", pair.target), ("draft", pair.draft))]
+    done = [
+        _pull_one(role, ref, pair, paths, dry_run, progress, say)
+        for role, ref in (("target", pair.target), ("draft", pair.draft))
+    ]
     if not dry_run:
         check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
     return done
 
 
-def _pull_one(role: Role, ref: ModelSource, pair: Pair, paths: Paths, dry_run: bool,
-              progress: hub.ProgressCallback | None, say: Callable[[str], None]) -> PulledFile:
+def _pull_one(
+    role: Role,
+    ref: ModelSource,
+    pair: Pair,
+    paths: Paths,
+    dry_run: bool,
+    progress: hub.ProgressCallback | None,
+    say: Callable[[str], None],
+) -> PulledFile:
     status = local_status(role, ref, paths)
     if status.downloaded:
         return PulledFile(role, ref.label(), "present", status.path, status.size)
     if ref.kind == "path":
-        raise ModelFileError(f"the {role} of pair {pair.name!r} is not a file: {ref.path} "
-                             f"(fix the path in {pair.file})")
+        raise ModelFileError(
+            f"the {role} of pair {pair.name!r} is not a file: {ref.path} (fix the path in {pair.file})"
+        )
     if ref.kind == "builtin":
         if dry_run:
             return PulledFile(role, ref.label(), "would-derive", None, None)

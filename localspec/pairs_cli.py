@@ -53,8 +53,10 @@ def _setup() -> tuple[Paths, ModelsConfig]:
 
 def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
     pair = status.pair
-    files = {s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None,
-                      "size": s.size} for s in (status.target, status.draft)}
+    files = {
+        s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None, "size": s.size}
+        for s in (status.target, status.draft)
+    }
     return {
         "name": pair.name,
         "source": pair.source,
@@ -114,8 +116,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     for name in names:
         print(f"{'dry run: ' if args.dry_run else ''}pull {name}")
         try:
-            done = pull_pair(config.get(name), config, paths, dry_run=args.dry_run,
-                             notify=lambda line: print(f"  {line}", flush=True))
+            done = pull_pair(
+                config.get(name),
+                config,
+                paths,
+                dry_run=args.dry_run,
+                notify=lambda line: print(f"  {line}", flush=True),
+            )
         except LocalspecError as e:
             if not args.all:
                 raise

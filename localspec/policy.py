@@ -218,8 +218,15 @@ class DraftPolicy:
         tuning: the policy's constants.
     """
 
-    def __init__(self, drafter: Drafter | None = None, *, costs: Costs | None = None, estimate: Costs | None = None,
-                 draft_size_ratio: float = 1.0, tuning: PolicyTuning = PolicyTuning()) -> None:
+    def __init__(
+        self,
+        drafter: Drafter | None = None,
+        *,
+        costs: Costs | None = None,
+        estimate: Costs | None = None,
+        draft_size_ratio: float = 1.0,
+        tuning: PolicyTuning = PolicyTuning(),
+    ) -> None:
         self.drafter = drafter
         self.tuning = tuning
         self.costs: Costs = costs if costs is not None else MeasuredCosts()
@@ -309,26 +316,38 @@ class DraftPolicy:
         if self.credit >= cost:
             self.credit -= cost
             return Choice(k, probe=True)
-        self.reason = (f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
-                       f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)")
+        self.reason = (
+            f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
+            f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)"
+        )
         return Choice(0, self.reason)
 
     def _record_decision(self, k: int, speedup: float, costs: Costs) -> None:
         plain, spec = self._plain_rate, self._spec_rate
         measured = spec.value / plain.value if plain.n and spec.n and plain.value > 0 else 0.0
-        self.decision = Decision(draft_cost=costs.draft_ratio(), verify_cost=costs.batch_ratio(k), alpha=self.alpha,
-                                 predicted_speedup=speedup, measured_speedup=measured)
+        self.decision = Decision(
+            draft_cost=costs.draft_ratio(),
+            verify_cost=costs.batch_ratio(k),
+            alpha=self.alpha,
+            predicted_speedup=speedup,
+            measured_speedup=measured,
+        )
 
     def _probe_cost(self, k: int, costs: Costs) -> float:
         """Plain steps a probe with k drafts is expected to lose, catching up on the lag included."""
-        return (self.lag * costs.catch_up_ratio() + k * costs.draft_ratio() + costs.batch_ratio(k)
-                - expected_tokens(self.alpha, k))
+        return (
+            self.lag * costs.catch_up_ratio()
+            + k * costs.draft_ratio()
+            + costs.batch_ratio(k)
+            - expected_tokens(self.alpha, k)
+        )
 
     def observe(self, step: Step) -> None:
         """Learn from the step just run (call it with what `speculative_step` returned)."""
         last, self._last = self._last, Choice(0)
-        self.costs.observe(step.drafted, step.seconds_verify + step.seconds_sampling, step.seconds_draft,
-                           step.draft_decoded)
+        self.costs.observe(
+            step.drafted, step.seconds_verify + step.seconds_sampling, step.seconds_draft, step.draft_decoded
+        )
         self.verified += step.drafted
         if step.drafted:
             keep = 1.0 - self.tuning.forget

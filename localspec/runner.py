@@ -52,8 +52,16 @@ def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, dict]:
     return resolve_pair_for_run(args.pair)  # no --pair: the default pair, or the offline demo
 
 
-def load_engine(target, draft, settings: dict, *, drafter: str | None = None, n_ctx: int | None = None,
-                n_gpu_layers: int | None = None, n_threads: int | None = None) -> Engine:
+def load_engine(
+    target,
+    draft,
+    settings: dict,
+    *,
+    drafter: str | None = None,
+    n_ctx: int | None = None,
+    n_gpu_layers: int | None = None,
+    n_threads: int | None = None,
+) -> Engine:
     """Load target and draft with explicit options over the pair's settings (shared by generate and chat).
 
     Args:
@@ -66,17 +74,30 @@ def load_engine(target, draft, settings: dict, *, drafter: str | None = None, n_
     """
     drafter = drafter or ("model" if draft else "none")
     n_gpu_layers = n_gpu_layers if n_gpu_layers is not None else settings.get("n_gpu_layers")
-    return Engine.load(target, draft if drafter in MODEL_DRAFTERS else None, drafter=drafter,
-                       n_ctx=n_ctx or settings.get("n_ctx"), n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                       compat_hint=settings.get("compat_hint", ""))
+    return Engine.load(
+        target,
+        draft if drafter in MODEL_DRAFTERS else None,
+        drafter=drafter,
+        n_ctx=n_ctx or settings.get("n_ctx"),
+        n_gpu_layers=n_gpu_layers,
+        n_threads=n_threads,
+        compat_hint=settings.get("compat_hint", ""),
+    )
 
 
 @contextmanager
 def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
     """Load the engine the flags describe; close it on exit."""
     target, draft, settings = resolve_models(args)
-    engine = load_engine(target, draft, settings, drafter=args.drafter, n_ctx=args.n_ctx,
-                         n_gpu_layers=args.n_gpu_layers, n_threads=args.threads)
+    engine = load_engine(
+        target,
+        draft,
+        settings,
+        drafter=args.drafter,
+        n_ctx=args.n_ctx,
+        n_gpu_layers=args.n_gpu_layers,
+        n_threads=args.threads,
+    )
     try:
         yield engine, settings
     finally:

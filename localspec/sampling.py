@@ -62,7 +62,9 @@ class SamplingParams:
 
     @property
     def penalised(self) -> bool:
-        return (self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty) and self.repeat_last_n > 0
+        return (
+            self.repeat_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+        ) and self.repeat_last_n > 0
 
 
 @dataclass(slots=True)
@@ -174,8 +176,9 @@ def _penalties(row: np.ndarray, history: list[int], params: SamplingParams) -> t
     return ids, values - n * params.frequency_penalty - params.presence_penalty
 
 
-def _values(row: np.ndarray, ids: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
+def _values(
+    row: np.ndarray, ids: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The candidates `ids` ∪ the penalised tokens, ascending, with their (penalised) values."""
     if pen_ids.size:
         ids = np.union1d(ids, pen_ids)
@@ -229,8 +232,11 @@ def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams
     if pen_ids.size:
         best_raw = max(best_raw, float(pen_values.max()))
     mass = _RowMass(row, pen_ids, pen_values, params.temperature)
-    windows = [-params.temperature * math.log(params.min_p)] if params.min_p > 0 else [w * params.temperature
-                                                                                     for w in _WINDOWS]
+    windows = (
+        [-params.temperature * math.log(params.min_p)]
+        if params.min_p > 0
+        else [w * params.temperature for w in _WINDOWS]
+    )
     for width in windows:
         threshold = best_raw - width - _CUT_MARGIN
         ids, values = _values(row, blocks.above(threshold), pen_ids, pen_values)
@@ -281,7 +287,7 @@ def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _Row
         elif params.min_p == 0.0 or cum[keep - 2] >= params.top_p * cum[-1]:
             total = mass(float(values[0]))
             near = np.abs(cum - params.top_p * total) <= _MASS_TOLERANCE * total
-            if near[: keep].any():
+            if near[:keep].any():
                 total = mass(float(values[0]), precise=True)
             cut = int(np.searchsorted(cum, params.top_p * total, side="left"))
             if cut >= len(cum) and keep == len(cum) and params.min_p == 0.0:
@@ -292,8 +298,9 @@ def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _Row
     return Dist(ids[order], weights[order] / weights.sum())
 
 
-def _softmax(row: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray, temperature: float,
-             top_p: float = 1.0) -> Dist:
+def _softmax(
+    row: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray, temperature: float, top_p: float = 1.0
+) -> Dist:
     """The law over the whole vocabulary in float64 (no filter, or a top-p wider than every window)."""
     scaled = row.astype(np.float64)
     scaled[pen_ids] = pen_values

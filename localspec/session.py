@@ -71,8 +71,9 @@ class ChatFormat:
         if self.template_name:
             return backend.render_builtin_chat(self.template_name, messages)
         m = self.model
-        return backend.render_jinja_chat(self.template, messages, bos=m.token_piece_text(m.info.bos),
-                                         eos=m.token_piece_text(m.info.eos))
+        return backend.render_jinja_chat(
+            self.template, messages, bos=m.token_piece_text(m.info.bos), eos=m.token_piece_text(m.info.eos)
+        )
 
     def _tokenize(self, pieces: list[tuple[str, bool]]) -> list[int]:
         # Split markup at control tokens; tokenize each run of plain text (markup and message text
@@ -117,9 +118,16 @@ class ChatSession:
         self.render_mismatches = 0  # shifts whose kept tokens differed from the fresh rendering
         self.shift_fallback: str | None = None  # why this chat no longer tries to shift
 
-    def send(self, text: str, *, sampling: SamplingParams = SamplingParams(),
-             spec: SpeculativeParams = SpeculativeParams(), max_tokens: int = 512, stop: Sequence[str] = (),
-             rng=None) -> Generation:
+    def send(
+        self,
+        text: str,
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        rng=None,
+    ) -> Generation:
         """Add a user message and start the assistant's answer; iterate the result to stream it.
 
         The answer (partial if stopped early) joins the conversation when the iteration ends.
@@ -133,16 +141,23 @@ class ChatSession:
             self.messages.pop()
         if not self.messages or self.messages[-1].role != "user":
             raise ContextError("nothing to regenerate: send a message first")
-        return self._answer(kwargs.get("sampling", SamplingParams()), kwargs.get("spec", SpeculativeParams()),
-                            kwargs.get("max_tokens", 512), kwargs.get("stop", ()), kwargs.get("rng"))
+        return self._answer(
+            kwargs.get("sampling", SamplingParams()),
+            kwargs.get("spec", SpeculativeParams()),
+            kwargs.get("max_tokens", 512),
+            kwargs.get("stop", ()),
+            kwargs.get("rng"),
+        )
 
     def _answer(self, sampling, spec, max_tokens, stop, rng) -> Generation:
         prompt = self._fit(max_tokens)
-        generation = self.engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop,
-                                          rng=rng)
+        generation = self.engine.generate(
+            prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng
+        )
         if self.dropped:
-            generation.notices.append(f"the conversation is longer than the context: the {self.dropped} oldest "
-                                      f"messages were left out")
+            generation.notices.append(
+                f"the conversation is longer than the context: the {self.dropped} oldest messages were left out"
+            )
         generation.on_finish = lambda g: self.messages.append(Message("assistant", g.text))
         return generation
 
@@ -157,7 +172,7 @@ class ChatSession:
         n_ctx = self.engine.n_ctx
         room = n_ctx - min(max_tokens, n_ctx // 2)
         system = [m for m in self.messages[:1] if m.role == "system"]
-        turns = self.messages[len(system):]
+        turns = self.messages[len(system) :]
         start = self.dropped
         if not (start < len(turns) and turns[start] is self._cut):
             start = 0  # the messages were replaced (a resumed or edited chat): search from the beginning
@@ -171,8 +186,9 @@ class ChatSession:
         starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
         seqs = [seq for seq in (self.engine.target, getattr(self.engine.drafter, "seq", None)) if seq is not None]
         if window.can_shift(seqs) and self.shift_fallback is None:
-            found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
-                     or self._first_fit(system, turns, starts, room))
+            found = self._first_fit(system, turns, starts, int(room * CUT_TO)) or self._first_fit(
+                system, turns, starts, room
+            )
             if found is not None:
                 new_start, new_tokens = found
                 plan = window.plan_shift(self.engine.target.tokens, tokens, new_tokens)
@@ -185,11 +201,14 @@ class ChatSession:
                     self.shifts += 1
                     return new_start, new_tokens
         # A block drop (the caches will re-read the window): the next re-read is many turns away.
-        found = (self._first_fit(system, turns, starts, int(room * CUT_TO))
-                 or self._first_fit(system, turns, starts, room))
+        found = self._first_fit(system, turns, starts, int(room * CUT_TO)) or self._first_fit(
+            system, turns, starts, room
+        )
         if found is None:
-            raise ContextError(f"the last message does not fit in the context ({self.engine.n_ctx} tokens): "
-                               "shorten it or raise --n-ctx")
+            raise ContextError(
+                f"the last message does not fit in the context ({self.engine.n_ctx} tokens): "
+                "shorten it or raise --n-ctx"
+            )
         self.block_drops += 1
         return found
 

@@ -134,13 +134,29 @@ class Stats:
 
     def merge(self, other: Stats) -> None:
         """Add another generation's counts and times into this one (session totals)."""
-        for name in ("prompt_tokens", "prefill_decoded", "draft_prefill_decoded", "drafted", "accepted", "rejections", "target_passes",
-                     "emitted", "seconds", "seconds_prefill", "seconds_draft", "seconds_verify",
-                     "seconds_sampling", "steps_off", "probes"):
+        for name in (
+            "prompt_tokens",
+            "prefill_decoded",
+            "draft_prefill_decoded",
+            "drafted",
+            "accepted",
+            "rejections",
+            "target_passes",
+            "emitted",
+            "seconds",
+            "seconds_prefill",
+            "seconds_draft",
+            "seconds_verify",
+            "seconds_sampling",
+            "steps_off",
+            "probes",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in ((self.drafted_by_position, other.drafted_by_position),
-                             (self.accepted_by_position, other.accepted_by_position),
-                             (self.steps_by_draft_length, other.steps_by_draft_length)):
+        for mine, theirs in (
+            (self.drafted_by_position, other.drafted_by_position),
+            (self.accepted_by_position, other.accepted_by_position),
+            (self.steps_by_draft_length, other.steps_by_draft_length),
+        ):
             mine.extend([0] * (len(theirs) - len(mine)))
             for i, v in enumerate(theirs):
                 mine[i] += v
@@ -164,8 +180,10 @@ class Stats:
         """One human line, e.g. for stderr after `localspec generate`."""
         line = f"{self.emitted} tokens, {self.tokens_per_second:.1f} tok/s, {self.target_passes} target passes"
         if self.drafted:
-            line += (f", acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted} drafted), "
-                     f"{self.mean_tokens_per_pass:.2f} tokens/pass")
+            line += (
+                f", acceptance {self.acceptance_rate:.0%} ({self.accepted}/{self.drafted} drafted), "
+                f"{self.mean_tokens_per_pass:.2f} tokens/pass"
+            )
             if self.speculation_off:
                 line += f", then plain ({self.speculation_off})"
         else:

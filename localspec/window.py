@@ -91,6 +91,11 @@ def shift_caches(seqs: Sequence[KVSequence], old: Sequence[int], new: Sequence[i
             # can_drop said yes; a refusal now means the memory is not what we think: start afresh.
             log.warning("%s: dropping a span failed; re-prefilling", seq.ctx.model.path.name)
             seq.rollback_to(min(own.start, seq.n_past))
-    log.info("context shift: dropped %d tokens at %d, %d reused%s", plan.n, plan.start, plan.reused,
-             "" if plan.exact else " (the shortened rendering differs from the shifted tokens)")
+    log.info(
+        "context shift: dropped %d tokens at %d, %d reused%s",
+        plan.n,
+        plan.start,
+        plan.reused,
+        "" if plan.exact else " (the shortened rendering differs from the shifted tokens)",
+    )
     return plan

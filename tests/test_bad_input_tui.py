@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from tuitesting import record_notifications, send, wait_ready
 
 from localspec.tui.app import make_app
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import PromptInput
-from tuitesting import record_notifications, send, wait_ready
 
 pytestmark = pytest.mark.anyio
 
@@ -19,8 +19,15 @@ def anyio_backend():
 
 
 async def test_a_message_rejected_for_length_does_not_become_a_title(chat_home, tmp_path):
-    options = ChatOptions(pair="tiny", n_ctx=64, max_tokens=24, cursor_blink=False, export_dir=tmp_path / "exports",
-                          overrides={"seed": 1, "adaptive": False}, stats_interval=0.05)
+    options = ChatOptions(
+        pair="tiny",
+        n_ctx=64,
+        max_tokens=24,
+        cursor_blink=False,
+        export_dir=tmp_path / "exports",
+        overrides={"seed": 1, "adaptive": False},
+        stats_interval=0.05,
+    )
     app = make_app(options)
     notes = record_notifications(app)
     async with app.run_test(size=(110, 36)) as pilot:

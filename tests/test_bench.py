@@ -12,14 +12,40 @@ import pytest
 
 from localspec.cli import main
 
-EXPECTED = {(0.0, "plain"), (0.0, "k=2"), (0.0, "k=3"), (0.0, "adaptive≤3"), (0.8, "plain"), (0.8, "k=2 pq"),
-            (0.8, "k=3 pq"), (0.8, "adaptive≤3 pq"), (0.8, "k=2 match"), (0.8, "k=3 match"),
-            (0.8, "adaptive≤3 match")}
+EXPECTED = {
+    (0.0, "plain"),
+    (0.0, "k=2"),
+    (0.0, "k=3"),
+    (0.0, "adaptive≤3"),
+    (0.8, "plain"),
+    (0.8, "k=2 pq"),
+    (0.8, "k=3 pq"),
+    (0.8, "adaptive≤3 pq"),
+    (0.8, "k=2 match"),
+    (0.8, "k=3 match"),
+    (0.8, "adaptive≤3 match"),
+}
 
 
 def bench(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
-    code = main(["bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.draft_noisy),
-                 "--tokens", "12", "--rounds", "1", "--k", "2,3", "--threads", "1", *extra])
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_models.target),
+            "--draft",
+            str(tiny_models.draft_noisy),
+            "--tokens",
+            "12",
+            "--rounds",
+            "1",
+            "--k",
+            "2,3",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -30,9 +56,19 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
     report = json.loads(out)
     rows = {(r["temperature"], r["setting"]): r for r in report["rows"]}
     assert set(rows) == EXPECTED
-    for (t, name), r in rows.items():
-        for key in ("tokens_per_second", "ratio", "acceptance", "alpha", "tokens_per_pass", "draft_cost",
-                    "verify_cost", "predicted", "efficiency", "python_ms_per_step"):
+    for (_, name), r in rows.items():
+        for key in (
+            "tokens_per_second",
+            "ratio",
+            "acceptance",
+            "alpha",
+            "tokens_per_pass",
+            "draft_cost",
+            "verify_cost",
+            "predicted",
+            "efficiency",
+            "python_ms_per_step",
+        ):
             assert math.isfinite(r[key]), (name, key, r[key])
         assert r["tokens_per_second"] > 0 and r["ratio"] > 0
         if name == "plain":
@@ -68,12 +104,15 @@ def test_a_broken_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path
     assert any(line.startswith("k=2") for line in out.splitlines())
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--k", "2,x"], "--k takes a comma-separated list"),
-    (["--k", "0"], "--k values must be 1..64"),
-    (["--verify", "maybe"], "--verify takes pq and/or match"),
-    (["--tokens", "1"], "--tokens must be ≥ 2"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--k", "2,x"], "--k takes a comma-separated list"),
+        (["--k", "0"], "--k values must be 1..64"),
+        (["--verify", "maybe"], "--verify takes pq and/or match"),
+        (["--tokens", "1"], "--tokens must be ≥ 2"),
+    ],
+)
 def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
     code, out, err = bench(capsys, tiny_models, *flags)
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1

@@ -8,12 +8,21 @@ import subprocess
 import sys
 
 import pytest
-
-from localspec.cli import main
 from tinymodels import VARIANT_RENAMED_ID, write_llama_model
 
-STATS_KEYS = {"drafted", "accepted", "target_passes", "emitted", "acceptance_rate", "mean_tokens_per_pass",
-              "accepted_by_position", "tokens_per_second", "seconds"}
+from localspec.cli import main
+
+STATS_KEYS = {
+    "drafted",
+    "accepted",
+    "target_passes",
+    "emitted",
+    "acceptance_rate",
+    "mean_tokens_per_pass",
+    "accepted_by_position",
+    "tokens_per_second",
+    "seconds",
+}
 
 
 def generate(capsys, *args: str) -> tuple[int, list[dict], str]:
@@ -38,8 +47,21 @@ def test_json_contract_and_greedy_draft_equals_no_draft(tiny_models, capsys):
 
 
 def test_n_completions_share_one_prefill(tiny_models, capsys):
-    code, runs, _ = generate(capsys, "the man said", "--target", tiny_models.target, "--draft",
-                             tiny_models.draft_noisy, "--n", "3", "--max-tokens", "8", "--seed", "1", "--json")
+    code, runs, _ = generate(
+        capsys,
+        "the man said",
+        "--target",
+        tiny_models.target,
+        "--draft",
+        tiny_models.draft_noisy,
+        "--n",
+        "3",
+        "--max-tokens",
+        "8",
+        "--seed",
+        "1",
+        "--json",
+    )
     assert code == 0 and len(runs) == 3
     assert runs[0]["stats"]["prefill_decoded"] == runs[0]["prompt_tokens"] - 1
     assert runs[1]["stats"]["prefill_decoded"] == runs[2]["stats"]["prefill_decoded"] == 0
@@ -47,8 +69,18 @@ def test_n_completions_share_one_prefill(tiny_models, capsys):
 
 
 def test_same_seed_same_output(tiny_models, capsys):
-    args = ["the man said", "--target", tiny_models.target, "--draft", tiny_models.draft_noisy, "--seed", "7",
-            "--max-tokens", "16", "--json"]
+    args = [
+        "the man said",
+        "--target",
+        tiny_models.target,
+        "--draft",
+        tiny_models.draft_noisy,
+        "--seed",
+        "7",
+        "--max-tokens",
+        "16",
+        "--json",
+    ]
     _, [a], _ = generate(capsys, *args)
     _, [b], _ = generate(capsys, *args)
     assert a["tokens"] == b["tokens"]
@@ -69,24 +101,30 @@ def one_line_error(capsys, args: list, match: str) -> None:
     assert match in err, err
 
 
-@pytest.mark.parametrize("flags, match", [
-    (["--temperature", "-1"], "temperature must be"),
-    (["--top-p", "0"], "top-p must be"),
-    (["--min-p", "2"], "min-p must be"),
-    (["--top-k", "-3"], "top-k must be"),
-    (["--temperature", "warm"], "invalid float value"),
-    (["--draft-max", "1000"], "draft-max"),
-    (["--max-tokens", "0"], "max-tokens"),
-    (["--n-ctx", "100000"], "exceeds what"),
-])
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--temperature", "-1"], "temperature must be"),
+        (["--top-p", "0"], "top-p must be"),
+        (["--min-p", "2"], "min-p must be"),
+        (["--top-k", "-3"], "top-k must be"),
+        (["--temperature", "warm"], "invalid float value"),
+        (["--draft-max", "1000"], "draft-max"),
+        (["--max-tokens", "0"], "max-tokens"),
+        (["--n-ctx", "100000"], "exceeds what"),
+    ],
+)
 def test_invalid_settings(tiny_models, capsys, flags, match):
     one_line_error(capsys, ["--target", tiny_models.target, *flags], match)
 
 
-@pytest.mark.parametrize("name, match", [
-    ("not_gguf", "not a GGUF file"),
-    ("truncated", "truncated or corrupt"),
-])
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("not_gguf", "not a GGUF file"),
+        ("truncated", "truncated or corrupt"),
+    ],
+)
 def test_bad_model_files(tiny_models, capsys, name, match):
     one_line_error(capsys, ["--target", getattr(tiny_models, name)], match)
     one_line_error(capsys, ["--target", tiny_models.target, "--draft", getattr(tiny_models, name)], match)
@@ -96,19 +134,32 @@ def test_missing_file(tiny_models, capsys, tmp_path):
     one_line_error(capsys, ["--target", tmp_path / "nope.gguf"], "model file not found")
 
 
-@pytest.mark.parametrize("name, match", [
-    ("vocab_bpe", "vocabulary types differ (target spm, draft bpe)"),
-    ("vocab_other_specials", "BOS tokens differ"),
-    ("vocab_far_size", "vocabulary sizes differ by 200"),
-    ("vocab_renamed", f"token {VARIANT_RENAMED_ID} differs (target 'M', draft '▁renamed')"),
-])
+@pytest.mark.parametrize(
+    "name, match",
+    [
+        ("vocab_bpe", "vocabulary types differ (target spm, draft bpe)"),
+        ("vocab_other_specials", "BOS tokens differ"),
+        ("vocab_far_size", "vocabulary sizes differ by 200"),
+        ("vocab_renamed", f"token {VARIANT_RENAMED_ID} differs (target 'M', draft '▁renamed')"),
+    ],
+)
 def test_incompatible_drafts_name_the_difference(tiny_models, capsys, name, match):
     one_line_error(capsys, ["--target", tiny_models.target, "--draft", getattr(tiny_models, name)], match)
 
 
 def test_near_size_vocabulary_is_accepted(tiny_models, capsys):
-    code, [run], _ = generate(capsys, "hi", "--target", tiny_models.target, "--draft", tiny_models.vocab_near_size,
-                              "--max-tokens", "4", "--no-adaptive", "--json")
+    code, [run], _ = generate(
+        capsys,
+        "hi",
+        "--target",
+        tiny_models.target,
+        "--draft",
+        tiny_models.vocab_near_size,
+        "--max-tokens",
+        "4",
+        "--no-adaptive",
+        "--json",
+    )
     assert code == 0 and run["stats"]["drafted"] > 0
 
 
@@ -118,9 +169,15 @@ def test_n_ctx_beyond_memory(tmp_path, capsys):
 
 
 def test_console_script_prints_no_traceback(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "localspec", "generate", "hi", "--target", str(tmp_path / "x.gguf")],
-                            capture_output=True, text=True, env={"LOCALSPEC_HOME": str(tmp_path), "PATH": ""})
+    result = subprocess.run(
+        [sys.executable, "-m", "localspec", "generate", "hi", "--target", str(tmp_path / "x.gguf")],
+        capture_output=True,
+        text=True,
+        env={"LOCALSPEC_HOME": str(tmp_path), "PATH": ""},
+    )
     assert result.returncode == 1
-    assert result.stderr == f"localspec: error: model file not found: {tmp_path / 'x.gguf'} " \
-                            "(check the path, or run `localspec pull PAIR`)\n"
+    assert (
+        result.stderr == f"localspec: error: model file not found: {tmp_path / 'x.gguf'} "
+        "(check the path, or run `localspec pull PAIR`)\n"
+    )
     assert result.stdout == ""

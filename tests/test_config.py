@@ -85,8 +85,12 @@ def test_hub_references(value, label, quant):
 
 
 def test_relative_paths_are_relative_to_their_models_toml(tmp_path):
-    parsed = read_models_file(write(tmp_path / "cfg" / "models.toml",
-                                    '[pairs.p]\ntarget = { path = "m/t.gguf" }\ndraft = { path = "/abs/d.gguf" }\n'))
+    parsed = read_models_file(
+        write(
+            tmp_path / "cfg" / "models.toml",
+            '[pairs.p]\ntarget = { path = "m/t.gguf" }\ndraft = { path = "/abs/d.gguf" }\n',
+        )
+    )
     assert parsed.pairs["p"].target.path == tmp_path / "cfg" / "m" / "t.gguf"
     assert parsed.pairs["p"].draft.path == Path("/abs/d.gguf")
 
@@ -133,8 +137,12 @@ def test_default_must_name_a_pair(localspec_home):
 
 def test_user_overlay_adds_overrides_and_sets_default(localspec_home):
     bundled = load_config(localspec_home)
-    write(localspec_home.config_file, 'default = "mine"\n' + PAIR
-          + '[pairs."qwen2.5-7b"]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\ntemperature = 0.1\n')
+    write(
+        localspec_home.config_file,
+        'default = "mine"\n'
+        + PAIR
+        + '[pairs."qwen2.5-7b"]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\ntemperature = 0.1\n',
+    )
     config = load_config(localspec_home)
     assert config.default == "mine" != bundled.default
     assert config.files == (bundled_config_file(), localspec_home.config_file)
@@ -160,8 +168,9 @@ def test_unknown_pair_lists_the_choices(localspec_home):
 
 
 def test_overrides_split_by_consumer(tmp_path):
-    text = PAIR + ('temperature = 0.3\ntop_k = 5\ndraft_max = 4\nverify = "match"\n'
-                   'n_ctx = 1024\nchat_template = "chatml"\n')
+    text = PAIR + (
+        'temperature = 0.3\ntop_k = 5\ndraft_max = 4\nverify = "match"\nn_ctx = 1024\nchat_template = "chatml"\n'
+    )
     parsed = read_models_file(write(tmp_path / "models.toml", text))
     from localspec.config import Pair
 

@@ -7,8 +7,8 @@ import json
 
 import numpy as np
 import pytest
-
 from fakellm import LogitTable, fake_engine
+
 from localspec.cli import main
 from localspec.drafters import LookupModelDrafter, NgramDrafter, lookup
 from localspec.engine import Engine, SpeculativeParams
@@ -19,22 +19,24 @@ GREEDY = SamplingParams(temperature=0.0)
 FIXED = SpeculativeParams(draft_max=6, adaptive=False)
 
 
-@pytest.mark.parametrize("history, k, n_min, want", [
-    ([1, 2, 3, 4, 5, 1, 2, 3], 4, 1, [4, 5, 1, 2]),  # the 3-gram "1 2 3" seen before
-    ([1, 2, 3, 4, 5, 9, 2, 3], 4, 1, [4, 5, 9, 2]),  # only the 2-gram "2 3"
-    ([1, 2, 3, 4, 5, 9, 8, 3], 4, 1, [4, 5, 9, 8]),  # only the 1-gram "3"
-    ([1, 2, 3, 4, 5, 9, 8, 3], 4, 2, []),  # ... which n_min 2 does not take
-    ([7, 1, 2, 8, 1, 2, 9, 1, 2], 2, 2, [9, 1]),  # the latest occurrence wins
-    ([1, 2, 1, 2], 5, 2, [1, 2]),  # the continuation stops at the end of the history
-    ([5], 3, 1, []),
-])
+@pytest.mark.parametrize(
+    "history, k, n_min, want",
+    [
+        ([1, 2, 3, 4, 5, 1, 2, 3], 4, 1, [4, 5, 1, 2]),  # the 3-gram "1 2 3" seen before
+        ([1, 2, 3, 4, 5, 9, 2, 3], 4, 1, [4, 5, 9, 2]),  # only the 2-gram "2 3"
+        ([1, 2, 3, 4, 5, 9, 8, 3], 4, 1, [4, 5, 9, 8]),  # only the 1-gram "3"
+        ([1, 2, 3, 4, 5, 9, 8, 3], 4, 2, []),  # ... which n_min 2 does not take
+        ([7, 1, 2, 8, 1, 2, 9, 1, 2], 2, 2, [9, 1]),  # the latest occurrence wins
+        ([1, 2, 1, 2], 5, 2, [1, 2]),  # the continuation stops at the end of the history
+        ([5], 3, 1, []),
+    ],
+)
 def test_lookup_continues_the_latest_longest_match(history, k, n_min, want):
     assert lookup(history, k, n_max=3, n_min=n_min) == want
 
 
 def test_ngram_proposals_are_one_hot():
-    proposal = NgramDrafter().propose([1, 2, 3, 1, 2], 3, GREEDY, sample=True, p_min=0.9,
-                                      rng=np.random.default_rng(0))
+    proposal = NgramDrafter().propose([1, 2, 3, 1, 2], 3, GREEDY, sample=True, p_min=0.9, rng=np.random.default_rng(0))
     assert proposal.tokens == [3, 1, 2] and proposal.dists == [None, None, None]
 
 
@@ -66,8 +68,22 @@ def test_lookup_drafters_in_the_real_engine_equal_plain_greedy(tiny_models, draf
 
 
 def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
-    code = main(["generate", REPEAT, "--target", str(tiny_models.target), "--drafter", "ngram",
-                 "--max-tokens", "12", "--seed", "1", "--no-adaptive", "--json"])
+    code = main(
+        [
+            "generate",
+            REPEAT,
+            "--target",
+            str(tiny_models.target),
+            "--drafter",
+            "ngram",
+            "--max-tokens",
+            "12",
+            "--seed",
+            "1",
+            "--no-adaptive",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and json.loads(out)["stats"]["drafted"] > 0
     code = main(["generate", "hi", "--target", str(tiny_models.target), "--drafter", "model+ngram"])

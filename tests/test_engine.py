@@ -216,7 +216,9 @@ def test_stop_strings_and_max_tokens(tiny_models):
 def test_context_full_ends_generation_cleanly(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=64) as engine:
         prompt = engine.tokenize(PROMPT)
-        gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=8, adaptive=False), max_tokens=500)
+        gen = engine.generate(
+            prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=8, adaptive=False), max_tokens=500
+        )
         events = list(gen)
         assert gen.finish_reason == "length" and events[-1].finish_reason == "length"
         assert engine.target.n_past == engine.n_ctx  # every cell used (llama.cpp may round n_ctx up)

@@ -22,19 +22,76 @@ from localspec.errors import ConfigError, LocalspecError
 from localspec.paths import Paths
 from localspec.textinput import one_line
 
-FUZZ = settings(max_examples=250, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=250,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 COMMANDS = ["generate", "chat", "models", "pull", "doctor", "nonsense", "--verbose", "-v", "--help"]
-FLAGS = ["--pair", "--target", "--draft", "--drafter", "--n-ctx", "--n-gpu-layers", "--threads", "--chat-template",
-         "--max-tokens", "--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed",
-         "--draft-max", "--p-min", "--verify", "--no-adaptive", "--stop", "--chat", "--system", "--n", "--json",
-         "--truncate", "--dry-run", "--help", "-h", "--", "-"]
-NUMBERS = ["0", "-0", "1", "-1", "16", "15", "64", "65", "1e309", "-1e309", "nan", "inf", "-inf", "0x10", "1_000",
-           "18446744073709551615", "18446744073709551616", str(2**70), "0.5", "1.0000001", " 3 ", ""]
+FLAGS = [
+    "--pair",
+    "--target",
+    "--draft",
+    "--drafter",
+    "--n-ctx",
+    "--n-gpu-layers",
+    "--threads",
+    "--chat-template",
+    "--max-tokens",
+    "--temperature",
+    "--top-k",
+    "--top-p",
+    "--min-p",
+    "--repeat-penalty",
+    "--seed",
+    "--draft-max",
+    "--p-min",
+    "--verify",
+    "--no-adaptive",
+    "--stop",
+    "--chat",
+    "--system",
+    "--n",
+    "--json",
+    "--truncate",
+    "--dry-run",
+    "--help",
+    "-h",
+    "--",
+    "-",
+]
+NUMBERS = [
+    "0",
+    "-0",
+    "1",
+    "-1",
+    "16",
+    "15",
+    "64",
+    "65",
+    "1e309",
+    "-1e309",
+    "nan",
+    "inf",
+    "-inf",
+    "0x10",
+    "1_000",
+    "18446744073709551615",
+    "18446744073709551616",
+    str(2**70),
+    "0.5",
+    "1.0000001",
+    " 3 ",
+    "",
+]
 SURROGATES = st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF)  # how Python hands over non-UTF-8 argv
 WORDS = st.one_of(
-    st.sampled_from(FLAGS), st.sampled_from(NUMBERS), st.integers(-(2**70), 2**70).map(str),
+    st.sampled_from(FLAGS),
+    st.sampled_from(NUMBERS),
+    st.integers(-(2**70), 2**70).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.text(alphabet=st.one_of(st.characters(blacklist_characters="\x00"), SURROGATES), max_size=12),
 )
@@ -63,19 +120,38 @@ def test_command_line_gives_success_or_one_line(command, words, capsys, chat_hom
 
 # --- models.toml ----------------------------------------------------------------------------------------------
 
-PAIR_FIELDS = ["description", "temperature", "top_p", "top_k", "min_p", "draft_max", "p_min", "verify", "n_ctx",
-               "n_gpu_layers", "chat_template", "colour"]
+PAIR_FIELDS = [
+    "description",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "draft_max",
+    "p_min",
+    "verify",
+    "n_ctx",
+    "n_gpu_layers",
+    "chat_template",
+    "colour",
+]
 SCALARS = st.one_of(
-    st.text(max_size=10), st.integers(-(2**64), 2**64), st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(), st.sampled_from(["a/b:Q4_K_M", "a/b", "bartowski/x-GGUF:Q8_0", "pq", "match", "demo",
-                                    "smollm2-135m-instruct-q4_1"]),
+    st.text(max_size=10),
+    st.integers(-(2**64), 2**64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.sampled_from(
+        ["a/b:Q4_K_M", "a/b", "bartowski/x-GGUF:Q8_0", "pq", "match", "demo", "smollm2-135m-instruct-q4_1"]
+    ),
 )
 SOURCE = st.one_of(
     SCALARS,
     st.dictionaries(st.sampled_from(["repo", "file", "quant", "path", "builtin", "other"]), SCALARS, max_size=3),
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
-                      | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
+)
 
 
 def toml_value(value) -> str:
@@ -98,8 +174,9 @@ def models_toml(draw) -> str:
     lines = []
     if draw(st.booleans()):
         lines.append(f"default = {toml_value(draw(st.one_of(st.sampled_from(['p', 'q']), SCALARS)))}")
-    for name in draw(st.lists(st.one_of(st.sampled_from(["p", "q", "bad name", ""]), st.text(max_size=6)),
-                              max_size=3, unique=True)):
+    for name in draw(
+        st.lists(st.one_of(st.sampled_from(["p", "q", "bad name", ""]), st.text(max_size=6)), max_size=3, unique=True)
+    ):
         lines.append(f"[pairs.{json.dumps(name)}]")
         for role in draw(st.lists(st.sampled_from(["target", "draft"]), max_size=2, unique=True)):
             lines.append(f"{role} = {toml_value(draw(SOURCE))}")
@@ -112,8 +189,10 @@ def _load(tmp_path: Path, data: bytes) -> None:
     home = tmp_path / "fuzz-home"
     home.mkdir(exist_ok=True)
     (home / "models.toml").write_bytes(data)
-    for reader in (lambda: read_models_file(home / "models.toml"),
-                   lambda: load_config(Paths(config_dir=home, data_dir=home / "data", log_dir=home / "logs"))):
+    for reader in (
+        lambda: read_models_file(home / "models.toml"),
+        lambda: load_config(Paths(config_dir=home, data_dir=home / "data", log_dir=home / "logs")),
+    ):
         try:
             reader()
         except ConfigError as e:

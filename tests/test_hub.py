@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fakehub import FakeHub
 
 CHUNK = 10 * 1024 * 1024  # huggingface_hub streams downloads in 10 MiB chunks and resumes at chunk bounds
@@ -81,8 +80,9 @@ def env(fake_hub, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     (home / "models.toml").write_text(USER_PAIRS, encoding="utf-8")
-    clean = {k: v for k, v in os.environ.items()
-             if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()}
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()
+    }
     return {
         **clean,
         "HF_ENDPOINT": fake_hub.url,
@@ -97,8 +97,9 @@ def env(fake_hub, tmp_path):
 
 
 def cli(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localspec", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "localspec", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess) -> str:
@@ -254,8 +255,10 @@ def test_pull_all_goes_on_after_a_failure(env):
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
-        (OSError(errno.ENOSPC, "No space left on device"),
-         "the disk is full while downloading a/b:Q8_0 (it needs 2.0 GiB)"),
+        (
+            OSError(errno.ENOSPC, "No space left on device"),
+            "the disk is full while downloading a/b:Q8_0 (it needs 2.0 GiB)",
+        ),
         (OSError(errno.EACCES, "Permission denied"), "cannot write a/b:Q8_0 into"),
         (ConnectionResetError("reset"), "cannot reach the Hugging Face Hub"),
     ],

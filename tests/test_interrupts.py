@@ -10,11 +10,11 @@ next generation must equal one from an untouched engine (up to near-ties, as in 
 from __future__ import annotations
 
 import pytest
+from test_engine import divergence
 
 from localspec import backend
 from localspec.engine import Engine, SpeculativeParams
 from localspec.sampling import SamplingParams
-from test_engine import divergence
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, seed=5)
@@ -40,6 +40,7 @@ class Tripwire:
             if hit and self.after:
                 self._fire()
             return result
+
         return wrapped
 
     def _fire(self) -> None:
@@ -71,8 +72,11 @@ def call_points(total: int) -> list[int]:
     return sorted(set(range(1, min(total, 40) + 1)) | set(range(40, total + 1, max(1, (total - 40) // 25))))
 
 
-@pytest.mark.parametrize("rollback, sampling", [("auto", GREEDY), ("auto", SAMPLED), ("checkpoint", GREEDY),
-                                                ("refill", GREEDY)], ids=["greedy", "sampled", "checkpoint", "refill"])
+@pytest.mark.parametrize(
+    "rollback, sampling",
+    [("auto", GREEDY), ("auto", SAMPLED), ("checkpoint", GREEDY), ("refill", GREEDY)],
+    ids=["greedy", "sampled", "checkpoint", "refill"],
+)
 def test_interrupt_anywhere_leaves_caches_consistent(tiny_models, monkeypatch, rollback, sampling):
     # One thread: on shared cores OpenMP threads spin and wait (DESIGN §7); this test runs ~1,000 generations.
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256, rollback=rollback, n_threads=1) as engine:

@@ -11,20 +11,37 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lawcheck import check_law, expected_tv
+from test_engine import divergence
+
 from localspec import backend
 from localspec.engine import Engine, SpeculativeParams
 from localspec.kv import KVSequence
 from localspec.sampling import SamplingParams
 from localspec.session import ChatSession
 from localspec.window import common_prefix, plan_shift
-from test_engine import divergence
 
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
 PLAIN = SpeculativeParams(draft_max=0)
-WORDS = "the man said that the water was hot and the house was near the old world".split()
+WORDS = [
+    "the",
+    "man",
+    "said",
+    "that",
+    "the",
+    "water",
+    "was",
+    "hot",
+    "and",
+    "the",
+    "house",
+    "was",
+    "near",
+    "the",
+    "old",
+    "world",
+]
 
 
 def question(i: int) -> str:
@@ -119,8 +136,9 @@ def test_recurrent_memory_cannot_drop_a_span(tiny_models):
         seq.check()
 
 
-@pytest.mark.parametrize(("n_ctx", "swa_full", "shifts"), [(1024, True, True), (1024, False, False),
-                                                             (256, False, True)])
+@pytest.mark.parametrize(
+    ("n_ctx", "swa_full", "shifts"), [(1024, True, True), (1024, False, False), (256, False, True)]
+)
 def test_sliding_window_cache_shifts_where_llama_cpp_says_it_can(tiny_models, n_ctx, swa_full, shifts):
     """A window cache smaller than n_ctx cannot shift; a full-size one can (swa_full, or a short n_ctx)."""
     with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full) as ctx:
@@ -283,8 +301,10 @@ def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_model
     (A sliding-window cache is smaller than n_ctx at 1024 without swa_full, which is off without a draft.)
     """
     path = getattr(tiny_models, model)
-    with Engine.load(path, drafter="none", n_ctx=n_ctx) as engine, \
-            Engine.load(path, drafter="none", n_ctx=n_ctx) as fresh:
+    with (
+        Engine.load(path, drafter="none", n_ctx=n_ctx) as engine,
+        Engine.load(path, drafter="none", n_ctx=n_ctx) as fresh,
+    ):
         session = ChatSession(engine, system="Be brief.")
         assert not engine.target.can_drop
         gens = chat(session, range(turns), spec=PLAIN, max_tokens=12)
@@ -308,10 +328,26 @@ def test_swa_pair_shifts_with_the_full_size_window_cache(tiny_models):
 def test_smollm2_long_chat_shifts_exactly_and_matches_plain_greedy(smollm2_path, record_property):
     with Engine.load(smollm2_path, smollm2_path, n_ctx=256) as engine:
         session = ChatSession(engine, system="You are a helpful assistant.")
-        topics = ["cats", "the sea", "bread", "rain", "music", "trees", "stars", "bicycles", "tea", "snow",
-                  "rivers", "clocks", "maps", "bees", "salt", "glass"]
+        topics = [
+            "cats",
+            "the sea",
+            "bread",
+            "rain",
+            "music",
+            "trees",
+            "stars",
+            "bicycles",
+            "tea",
+            "snow",
+            "rivers",
+            "clocks",
+            "maps",
+            "bees",
+            "salt",
+            "glass",
+        ]
         gens = []
-        for i, topic in enumerate(topics):
+        for topic in topics:
             gen = session.send(f"Give me one short fact about {topic}.", sampling=GREEDY, spec=SPEC, max_tokens=16)
             list(gen)
             assert_caches_hold_the_fresh_rendering(session, gen)

@@ -14,9 +14,9 @@ import itertools
 
 import numpy as np
 import pytest
-
 from fakellm import LogitTable, fake_engine
 from lawcheck import check_law, expected_tv
+
 from localspec.engine import SpeculativeParams
 from localspec.policy import DraftPolicy, EstimatedCosts
 from localspec.sampling import SamplingParams
@@ -83,8 +83,9 @@ def test_the_exact_law_is_not_trivial(law):
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_model_drafter_emits_the_target_law(law, k, verify):
     engine = fake_engine(TARGET, DRAFT)
-    counts, stats = sample_first_tokens(engine, SpeculativeParams(draft_max=k, verify=verify, adaptive=False),
-                                        N_RUNS, seed=k)
+    counts, stats = sample_first_tokens(
+        engine, SpeculativeParams(draft_max=k, verify=verify, adaptive=False), N_RUNS, seed=k
+    )
     assert_law(counts, law)
     drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
     assert 0.2 * drafted < accepted < 0.9 * drafted  # both paths of the kernel were exercised
@@ -93,8 +94,9 @@ def test_model_drafter_emits_the_target_law(law, k, verify):
 def test_pq_accepts_more_than_match():
     accepted = {}
     for verify in ("pq", "match"):
-        _, stats = sample_first_tokens(fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, verify=verify,
-                                                                                     adaptive=False), 1000, seed=0)
+        _, stats = sample_first_tokens(
+            fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, verify=verify, adaptive=False), 1000, seed=0
+        )
         accepted[verify] = sum(s.accepted for s in stats) / sum(s.drafted for s in stats)
     assert accepted["pq"] > accepted["match"] + 0.05, accepted
 
@@ -143,7 +145,8 @@ def test_a_broken_kernel_in_the_loop_fails_the_same_check(law, monkeypatch):
     from test_verify_law import broken_pq
 
     monkeypatch.setattr("localspec.engine.verify_pq", broken_pq)
-    counts, _ = sample_first_tokens(fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, adaptive=False),
-                                    N_RUNS, seed=3)
+    counts, _ = sample_first_tokens(
+        fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, adaptive=False), N_RUNS, seed=3
+    )
     verdict = check_law(counts, law)
     assert not verdict.ok, f"a broken kernel passed: {verdict}"

@@ -123,8 +123,23 @@ def test_local_path_pair_resolves_with_its_settings(localspec_home, tiny_models)
 def test_generate_runs_a_local_path_pair(localspec_home, tiny_models):
     local_pair(localspec_home, tiny_models.target, tiny_models.draft_same)
     result = subprocess.run(
-        [sys.executable, "-m", "localspec", "generate", "--pair", "local", "--max-tokens", "6", "--temperature", "0",
-         "the"], capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "localspec",
+            "generate",
+            "--pair",
+            "local",
+            "--max-tokens",
+            "6",
+            "--temperature",
+            "0",
+            "the",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "acceptance 100%" in result.stderr  # an identical draft agrees on every token
 

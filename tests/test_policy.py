@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fakellm import LogitTable, fake_engine
+
 from localspec.engine import SpeculativeParams
 from localspec.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
 from localspec.sampling import SamplingParams
@@ -183,11 +183,19 @@ class InjectedCosts(MeasuredCosts):
 
 def timed_step(k: int, accepted: int, *, plain: float, draft_token: float, slope: float = 0.2) -> Step:
     """A step with injected timings: target part plain·(1 + slope·k), draft part k·draft_token."""
-    return Step(((0, False),) * (accepted + 1), k, accepted, seconds_draft=k * draft_token,
-                seconds_verify=plain * (1 + slope * k), draft_decoded=k)
+    return Step(
+        ((0, False),) * (accepted + 1),
+        k,
+        accepted,
+        seconds_draft=k * draft_token,
+        seconds_verify=plain * (1 + slope * k),
+        draft_decoded=k,
+    )
 
 
-def run_turn(policy: DraftPolicy, steps: int, *, draft_token: float, alpha: float, plain: float = 0.010) -> list[Choice]:
+def run_turn(
+    policy: DraftPolicy, steps: int, *, draft_token: float, alpha: float, plain: float = 0.010
+) -> list[Choice]:
     """One generation against a draft that is accepted with rate `alpha` (deterministically spread)."""
     policy.start()
     choices, credit = [], 0.0

@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 import pytest
-
 from lawcheck import check_law, expected_tv
+
 from localspec import backend
 from localspec.cli import main
 
@@ -99,10 +99,35 @@ def test_the_reference_is_honest(reference):
 def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys, localspec_home):
     n = RUNS[mode]
     draft = [] if mode == "none" else ["--draft", str(tiny_models.draft_noisy), "--draft-max", "2", "--no-adaptive"]
-    code = main(["generate", PROMPT, "--target", str(tiny_models.target), *draft, *MODES[mode],
-                 "--temperature", "1", "--top-k", str(TOP_K), "--top-p", "1", "--min-p", "0",
-                 "--max-tokens", "3", "--n", str(n), "--seed", "3", "--n-ctx", str(N_CTX), "--threads", str(THREADS),
-                 "--json"])
+    code = main(
+        [
+            "generate",
+            PROMPT,
+            "--target",
+            str(tiny_models.target),
+            *draft,
+            *MODES[mode],
+            "--temperature",
+            "1",
+            "--top-k",
+            str(TOP_K),
+            "--top-p",
+            "1",
+            "--min-p",
+            "0",
+            "--max-tokens",
+            "3",
+            "--n",
+            str(n),
+            "--seed",
+            "3",
+            "--n-ctx",
+            str(N_CTX),
+            "--threads",
+            str(THREADS),
+            "--json",
+        ]
+    )
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == n
     index = {outcome: i for i, outcome in enumerate(reference.outcomes)}

@@ -13,10 +13,10 @@ import itertools
 
 import numpy as np
 import pytest
+from sampling_reference import reference_greedy, reference_law
 
 from localspec.sampling import Dist, SamplingParams, greedy_token, sampling_dist
 from localspec.verify import residual
-from sampling_reference import reference_greedy, reference_law
 
 TEMPERATURES = (0.0, 0.3, 0.8, 1.5)
 TOP_PS = (1.0, 0.9, 0.5)
@@ -68,14 +68,18 @@ def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
     assert checked == 3 * len(TEMPERATURES) * len(top_ks) * len(TOP_PS) * len(MIN_PS)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
-    SamplingParams(temperature=0.8, top_k=0, top_p=0.95, min_p=0.05),
-    SamplingParams(temperature=0.8, top_k=0, top_p=0.9, min_p=0.0),
-    SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),  # every filter off: one softmax
-    SamplingParams(temperature=0.7, top_k=0, top_p=0.999, min_p=0.0, repeat_penalty=1.1),
-    SamplingParams(temperature=1.2, top_k=2000, top_p=0.95, min_p=0.0, repeat_penalty=1.1),
-], ids=["default", "topk0-minp", "topk0-topp", "all-off", "topk0-wide-topp-penalty", "topk2000"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=0.8, top_k=0, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=0.8, top_k=0, top_p=0.9, min_p=0.0),
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),  # every filter off: one softmax
+        SamplingParams(temperature=0.7, top_k=0, top_p=0.999, min_p=0.0, repeat_penalty=1.1),
+        SamplingParams(temperature=1.2, top_k=2000, top_p=0.95, min_p=0.0, repeat_penalty=1.1),
+    ],
+    ids=["default", "topk0-minp", "topk0-topp", "all-off", "topk0-wide-topp-penalty", "topk2000"],
+)
 def test_same_law_at_a_real_vocabulary(params: SamplingParams) -> None:
     """262,144 tokens (Gemma 3): 256 blocks of maxima; a flat row makes top-p reach far."""
     rng = np.random.default_rng(7)
@@ -118,8 +122,9 @@ def test_top_p_window_is_a_prefix_of_the_sorted_row() -> None:
     low = float(np.float32(-7.5) * np.float32(1.3))
     total = 10 + n_rest * np.exp(-7.5) + np.exp(low)
     top_p = (10 + 0.5 * np.exp(low)) / total  # just past the ten best: the cut takes one more token
-    params = SamplingParams(temperature=1.0, top_k=0, min_p=0.0, top_p=float(top_p), repeat_penalty=1.3,
-                            repeat_last_n=4)
+    params = SamplingParams(
+        temperature=1.0, top_k=0, min_p=0.0, top_p=float(top_p), repeat_penalty=1.3, repeat_last_n=4
+    )
     law = reference_law(row, [penalised], params)
     assert len(law) == 11 and penalised not in law  # the 11th token is one of the -7.5 ones
     assert_same_law(sampling_dist(row, [penalised], params), law)

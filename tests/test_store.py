@@ -72,8 +72,14 @@ def test_not_a_database_is_one_line(tmp_path):
 def test_messages_round_trip_with_stats_and_provenance(store):
     cid = store.create_conversation("Hello", pair="demo", system="be brief")
     store.add_message(cid, "user", "hi")
-    store.add_message(cid, "assistant", "hello there", finish_reason="stop", stats={"acceptance_rate": 0.5},
-                      provenance=[("hello", True), (" there", False)])
+    store.add_message(
+        cid,
+        "assistant",
+        "hello there",
+        finish_reason="stop",
+        stats={"acceptance_rate": 0.5},
+        provenance=[("hello", True), (" there", False)],
+    )
     messages = store.messages(cid)
     assert [(m.role, m.content) for m in messages] == [("user", "hi"), ("assistant", "hello there")]
     assert messages[1].stats == {"acceptance_rate": 0.5}

@@ -22,7 +22,9 @@ def test_monitor_counts_other_processes_not_this_one():
     while time.process_time() < end:  # this process busy
         pass
     assert monitor.free_cores() >= idle - 0.5
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"]
+    )
     try:
         time.sleep(0.3)
         monitor.free_cores()

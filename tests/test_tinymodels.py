@@ -16,7 +16,6 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-
 import tinymodels
 from tinymodels import TinyModels
 
@@ -113,8 +112,9 @@ def decode(ctx, tokens: list[int], n_past: int, *, all_logits: bool = False) -> 
         llama_cpp.llama_batch_free(batch)
     n_vocab = n_vocab_of(llama_cpp.llama_get_model(ctx))
     rows = range(n) if all_logits else [n - 1]
-    return np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
-                     for i in rows])  # (n_rows, n_vocab)
+    return np.stack(
+        [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy() for i in rows]
+    )  # (n_rows, n_vocab)
 
 
 def generate_greedy(ctx, prompt: list[int], n_predict: int) -> tuple[list[int], np.ndarray]:
@@ -192,8 +192,12 @@ def test_vocab_variants_differ_only_where_named(tiny_models: TinyModels) -> None
     def inspect(path: Path) -> tuple[int, int, int, list[bytes]]:
         with load_model(path) as model:
             vocab = llama_cpp.llama_model_get_vocab(model)
-            return (llama_cpp.llama_vocab_type(vocab), llama_cpp.llama_vocab_bos(vocab),
-                    llama_cpp.llama_vocab_eos(vocab), _texts(model))
+            return (
+                llama_cpp.llama_vocab_type(vocab),
+                llama_cpp.llama_vocab_bos(vocab),
+                llama_cpp.llama_vocab_eos(vocab),
+                _texts(model),
+            )
 
     assert inspect(tiny_models.vocab_bpe)[0] == llama_cpp.LLAMA_VOCAB_TYPE_BPE
     assert inspect(tiny_models.vocab_other_specials) == (llama_cpp.LLAMA_VOCAB_TYPE_SPM, 2, 1, texts)

@@ -16,6 +16,7 @@ import pytest
 from rich.text import Text
 from textual import events
 from textual.widgets import DataTable, Input, Markdown, Static
+from tuitesting import record_notifications, send, wait_ready, wait_until
 
 from localspec.tui.app import make_app
 from localspec.tui.live import DRAFT_STYLE
@@ -23,7 +24,6 @@ from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, Sett
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import ChatMessage, PromptInput, StatsPanel
-from tuitesting import record_notifications, send, wait_ready, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -39,8 +39,14 @@ def anyio_backend():
 @pytest.fixture
 def options(chat_home, tmp_path):
     """Options of a chat on the tiny pair; tests replace fields with dataclasses.replace."""
-    return ChatOptions(pair="tiny", max_tokens=24, cursor_blink=False, export_dir=tmp_path / "exports",
-                       overrides={"seed": 1, "adaptive": False}, stats_interval=0.05)
+    return ChatOptions(
+        pair="tiny",
+        max_tokens=24,
+        cursor_blink=False,
+        export_dir=tmp_path / "exports",
+        overrides={"seed": 1, "adaptive": False},
+        stats_interval=0.05,
+    )
 
 
 def answers(app) -> list[ChatMessage]:
@@ -237,8 +243,9 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
         assert statuses["tiny-same"] == "downloaded" and statuses["remote"] == "not downloaded"
         table.move_cursor(row=names.index("tiny-same"))
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "tiny-same",
-                         what="the switch")
+        await wait_until(
+            pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "tiny-same", what="the switch"
+        )
         assert app.loaded.engine is not old_engine and app.sub_title == "tiny-same"
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
         await send(pilot, "Once more")
@@ -412,9 +419,8 @@ async def test_quit_while_generating_frees_the_engine(options, chat_home):
 
 
 async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, tiny_models, monkeypatch):
-    from huggingface_hub import constants
-
     from fakehub import FakeHub
+    from huggingface_hub import constants
 
     hub = FakeHub()
     hub.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_models.target.read_bytes())
@@ -442,8 +448,11 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
             await pilot.press("enter")
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the pull offer")
             await pilot.press("y")
-            await wait_until(pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "pullme",
-                             what="the pulled pair to load")
+            await wait_until(
+                pilot,
+                lambda: app.loaded is not None and app.loaded.choice.pair == "pullme",
+                what="the pulled pair to load",
+            )
             assert any(s.startswith("downloading tiny-Q8_0.gguf") for s in statuses)
             await send(pilot, "Hello from the Hub")
             assert app.session.messages[-1].role == "assistant"

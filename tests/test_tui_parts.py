@@ -38,21 +38,53 @@ def test_settings_form_round_trip_and_one_line_errors():
 
 
 def test_options_from_the_chat_flags():
-    args = argparse.Namespace(pair="demo", target=None, draft=None, drafter=None, n_ctx=None, n_gpu_layers=None,
-                              threads=None, chat_template=None, system="be brief", max_tokens=10, stop=["END"], temperature=0.0,
-                              top_k=None, top_p=None, min_p=None, repeat_penalty=None, seed=3, draft_max=None,
-                              p_min=None, verify=None, adaptive=False)
+    args = argparse.Namespace(
+        pair="demo",
+        target=None,
+        draft=None,
+        drafter=None,
+        n_ctx=None,
+        n_gpu_layers=None,
+        threads=None,
+        chat_template=None,
+        system="be brief",
+        max_tokens=10,
+        stop=["END"],
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        repeat_penalty=None,
+        seed=3,
+        draft_max=None,
+        p_min=None,
+        verify=None,
+        adaptive=False,
+    )
     options = ChatOptions.from_args(args)
     assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
     assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
 
 
 def test_stats_panel_names_acceptance_and_tok_s():
-    turn = Stats(drafted=10, accepted=7, rejections=2, target_passes=4, emitted=11, drafted_by_position=[4, 4, 2],
-                 accepted_by_position=[4, 2, 1], draft_length=3, seconds=2.0, seconds_prefill=1.0,
-                 seconds_draft=0.2, seconds_verify=0.6, seconds_sampling=0.2)
-    text = render_stats(StatsView(turn=turn, session=turn, turns=1, tokens_per_second_turn=11.0, draft_max=8,
-                                  provenance=True)).plain
+    turn = Stats(
+        drafted=10,
+        accepted=7,
+        rejections=2,
+        target_passes=4,
+        emitted=11,
+        drafted_by_position=[4, 4, 2],
+        accepted_by_position=[4, 2, 1],
+        draft_length=3,
+        seconds=2.0,
+        seconds_prefill=1.0,
+        seconds_draft=0.2,
+        seconds_verify=0.6,
+        seconds_sampling=0.2,
+    )
+    text = render_stats(
+        StatsView(turn=turn, session=turn, turns=1, tokens_per_second_turn=11.0, draft_max=8, provenance=True)
+    ).plain
     assert "acceptance    70% (7/10)" in text and "tok/s turn    11.0" in text
     assert "tokens/pass   2.75" in text and "on, draft length 3" in text
     assert "  1 ████████████ 100%" in text and "  3 ██████░░░░░░  50%" in text
@@ -66,9 +98,15 @@ def test_stats_panel_names_acceptance_and_tok_s():
 
 
 def test_stats_panel_shows_what_the_policy_decides_from():
-    turn = Stats(drafted=8, accepted=6, rejections=2, target_passes=4, emitted=10, draft_length=3,
-                 decision=Decision(draft_cost=0.31, verify_cost=1.42, alpha=0.93, predicted_speedup=2.1,
-                                   measured_speedup=1.87))
+    turn = Stats(
+        drafted=8,
+        accepted=6,
+        rejections=2,
+        target_passes=4,
+        emitted=10,
+        draft_length=3,
+        decision=Decision(draft_cost=0.31, verify_cost=1.42, alpha=0.93, predicted_speedup=2.1, measured_speedup=1.87),
+    )
     text = render_stats(StatsView(turn=turn, draft_max=8, adaptive=True)).plain
     assert "c · v(k) · α̂  0.31 · 1.42 · 0.93" in text
     assert "speed-up      2.10× pred, 1.87× real" in text
@@ -86,9 +124,10 @@ def test_rate_meter_and_runs():
 
 
 def test_caption_and_code_blocks():
-    assert answer_caption({"drafted": 4, "acceptance_rate": 0.5, "mean_tokens_per_pass": 2.0, "emitted": 8,
-                           "tokens_per_second": 12.25}, "cancelled") == (
-        "stopped · acceptance 50% · 2.00 tokens/pass · 12.2 tok/s")
+    assert answer_caption(
+        {"drafted": 4, "acceptance_rate": 0.5, "mean_tokens_per_pass": 2.0, "emitted": 8, "tokens_per_second": 12.25},
+        "cancelled",
+    ) == ("stopped · acceptance 50% · 2.00 tokens/pass · 12.2 tok/s")
     assert answer_caption(None, "length") == "cut at max tokens"
     text = "x\n\n```py\na = 1\n```\n\n    indented\n\n```\nb\n```\n"
     assert code_blocks(text) == ["a = 1\n", "indented\n", "b\n"]
@@ -99,16 +138,18 @@ def test_stream_batches_tokens_and_keeps_provenance(tiny_models):
     chunks: list[Chunk] = []
     done: list[Finished] = []
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
-        generation = ChatSession(engine).send("Hello", sampling=SamplingParams(temperature=0.0),
-                                              spec=SpeculativeParams(adaptive=False), max_tokens=60)
+        generation = ChatSession(engine).send(
+            "Hello", sampling=SamplingParams(temperature=0.0), spec=SpeculativeParams(adaptive=False), max_tokens=60
+        )
         taken = {"ready": True}
 
         def emit(item):
             (chunks if isinstance(item, Chunk) else done).append(item)
             taken["ready"] = len(chunks) % 2 == 0  # the UI "takes" every other chunk late
 
-        stream_generation(generation, emit, ready=lambda: taken["ready"], interval=5,
-                          clock=lambda: float(next(clock_ticks)))
+        stream_generation(
+            generation, emit, ready=lambda: taken["ready"], interval=5, clock=lambda: float(next(clock_ticks))
+        )
     [finished] = done
     assert chunks and len(chunks) < 60
     assert finished.text.startswith("".join(text for c in chunks for text, _ in c.runs))

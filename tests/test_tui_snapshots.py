@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+from tuitesting import wait_ready, wait_until
 
 from localspec.config import load_config
 from localspec.stats import Stats
@@ -18,23 +19,37 @@ from localspec.tui import loading
 from localspec.tui.app import make_app
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
-from tuitesting import wait_ready, wait_until
 
 SIZE = (110, 34)
 RUNS = [  # the saved answer as (text, came from the draft) runs
-    ("Speculative decoding lets a ", True), ("**small draft model** ", False),
+    ("Speculative decoding lets a ", True),
+    ("**small draft model** ", False),
     ("propose tokens that the target checks in one pass.\n\n", True),
-    ("```python\nfor token in generation:\n    print(token.text, end=\"\")\n```\n\n", False),
-    ("Accepted tokens cost one target pass ", True), ("for several tokens.", False),
+    ('```python\nfor token in generation:\n    print(token.text, end="")\n```\n\n', False),
+    ("Accepted tokens cost one target pass ", True),
+    ("for several tokens.", False),
 ]
 ANSWER = "".join(text for text, _ in RUNS)
 
 
 def fixed_stats() -> Stats:
     """A turn's stats with round numbers (no clock reading)."""
-    return Stats(prompt_tokens=40, drafted=120, accepted=84, rejections=30, target_passes=45, emitted=129,
-                 drafted_by_position=[30, 30, 30, 30], accepted_by_position=[27, 23, 19, 15], draft_length=4,
-                 seconds=2.5, seconds_prefill=0.5, seconds_draft=0.5, seconds_verify=1.2, seconds_sampling=0.3)
+    return Stats(
+        prompt_tokens=40,
+        drafted=120,
+        accepted=84,
+        rejections=30,
+        target_passes=45,
+        emitted=129,
+        drafted_by_position=[30, 30, 30, 30],
+        accepted_by_position=[27, 23, 19, 15],
+        draft_length=4,
+        seconds=2.5,
+        seconds_prefill=0.5,
+        seconds_draft=0.5,
+        seconds_verify=1.2,
+        seconds_sampling=0.3,
+    )
 
 
 @pytest.fixture
@@ -46,13 +61,21 @@ def snapshot_home(chat_home, tmp_path, monkeypatch):
     store = ChatStore(chat_home.db_path)
     cid = store.create_conversation("What is speculative decoding?", pair="tiny")
     store.add_message(cid, "user", "What is speculative decoding? Show a loop.")
-    store.add_message(cid, "assistant", ANSWER, finish_reason="stop", provenance=RUNS,
-                      stats={**fixed_stats().to_dict(), "tokens_per_second": 64.5})
+    store.add_message(
+        cid,
+        "assistant",
+        ANSWER,
+        finish_reason="stop",
+        provenance=RUNS,
+        stats={**fixed_stats().to_dict(), "tokens_per_second": 64.5},
+    )
     other = store.create_conversation("A shorter chat", pair="tiny-same")
     store.add_message(other, "user", "Hi")
     with store.db:
-        store.db.execute("UPDATE conversations SET created = '2025-05-01T09:00:00+00:00', "
-                         "updated = '2025-05-0' || id || 'T10:30:00+00:00'")
+        store.db.execute(
+            "UPDATE conversations SET created = '2025-05-01T09:00:00+00:00', "
+            "updated = '2025-05-0' || id || 'T10:30:00+00:00'"
+        )
     store.close()
     return cid
 
@@ -83,8 +106,7 @@ def test_chat_screen(snap_compare, snapshot_home, tmp_path):
 
 
 def test_chat_screen_with_draft_tokens_coloured(snap_compare, snapshot_home, tmp_path):
-    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE,
-                        run_before=resumed(snapshot_home, "ctrl+t"))
+    assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=resumed(snapshot_home, "ctrl+t"))
 
 
 def test_settings_screen(snap_compare, snapshot_home, tmp_path):

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from lawcheck import binomial_ok, check_law, chi2_sf
+
 from localspec.sampling import Dist
 from localspec.verify import residual, verify_match, verify_pq
 
@@ -32,8 +32,9 @@ def dense(dist: Dist) -> np.ndarray:
     return dist.dense(VOCAB)  # (VOCAB,)
 
 
-def run_trials(kernel: Callable, target: Dist, draft: Dist | None, n: int, seed: int,
-               draft_token: int | None = None) -> tuple[np.ndarray, int]:
+def run_trials(
+    kernel: Callable, target: Dist, draft: Dist | None, n: int, seed: int, draft_token: int | None = None
+) -> tuple[np.ndarray, int]:
     """Emitted-token histogram (VOCAB,) and number of accepted drafts over n one-token trials.
 
     `draft` None is the one-hot drafter (n-gram): every trial proposes `draft_token`.

@@ -43,10 +43,7 @@ _WORDS = (
     "father Hello The It This We You What How chat model token draft target fast slow test"
 ).split()
 _SUFFIXES = ("s", "ed", "ing", "er", "ly", "est")
-_CHARS = (
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-    ".,!?;:'\"-()[]{}<>/\\@#$%&*+=_~`|^"
-)
+_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?;:'\"-()[]{}<>/\\@#$%&*+=_~`|^"
 
 
 @dataclass(frozen=True)
@@ -162,7 +159,12 @@ def make_bpe_vocab() -> Vocab:
     types = (int(gguf.TokenType.CONTROL),) * _N_SPECIAL + (int(gguf.TokenType.NORMAL),) * (256 + len(pieces))
     merges = tuple(f"{p[:-1]} {p[-1]}" for p in pieces)
     return Vocab(
-        model="gpt2", tokens=tokens, scores=(0.0,) * len(tokens), types=types, merges=merges, pre="gpt-2",
+        model="gpt2",
+        tokens=tokens,
+        scores=(0.0,) * len(tokens),
+        types=types,
+        merges=merges,
+        pre="gpt-2",
         unk_id=None,
     )
 
@@ -393,8 +395,9 @@ def write_llama_model(
     return _write_gguf(path, "llama", add_hparams, vocab, chat_template, tensors)
 
 
-def write_mamba_model(path: Path, *, seed: int = 0, vocab: Vocab | None = None, n_embd: int = 64,
-                      n_layer: int = 2) -> Path:
+def write_mamba_model(
+    path: Path, *, seed: int = 0, vocab: Vocab | None = None, n_embd: int = 64, n_layer: int = 2
+) -> Path:
     """Write a tiny recurrent (Mamba-1) GGUF model with the shared vocabulary.
 
     llama.cpp only supports d_inner = 2 * n_embd; the state is d_state=16, conv kernel 4, dt_rank 4. Its
@@ -458,8 +461,16 @@ def write_mamba_model(path: Path, *, seed: int = 0, vocab: Vocab | None = None, 
     return _write_gguf(path, "mamba", add_hparams, vocab, True, tensors)
 
 
-def write_swa_model(path: Path, *, seed: int = 0, vocab: Vocab | None = None, sliding_window: int = 8,
-                    n_embd: int = 64, n_head: int = 4, n_ff: int = 128) -> Path:
+def write_swa_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    vocab: Vocab | None = None,
+    sliding_window: int = 8,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_ff: int = 128,
+) -> Path:
     """Write a tiny sliding-window (gemma3) GGUF model: layer 0 uses SWA, layer 1 full attention.
 
     Measured with tests/test_tinymodels.py (n_swa=8, n_ubatch=32, so the SWA cache has 256 cells, its padded
@@ -594,7 +605,8 @@ def write_tiny_models(directory: Path) -> TinyModels:
         no_template=write_llama_model(d / "no_template.gguf", base=target_tensors, chat_template=False),
         vocab_bpe=write_llama_model(d / "vocab_bpe.gguf", seed=3, vocab=bpe),
         vocab_other_specials=write_llama_model(
-            d / "vocab_other_specials.gguf", base=target_tensors,
+            d / "vocab_other_specials.gguf",
+            base=target_tensors,
             vocab=with_special_ids(vocab, bos_id=EOS_ID, eos_id=BOS_ID),
         ),
         vocab_far_size=write_llama_model(
@@ -604,7 +616,8 @@ def write_tiny_models(directory: Path) -> TinyModels:
             d / "vocab_near_size.gguf", base=target_tensors, vocab=with_extra_tokens(vocab, 64)
         ),
         vocab_renamed=write_llama_model(
-            d / "vocab_renamed.gguf", base=target_tensors,
+            d / "vocab_renamed.gguf",
+            base=target_tensors,
             vocab=with_renamed_token(vocab, VARIANT_RENAMED_ID, f"{SPIECE_SPACE}renamed"),
         ),
         recurrent=write_mamba_model(d / "recurrent.gguf", seed=4, vocab=vocab),

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from textual.pilot import Pilot
 
 
-async def wait_until(pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 60.0,
-                     what: str = "condition") -> None:
+async def wait_until(
+    pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 60.0, what: str = "condition"
+) -> None:
     """Pause the pilot until `predicate()` is true (a worker posted what we wait for), or fail after timeout."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -21,8 +22,9 @@ async def wait_until(pilot: Pilot, predicate: Callable[[], object], *, timeout: 
 async def wait_ready(pilot: Pilot) -> None:
     """Wait until the models are loaded and no answer is being generated."""
     app = pilot.app
-    await wait_until(pilot, lambda: app.session is not None and not app.loading and app.turn is None,
-                     what="the app to be ready")
+    await wait_until(
+        pilot, lambda: app.session is not None and not app.loading and app.turn is None, what="the app to be ready"
+    )
 
 
 async def send(pilot: Pilot, text: str) -> None:

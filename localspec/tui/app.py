@@ -27,8 +27,17 @@ from ..session import ChatSession, Message
 from ..stats import Stats
 from . import loading
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
-from .messages import (AnswerChunk, AnswerDone, EngineReady, LoadFailed, LoadProgress, PromptReading, PullBytes,
-                       PullDone, TurnFailed)
+from .messages import (
+    AnswerChunk,
+    AnswerDone,
+    EngineReady,
+    LoadFailed,
+    LoadProgress,
+    PromptReading,
+    PullBytes,
+    PullDone,
+    TurnFailed,
+)
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from .settings import MODEL_DRAFTERS, ChatOptions, ChatSettings
 from .store import ChatStore, StoredMessage
@@ -118,8 +127,9 @@ class ChatApp(App[int]):
                 yield VerticalScroll(id="messages")
                 yield Static("", id="status", markup=False)
                 yield ProgressBar(id="progress", show_eta=False)
-                yield PromptInput(id="prompt", soft_wrap=True,
-                                  placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)")
+                yield PromptInput(
+                    id="prompt", soft_wrap=True, placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)"
+                )
             yield StatsPanel(id="stats")
         yield Footer()
 
@@ -192,13 +202,17 @@ class ChatApp(App[int]):
         live = self._live if generating else None
         turn = live.stats if live else self._last_turn
         return StatsView(
-            turn=turn, session=self.session_stats, turns=self.turns,
+            turn=turn,
+            session=self.session_stats,
+            turns=self.turns,
             tokens_per_second_now=live.tokens_per_second_now if live else 0.0,
-            tokens_per_second_turn=(live.tokens_per_second_turn if live
-                                    else turn.tokens_per_second if turn else 0.0),
-            generating=generating, drafter=self.settings.drafter, draft_max=self.settings.spec.draft_max,
+            tokens_per_second_turn=(live.tokens_per_second_turn if live else turn.tokens_per_second if turn else 0.0),
+            generating=generating,
+            drafter=self.settings.drafter,
+            draft_max=self.settings.spec.draft_max,
             adaptive=self.settings.spec.adaptive,
-            provenance=self.screen.has_class("-provenance"))
+            provenance=self.screen.has_class("-provenance"),
+        )
 
     def _draw_stats(self, view: StatsView | None = None) -> None:
         self.query_one(StatsPanel).show(view or self._view(generating=False))
@@ -209,8 +223,9 @@ class ChatApp(App[int]):
 
     # --- loading and pulling --------------------------------------------------------------------------------
 
-    def _start_load(self, pair: str | None, *, choice: loading.ModelChoice | None = None,
-                    drafter: str | None = None) -> None:
+    def _start_load(
+        self, pair: str | None, *, choice: loading.ModelChoice | None = None, drafter: str | None = None
+    ) -> None:
         """Unload the current engine (if any) and load another in a worker, with progress."""
         self.loading = True
         old = self.loaded.engine if self.loaded else None
@@ -234,8 +249,7 @@ class ChatApp(App[int]):
                 return
             except Exception as e:  # an engine bug must not leave a traceback over the chat
                 log.exception("loading failed")
-                self.post_message(LoadFailed(f"loading failed unexpectedly: {e} (details in "
-                                             f"{get_paths().log_file})"))
+                self.post_message(LoadFailed(f"loading failed unexpectedly: {e} (details in {get_paths().log_file})"))
                 return
             if self._closing:
                 loaded.engine.close()
@@ -271,8 +285,9 @@ class ChatApp(App[int]):
             return
         session.messages = self._system_messages() + self._conversation_messages()
         self.loaded, self.session = loaded, session
-        self.settings = self._pending_settings or ChatSettings.initial(self.options, loaded.choice.settings,
-                                                                       loaded.drafter)
+        self.settings = self._pending_settings or ChatSettings.initial(
+            self.options, loaded.choice.settings, loaded.drafter
+        )
         self._pending_settings = None
         self.sub_title = loaded.choice.label
         self._set_status(self._ready_text())
@@ -335,9 +350,15 @@ class ChatApp(App[int]):
         await self._messages.remove_children()
         widgets = [ChatMessage("system", self.system)] if self.system.strip() else []
         if stored is not None:
-            widgets += [ChatMessage(m.role, m.content, m.provenance,
-                                    caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "")
-                        for m in stored]
+            widgets += [
+                ChatMessage(
+                    m.role,
+                    m.content,
+                    m.provenance,
+                    caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "",
+                )
+                for m in stored
+            ]
         elif self.session is not None:
             widgets += [ChatMessage(m.role, m.content) for m in self.session.messages if m.role != "system"]
         if widgets:
@@ -379,17 +400,21 @@ class ChatApp(App[int]):
     def _generate(self, turn: Turn, session: ChatSession, settings: ChatSettings) -> None:
         with self._engine_lock:
             try:
-                kwargs = dict(sampling=settings.sampling, spec=settings.spec, max_tokens=settings.max_tokens,
-                              stop=self.options.stop)
-                generation = (session.send(turn.text, **kwargs) if turn.kind == "send"
-                              else session.regenerate(**kwargs))
+                kwargs = dict(
+                    sampling=settings.sampling,
+                    spec=settings.spec,
+                    max_tokens=settings.max_tokens,
+                    stop=self.options.stop,
+                )
+                generation = session.send(turn.text, **kwargs) if turn.kind == "send" else session.regenerate(**kwargs)
             except LocalspecError as e:
                 self.post_message(TurnFailed(turn.id, str(e)))
                 return
             except Exception as e:  # never leave the turn hanging with a traceback in the log only
                 log.exception("the turn could not start")
-                self.post_message(TurnFailed(turn.id, f"the answer could not start: {e} (details in "
-                                                      f"{get_paths().log_file})"))
+                self.post_message(
+                    TurnFailed(turn.id, f"the answer could not start: {e} (details in {get_paths().log_file})")
+                )
                 return
             turn.attach(generation)
 
@@ -445,8 +470,14 @@ class ChatApp(App[int]):
         if self.conversation_id is None:
             return
         try:
-            self.store.add_message(self.conversation_id, "assistant", finished.text, finish_reason=reason,
-                                   stats=stats, provenance=finished.runs)
+            self.store.add_message(
+                self.conversation_id,
+                "assistant",
+                finished.text,
+                finish_reason=reason,
+                stats=stats,
+                provenance=finished.runs,
+            )
         except LocalspecError as e:
             self._error(str(e))
 
@@ -577,8 +608,12 @@ class ChatApp(App[int]):
             if yes:
                 self._start_pull(name)
 
-        self.push_screen(ConfirmScreen(f"Pair {name} is not downloaded ({row.status}). Download it now, as "
-                                       f"`localspec pull {name}` would?"), answer)
+        self.push_screen(
+            ConfirmScreen(
+                f"Pair {name} is not downloaded ({row.status}). Download it now, as `localspec pull {name}` would?"
+            ),
+            answer,
+        )
 
     def action_settings(self) -> None:
         """Open the settings form."""
@@ -593,8 +628,10 @@ class ChatApp(App[int]):
             self.notify("settings apply from the next message")
             return
         if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
-            self._error(f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
-                        "(F2) or the ngram drafter")
+            self._error(
+                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
+                "(F2) or the ngram drafter"
+            )
             return
         if self._busy("change the drafter"):
             return
@@ -640,8 +677,15 @@ class ChatApp(App[int]):
 
     def action_system_prompt(self) -> None:
         """Edit the system prompt."""
-        self.push_screen(TextPromptScreen("System prompt (for this and new chats)", self.system, multiline=True,
-                                          cursor_blink=self.options.cursor_blink), self._system_saved)
+        self.push_screen(
+            TextPromptScreen(
+                "System prompt (for this and new chats)",
+                self.system,
+                multiline=True,
+                cursor_blink=self.options.cursor_blink,
+            ),
+            self._system_saved,
+        )
 
     async def _system_saved(self, text: str | None) -> None:
         if text is None or self._busy("change the system prompt"):

@@ -110,9 +110,14 @@ def add_run(runs: Runs, text: str, from_draft: bool) -> None:
         runs.append((text, from_draft))
 
 
-def stream_generation(generation: Generation, emit: Callable[[Chunk | Reading | Finished], None], *,
-                      ready: Callable[[], bool] = lambda: True, interval: float = 1 / 20,
-                      clock: Callable[[], float] = time.perf_counter) -> None:
+def stream_generation(
+    generation: Generation,
+    emit: Callable[[Chunk | Reading | Finished], None],
+    *,
+    ready: Callable[[], bool] = lambda: True,
+    interval: float = 1 / 20,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
     """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.
 
     A chunk goes out at most every `interval` seconds and only when `ready()` says the UI has taken the
@@ -144,8 +149,9 @@ def stream_generation(generation: Generation, emit: Callable[[Chunk | Reading | 
     for text, from_draft in pending:
         add_run(runs, text, from_draft)
     stats = copy.deepcopy(generation.stats)
-    emit(Finished(generation.text, runs, generation.finish_reason or "cancelled", stats, list(generation.notices),
-                  error))
+    emit(
+        Finished(generation.text, runs, generation.finish_reason or "cancelled", stats, list(generation.notices), error)
+    )
 
 
 def _chunk(stats: Stats, pending: Runs, meter: RateMeter, now: float, elapsed: float) -> Chunk:
@@ -240,8 +246,12 @@ def render_stats(view: StatsView) -> Text:
 
 
 def _time_split(text: Text, turn: Stats) -> None:
-    parts = {"draft": turn.seconds_draft, "verify": turn.seconds_verify, "sample": turn.seconds_sampling,
-             "other": turn.seconds_other}
+    parts = {
+        "draft": turn.seconds_draft,
+        "verify": turn.seconds_verify,
+        "sample": turn.seconds_sampling,
+        "other": turn.seconds_other,
+    }
     total = sum(parts.values())
     text.append("\ntime split\n", "bold")
     if total <= 0:

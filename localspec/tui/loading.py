@@ -75,8 +75,12 @@ def choose_models(options: ChatOptions, pair: str | None, progress: Progress) ->
     if chosen.target.kind == "builtin" and not pair_status(chosen, paths).downloaded:
         progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
     resolved = resolve_pair(chosen, config, paths)
-    settings = {**chosen.sampling_overrides(), **chosen.speculative_overrides(), **chosen.model_overrides(),
-                "compat_hint": resolved.hint}
+    settings = {
+        **chosen.sampling_overrides(),
+        **chosen.speculative_overrides(),
+        **chosen.model_overrides(),
+        "compat_hint": resolved.hint,
+    }
     return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, settings, note)
 
 
@@ -90,8 +94,15 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     uses_model = drafter in MODEL_DRAFTERS
     what = choice.target.name + (f" + {choice.draft.name}" if uses_model and choice.draft else "")
     progress(f"loading {what}…")
-    engine = load_engine(choice.target, choice.draft, choice.settings, drafter=drafter, n_ctx=options.n_ctx,
-                         n_gpu_layers=options.n_gpu_layers, n_threads=options.threads)
+    engine = load_engine(
+        choice.target,
+        choice.draft,
+        choice.settings,
+        drafter=drafter,
+        n_ctx=options.n_ctx,
+        n_gpu_layers=options.n_gpu_layers,
+        n_threads=options.threads,
+    )
     log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
     return Loaded(engine, choice, drafter)
 

@@ -113,10 +113,19 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     """Sampling, speculation and drafter settings, applied from the next message."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
-    FIELDS = (("temperature", "temperature (0 = greedy)"), ("top_k", "top-k (0 = off)"), ("top_p", "top-p"),
-              ("min_p", "min-p"), ("max_tokens", "max tokens"), ("draft_max", "draft max (0 = plain)"))
-    CHOICES = (("verify", "verify", VERIFY_MODES), ("adaptive", "adaptive draft length", ("on", "off")),
-               ("drafter", "drafter", DRAFTERS))
+    FIELDS = (
+        ("temperature", "temperature (0 = greedy)"),
+        ("top_k", "top-k (0 = off)"),
+        ("top_p", "top-p"),
+        ("min_p", "min-p"),
+        ("max_tokens", "max tokens"),
+        ("draft_max", "draft max (0 = plain)"),
+    )
+    CHOICES = (
+        ("verify", "verify", VERIFY_MODES),
+        ("adaptive", "adaptive draft length", ("on", "off")),
+        ("drafter", "drafter", DRAFTERS),
+    )
 
     def __init__(self, settings: ChatSettings) -> None:
         super().__init__()
@@ -132,8 +141,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                     yield Input(values[name], id=name, compact=True)
                 for name, label, options in self.CHOICES:
                     yield Label(label)
-                    yield Select([(o, o) for o in options], value=values[name], allow_blank=False, id=name,
-                                 compact=True)
+                    yield Select(
+                        [(o, o) for o in options], value=values[name], allow_blank=False, id=name, compact=True
+                    )
             yield Static("", id="error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
@@ -196,8 +206,14 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         table.clear()
         conversations = self.store.conversations()
         for c in conversations:
-            table.add_row("●" if c.id == self.current else "", c.title, c.pair, str(c.n_messages),
-                          c.updated[:16].replace("T", " "), key=str(c.id))
+            table.add_row(
+                "●" if c.id == self.current else "",
+                c.title,
+                c.pair,
+                str(c.n_messages),
+                c.updated[:16].replace("T", " "),
+                key=str(c.id),
+            )
         ids = [c.id for c in conversations]
         if self.current in ids:
             table.move_cursor(row=ids.index(self.current))

@@ -17,11 +17,21 @@ from typing import Any
 from ..drafters import DRAFTERS
 from ..engine import SpeculativeParams
 from ..errors import InvalidParamsError
-from ..runner import MODEL_DRAFTERS, sampling_from_args, spec_from_args
+from ..runner import sampling_from_args, spec_from_args
 from ..sampling import SamplingParams
 
-OVERRIDE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "draft_max", "p_min", "verify",
-                  "adaptive")
+OVERRIDE_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "seed",
+    "draft_max",
+    "p_min",
+    "verify",
+    "adaptive",
+)
 DEFAULT_MAX_TOKENS = 1024
 
 
@@ -51,9 +61,20 @@ class ChatOptions:
     def from_args(cls, args: argparse.Namespace) -> ChatOptions:
         """Options from the `chat` subcommand's flags."""
         overrides = {name: getattr(args, name) for name in OVERRIDE_FLAGS if getattr(args, name, None) is not None}
-        return cls(pair=args.pair, target=args.target, draft=args.draft, drafter=args.drafter, n_ctx=args.n_ctx,
-                   n_gpu_layers=args.n_gpu_layers, threads=args.threads, chat_template=args.chat_template,
-                   system=args.system, max_tokens=args.max_tokens, stop=tuple(args.stop or ()), overrides=overrides)
+        return cls(
+            pair=args.pair,
+            target=args.target,
+            draft=args.draft,
+            drafter=args.drafter,
+            n_ctx=args.n_ctx,
+            n_gpu_layers=args.n_gpu_layers,
+            threads=args.threads,
+            chat_template=args.chat_template,
+            system=args.system,
+            max_tokens=args.max_tokens,
+            stop=tuple(args.stop or ()),
+            overrides=overrides,
+        )
 
 
 @dataclass(frozen=True)
@@ -69,9 +90,12 @@ class ChatSettings:
     def initial(cls, options: ChatOptions, pair_settings: Mapping[str, Any], drafter: str) -> ChatSettings:
         """Command-line flags over the pair's defaults over the engine's defaults."""
         flags = argparse.Namespace(**{name: options.overrides.get(name) for name in OVERRIDE_FLAGS})
-        return cls(sampling=sampling_from_args(flags, dict(pair_settings)),
-                   spec=spec_from_args(flags, dict(pair_settings)), drafter=drafter,
-                   max_tokens=options.max_tokens)
+        return cls(
+            sampling=sampling_from_args(flags, dict(pair_settings)),
+            spec=spec_from_args(flags, dict(pair_settings)),
+            drafter=drafter,
+            max_tokens=options.max_tokens,
+        )
 
     def with_values(self, values: Mapping[str, str]) -> ChatSettings:
         """A copy with fields set from the settings form's text values.
@@ -80,10 +104,18 @@ class ChatSettings:
             InvalidParamsError: a value is not a number, or out of range (one line naming the field).
         """
         sampling = dataclasses.replace(
-            self.sampling, temperature=_number(values, "temperature", float), top_k=_number(values, "top_k", int),
-            top_p=_number(values, "top_p", float), min_p=_number(values, "min_p", float))
-        spec = dataclasses.replace(self.spec, draft_max=_number(values, "draft_max", int), verify=values["verify"],
-                                   adaptive=values["adaptive"] == "on")
+            self.sampling,
+            temperature=_number(values, "temperature", float),
+            top_k=_number(values, "top_k", int),
+            top_p=_number(values, "top_p", float),
+            min_p=_number(values, "min_p", float),
+        )
+        spec = dataclasses.replace(
+            self.spec,
+            draft_max=_number(values, "draft_max", int),
+            verify=values["verify"],
+            adaptive=values["adaptive"] == "on",
+        )
         drafter = values["drafter"]
         if drafter not in DRAFTERS:
             raise InvalidParamsError(f"unknown drafter {drafter!r}: use {' or '.join(DRAFTERS)}")
@@ -95,10 +127,17 @@ class ChatSettings:
     def form_values(self) -> dict[str, str]:
         """The fields the settings form shows, as text."""
         s = self.sampling
-        return {"temperature": f"{s.temperature:g}", "top_k": str(s.top_k), "top_p": f"{s.top_p:g}",
-                "min_p": f"{s.min_p:g}", "draft_max": str(self.spec.draft_max), "verify": self.spec.verify,
-                "adaptive": "on" if self.spec.adaptive else "off", "drafter": self.drafter,
-                "max_tokens": str(self.max_tokens)}
+        return {
+            "temperature": f"{s.temperature:g}",
+            "top_k": str(s.top_k),
+            "top_p": f"{s.top_p:g}",
+            "min_p": f"{s.min_p:g}",
+            "draft_max": str(self.spec.draft_max),
+            "verify": self.spec.verify,
+            "adaptive": "on" if self.spec.adaptive else "off",
+            "drafter": self.drafter,
+            "max_tokens": str(self.max_tokens),
+        }
 
 
 def _number(values: Mapping[str, str], name: str, kind: type):

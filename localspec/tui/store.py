@@ -98,8 +98,10 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Conne
     """
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > len(migrations):
-        raise HistoryError(f"the chat database has schema version {version}, newer than this localspec "
-                           f"knows ({len(migrations)}): upgrade localspec")
+        raise HistoryError(
+            f"the chat database has schema version {version}, newer than this localspec "
+            f"knows ({len(migrations)}): upgrade localspec"
+        )
     for number in range(version, len(migrations)):
         with db:  # one transaction: a step is applied whole or not at all
             db.execute("BEGIN")
@@ -116,8 +118,10 @@ def _open_error(path: Path, error: Exception) -> str:
 
     problem = folder_problem(path.parent)
     if problem:
-        return (f"cannot create the chat database in {path.parent}: {problem} — set {HOME_ENV} to a writable "
-                "folder, or fix that one")
+        return (
+            f"cannot create the chat database in {path.parent}: {problem} — set {HOME_ENV} to a writable "
+            "folder, or fix that one"
+        )
     if path.exists() and isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
         return f"cannot open the chat database {path}: {error}; move it away to start a fresh one"
     return f"cannot open the chat database {path}: {error}; check its permissions and free disk space"
@@ -161,12 +165,22 @@ class ChatStore:
     def create_conversation(self, title: str, *, pair: str = "", system: str = "") -> int:
         """Start a conversation; returns its id."""
         now = _now()
-        cur = self._write("INSERT INTO conversations (title, pair, system, created, updated) VALUES (?, ?, ?, ?, ?)",
-                          (title, pair, system, now, now))
+        cur = self._write(
+            "INSERT INTO conversations (title, pair, system, created, updated) VALUES (?, ?, ?, ?, ?)",
+            (title, pair, system, now, now),
+        )
         return int(cur.lastrowid)
 
-    def add_message(self, conversation_id: int, role: str, content: str, *, finish_reason: str | None = None,
-                    stats: dict | None = None, provenance: Provenance | None = None) -> int:
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        *,
+        finish_reason: str | None = None,
+        stats: dict | None = None,
+        provenance: Provenance | None = None,
+    ) -> int:
         """Append a message and commit it; returns its id."""
         now = _now()
         try:
@@ -175,8 +189,16 @@ class ChatStore:
                 cur = self.db.execute(
                     "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (conversation_id, role, content, now, finish_reason, _json_or_none(stats),
-                     _json_or_none(provenance)))
+                    (
+                        conversation_id,
+                        role,
+                        content,
+                        now,
+                        finish_reason,
+                        _json_or_none(stats),
+                        _json_or_none(provenance),
+                    ),
+                )
                 self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         except sqlite3.Error as e:
             raise HistoryError(f"cannot save to the chat database {self.path}: {e}") from e
@@ -184,8 +206,9 @@ class ChatStore:
 
     def delete_last_answer(self, conversation_id: int) -> bool:
         """Remove the conversation's last message if it is an answer (before regenerating it)."""
-        row = self.db.execute("SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1",
-                              (conversation_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
+        ).fetchone()
         if row is None or row[1] != "assistant":
             return False
         self._write("DELETE FROM messages WHERE id = ?", (row[0],))
@@ -234,9 +257,21 @@ class ChatStore:
         """A conversation's messages in order."""
         rows = self.db.execute(
             "SELECT id, role, content, created, finish_reason, stats, provenance FROM messages"
-            " WHERE conversation_id = ? ORDER BY id", (conversation_id,)).fetchall()
-        return [StoredMessage(id=r[0], role=r[1], content=r[2], created=r[3], finish_reason=r[4],
-                              stats=_loads(r[5]), provenance=_provenance(_loads(r[6]))) for r in rows]
+            " WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        ).fetchall()
+        return [
+            StoredMessage(
+                id=r[0],
+                role=r[1],
+                content=r[2],
+                created=r[3],
+                finish_reason=r[4],
+                stats=_loads(r[5]),
+                provenance=_provenance(_loads(r[6])),
+            )
+            for r in rows
+        ]
 
 
 def _json_or_none(value) -> str | None:
@@ -285,8 +320,13 @@ def export_json(conversation: Conversation, messages: Sequence[StoredMessage]) -
         "updated": conversation.updated,
         "system": conversation.system,
         "messages": [
-            {"role": m.role, "content": m.content, "created": m.created, "finish_reason": m.finish_reason,
-             "stats": m.stats}
+            {
+                "role": m.role,
+                "content": m.content,
+                "created": m.created,
+                "finish_reason": m.finish_reason,
+                "stats": m.stats,
+            }
             for m in messages
         ],
     }
