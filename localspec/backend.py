@@ -13,8 +13,10 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import llama_cpp
 import numpy as np
@@ -219,29 +221,76 @@ class ModelInfo:
     add_bos: bool
 
 
+class Placement(Protocol):
+    """Where a model's layers go when they are not (only) local: `rpc.Remote`.
+
+    Every native call that may reach the devices goes through `call`, which raises a `LocalspecError` when the
+    devices are gone; once `lost`, the model and its contexts are abandoned, never freed.
+    """
+
+    devices: list[int]
+
+    @property
+    def lost(self) -> bool: ...
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+def _direct(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
 class Model:
     """A loaded GGUF model (weights and vocabulary). Use as a context manager or call `close()`."""
 
-    def __init__(self, path: str | os.PathLike, *, n_gpu_layers: int | None = None, vocab_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_gpu_layers: int | None = None,
+        vocab_only: bool = False,
+        placement: Placement | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         """Load `path`.
 
         Args:
             path: a .gguf file.
-            n_gpu_layers: layers to offload; None = all when the build can offload, else 0.
+            n_gpu_layers: layers to offload; None = all when the build can offload (or the model is placed on
+                remote devices), else 0.
             vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
+            placement: remote devices (RPC workers) for the layers, followed by this machine's GPUs if any.
+            progress: called with the fraction loaded (0..1) while the weights load.
 
         Raises:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
+            LocalspecError: the placement's devices were lost while loading.
         """
         init()
         self.path = Path(path)
+        self.placement = placement
+        self._call = placement.call if placement is not None else _direct
         check_gguf_file(self.path)
         params = llama_cpp.llama_model_default_params()
         if n_gpu_layers is None:
-            n_gpu_layers = -1 if llama_cpp.llama_supports_gpu_offload() else 0
+            n_gpu_layers = -1 if placement is not None or llama_cpp.llama_supports_gpu_offload() else 0
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
-        handle = llama_cpp.llama_model_load_from_file(os.fsencode(self.path), params)
+        if placement is not None:
+            local_gpus = [h for h, d in device_handles() if d.kind in ("gpu", "igpu")]
+            devices = (ctypes.c_void_p * (len(placement.devices) + len(local_gpus) + 1))(
+                *placement.devices, *local_gpus, None
+            )
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        if progress is not None:
+
+            def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
+                progress(float(fraction))
+                return True  # go on loading
+
+            callback = llama_cpp.llama_progress_callback(on_progress)
+            params.progress_callback = callback
+        handle = self._call(llama_cpp.llama_model_load_from_file, os.fsencode(self.path), params)
         if not handle:
             raise ModelFileError(
                 f"could not load {self.path}: the file is truncated or corrupt, or its architecture is not "
@@ -282,9 +331,10 @@ class Model:
         return self._handle
 
     def close(self) -> None:
-        """Free the weights now (idempotent)."""
+        """Free the weights now (idempotent). A model whose remote devices were lost is abandoned instead."""
         if getattr(self, "_handle", None) is not None:
-            llama_cpp.llama_model_free(self._handle)
+            if self.placement is None or not self.placement.lost:
+                self._call(llama_cpp.llama_model_free, self._handle)
             self._handle = None
 
     def __enter__(self) -> Model:
@@ -460,7 +510,8 @@ class Context:
         params.swa_full = swa_full
         params.n_rs_seq = n_rs_seq
         params.no_perf = True
-        handle = llama_cpp.llama_init_from_model(model.handle, params)
+        self._call = model._call  # a remote model's contexts make their native calls where it does
+        handle = self._call(llama_cpp.llama_init_from_model, model.handle, params)
         if not handle:
             raise ContextError(
                 f"could not create a context of {n_ctx} tokens for {model.path.name}{_llama_error()}: "
@@ -490,7 +541,8 @@ class Context:
         """Free the context and its KV cache now (idempotent)."""
         if getattr(self, "_handle", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
-            llama_cpp.llama_free(self._handle)
+            if self.model.placement is None or not self.model.placement.lost:
+                self._call(llama_cpp.llama_free, self._handle)
             self._handle = None
 
     def __enter__(self) -> Context:
@@ -527,7 +579,7 @@ class Context:
                 self._out[max(first_out, 0) : n] = 1
             self._batch.n_tokens = n
             t0 = time.perf_counter()
-            rc = llama_cpp.llama_decode(self.handle, self._batch)
+            rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
             self.seconds_decoding += time.perf_counter() - t0
             if rc != 0:
                 if rc == 1:
@@ -542,7 +594,7 @@ class Context:
 
         The view is valid until this context's next `decode`; copy it to keep it.
         """
-        ptr = llama_cpp.llama_get_logits_ith(self.handle, i)
+        ptr = self._call(llama_cpp.llama_get_logits_ith, self.handle, i)
         if not ptr:
             raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
@@ -558,8 +610,8 @@ class Context:
         llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
         the rows are copied into one array.
         """
-        first = llama_cpp.llama_get_logits_ith(self.handle, 0)
-        last = llama_cpp.llama_get_logits_ith(self.handle, n - 1)
+        first = self._call(llama_cpp.llama_get_logits_ith, self.handle, 0)
+        last = self._call(llama_cpp.llama_get_logits_ith, self.handle, n - 1)
         if not first or not last:
             raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
         start = ctypes.addressof(first.contents)
@@ -592,7 +644,7 @@ class Context:
 
     def clear(self) -> None:
         """Empty the cache (always possible, for every kind of memory)."""
-        llama_cpp.llama_memory_clear(self._mem, True)
+        self._call(llama_cpp.llama_memory_clear, self._mem, True)
 
     def pos_range(self) -> tuple[int, int]:
         """(smallest, largest) position held for the sequence; (-1, -1) when empty."""
@@ -605,7 +657,7 @@ class Context:
         """A copy of the sequence's state (KV cells or recurrent state)."""
         size = llama_cpp.llama_state_seq_get_size(self.handle, 0)
         buf = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(self.handle, buf, size, 0)
+        written = self._call(llama_cpp.llama_state_seq_get_data, self.handle, buf, size, 0)
         if written == 0 and size:
             raise ContextError("llama.cpp could not save the sequence state")
         return bytes(buf[:written])
@@ -613,7 +665,7 @@ class Context:
     def load_state(self, state: bytes) -> None:
         """Replace the sequence's state with one from `save_state`."""
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if llama_cpp.llama_state_seq_set_data(self.handle, buf, len(state), 0) == 0:
+        if self._call(llama_cpp.llama_state_seq_set_data, self.handle, buf, len(state), 0) == 0:
             raise ContextError(f"llama.cpp could not restore the sequence state{_llama_error()}")
 
 
@@ -679,14 +731,16 @@ class Device:
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
 
-def devices() -> list[Device]:
-    """Enumerate ggml's backend devices (Metal, CUDA, Vulkan, CPU…) by name.
-
-    `llama_supports_gpu_offload()` answers True even on CPU-only builds, so this is the real test.
-    """
+def ggml_library(stem: str) -> ctypes.CDLL | None:
+    """One of the ggml shared libraries this llama-cpp-python build installed ("ggml", "ggml-base", …), or None."""
     init()
-    ggml = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name("ggml")))
-    base = ctypes.CDLL(str(Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name("ggml-base")))
+    path = Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name(stem)
+    return ctypes.CDLL(str(path)) if path.exists() else None
+
+
+def device_handles() -> list[tuple[int, Device]]:
+    """ggml's backend devices (Metal, CUDA, Vulkan, CPU…) with their native handles."""
+    ggml, base = ggml_library("ggml"), ggml_library("ggml-base")
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -703,16 +757,23 @@ def devices() -> list[Device]:
         dev = ggml.ggml_backend_dev_get(i)
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        found.append(
-            Device(
-                name=base.ggml_backend_dev_name(dev).decode(),
-                description=base.ggml_backend_dev_description(dev).decode(errors="replace"),
-                kind=_DEVICE_KINDS.get(base.ggml_backend_dev_type(dev), "unknown"),
-                memory_free=free.value,
-                memory_total=total.value,
-            )
+        device = Device(
+            name=base.ggml_backend_dev_name(dev).decode(),
+            description=base.ggml_backend_dev_description(dev).decode(errors="replace"),
+            kind=_DEVICE_KINDS.get(base.ggml_backend_dev_type(dev), "unknown"),
+            memory_free=free.value,
+            memory_total=total.value,
         )
+        found.append((dev, device))
     return found
+
+
+def devices() -> list[Device]:
+    """ggml's backend devices by name.
+
+    `llama_supports_gpu_offload()` answers True even on CPU-only builds, so this is the real test.
+    """
+    return [device for _, device in device_handles()]
 
 
 def _shared_lib_name(stem: str) -> str:

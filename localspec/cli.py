@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import bench_cli, pairs_cli, tui
+from . import bench_cli, pairs_cli, tui, worker_cli
 from .checks import check_run_args
 from .errors import ContextError, LocalspecError
 from .interrupts import SignalGuard
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     pairs_cli.register(sub)
     bench_cli.register(sub, add_model_args)
     tui.register(sub)
+    worker_cli.register(sub)
     return parser
 
 

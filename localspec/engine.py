@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend
+from . import backend, rpc
 from .compat import check_pair
 from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
 from .errors import ContextError, InvalidParamsError
@@ -339,6 +339,8 @@ class Engine:
         rollback: str = "auto",
         swa_full: bool | None = None,
         compat_hint: str = "",
+        rpc_workers: Sequence[rpc.Endpoint] = (),
+        progress: Callable[[float], None] | None = None,
     ) -> Engine:
         """Load the target (and the draft) and create their contexts.
 
@@ -355,6 +357,8 @@ class Engine:
             rollback: KVSequence rollback mode ("auto" probes; others force a path).
             swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
             compat_hint: appended to an incompatible-draft error (e.g. the curated drafts that fit).
+            rpc_workers: llama.cpp RPC workers that take the target's layers (the draft stays local).
+            progress: called with the fraction of the target's weights loaded (0..1).
 
         Raises:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
@@ -366,7 +370,10 @@ class Engine:
             raise InvalidParamsError(f"--drafter {drafter} needs --draft PATH (or use --drafter ngram or none)")
         owned: list = []
         try:
-            target_model = _own(owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers))
+            placement = _own(owned, rpc.attach(tuple(rpc_workers))) if rpc_workers else None
+            target_model = _own(
+                owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers, placement=placement, progress=progress)
+            )
             draft_model = None
             if uses_model:
                 draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))

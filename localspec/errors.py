@@ -41,3 +41,11 @@ class ConfigError(LocalspecError):
 
 class DownloadError(LocalspecError):
     """A model download failed (network, disk, gated repository, missing file)."""
+
+
+class RpcError(LocalspecError):
+    """An RPC worker cannot be used: unreachable, busy, another protocol version, or no RPC in this build."""
+
+
+class WorkerLostError(RpcError):
+    """An RPC worker stopped answering while the target was on it (the pair must be reloaded)."""

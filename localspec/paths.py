@@ -43,6 +43,11 @@ class Paths:
         return self.data_dir / "chats.sqlite3"
 
     @property
+    def rpc_cache_dir(self) -> Path:
+        """Where `localspec worker --cache` keeps the weights clients sent, so a reload skips the transfer."""
+        return self.data_dir / "rpc-cache"
+
+    @property
     def log_file(self) -> Path:
         """The application log."""
         return self.log_dir / "localspec.log"
