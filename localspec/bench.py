@@ -119,6 +119,19 @@ class Row:
     peer_acceptance: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RpcRow:
+    """One setting with the target on RPC workers behind a relay that adds `rtt_ms` to every round trip."""
+
+    rtt_ms: float
+    setting: str
+    temperature: float
+    tokens_per_second: float
+    ratio: float  # tok/s / plain tok/s at the same round trip and temperature
+    tokens_per_pass: float
+    round_trips_per_pass: float  # relay turns / target decodes (prefill included)
+
+
 @dataclass(slots=True)
 class BenchReport:
     machine: str
@@ -129,6 +142,7 @@ class BenchReport:
     threads: int
     rows: list[Row] = field(default_factory=list)
     busy: list[dict] = field(default_factory=list)
+    rpc: list[RpcRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -252,6 +266,77 @@ def run_bench(
     return tallies
 
 
+def run_rpc_bench(
+    engine: Engine,
+    prompts: list[list[int]],
+    settings: list[Setting],
+    relays: Sequence,
+    rtts: Sequence[float],
+    *,
+    tokens: int,
+    rounds: int,
+    progress: Callable[[str], None] = lambda _: None,
+) -> list[RpcRow]:
+    """Every setting at every added round trip, interleaved: for each round, for each round trip (rotating),
+    for each prompt, every setting (rotating). The relays (`relay.DelayRelay`) stand between the target and its
+    workers; their delay is changed between runs, so one loaded engine serves every round trip."""
+    tallies = {(rtt, s): Tally() for rtt in rtts for s in settings}
+    turns = dict.fromkeys(tallies, 0)
+    decodes = dict.fromkeys(tallies, 0)
+    total, done = rounds * len(rtts) * len(prompts) * len(settings), 0
+    for round_ in range(rounds):
+        order = list(rtts[round_ % len(rtts) :]) + list(rtts[: round_ % len(rtts)])
+        for rtt in order:
+            for relay in relays:
+                relay.rtt_ms = rtt
+            for p, prompt in enumerate(prompts):
+                shift = (round_ * len(prompts) + p) % len(settings)
+                for setting in settings[shift:] + settings[:shift]:
+                    before = sum(r.turns for r in relays)
+                    gen, _ = _run_one(engine, prompt, setting, tokens)
+                    turns[(rtt, setting)] += sum(r.turns for r in relays) - before
+                    decodes[(rtt, setting)] += gen.stats.target_passes + 1  # + the prompt's prefill
+                    tallies[(rtt, setting)].stats.merge(gen.stats)
+                    done += 1
+                    progress(f"{_bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")
+    rows = []
+    for (rtt, setting), tally in tallies.items():
+        plain = next(
+            t for (r, s), t in tallies.items() if r == rtt and s.k == 0 and s.temperature == setting.temperature
+        )
+        rate, plain_rate = tally.stats.tokens_per_second, plain.stats.tokens_per_second
+        rows.append(
+            RpcRow(
+                rtt_ms=rtt,
+                setting=setting.name,
+                temperature=setting.temperature,
+                tokens_per_second=rate,
+                ratio=rate / plain_rate if plain_rate else 0.0,
+                tokens_per_pass=tally.stats.mean_tokens_per_pass,
+                round_trips_per_pass=turns[(rtt, setting)] / max(decodes[(rtt, setting)], 1),
+            )
+        )
+    return rows
+
+
+def rpc_summary(rows: list[RpcRow]) -> list[str]:
+    """Per speculative setting: its ratio to plain at the largest added round trip ÷ its ratio at the smallest."""
+    if not rows:
+        return []
+    lo, hi = min(r.rtt_ms for r in rows), max(r.rtt_ms for r in rows)
+    out = []
+    for r in rows:
+        if r.rtt_ms != hi or r.setting == "plain":
+            continue
+        base = next(b for b in rows if b.rtt_ms == lo and (b.setting, b.temperature) == (r.setting, r.temperature))
+        if base.ratio:
+            out.append(
+                f"{r.setting} T{r.temperature:g}: ×plain {base.ratio:.2f} at +{lo:g} ms → {r.ratio:.2f} at "
+                f"+{hi:g} ms ({r.ratio / base.ratio:.2f}×)"
+            )
+    return out
+
+
 def _bar(done: int, total: int, width: int = 24) -> str:
     filled = round(width * done / total) if total else width
     return f"[{'█' * filled}{'·' * (width - filled)}] {done}/{total}"
@@ -322,6 +407,18 @@ def render(report: BenchReport) -> list[str]:
                 if b["quiet"]
                 else f"  {b['setting']}: no data"
             )
+    if report.rpc:
+        lines += [
+            "",
+            "the target on RPC workers, behind a relay on 127.0.0.1 that adds a round trip:",
+            f"{'+rtt ms':>7}  {'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'tok/pass':>9}{'trips/pass':>11}",
+        ]
+        for r in report.rpc:
+            lines.append(
+                f"{r.rtt_ms:>7g}  {r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+                f"{r.tokens_per_pass:>9.2f}{r.round_trips_per_pass:>11.2f}"
+            )
+        lines += [f"  {line}" for line in rpc_summary(report.rpc)]
     lines += [f"note: {n}" for n in report.notes]
     return lines
 

@@ -33,6 +33,13 @@ def register(subparsers, add_model_args) -> None:
         help="also run llama-server (PATH, or its folder; alone: the one on PATH)",
     )
     p.add_argument("--busy", action="store_true", help="also run plain and adaptive with one core kept busy")
+    p.add_argument(
+        "--rtt",
+        dest="rtts",
+        default="0,2,5,10",
+        help="with --rpc: round trips (ms) that a relay on 127.0.0.1, started here, adds in front of the workers "
+        "(default 0,2,5,10)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 

@@ -1,0 +1,287 @@
+"""The target on llama.cpp RPC workers: real `localspec worker` processes on 127.0.0.1, the real RPC client.
+
+Greedy output over RPC equals the local target's (a divergence is allowed only at a counted near-tie, as in
+test_engine); speculative over RPC equals plain over RPC; a worker killed mid-answer gives one clear error and a
+reload on a new worker gives the same answer again. The failures before any model is placed (unreachable, busy,
+another protocol version, no RPC in the build) are one line each.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from test_engine import GREEDY, PROMPT, divergence
+
+from localspec import rpc
+from localspec.engine import Engine, SpeculativeParams
+from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
+from localspec.relay import DelayRelay
+
+PLAIN = SpeculativeParams(draft_max=0)
+FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    """`localspec worker` in a subprocess, on a free port of 127.0.0.1."""
+
+    def __init__(self, *extra: str) -> None:
+        self.port = free_port()
+        self.endpoint = rpc.Endpoint("127.0.0.1", self.port)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localspec", "worker", "--port", str(self.port), "--threads", "1", *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited: {self.proc.stderr.read()}")
+            try:
+                rpc.probe(self.endpoint, timeout=2)
+                return
+            except RpcError:
+                time.sleep(0.1)
+        raise AssertionError("worker did not start listening within 60 s")
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> tuple[str, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.stdout.read(), self.proc.stderr.read()
+
+
+@pytest.fixture
+def worker():
+    w = Worker()
+    yield w
+    w.stop()
+
+
+def greedy(engine: Engine, prompt: list[int], spec: SpeculativeParams, n: int = 40):
+    gen = engine.generate(prompt, sampling=GREEDY, spec=spec, max_tokens=n)
+    list(gen)
+    return gen
+
+
+# --- addresses and the build ---------------------------------------------------------------------------------
+
+
+def test_endpoints_parse_and_bad_ones_say_how_to_write_them():
+    assert rpc.parse_endpoints("127.0.0.1:50052, box:1") == (rpc.Endpoint("127.0.0.1", 50052), rpc.Endpoint("box", 1))
+    for bad in ("127.0.0.1", "host:", ":50052", "host:99999", "host:port", "a:1,a:1", " , "):
+        with pytest.raises(InvalidParamsError) as e:
+            rpc.parse_endpoints(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_the_installed_build_has_rpc():
+    assert rpc.support() is None, "the README's set-up builds llama.cpp with -DGGML_RPC=on"
+
+
+def test_a_build_without_rpc_gives_the_rebuild_command(tiny_models, monkeypatch):
+    monkeypatch.setattr(rpc, "_lib", lambda: None)
+    with pytest.raises(RpcError) as e:
+        Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(rpc.Endpoint("127.0.0.1", 1),))
+    assert "no RPC backend" in str(e.value) and "reinstall-llama-backend.sh rpc" in str(e.value)
+
+
+# --- failures before the model is placed ---------------------------------------------------------------------
+
+
+def test_unreachable_worker_is_one_line():
+    with pytest.raises(RpcError) as e:
+        rpc.probe(rpc.Endpoint("127.0.0.1", free_port()), timeout=2)
+    assert "cannot reach the RPC worker" in str(e.value) and "localspec worker" in str(e.value)
+
+
+def _fake_worker(answer: bytes | None) -> tuple[socket.socket, threading.Thread]:
+    """A TCP server that answers one HELLO with `answer` (None: accepts and says nothing)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            if answer is not None:
+                conn.sendall(len(answer).to_bytes(8, "little") + answer)
+            time.sleep(3)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return server, t
+
+
+def test_another_protocol_version_is_one_line():
+    server, _ = _fake_worker(bytes([6, 1, 0, 0]) + bytes(24))
+    with server, pytest.raises(RpcError) as e:
+        rpc.probe(rpc.Endpoint("127.0.0.1", server.getsockname()[1]), timeout=2)
+    assert "speaks protocol 6.1.0" in str(e.value) and "same" in str(e.value)
+
+
+def test_a_busy_worker_times_out_with_the_reason():
+    server, _ = _fake_worker(None)
+    with server, pytest.raises(RpcError) as e:
+        rpc.probe(rpc.Endpoint("127.0.0.1", server.getsockname()[1]), timeout=0.5)
+    assert "one client at a time" in str(e.value)
+
+
+def test_generate_with_an_unreachable_worker_prints_one_line(tiny_models):
+    port = free_port()
+    out = subprocess.run(
+        [sys.executable, "-m", "localspec", "generate", "hi", "--target", str(tiny_models.target)]
+        + ["--rpc", f"127.0.0.1:{port}", "--max-tokens", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the RPC worker" in lines[0], out.stderr
+
+
+# --- the worker ----------------------------------------------------------------------------------------------
+
+
+def test_worker_binds_loopback_by_default_and_warns_for_other_interfaces(worker):
+    stdout, stderr = worker.stop()
+    assert f"on 127.0.0.1:{worker.port}" in stdout and "warning" not in stderr
+    other = Worker("--host", "0.0.0.0")
+    stdout, stderr = other.stop()
+    assert "warning: RPC has no authentication" in stderr and len(stderr.strip().splitlines()) <= 2
+
+
+def test_worker_on_a_busy_port_is_one_line(worker):
+    out = subprocess.run(
+        [sys.executable, "-m", "localspec", "worker", "--port", str(worker.port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "cannot listen" in out.stderr
+
+
+# --- the target on a worker ----------------------------------------------------------------------------------
+
+
+def test_greedy_over_rpc_equals_the_local_target_and_speculation_equals_plain(tiny_models, worker, record_property):
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as local:
+        prompt = local.tokenize(PROMPT)
+        reference = greedy(local, prompt, PLAIN).tokens
+    progress: list[float] = []
+    with Engine.load(
+        tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(worker.endpoint,), progress=progress.append
+    ) as remote:
+        assert remote.target_model.placement is not None and remote.target_model.placement.devices
+        assert progress and progress[-1] == pytest.approx(1.0)
+        plain = greedy(remote, prompt, PLAIN)
+        spec = greedy(remote, prompt, FIXED4)
+    record_property("rpc_vs_local_divergence", divergence(tiny_models.target, prompt, reference, plain.tokens))
+    record_property("rpc_spec_vs_plain_divergence", divergence(tiny_models.target, prompt, plain.tokens, spec.tokens))
+    assert spec.stats.drafted > 0 and spec.stats.target_passes < plain.stats.target_passes
+
+
+def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny_models):
+    first = Worker()
+    engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(first.endpoint,))
+    prompt = engine.tokenize(PROMPT)
+    reference = greedy(engine, prompt, FIXED4).tokens
+    gen = engine.generate(prompt, sampling=GREEDY, spec=FIXED4, max_tokens=200)
+    events = iter(gen)
+    next(events)  # mid-answer
+    first.kill()
+    started = time.monotonic()
+    with pytest.raises(WorkerLostError) as e:
+        for _ in events:
+            pass
+    assert time.monotonic() - started < 30
+    message = str(e.value)
+    assert "\n" not in message and str(first.endpoint) in message and "reload" in message
+    engine.close()  # abandons the lost target's native memory instead of calling into a dead connection
+
+    second = Worker()
+    try:
+        with Engine.load(
+            tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(second.endpoint,)
+        ) as again:
+            assert greedy(again, prompt, FIXED4).tokens == reference
+            again.check_invariants()  # the reloaded caches hold exactly what their histories say
+    finally:
+        second.stop()
+
+
+def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
+    first = Worker()
+    engine = Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(first.endpoint,))
+    prompt = engine.tokenize(PROMPT)
+    first.kill()
+    with pytest.raises(WorkerLostError):
+        greedy(engine, prompt, PLAIN, n=8)
+    engine.close()
+    again = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "worker", "--port", str(first.port), "--threads", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                rpc.probe(first.endpoint, timeout=2)
+                break
+            except RpcError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(first.endpoint,)) as reloaded:
+            assert len(greedy(reloaded, prompt, PLAIN, n=8).tokens) == 8
+    finally:
+        again.kill()
+        again.wait()
+
+
+# --- the relay the benchmark uses ----------------------------------------------------------------------------
+
+
+def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
+    with DelayRelay(worker.endpoint, rtt_ms=0, max_connections=4, lifetime=120) as relay:
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(relay.endpoint,)) as engine:
+            prompt = engine.tokenize(PROMPT)
+            greedy(engine, prompt, PLAIN, n=4)
+            timings = {}
+            for rtt in (0, 20):
+                relay.rtt_ms = rtt
+                turns = relay.turns
+                t0 = time.perf_counter()
+                gen = greedy(engine, prompt, PLAIN, n=8)
+                timings[rtt] = (time.perf_counter() - t0, relay.turns - turns, gen.stats.target_passes)
+    (fast, fast_turns, passes), (slow, slow_turns, _) = timings[0], timings[20]
+    assert fast_turns >= passes and slow_turns == fast_turns  # at least one round trip per decode, same protocol
+    assert slow - fast >= 0.8 * slow_turns * 0.020  # every round trip took the added 20 ms (minus timer slack)
+
+
+def test_relay_is_bounded_in_connections(worker):
+    with DelayRelay(worker.endpoint, max_connections=1, lifetime=30) as relay:
+        rpc.probe(relay.endpoint, timeout=2)
+        time.sleep(0.3)
+        with pytest.raises(RpcError):
+            rpc.probe(relay.endpoint, timeout=1)
+
