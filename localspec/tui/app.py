@@ -23,6 +23,7 @@ from textual.widgets import Footer, Header, ProgressBar, Static
 
 from ..errors import LocalspecError
 from ..paths import get_paths
+from ..runner import MODEL_DRAFTERS
 from ..session import ChatSession, Message
 from ..stats import Stats
 from . import loading
@@ -39,7 +40,7 @@ from .messages import (
     TurnFailed,
 )
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
-from .settings import MODEL_DRAFTERS, ChatOptions, ChatSettings
+from .settings import ChatOptions, ChatSettings
 from .store import ChatStore, StoredMessage
 from .styles import CSS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
