@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakellm import LogitTable, fake_engine
 
 from localspec import backend
 from localspec.engine import Engine, SpeculativeParams
@@ -235,3 +236,26 @@ def test_memory_that_cannot_roll_back_decodes_plainly_and_says_why(tiny_models):
         plain = run_greedy(engine, prompt, k=0, n=16)
     assert gen.stats.drafted == 0 and "neither drop a KV tail nor restore" in gen.stats.speculation_off
     assert gen.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("stop_after", [None, 3])  # run to the end; break out after 3 events
+def test_a_generation_runs_once(stop_after):
+    target = LogitTable(5, seed=0)
+    engine = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.5))
+    gen = engine.generate([1, 3, 0, 4, 1], sampling=GREEDY, spec=FIXED4, max_tokens=12)
+    finished: list = []
+    gen.on_finish = finished.append
+    events = iter(gen)
+    for i, _ in enumerate(events):
+        if i == stop_after:
+            break
+    events.close()
+    held = list(engine.target.tokens), list(engine.drafter.seq.tokens)
+    tokens, reason = list(gen.tokens), gen.finish_reason
+    assert finished == [gen] and reason == ("length" if stop_after is None else "cancelled")
+    with pytest.raises(RuntimeError, match="already run"):
+        next(iter(gen))
+    # The second pass changed nothing: no re-sync of the caches, no second on_finish, same result.
+    assert finished == [gen] and (list(engine.target.tokens), list(engine.drafter.seq.tokens)) == held
+    assert gen.tokens == tokens and gen.finish_reason == reason
+    engine.check_invariants()
