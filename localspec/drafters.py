@@ -223,6 +223,9 @@ def needs_draft_model(kind: str) -> bool:
     return cls is not None and cls.needs_model
 
 
+MODEL_DRAFTERS = tuple(kind for kind in DRAFTERS if needs_draft_model(kind))  # ("model", "model+ngram")
+
+
 def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:
     """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it needs one."""
     assert kind in DRAFTERS and (draft is not None) == needs_draft_model(kind)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakellm import LogitTable, fake_engine
+from fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
 from localspec import backend
-from localspec.engine import Engine, SpeculativeParams
+from localspec.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
 from localspec.kv import KVSequence
-from localspec.sampling import SamplingParams
+from localspec.sampling import Dist, SamplingParams, penalty_window
 
 NEAR_TIE = 1e-3
 GREEDY = SamplingParams(temperature=0)
@@ -259,3 +259,22 @@ def test_a_generation_runs_once(stop_after):
     assert finished == [gen] and (list(engine.target.tokens), list(engine.drafter.seq.tokens)) == held
     assert gen.tokens == tokens and gen.finish_reason == reason
     engine.check_invariants()
+
+
+@pytest.mark.parametrize("repeat_penalty", [1.0, 1.8])  # the one-block argmax; row by row after the drafts
+def test_greedy_and_distribution_views_of_the_verified_rows_agree(repeat_penalty):
+    table = LogitTable(7, seed=3)
+    ctx = TableContext(table, FakeModel("target"))
+    history, drafts = [1, 5, 2, 6], [2, 2, 4]
+    ctx.decode(history[:-1], 0, outputs=0)
+    ctx.decode([history[-1], *drafts], len(history) - 1, outputs=len(drafts) + 1)  # the verify batch
+    sampling = SamplingParams(temperature=0, repeat_penalty=repeat_penalty, repeat_last_n=8)
+    recent = penalty_window(history, sampling)
+    argmax, laws = TargetArgmax(ctx, recent, drafts, sampling), TargetLaws(ctx, recent, drafts, sampling)
+    assert len(argmax) == len(laws) == len(drafts) + 1
+    for i in range(len(drafts) + 1):
+        token, law = argmax[i], laws[i]
+        assert type(token) is int and isinstance(law, Dist)  # each view has one return type
+        assert law.top() == (token, 1.0)
+        if repeat_penalty == 1.0:
+            assert token == int(np.argmax(table.logits(tuple([*history, *drafts][: len(history) + i]))))
