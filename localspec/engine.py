@@ -434,7 +434,7 @@ class Engine:
         return self.target_model.tokenize(text, add_special=add_special, parse_special=False)
 
     def seconds_decoding(self) -> float:
-        """Time spent inside llama_decode by both models so far (what is not Python)."""
+        """Time spent inside llama_decode by every cache's model so far (what is not Python)."""
         return sum(seq.ctx.seconds_decoding for seq in self.caches)
 
     def check_invariants(self) -> None:
