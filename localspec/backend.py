@@ -180,11 +180,6 @@ def system_info() -> str:
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
 
-def supports_gpu_offload() -> bool:
-    init()
-    return bool(llama_cpp.llama_supports_gpu_offload())
-
-
 def check_gguf_file(path: Path) -> None:
     """Raise `ModelFileError` unless `path` is an existing file that starts with the GGUF magic."""
     if not path.exists():

@@ -4,12 +4,14 @@
 `NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
 tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
 `LookupModelDrafter` tries the lookup first and the model when the history has no match.
+Every drafter states what it needs and owns through the `Drafter` protocol (`needs_model`, `caches`), so
+the engine never asks which class it holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -25,11 +27,13 @@ class Proposal:
     dists: list[Dist | None] = field(default_factory=list)
 
 
-DRAFTERS = ("model", "ngram", "model+ngram", "none")
-
-
+@runtime_checkable
 class Drafter(Protocol):
-    kind: str
+    """What the generation loop, the policy and the `Engine` may ask of a drafter — and all they ask."""
+
+    kind: str  # its name in DRAFTERS
+    needs_model: ClassVar[bool]  # drafts with the draft model: `Engine.load` loads one and passes its cache
+    caches: tuple[KVSequence, ...]  # the caches it owns (the engine checks, repairs and times them); () for lookup
     n_ctx: int  # longest history it can draft after
     n_decoded: int  # tokens its model has decoded so far (0 without a model): drafting and catch-up cost
 
@@ -63,9 +67,11 @@ class ModelDrafter:
     """Drafts with a small model. Its KV keeps the accepted prefix between steps."""
 
     kind = "model"
+    needs_model = True
 
     def __init__(self, seq: KVSequence) -> None:
         self.seq = seq
+        self.caches = (seq,)
 
     @property
     def n_ctx(self) -> int:
@@ -128,6 +134,8 @@ class NgramDrafter:
     """
 
     kind = "ngram"
+    needs_model = False
+    caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30  # the lookup works on any history length
     n_decoded = 0
 
@@ -200,11 +208,28 @@ class LookupModelDrafter(ModelDrafter):
         return super().propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
 
 
+_CLASSES: dict[str, type[ModelDrafter] | type[NgramDrafter] | None] = {
+    "model": ModelDrafter,
+    "ngram": NgramDrafter,
+    "model+ngram": LookupModelDrafter,
+    "none": None,
+}
+DRAFTERS = tuple(_CLASSES)  # the names `--drafter` takes
+
+
+def needs_draft_model(kind: str) -> bool:
+    """Whether the drafter named `kind` (one of DRAFTERS) drafts with a draft model."""
+    cls = _CLASSES[kind]
+    return cls is not None and cls.needs_model
+
+
+MODEL_DRAFTERS = tuple(kind for kind in DRAFTERS if needs_draft_model(kind))  # ("model", "model+ngram")
+
+
 def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:
-    """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it has one."""
-    assert kind in DRAFTERS and (draft is not None) == (kind in ("model", "model+ngram"))
-    if kind == "none":
+    """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it needs one."""
+    assert kind in DRAFTERS and (draft is not None) == needs_draft_model(kind)
+    cls = _CLASSES[kind]
+    if cls is None:
         return None
-    if kind == "ngram":
-        return NgramDrafter()
-    return ModelDrafter(draft) if kind == "model" else LookupModelDrafter(draft)
+    return cls(draft) if cls.needs_model else cls()

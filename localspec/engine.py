@@ -3,7 +3,8 @@
 `speculative_step` drafts k tokens, verifies them with ONE target decode of k+1 rows, accepts or
 rejects, and rolls both caches back; k = 0 is plain decoding through the same code. `Generation`
 wraps the steps with detokenisation, stop handling, cancellation and stats, yielding one
-`TokenEvent` per emitted token. `Engine` owns the loaded models and their `KVSequence`s.
+`TokenEvent` per emitted token; it runs once. `Engine` owns the loaded models and their `KVSequence`s:
+the target's, and whatever its drafter declares in `Drafter.caches`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 
 from . import backend, rpc
 from .compat import check_pair
-from .drafters import DRAFTERS, Drafter, ModelDrafter, Proposal, make_drafter
+from .drafters import DRAFTERS, Drafter, Proposal, make_drafter, needs_draft_model
 from .errors import ContextError, InvalidParamsError
-from .kv import KVSequence, PrefillStopped
+from .kv import Context, KVSequence, PrefillStopped
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats, Step
@@ -66,7 +67,7 @@ class TokenEvent:
 class TargetLaws(Sequence):
     """The target's sampling laws for the k+1 verified rows, computed lazily (row i sees x_1..x_i)."""
 
-    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
         self._rows: dict[int, Dist] = {}
 
@@ -84,7 +85,7 @@ class TargetArgmax(Sequence):
     """The target's greedy tokens for the k+1 verified rows: one argmax over the whole block of rows when no
     penalty makes a row depend on the drafts before it, else row by row, lazily."""
 
-    def __init__(self, ctx: backend.Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
         self._rows: dict[int, int] = {}
         if not recent:
@@ -156,10 +157,11 @@ def speculative_step(
 
 
 class Generation:
-    """A running generation: iterate it for `TokenEvent`s, then read `tokens`, `text`, `stats`.
+    """A running generation: iterate it once for `TokenEvent`s, then read `tokens`, `text`, `stats`.
 
     Stopping early (break, `close()`, `cancel()` from another thread) leaves both caches consistent:
-    every step finishes its rollback before anything is yielded.
+    every step finishes its rollback before anything is yielded. A second iteration raises
+    RuntimeError: the caches have moved on, and `on_finish` has been called.
     """
 
     def __init__(
@@ -194,6 +196,7 @@ class Generation:
         self.on_prefill: Callable[[str, int, int], None] | None = None
         self._text = TextStream(stop)
         self._cancel = threading.Event()
+        self._started = False
 
     @property
     def text(self) -> str:
@@ -204,6 +207,15 @@ class Generation:
         self._cancel.set()
 
     def __iter__(self) -> Iterator[TokenEvent]:
+        """The events of this generation, once.
+
+        Raises:
+            RuntimeError: at the first event of a second iteration (it would re-sync the caches and call
+                `on_finish` again); call `Engine.generate` for a new generation.
+        """
+        if self._started:
+            raise RuntimeError("this Generation has already run: call Engine.generate for a new one")
+        self._started = True
         start = time.perf_counter()
         try:
             yield from self._run()
@@ -313,16 +325,17 @@ class Engine:
         self.target_model = target_model
         self.target = target
         self.drafter = drafter
+        # Every cache the engine keeps consistent: the target's first, then the drafter's own.
+        self.caches: tuple[KVSequence, ...] = (target, *(drafter.caches if drafter is not None else ()))
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
         # Threads follow the cores other processes leave free, unless the caller fixed them.
-        contexts = [target.ctx] + ([drafter.seq.ctx] if isinstance(drafter, ModelDrafter) else [])
-        self.threads = backend.ThreadTuner(contexts) if auto_threads else None
+        self.threads = backend.ThreadTuner([seq.ctx for seq in self.caches]) if auto_threads else None
         self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
-        for seq in (target, getattr(drafter, "seq", None)):
-            if seq is not None and seq.mode == "refill" and seq.probed:
+        for seq in self.caches:
+            if seq.mode == "refill" and seq.probed:
                 self.cannot_roll_back = f"{seq.ctx.model.path.name} can neither drop a KV tail nor restore a state"
                 log.warning("speculation off: %s", self.cannot_roll_back)
 
@@ -365,7 +378,7 @@ class Engine:
         """
         if drafter not in DRAFTERS:
             raise InvalidParamsError(f"unknown drafter {drafter!r}: use {', '.join(DRAFTERS)}")
-        uses_model = drafter in ("model", "model+ngram")
+        uses_model = needs_draft_model(drafter)
         if uses_model and draft_path is None:
             raise InvalidParamsError(f"--drafter {drafter} needs --draft PATH (or use --drafter ngram or none)")
         owned: list = []
@@ -428,23 +441,18 @@ class Engine:
         return self.target_model.tokenize(text, add_special=add_special, parse_special=False)
 
     def seconds_decoding(self) -> float:
-        """Time spent inside llama_decode by both models so far (what is not Python)."""
-        seconds = self.target.ctx.seconds_decoding
-        if isinstance(self.drafter, ModelDrafter):
-            seconds += self.drafter.seq.ctx.seconds_decoding
-        return seconds
+        """Time spent inside llama_decode by every cache's model so far (what is not Python)."""
+        return sum(seq.ctx.seconds_decoding for seq in self.caches)
 
     def check_invariants(self) -> None:
         """Each cache holds exactly its token list (DESIGN §1, step 4)."""
-        self.target.check()
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.seq.check()
+        for seq in self.caches:
+            seq.check()
 
     def repair(self) -> None:
         """Bring each cache back in line with its token list after an interrupted step (see `KVSequence.repair`)."""
-        self.target.repair()
-        if isinstance(self.drafter, ModelDrafter):
-            self.drafter.seq.repair()
+        for seq in self.caches:
+            seq.repair()
 
     def close(self) -> None:
         """Free contexts and models now."""

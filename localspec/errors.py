@@ -27,10 +27,6 @@ class InvalidParamsError(LocalspecError):
     """A sampling or speculation setting is out of range."""
 
 
-class NotYetError(LocalspecError):
-    """A feature that exists in the interface but has not been built yet."""
-
-
 class ChatTemplateError(LocalspecError):
     """The model has no chat template, or the template cannot be rendered."""
 

@@ -4,7 +4,8 @@ Whatever is in the llama.cpp cache is exactly `tokens`, always: every append and
 through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory and
 sliding-window caches that lost cells fall back to a state checkpoint, then to a full re-prefill.
 `drop` removes a span from the middle and shifts the rest back (context shifting), where the
-memory can move positions.
+memory can move positions. `Context` is the protocol a cache is kept in: `backend.Context` is the
+llama.cpp one; the pure-logic tests run the same code over numpy fakes.
 """
 
 from __future__ import annotations
@@ -12,9 +13,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .backend import Context
+import numpy as np
+
 from .errors import ContextError
+
+if TYPE_CHECKING:
+    from .backend import Model
 
 log = logging.getLogger("localspec.kv")
 
@@ -22,6 +28,60 @@ ROLLBACK_MODES = ("auto", "seq_rm", "checkpoint", "refill")
 PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
 
 Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
+
+
+@runtime_checkable
+class Context(Protocol):
+    """What `KVSequence` and the generation loop ask of one model context (sequence 0 of its memory)."""
+
+    model: Model  # the weights it runs (`path` and `info` are read)
+    n_ctx: int
+    swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
+    seconds_decoding: float  # time spent inside decode so far
+
+    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
+        """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""
+        ...
+
+    def logits(self, i: int) -> np.ndarray:
+        """Row i of the last decode (negative from the end): a (n_vocab,) view."""
+        ...
+
+    def logits_block(self, n: int) -> np.ndarray:
+        """The first n output rows of the last decode: a (n, n_vocab) view."""
+        ...
+
+    def remove_from(self, pos: int) -> bool:
+        """Drop positions pos.. ; False when the memory cannot drop a partial tail."""
+        ...
+
+    def remove_span(self, start: int, end: int) -> bool:
+        """Drop positions start..end-1; False when the memory cannot."""
+        ...
+
+    def can_shift(self) -> bool:
+        """Whether `shift` can move positions."""
+        ...
+
+    def shift(self, start: int, delta: int) -> None:
+        """Move positions start.. by delta."""
+        ...
+
+    def clear(self) -> None:
+        """Empty the memory."""
+        ...
+
+    def pos_range(self) -> tuple[int, int]:
+        """(lowest, highest) position held; (-1, -1) when empty."""
+        ...
+
+    def save_state(self) -> bytes:
+        """The sequence's state, for `load_state`."""
+        ...
+
+    def load_state(self, state: bytes) -> None:
+        """Restore a `save_state` result; ContextError when the memory cannot."""
+        ...
 
 
 class PrefillStopped(Exception):

@@ -184,8 +184,9 @@ class EstimatedCosts:
 
 def size_ratio(target_model: Model, drafter: Drafter | None) -> float:
     """Draft weight bytes / target weight bytes (0 for a drafter without a model)."""
-    seq = getattr(drafter, "seq", None)
-    return seq.ctx.model.info.file_size / target_model.info.file_size if seq is not None else 0.0
+    if drafter is None:
+        return 0.0
+    return sum(seq.ctx.model.info.file_size for seq in drafter.caches) / target_model.info.file_size
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -184,7 +184,7 @@ class ChatSession:
 
     def _cut_window(self, system, turns, start, tokens, room) -> tuple[int, list[int]]:
         starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
-        seqs = [seq for seq in (self.engine.target, getattr(self.engine.drafter, "seq", None)) if seq is not None]
+        seqs = list(self.engine.caches)
         if window.can_shift(seqs) and self.shift_fallback is None:
             found = self._first_fit(system, turns, starts, int(room * CUT_TO)) or self._first_fit(
                 system, turns, starts, room

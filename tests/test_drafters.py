@@ -9,10 +9,20 @@ import numpy as np
 import pytest
 from fakellm import LogitTable, fake_engine
 
+from localspec import kv
 from localspec.cli import main
-from localspec.drafters import LookupModelDrafter, NgramDrafter, lookup
+from localspec.drafters import (
+    DRAFTERS,
+    Drafter,
+    LookupModelDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    lookup,
+    needs_draft_model,
+)
 from localspec.engine import Engine, SpeculativeParams
 from localspec.errors import InvalidParamsError
+from localspec.policy import size_ratio
 from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -91,3 +101,58 @@ def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
     assert code == 1 and "--drafter model+ngram needs --draft PATH" in err
     with pytest.raises(InvalidParamsError, match="unknown drafter"):
         Engine.load(tiny_models.target, drafter="lookup")
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind):
+    draft = tiny_models.draft_noisy if needs_draft_model(kind) else None
+    with Engine.load(tiny_models.target, draft, drafter=kind, n_ctx=256) as engine:
+        drafter = engine.drafter
+        if kind == "none":
+            assert drafter is None and engine.caches == (engine.target,)
+            return
+        assert isinstance(drafter, Drafter) and drafter.kind == kind
+        assert drafter.needs_model == (kind in ("model", "model+ngram"))
+        # A drafter with a model owns exactly its cache, in the draft's context; a lookup owns none.
+        owned = [seq.ctx.model.path for seq in drafter.caches]
+        assert owned == ([draft] if drafter.needs_model else [])
+        assert engine.caches == (engine.target, *drafter.caches)
+        assert all(isinstance(seq.ctx, kv.Context) for seq in engine.caches)
+        gen = engine.generate(engine.tokenize(REPEAT), sampling=GREEDY, spec=FIXED, max_tokens=8)
+        list(gen)
+        # The engine times and checks every declared cache: each one decoded and holds its tokens.
+        assert all(seq.ctx.seconds_decoding > 0 and seq.n_past > 0 for seq in engine.caches)
+        engine.check_invariants()
+
+
+class Wrapped:
+    """A drafter that is no `ModelDrafter` (no `seq`) but owns the draft's cache: only the protocol says so."""
+
+    kind = "wrapped"
+    needs_model = True
+
+    def __init__(self, inner: ModelDrafter) -> None:
+        self.inner, self.caches, self.n_ctx = inner, inner.caches, inner.n_ctx
+        self.propose, self.keep, self.prefill = inner.propose, inner.keep, inner.prefill
+
+    @property
+    def n_decoded(self) -> int:
+        return self.inner.n_decoded
+
+
+def test_the_engine_asks_the_protocol_not_the_class():
+    target = LogitTable(5, seed=0)
+    model = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), draft_size=250)
+    drafter = Wrapped(model.drafter)
+    assert isinstance(drafter, Drafter) and not hasattr(drafter, "seq")
+    engine = Engine(model.target_model, model.target, drafter)
+    (draft,) = drafter.caches
+    assert engine.caches == (engine.target, draft)
+    assert size_ratio(engine.target_model, drafter) == 0.25  # the draft's weights over the target's
+    list(engine.generate([1, 2, 3, 4, 0], sampling=GREEDY, spec=FIXED, max_tokens=10))
+    assert draft.n_past > 0  # the wrapped drafter ran
+    draft.tokens.append(0)  # the token list runs ahead of the cache, as after a cut-short decode
+    with pytest.raises(AssertionError, match="tokens say"):
+        engine.check_invariants()
+    engine.repair()
+    engine.check_invariants()

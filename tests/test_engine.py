@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
 from localspec import backend
-from localspec.engine import Engine, SpeculativeParams
+from localspec.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
 from localspec.kv import KVSequence
-from localspec.sampling import SamplingParams
+from localspec.sampling import Dist, SamplingParams, penalty_window
 
 NEAR_TIE = 1e-3
 GREEDY = SamplingParams(temperature=0)
@@ -235,3 +236,45 @@ def test_memory_that_cannot_roll_back_decodes_plainly_and_says_why(tiny_models):
         plain = run_greedy(engine, prompt, k=0, n=16)
     assert gen.stats.drafted == 0 and "neither drop a KV tail nor restore" in gen.stats.speculation_off
     assert gen.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("stop_after", [None, 3])  # run to the end; break out after 3 events
+def test_a_generation_runs_once(stop_after):
+    target = LogitTable(5, seed=0)
+    engine = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.5))
+    gen = engine.generate([1, 3, 0, 4, 1], sampling=GREEDY, spec=FIXED4, max_tokens=12)
+    finished: list = []
+    gen.on_finish = finished.append
+    events = iter(gen)
+    for i, _ in enumerate(events):
+        if i == stop_after:
+            break
+    events.close()
+    held = list(engine.target.tokens), list(engine.drafter.seq.tokens)
+    tokens, reason = list(gen.tokens), gen.finish_reason
+    assert finished == [gen] and reason == ("length" if stop_after is None else "cancelled")
+    with pytest.raises(RuntimeError, match="already run"):
+        next(iter(gen))
+    # The second pass changed nothing: no re-sync of the caches, no second on_finish, same result.
+    assert finished == [gen] and (list(engine.target.tokens), list(engine.drafter.seq.tokens)) == held
+    assert gen.tokens == tokens and gen.finish_reason == reason
+    engine.check_invariants()
+
+
+@pytest.mark.parametrize("repeat_penalty", [1.0, 1.8])  # the one-block argmax; row by row after the drafts
+def test_greedy_and_distribution_views_of_the_verified_rows_agree(repeat_penalty):
+    table = LogitTable(7, seed=3)
+    ctx = TableContext(table, FakeModel("target"))
+    history, drafts = [1, 5, 2, 6], [2, 2, 4]
+    ctx.decode(history[:-1], 0, outputs=0)
+    ctx.decode([history[-1], *drafts], len(history) - 1, outputs=len(drafts) + 1)  # the verify batch
+    sampling = SamplingParams(temperature=0, repeat_penalty=repeat_penalty, repeat_last_n=8)
+    recent = penalty_window(history, sampling)
+    argmax, laws = TargetArgmax(ctx, recent, drafts, sampling), TargetLaws(ctx, recent, drafts, sampling)
+    assert len(argmax) == len(laws) == len(drafts) + 1
+    for i in range(len(drafts) + 1):
+        token, law = argmax[i], laws[i]
+        assert type(token) is int and isinstance(law, Dist)  # each view has one return type
+        assert law.top() == (token, 1.0)
+        if repeat_penalty == 1.0:
+            assert token == int(np.argmax(table.logits(tuple([*history, *drafts][: len(history) + i]))))

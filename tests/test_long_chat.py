@@ -51,7 +51,7 @@ def question(i: int) -> str:
 
 
 def sequences(engine: Engine) -> list[KVSequence]:
-    return [engine.target] + ([engine.drafter.seq] if getattr(engine.drafter, "seq", None) else [])
+    return list(engine.caches)
 
 
 def assert_caches_hold_the_fresh_rendering(session: ChatSession, gen) -> None:
