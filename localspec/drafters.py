@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from .kv import KVSequence, Progress
+from .params import DRAFTERS, MODEL_DRAFTERS
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
@@ -23,9 +24,6 @@ class Proposal:
 
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist | None] = field(default_factory=list)
-
-
-DRAFTERS = ("model", "ngram", "model+ngram", "none")
 
 
 class Drafter(Protocol):
@@ -202,7 +200,7 @@ class LookupModelDrafter(ModelDrafter):
 
 def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:
     """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it has one."""
-    assert kind in DRAFTERS and (draft is not None) == (kind in ("model", "model+ngram"))
+    assert kind in DRAFTERS and (draft is not None) == (kind in MODEL_DRAFTERS)
     if kind == "none":
         return None
     if kind == "ngram":
