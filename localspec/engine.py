@@ -353,31 +353,25 @@ class Engine:
         if params.uses_draft_model and draft_path is None:
             raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
         # TODO(issue 11): hand params.rpc to the target's backend.Model once the backend loads over RPC.
-        n_gpu_layers, n_threads, rollback, swa_full = (
-            params.n_gpu_layers,
-            params.n_threads,
-            params.rollback,
-            params.swa_full,
-        )
         owned: list = []
         try:
-            target_model = _own(owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers))
+            target_model = _own(owned, backend.Model(target_path, n_gpu_layers=params.n_gpu_layers))
             draft_model = None
             if params.uses_draft_model:
-                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
+                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=params.n_gpu_layers))
                 check_pair(target_model, draft_model, hint=params.compat_hint)
             speculating = params.drafter != "none"
             n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
-            target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating, n_threads)
+            target = _sequence(owned, target_model, n_ctx, params, speculating)
             draft = None
             if draft_model is not None:
                 draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
-                draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True, n_threads)
+                draft = _sequence(owned, draft_model, draft_n_ctx, params, True)
             for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
                 if seq is not None:
                     seq.warm()
             drafter = make_drafter(params.drafter, draft)
-            return cls(target_model, target, drafter, owned=owned, auto_threads=n_threads is None)
+            return cls(target_model, target, drafter, owned=owned, auto_threads=params.n_threads is None)
         except BaseException:
             for obj in reversed(owned):
                 obj.close()
@@ -453,17 +447,10 @@ def _own(owned: list, obj):
     return obj
 
 
-def _sequence(
-    owned: list,
-    model: backend.Model,
-    n_ctx: int,
-    rollback: str,
-    swa_full: bool | None,
-    speculating: bool,
-    n_threads: int | None,
-) -> KVSequence:
+def _sequence(owned: list, model: backend.Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
+    swa_full = params.swa_full
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
-    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=n_threads))
-    return KVSequence(ctx, rollback=rollback)
+    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads))
+    return KVSequence(ctx, rollback=params.rollback)

@@ -68,8 +68,9 @@ class LoadParams:
             raise InvalidParamsError("invalid load setting: n-gpu-layers must be -1 (all) or more")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParamsError("invalid load setting: threads must be at least 1")
-        if isinstance(self.rpc, str | list):
+        if isinstance(self.rpc, str):
             raise InvalidParamsError("invalid load setting: rpc must be a list of host:port endpoints")
+        object.__setattr__(self, "rpc", tuple(self.rpc))  # a list from a caller or models.toml, kept hashable
         for endpoint in self.rpc:
             check_endpoint(endpoint)
 
