@@ -11,9 +11,11 @@ import sys
 
 from . import bench
 from .errors import InvalidParamsError, LocalspecError
+from .flags import add_model_args
+from .paths import Paths
 
 
-def register(subparsers, add_model_args) -> None:
+def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="measure plain vs speculative speed side by side (and llama-server)")
     add_model_args(p)
     p.add_argument(
@@ -44,9 +46,9 @@ def register(subparsers, add_model_args) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     from .checks import check_run_args
-    from .runner import load_engine, resolve_models
+    from .runner import load_engine, load_params, resolve_models
     from .session import ChatFormat, Message
 
     check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
@@ -69,23 +71,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
             binary = find_llama_server(args.peer or None)
         except PeerError as e:
             notes.append(f"llama-server not run: {e}")
-    target, draft, settings = resolve_models(args)
+    target, draft, defaults = resolve_models(args, paths)
     if not draft:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
-    engine = load_engine(
-        target,
-        draft,
-        settings,
-        drafter=args.drafter or "model",
-        n_ctx=args.n_ctx,
-        n_gpu_layers=args.n_gpu_layers,
-        n_threads=args.threads,
-    )
+    engine = load_engine(target, draft, load_params(args, defaults, has_draft=True))
     show = _progress()
     try:
         threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
         try:
-            fmt = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template"))
+            fmt = ChatFormat(engine.target_model, args.chat_template or defaults.chat_template)
             prompts = [fmt.tokens([Message("user", t)]) for t in texts]
         except LocalspecError:
             prompts = [engine.tokenize(t) for t in texts]  # a base model: the plain text

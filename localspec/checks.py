@@ -1,6 +1,6 @@
 """Checks that run before anything heavy: every command-line flag, and whether a folder can be written.
 
-`check_run_args` validates the flags of `generate` and `chat` (numbers at their bounds, model files,
+`check_run_args` validates the flags of `generate`, `chat` and `bench` (numbers at their bounds, model files,
 the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait.
 `folder_problem` says why a folder cannot be written; `doctor` and the writers use it.
 """
@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 
 from .errors import InvalidParamsError, LocalspecError
+from .params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, parse_rpc
 from .textinput import clean
 
 THREADS_ENV = "LOCALSPEC_THREADS"
-N_CTX_MIN, N_CTX_MAX = 16, 2**31 - 1
+N_CTX_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1
 TOP_K_MAX = 2**31 - 1
 N_MAX = 10_000
@@ -75,7 +76,6 @@ def check_run_args(args: argparse.Namespace) -> None:
         LocalspecError: the first flag out of range, a missing model file, an unknown template name.
     """
     from .engine import SpeculativeParams
-    from .runner import _SAMPLING_FLAGS, _SPEC_FLAGS
     from .sampling import SamplingParams
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
@@ -87,10 +87,12 @@ def check_run_args(args: argparse.Namespace) -> None:
         check_threads(args.threads)
     else:
         args.threads = threads_from_env()
-    SamplingParams(**{n: getattr(args, n) for n in _SAMPLING_FLAGS if getattr(args, n, None) is not None})
+    SamplingParams(**{n: getattr(args, n) for n in SAMPLING_OPTIONS if getattr(args, n, None) is not None})
     if (getattr(args, "top_k", None) or 0) > TOP_K_MAX:
         raise InvalidParamsError(f"invalid sampling setting: top-k must be at most {TOP_K_MAX} (0 = off)")
-    SpeculativeParams(**{n: getattr(args, n) for n in _SPEC_FLAGS if getattr(args, n, None) is not None})
+    SpeculativeParams(**{n: getattr(args, n) for n in SPECULATIVE_OPTIONS if getattr(args, n, None) is not None})
+    if isinstance(getattr(args, "rpc", None), str):
+        args.rpc = parse_rpc(clean(args.rpc)[0])
     if getattr(args, "system", None) is not None and getattr(args, "chat", True) is False:
         raise InvalidParamsError("--system only applies with --chat: add --chat or drop --system")
     for name in ("system", "chat_template", "pair"):

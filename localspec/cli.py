@@ -19,7 +19,9 @@ import numpy as np
 from . import bench_cli, pairs_cli, tui, worker_cli
 from .checks import check_run_args
 from .errors import ContextError, LocalspecError
+from .flags import add_model_args, add_sampling_args, overrides_from_args
 from .interrupts import SignalGuard
+from .paths import Paths, get_paths
 from .textinput import clean, one_line, read_stream, replaced_notice
 
 log = logging.getLogger("localspec.cli")
@@ -28,54 +30,6 @@ log = logging.getLogger("localspec.cli")
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + error
         self.exit(2, f"localspec: error: {one_line(message)} (see `{self.prog} --help`)\n")
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Model selection flags shared by `generate` and `chat`."""
-    p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
-    p.add_argument("--target", help="target model GGUF path")
-    p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
-    p.add_argument(
-        "--drafter",
-        choices=["model", "ngram", "model+ngram", "none"],
-        help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
-        "followed the last few tokens earlier in the prompt or output; fast for repeating or "
-        "editing a given text), model+ngram (lookup when it finds a match, else the model), none "
-        "(default: model with --draft/--pair, else none)",
-    )
-    p.add_argument(
-        "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"
-    )
-    p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
-    p.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads, 1 to the CPU count (default: $LOCALSPEC_THREADS, else one per physical core)",
-    )
-    p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """Sampling and speculation flags (None = the pair's or the built-in default)."""
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--repeat-penalty", type=float)
-    p.add_argument("--seed", type=int, help="same seed + same settings = same output")
-    p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
-    p.add_argument("--p-min", type=float, help="stop drafting below this draft confidence")
-    p.add_argument("--verify", choices=["pq", "match"], help="pq (default at T>0) or exact match")
-    p.add_argument(
-        "--no-adaptive",
-        dest="adaptive",
-        action="store_const",
-        const=False,
-        help="always draft --draft-max tokens (default: pick k each step from the measured acceptance "
-        "and costs, and decode plainly when speculation would be slower)",
-    )
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.set_defaults(func=_generate)
     pairs_cli.register(sub)
-    bench_cli.register(sub, add_model_args)
+    bench_cli.register(sub)
     tui.register(sub)
     worker_cli.register(sub)
     return parser
@@ -133,27 +87,26 @@ def _fit_prompt(tokens: list[int], n_ctx: int, args: argparse.Namespace, bos: in
     ]
 
 
-def _generate(args: argparse.Namespace) -> int:
+def _generate(args: argparse.Namespace, paths: Paths) -> int:
     with SignalGuard() as guard:  # SIGINT / SIGTERM: exit 130 / 143, caches consistent
-        return _generate_guarded(args, guard)
+        return _generate_guarded(args, paths, guard)
 
 
-def _generate_guarded(args: argparse.Namespace, guard: SignalGuard) -> int:
-    from .runner import open_engine, sampling_from_args, spec_from_args
+def _generate_guarded(args: argparse.Namespace, paths: Paths, guard: SignalGuard) -> int:
+    from .runner import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
-    with open_engine(args) as (engine, settings):
+    with open_engine(args, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
-        if settings.get("notice"):
-            print(f"localspec: note: {settings['notice']}", file=sys.stderr)
-        sampling, spec = sampling_from_args(args, settings), spec_from_args(args, settings)
+        if defaults.notice:
+            print(f"localspec: note: {defaults.notice}", file=sys.stderr)
+        overrides = overrides_from_args(args)
+        sampling, spec = sampling_params(overrides, defaults), speculative_params(overrides, defaults)
         if args.chat:
             from .session import ChatFormat, Message
 
             messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
-            tokens = ChatFormat(engine.target_model, args.chat_template or settings.get("chat_template")).tokens(
-                messages
-            )
+            tokens = ChatFormat(engine.target_model, args.chat_template or defaults.chat_template).tokens(messages)
         else:
             tokens = engine.tokenize(prompt)
         tokens, truncated = _fit_prompt(tokens, engine.n_ctx, args, engine.target_model.info.bos)
@@ -214,28 +167,40 @@ def _completion_json(gen) -> dict:
     }
 
 
-def setup_logging(verbose: bool) -> None:
-    """Log to the log file (llama.cpp's lines included); to stderr too with --verbose."""
-    from .paths import get_paths
+_HANDLER_MARK = "_localspec_handler"  # set on the handlers setup_logging adds, so a later call replaces them
 
+
+def setup_logging(verbose: bool, paths: Paths) -> None:
+    """Log to the log file (llama.cpp's lines included); to stderr too with --verbose.
+
+    Idempotent: the handlers an earlier call added are kept when they still fit (same file, same
+    --verbose) and replaced otherwise, so calling `main()` again never logs a line twice.
+    """
     root = logging.getLogger("localspec")
     root.setLevel(logging.DEBUG)
     root.propagate = False
+    wanted = (str(paths.log_file), verbose)
+    ours = [h for h in root.handlers if hasattr(h, _HANDLER_MARK)]
+    if ours and all(getattr(h, _HANDLER_MARK) == wanted for h in ours):
+        return
+    for handler in ours:
+        root.removeHandler(handler)
+        handler.close()
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        log_file = get_paths().log_file
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        handler: logging.Handler = logging.FileHandler(log_file, encoding="utf-8", errors="backslashreplace")
+        paths.log_file.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = logging.FileHandler(paths.log_file, encoding="utf-8", errors="backslashreplace")
         handler.setLevel(logging.INFO)
     except (OSError, ValueError):
         handler = logging.NullHandler()  # `localspec doctor` reports an unwritable log folder
-    handler.setFormatter(fmt)
-    root.addHandler(handler)
+    handlers = [handler]
     if verbose:
-        console = logging.StreamHandler(sys.stderr)
-        console.setLevel(logging.INFO)
-        console.setFormatter(fmt)
-        root.addHandler(console)
+        handlers.append(logging.StreamHandler(sys.stderr))
+        handlers[-1].setLevel(logging.INFO)
+    for handler in handlers:
+        handler.setFormatter(fmt)
+        setattr(handler, _HANDLER_MARK, wanted)
+        root.addHandler(handler)
 
 
 def prepare(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -261,10 +226,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = build_parser().parse_args(argv)
         except SystemExit as e:  # --help, or a usage error already printed as one line
             return int(e.code or 0)
-        setup_logging(args.verbose)
+        paths = get_paths()  # the one place the environment picks the folders; handed down from here
+        setup_logging(args.verbose, paths)
         if args.command in ("generate", "chat"):
             check_run_args(args)
-        return args.func(args)
+        return args.func(args, paths)
     except LocalspecError as e:
         log.info("error: %s", e)
         print(f"localspec: error: {one_line(str(e))}", file=sys.stderr)

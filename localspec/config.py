@@ -2,8 +2,9 @@
 
 The bundled file (shipped in the package) is read first; the user's file (`Paths.config_file`) adds pairs
 and replaces bundled ones by name, and its `default` wins. Validation is pydantic with unknown keys
-forbidden; every error becomes one `ConfigError` line naming the file, the pair and the field. The engine
-never sees pydantic: it gets plain dicts from `Pair.sampling_overrides()` and friends.
+forbidden; every error becomes one `ConfigError` line naming the file, the pair and the field. Value ranges
+are the engine's own: its parameter objects check them. The engine never sees pydantic: it gets a
+`PairDefaults` from `Pair.defaults()`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .errors import ConfigError
+from .engine import SpeculativeParams
+from .errors import ConfigError, InvalidParamsError
+from .params import LoadParams, PairDefaults
 from .paths import Paths
+from .sampling import SamplingParams
 
 DEFAULT_QUANT = "Q4_K_M"
 BUILTIN_MODELS = ("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-f32")
@@ -133,35 +137,64 @@ class PairSpec(BaseModel):
     description: str = ""
     """One line shown by `localspec models`."""
 
-    temperature: float | None = Field(default=None, ge=0.0, le=5.0)
+    temperature: float | None = None
     """Sampling temperature; 0 means greedy."""
 
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = None
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
 
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = None
     """Keep the k most likely tokens; 0 disables."""
 
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    min_p: float | None = None
     """Drop tokens less likely than min_p times the most likely one."""
 
-    draft_max: int | None = Field(default=None, ge=0, le=64)
+    draft_max: int | None = None
     """Most tokens the draft proposes per step; 0 decodes without speculation."""
 
-    p_min: float | None = Field(default=None, ge=0.0, le=1.0)
+    p_min: float | None = None
     """Stop drafting when the draft's top probability falls below this."""
 
-    verify: Literal["pq", "match"] | None = None
+    verify: str | None = None
     """Verification rule: "pq" (speculative sampling, default for T > 0) or "match" (exact match)."""
 
-    n_ctx: int | None = Field(default=None, ge=16)
+    n_ctx: int | None = None
     """Context length in tokens."""
 
-    n_gpu_layers: int | None = Field(default=None, ge=-1)
+    n_gpu_layers: int | None = None
     """Layers to offload to the GPU; -1 means all."""
+
+    rpc: tuple[str, ...] | None = None
+    """llama.cpp RPC workers ("host:port") that take the target's layers; `--rpc` replaces them."""
 
     chat_template: str | None = None
     """A llama.cpp built-in chat template name to use instead of the GGUF's own template."""
+
+    # The ranges are the engine's: each value is checked by building the parameter object it goes to.
+    @field_validator("temperature", "top_p", "top_k", "min_p")
+    @classmethod
+    def _check_sampling(cls, value: Any, info: ValidationInfo) -> Any:
+        return _engine_check(SamplingParams, info.field_name, value)
+
+    @field_validator("draft_max", "p_min", "verify")
+    @classmethod
+    def _check_speculative(cls, value: Any, info: ValidationInfo) -> Any:
+        return _engine_check(SpeculativeParams, info.field_name, value)
+
+    @field_validator("n_ctx", "n_gpu_layers", "rpc")
+    @classmethod
+    def _check_load(cls, value: Any, info: ValidationInfo) -> Any:
+        return _engine_check(LoadParams, info.field_name, value)
+
+
+def _engine_check(kind: type, name: str | None, value: Any) -> Any:
+    """`value` when the engine's `kind` accepts it for field `name`; its InvalidParamsError as a ValueError."""
+    if value is not None and name is not None:
+        try:
+            kind(**{name: value})
+        except InvalidParamsError as e:
+            raise ValueError(str(e)) from None
+    return value
 
 
 class ModelsFile(BaseModel):
@@ -214,8 +247,13 @@ class Pair:
         return self._set_fields("draft_max", "p_min", "verify")
 
     def model_overrides(self) -> dict[str, Any]:
-        """Per-pair loading defaults that were set: n_ctx, n_gpu_layers, chat_template."""
-        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template")
+        """Per-pair loading defaults that were set: n_ctx, n_gpu_layers, chat_template, rpc."""
+        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "rpc")
+
+    def defaults(self, *, compat_hint: str = "", notice: str = "") -> PairDefaults:
+        """The pair's defaults as the engine's callers take them, with what loading it must say."""
+        fields = {**self.sampling_overrides(), **self.speculative_overrides(), **self.model_overrides()}
+        return PairDefaults(**fields, compat_hint=compat_hint, notice=notice)
 
     def _set_fields(self, *names: str) -> dict[str, Any]:
         return {n: getattr(self.spec, n) for n in names if getattr(self.spec, n) is not None}

@@ -16,6 +16,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from .kv import KVSequence, Progress
+from .params import DRAFTERS, MODEL_DRAFTERS
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
@@ -213,17 +214,14 @@ _CLASSES: dict[str, type[ModelDrafter] | type[NgramDrafter] | None] = {
     "ngram": NgramDrafter,
     "model+ngram": LookupModelDrafter,
     "none": None,
-}
-DRAFTERS = tuple(_CLASSES)  # the names `--drafter` takes
+}  # keyed by the names in params.DRAFTERS, which owns the vocabulary
+assert tuple(_CLASSES) == DRAFTERS
+assert tuple(k for k, cls in _CLASSES.items() if cls is not None and cls.needs_model) == MODEL_DRAFTERS
 
 
 def needs_draft_model(kind: str) -> bool:
     """Whether the drafter named `kind` (one of DRAFTERS) drafts with a draft model."""
-    cls = _CLASSES[kind]
-    return cls is not None and cls.needs_model
-
-
-MODEL_DRAFTERS = tuple(kind for kind in DRAFTERS if needs_draft_model(kind))  # ("model", "model+ngram")
+    return kind in MODEL_DRAFTERS
 
 
 def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:

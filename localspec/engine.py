@@ -9,20 +9,23 @@ the target's, and whatever its drafter declares in `Drafter.caches`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from . import backend, rpc
 from .compat import check_pair
-from .drafters import DRAFTERS, Drafter, Proposal, make_drafter, needs_draft_model
+from .drafters import Drafter, Proposal, make_drafter
 from .errors import ContextError, InvalidParamsError
 from .kv import Context, KVSequence, PrefillStopped
+from .params import LoadParams
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats, Step
@@ -344,64 +347,51 @@ class Engine:
         cls,
         target_path: str | Path,
         draft_path: str | Path | None = None,
+        params: LoadParams | None = None,
         *,
-        drafter: str = "model",
-        n_ctx: int | None = None,
-        n_gpu_layers: int | None = None,
-        n_threads: int | None = None,
-        rollback: str = "auto",
-        swa_full: bool | None = None,
-        compat_hint: str = "",
-        rpc_workers: Sequence[rpc.Endpoint] = (),
         progress: Callable[[float], None] | None = None,
+        **options: Any,
     ) -> Engine:
         """Load the target (and the draft) and create their contexts.
 
         Args:
             target_path: the target GGUF.
-            draft_path: the draft GGUF (required when drafter is "model").
-            drafter: "model", "ngram" (prompt lookup), "model+ngram" (lookup first, model without a
-                match) or "none".
-            n_ctx: context length; None = min(4096, the target's training context). The draft's
+            draft_path: the draft GGUF (required when the drafter is "model" or "model+ngram").
+            params: how to load (drafter, n_ctx, threads, RPC workers, …); default `LoadParams()`. The draft's
                 context is capped at its own training context (drafting pauses past it).
-            n_gpu_layers: None = all layers when the build can offload.
-            n_threads: CPU threads per context; None = the cores other processes leave free, re-checked
-                while generating (`backend.ThreadTuner`).
-            rollback: KVSequence rollback mode ("auto" probes; others force a path).
-            swa_full: full sliding-window caches; None = on when speculating on a sliding-window model.
-            compat_hint: appended to an incompatible-draft error (e.g. the curated drafts that fit).
-            rpc_workers: llama.cpp RPC workers that take the target's layers (the draft stays local).
             progress: called with the fraction of the target's weights loaded (0..1).
+            **options: fields of `LoadParams` replaced in `params` (`Engine.load(path, drafter="none")`).
 
         Raises:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
         """
-        if drafter not in DRAFTERS:
-            raise InvalidParamsError(f"unknown drafter {drafter!r}: use {', '.join(DRAFTERS)}")
-        uses_model = needs_draft_model(drafter)
-        if uses_model and draft_path is None:
-            raise InvalidParamsError(f"--drafter {drafter} needs --draft PATH (or use --drafter ngram or none)")
+        params = dataclasses.replace(params or LoadParams(), **options)
+        if params.uses_draft_model and draft_path is None:
+            raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
         owned: list = []
         try:
-            placement = _own(owned, rpc.attach(tuple(rpc_workers))) if rpc_workers else None
+            workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)
+            placement = _own(owned, rpc.attach(workers)) if workers else None
             target_model = _own(
-                owned, backend.Model(target_path, n_gpu_layers=n_gpu_layers, placement=placement, progress=progress)
+                owned,
+                backend.Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
             )
             draft_model = None
-            if uses_model:
-                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=n_gpu_layers))
-                check_pair(target_model, draft_model, hint=compat_hint)
-            speculating = drafter != "none"
-            n_ctx = n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
-            target = _sequence(owned, target_model, n_ctx, rollback, swa_full, speculating, n_threads)
+            if params.uses_draft_model:
+                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=params.n_gpu_layers))
+                check_pair(target_model, draft_model, hint=params.compat_hint)
+            speculating = params.drafter != "none"
+            n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
+            target = _sequence(owned, target_model, n_ctx, params, speculating)
             draft = None
             if draft_model is not None:
                 draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
-                draft = _sequence(owned, draft_model, draft_n_ctx, rollback, swa_full, True, n_threads)
+                draft = _sequence(owned, draft_model, draft_n_ctx, params, True)
             for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
                 if seq is not None:
                     seq.warm()
-            return cls(target_model, target, make_drafter(drafter, draft), owned=owned, auto_threads=n_threads is None)
+            drafter = make_drafter(params.drafter, draft)
+            return cls(target_model, target, drafter, owned=owned, auto_threads=params.n_threads is None)
         except BaseException:
             for obj in reversed(owned):
                 obj.close()
@@ -472,17 +462,10 @@ def _own(owned: list, obj):
     return obj
 
 
-def _sequence(
-    owned: list,
-    model: backend.Model,
-    n_ctx: int,
-    rollback: str,
-    swa_full: bool | None,
-    speculating: bool,
-    n_threads: int | None,
-) -> KVSequence:
+def _sequence(owned: list, model: backend.Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
+    swa_full = params.swa_full
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
-    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=n_threads))
-    return KVSequence(ctx, rollback=rollback)
+    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads))
+    return KVSequence(ctx, rollback=params.rollback)

@@ -19,6 +19,7 @@ from .backend import Model, check_gguf_file
 from .compat import check_pair
 from .config import ModelsConfig, ModelSource, Pair
 from .errors import ModelFileError
+from .params import PairDefaults
 from .paths import Paths
 
 log = logging.getLogger("localspec.pairs")
@@ -163,38 +164,28 @@ def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[P
     raise ModelFileError(f"{missing}: run `{pull}`, or {demo.INSTALL_HINT}")
 
 
-def resolve_pair_for_run(name: str | None) -> tuple[str, str, dict]:
-    """Resolve a pair for `generate`/`chat` from the environment's paths and models.toml.
+def resolve_pair_for_run(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[str, str, PairDefaults]:
+    """Resolve a pair for `generate`/`chat`/`bench`.
 
     Args:
         name: the pair; None picks the default, or the offline demo when the default is not downloaded
             (the note saying so is logged as a warning).
+        config: the merged models.toml.
+        paths: localspec's folders.
 
     Returns:
-        (target path, draft path, settings): the settings hold the pair's defaults that were set (keys of
-        `Pair.sampling_overrides`, `speculative_overrides` and `model_overrides`) plus "compat_hint" and
-        "notice" (what the user must be told, e.g. that the demo pair stands in; "" when nothing).
+        (target path, draft path, defaults): the pair's defaults that were set, its compatibility hint and
+        the notice the user must be told (e.g. that the demo pair stands in; "" when nothing).
 
     Raises:
-        ConfigError, ModelFileError: unknown pair, invalid models.toml, or files not downloaded.
+        ConfigError, ModelFileError: unknown pair or files not downloaded.
     """
-    from .config import load_config
-    from .paths import get_paths
-
-    paths = get_paths()
-    config = load_config(paths)
     pair, note = choose_pair(name, config, paths)
     if note:
         log.warning("%s", note)
     resolved = resolve_pair(pair, config, paths)
-    settings = {
-        **pair.sampling_overrides(),
-        **pair.speculative_overrides(),
-        **pair.model_overrides(),
-        "compat_hint": resolved.hint,
-        "notice": note or "",
-    }
-    return str(resolved.target_path), str(resolved.draft_path), settings
+    defaults = pair.defaults(compat_hint=resolved.hint, notice=note or "")
+    return str(resolved.target_path), str(resolved.draft_path), defaults
 
 
 @dataclass(frozen=True, slots=True)

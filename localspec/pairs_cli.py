@@ -14,7 +14,7 @@ import sys
 from .config import ModelsConfig, load_config
 from .errors import ConfigError, LocalspecError
 from .pairs import PairStatus, PulledFile, pair_status, pull_pair
-from .paths import Paths, get_paths
+from .paths import Paths
 
 
 def register(subparsers) -> None:
@@ -43,11 +43,6 @@ def _gib(n: int | None) -> str:
     return f"{n} B"
 
 
-def _setup() -> tuple[Paths, ModelsConfig]:
-    paths = get_paths()
-    return paths, load_config(paths)
-
-
 # --- models -------------------------------------------------------------------------------------------------
 
 
@@ -71,9 +66,9 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
     }
 
 
-def cmd_models(args: argparse.Namespace) -> int:
+def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
     """List every pair with its source, both references and their download state."""
-    paths, config = _setup()
+    config = load_config(paths)
     statuses = [pair_status(pair, paths) for pair in config.pairs.values()]
     if args.json:
         print(json.dumps([_status_json(s, config) for s in statuses], indent=2))
@@ -106,9 +101,9 @@ def _describe(done: PulledFile) -> str:
     return f"  {done.role:<7} {done.ref}: {action}{where}"
 
 
-def cmd_pull(args: argparse.Namespace) -> int:
+def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
     """Download one pair (or all), then check that each draft fits its target."""
-    paths, config = _setup()
+    config = load_config(paths)
     if args.all == bool(args.pair):
         raise ConfigError(f"name one pair to pull ({', '.join(config.pairs)}) or use --all, not both")
     names = list(config.pairs) if args.all else [config.get(args.pair).name]
@@ -139,11 +134,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
 # --- doctor -------------------------------------------------------------------------------------------------
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
     """Print the doctor's report; exit 0 even when it found things to fix (it says what to do)."""
     from .doctor import run_doctor
 
-    report = run_doctor(get_paths())
+    report = run_doctor(paths)
     for line in report.lines():
         print(line)
     problems = report.problems

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backend
-from .errors import InvalidParamsError, RpcError, WorkerLostError
+from .errors import RpcError, WorkerLostError
+from .params import check_endpoint
 
 log = logging.getLogger("localspec.rpc")
 
@@ -49,30 +50,18 @@ class Endpoint:
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        """'host:port', checked by `params.check_endpoint` (which owns the form)."""
+        host, _, port = check_endpoint(text.strip()).rpartition(":")
+        return cls(host, int(port))
+
     @property
     def is_local(self) -> bool:
         try:
             return ipaddress.ip_address(socket.gethostbyname(self.host)).is_loopback
         except (OSError, ValueError):
             return False
-
-
-def parse_endpoint(text: str) -> Endpoint:
-    """'host:port' → Endpoint; raises InvalidParamsError with the fix when the form is wrong."""
-    host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or ":" in host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidParamsError(f"bad RPC worker address {text!r}: write host:port, e.g. 127.0.0.1:{DEFAULT_PORT}")
-    return Endpoint(host, int(port))
-
-
-def parse_endpoints(text: str) -> tuple[Endpoint, ...]:
-    """'host:port[,host:port…]' → endpoints (no duplicates)."""
-    found = tuple(parse_endpoint(part) for part in text.split(",") if part.strip())
-    if not found:
-        raise InvalidParamsError("--rpc needs at least one host:port")
-    if len(set(found)) != len(found):
-        raise InvalidParamsError(f"--rpc names a worker twice: {text}")
-    return found
 
 
 # --- the build ---------------------------------------------------------------------------------------------

@@ -1,107 +1,119 @@
 """From command-line flags (and a models.toml pair) to a loaded `Engine` and its parameters.
 
-Precedence for every setting: an explicit flag, then the pair's default in models.toml, then the
-engine's built-in default. The engine itself never sees argparse or pydantic.
+Precedence for every setting: an explicit flag, then the pair's default in models.toml (`PairDefaults`),
+then the engine's built-in default. Each parameter object is built here once and handed down; the engine
+itself never sees argparse or pydantic. The chat app uses the same functions with its own options.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from .engine import Engine, SpeculativeParams
 from .errors import InvalidParamsError
+from .params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults
+from .paths import Paths
 from .sampling import SamplingParams
 
-_SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
-_SPEC_FLAGS = ("draft_max", "p_min", "verify", "adaptive")
-MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded
+
+def _merged(overrides: Mapping[str, Any], defaults: PairDefaults, names: tuple[str, ...]) -> dict[str, Any]:
+    given = {name: overrides[name] for name in names if overrides.get(name) is not None}
+    return {**defaults.options(names), **given}
 
 
-def _pick(args: argparse.Namespace, settings: dict, names: tuple[str, ...]) -> dict:
-    chosen = {name: settings[name] for name in names if settings.get(name) is not None}
-    chosen.update({name: getattr(args, name) for name in names if getattr(args, name, None) is not None})
-    return chosen
-
-
-def sampling_from_args(args: argparse.Namespace, settings: dict) -> SamplingParams:
-    """SamplingParams from flags over pair defaults."""
-    return SamplingParams(**_pick(args, settings, _SAMPLING_FLAGS))
-
-
-def spec_from_args(args: argparse.Namespace, settings: dict) -> SpeculativeParams:
-    """SpeculativeParams from flags over pair defaults."""
-    return SpeculativeParams(**_pick(args, settings, _SPEC_FLAGS))
-
-
-def resolve_models(args: argparse.Namespace) -> tuple[str, str | None, dict]:
-    """(target path, draft path or None, pair settings) from --target/--draft, --pair, or the default pair.
+def sampling_params(overrides: Mapping[str, Any], defaults: PairDefaults) -> SamplingParams:
+    """SamplingParams from explicit options (flags, by name; None: not given) over the pair's defaults.
 
     Raises:
-        LocalspecError: conflicting flags, or the pair is unknown / not downloaded.
+        InvalidParamsError: a value out of range.
+    """
+    return SamplingParams(**_merged(overrides, defaults, SAMPLING_OPTIONS))
+
+
+def speculative_params(overrides: Mapping[str, Any], defaults: PairDefaults) -> SpeculativeParams:
+    """SpeculativeParams from explicit options over the pair's defaults.
+
+    Raises:
+        InvalidParamsError: a value out of range.
+    """
+    return SpeculativeParams(**_merged(overrides, defaults, SPECULATIVE_OPTIONS))
+
+
+def load_params(flags: Any, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
+    """LoadParams from explicit options over the pair's defaults.
+
+    Args:
+        flags: the command line's namespace or the chat's options: anything with the attributes drafter,
+            n_ctx, n_gpu_layers, threads and rpc (None or empty: not given).
+        defaults: the pair's defaults (`PairDefaults()` for plain paths).
+        has_draft: whether a draft file was given; the drafter defaults to "model" with one, else "none".
+
+    Raises:
+        InvalidParamsError: a value out of range.
+    """
+    n_gpu_layers = flags.n_gpu_layers if flags.n_gpu_layers is not None else defaults.n_gpu_layers
+    return LoadParams(
+        drafter=flags.drafter or ("model" if has_draft else "none"),
+        n_ctx=flags.n_ctx or defaults.n_ctx,
+        n_gpu_layers=n_gpu_layers,
+        n_threads=flags.threads,
+        compat_hint=defaults.compat_hint,
+        rpc=tuple(flags.rpc or ()) or defaults.rpc,
+    )
+
+
+def resolve_models(args: argparse.Namespace, paths: Paths) -> tuple[str, str | None, PairDefaults]:
+    """(target path, draft path or None, the pair's defaults) from --target/--draft, --pair, or the default pair.
+
+    Args:
+        args: the command line.
+        paths: localspec's folders (models.toml is read from them only when a pair is used).
+
+    Raises:
+        LocalspecError: conflicting flags, an invalid models.toml, or the pair is unknown / not downloaded.
     """
     if args.target:
         if args.pair:
             raise InvalidParamsError("give either --pair or --target/--draft, not both")
-        return args.target, args.draft, {}
+        return args.target, args.draft, PairDefaults()
     if args.draft:
         raise InvalidParamsError("--draft needs a --target to draft for")
+    from .config import load_config
     from .pairs import resolve_pair_for_run
 
-    return resolve_pair_for_run(args.pair)  # no --pair: the default pair, or the offline demo
+    # no --pair: the default pair, or the offline demo
+    return resolve_pair_for_run(args.pair, load_config(paths), paths)
 
 
-def load_engine(
-    target,
-    draft,
-    settings: dict,
-    *,
-    drafter: str | None = None,
-    n_ctx: int | None = None,
-    n_gpu_layers: int | None = None,
-    n_threads: int | None = None,
-) -> Engine:
-    """Load target and draft with explicit options over the pair's settings (shared by generate and chat).
-
-    Args:
-        target, draft: model paths (draft may be None).
-        settings: the pair's defaults from `resolve_models` ({} for plain paths).
-        drafter: "model", "ngram", "model+ngram", "none"; None = model when there is a draft.
+def load_engine(target: str | Path, draft: str | Path | None, params: LoadParams) -> Engine:
+    """Load target and draft (the draft only when the drafter uses it); shared by generate, bench and chat.
 
     Raises:
         LocalspecError: as `Engine.load` (a model drafter without a draft file among them).
     """
-    drafter = drafter or ("model" if draft else "none")
-    n_gpu_layers = n_gpu_layers if n_gpu_layers is not None else settings.get("n_gpu_layers")
-    return Engine.load(
-        target,
-        draft if drafter in MODEL_DRAFTERS else None,
-        drafter=drafter,
-        n_ctx=n_ctx or settings.get("n_ctx"),
-        n_gpu_layers=n_gpu_layers,
-        n_threads=n_threads,
-        compat_hint=settings.get("compat_hint", ""),
-    )
+    return Engine.load(target, draft if params.uses_draft_model else None, params)
 
 
 @contextmanager
-def open_engine(args: argparse.Namespace) -> Iterator[tuple[Engine, dict]]:
+def open_engine(args: argparse.Namespace, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
-    target, draft, settings = resolve_models(args)
-    engine = load_engine(
-        target,
-        draft,
-        settings,
-        drafter=args.drafter,
-        n_ctx=args.n_ctx,
-        n_gpu_layers=args.n_gpu_layers,
-        n_threads=args.threads,
-    )
+    target, draft, defaults = resolve_models(args, paths)
+    engine = load_engine(target, draft, load_params(args, defaults, has_draft=draft is not None))
     try:
-        yield engine, settings
+        yield engine, defaults
     finally:
         engine.close()
 
 
-__all__ = ["open_engine", "load_engine", "sampling_from_args", "spec_from_args", "resolve_models"]
+__all__ = [
+    "load_engine",
+    "load_params",
+    "open_engine",
+    "resolve_models",
+    "sampling_params",
+    "speculative_params",
+]

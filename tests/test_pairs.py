@@ -111,10 +111,10 @@ def test_hint_names_the_curated_drafts_of_the_family_but_not_the_failing_one(loc
 
 def test_local_path_pair_resolves_with_its_settings(localspec_home, tiny_models):
     local_pair(localspec_home, tiny_models.target, tiny_models.draft_noisy, "temperature = 0.2\ndraft_max = 3\n")
-    target, draft, settings = resolve_pair_for_run("local")
-    assert (target, draft) == (str(tiny_models.target), str(tiny_models.draft_noisy))
-    assert settings["temperature"] == 0.2 and settings["draft_max"] == 3 and "compat_hint" in settings
     config = load_config(localspec_home)
+    target, draft, settings = resolve_pair_for_run("local", config, localspec_home)
+    assert (target, draft) == (str(tiny_models.target), str(tiny_models.draft_noisy))
+    assert settings.temperature == 0.2 and settings.draft_max == 3 and settings.compat_hint
     assert pair_status(config.get("local"), localspec_home).downloaded
     done = pull_pair(config.get("local"), config, localspec_home)
     assert [d.action for d in done] == ["present", "present"]

@@ -21,6 +21,7 @@ from test_engine import GREEDY, PROMPT, divergence
 from localspec import rpc
 from localspec.engine import Engine, SpeculativeParams
 from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
+from localspec.params import parse_rpc
 from localspec.relay import DelayRelay
 
 PLAIN = SpeculativeParams(draft_max=0)
@@ -86,12 +87,11 @@ def greedy(engine: Engine, prompt: list[int], spec: SpeculativeParams, n: int = 
 # --- addresses and the build ---------------------------------------------------------------------------------
 
 
-def test_endpoints_parse_and_bad_ones_say_how_to_write_them():
-    assert rpc.parse_endpoints("127.0.0.1:50052, box:1") == (rpc.Endpoint("127.0.0.1", 50052), rpc.Endpoint("box", 1))
-    for bad in ("127.0.0.1", "host:", ":50052", "host:99999", "host:port", "a:1,a:1", " , "):
-        with pytest.raises(InvalidParamsError) as e:
-            rpc.parse_endpoints(bad)
-        assert "\n" not in str(e.value)
+def test_endpoints_parse_and_a_worker_named_twice_is_refused():
+    assert rpc.Endpoint.parse(" 127.0.0.1:50052") == rpc.Endpoint("127.0.0.1", 50052)
+    assert parse_rpc("a:1,b:1") == ("a:1", "b:1")
+    with pytest.raises(InvalidParamsError, match="names a worker twice"):
+        parse_rpc("a:1,a:1")
 
 
 def test_the_installed_build_has_rpc():
@@ -101,7 +101,7 @@ def test_the_installed_build_has_rpc():
 def test_a_build_without_rpc_gives_the_rebuild_command(tiny_models, monkeypatch):
     monkeypatch.setattr(rpc, "_lib", lambda: None)
     with pytest.raises(RpcError) as e:
-        Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(rpc.Endpoint("127.0.0.1", 1),))
+        Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=("127.0.0.1:1",))
     assert "no RPC backend" in str(e.value) and "reinstall-llama-backend.sh rpc" in str(e.value)
 
 
@@ -189,7 +189,7 @@ def test_greedy_over_rpc_equals_the_local_target_and_speculation_equals_plain(ti
         reference = greedy(local, prompt, PLAIN).tokens
     progress: list[float] = []
     with Engine.load(
-        tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(worker.endpoint,), progress=progress.append
+        tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc=(str(worker.endpoint),), progress=progress.append
     ) as remote:
         assert remote.target_model.placement is not None and remote.target_model.placement.devices
         assert progress and progress[-1] == pytest.approx(1.0)
@@ -202,7 +202,7 @@ def test_greedy_over_rpc_equals_the_local_target_and_speculation_equals_plain(ti
 
 def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny_models):
     first = Worker()
-    engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(first.endpoint,))
+    engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc=(str(first.endpoint),))
     prompt = engine.tokenize(PROMPT)
     reference = greedy(engine, prompt, FIXED4).tokens
     gen = engine.generate(prompt, sampling=GREEDY, spec=FIXED4, max_tokens=200)
@@ -220,9 +220,7 @@ def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny
 
     second = Worker()
     try:
-        with Engine.load(
-            tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc_workers=(second.endpoint,)
-        ) as again:
+        with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc=(str(second.endpoint),)) as again:
             assert greedy(again, prompt, FIXED4).tokens == reference
             again.check_invariants()  # the reloaded caches hold exactly what their histories say
     finally:
@@ -231,7 +229,7 @@ def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny
 
 def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
     first = Worker()
-    engine = Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(first.endpoint,))
+    engine = Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(first.endpoint),))
     prompt = engine.tokenize(PROMPT)
     first.kill()
     with pytest.raises(WorkerLostError):
@@ -251,7 +249,7 @@ def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
             except RpcError:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-        with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(first.endpoint,)) as reloaded:
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(first.endpoint),)) as reloaded:
             assert len(greedy(reloaded, prompt, PLAIN, n=8).tokens) == 8
     finally:
         again.kill()
@@ -262,17 +260,17 @@ def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
 
 
 def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
-    with DelayRelay(worker.endpoint, rtt_ms=0, max_connections=4, lifetime=120) as relay:
-        with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc_workers=(relay.endpoint,)) as engine:
-            prompt = engine.tokenize(PROMPT)
-            greedy(engine, prompt, PLAIN, n=4)
-            timings = {}
-            for rtt in (0, 20):
-                relay.rtt_ms = rtt
-                turns = relay.turns
-                t0 = time.perf_counter()
-                gen = greedy(engine, prompt, PLAIN, n=8)
-                timings[rtt] = (time.perf_counter() - t0, relay.turns - turns, gen.stats.target_passes)
+    relay = DelayRelay(worker.endpoint, rtt_ms=0, max_connections=4, lifetime=120)
+    with relay, Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(relay.endpoint),)) as engine:
+        prompt = engine.tokenize(PROMPT)
+        greedy(engine, prompt, PLAIN, n=4)
+        timings = {}
+        for rtt in (0, 20):
+            relay.rtt_ms = rtt
+            turns = relay.turns
+            t0 = time.perf_counter()
+            gen = greedy(engine, prompt, PLAIN, n=8)
+            timings[rtt] = (time.perf_counter() - t0, relay.turns - turns, gen.stats.target_passes)
     (fast, fast_turns, passes), (slow, slow_turns, _) = timings[0], timings[20]
     assert fast_turns >= passes and slow_turns == fast_turns  # at least one round trip per decode, same protocol
     assert slow - fast >= 0.8 * slow_turns * 0.020  # every round trip took the added 20 ms (minus timer slack)
@@ -284,4 +282,3 @@ def test_relay_is_bounded_in_connections(worker):
         time.sleep(0.3)
         with pytest.raises(RpcError):
             rpc.probe(relay.endpoint, timeout=1)
-

@@ -8,6 +8,8 @@ import pytest
 
 from localspec.engine import Engine, SpeculativeParams
 from localspec.errors import InvalidParamsError
+from localspec.params import PairDefaults
+from localspec.paths import get_paths
 from localspec.sampling import SamplingParams
 from localspec.session import ChatSession
 from localspec.stats import Decision, Stats
@@ -18,7 +20,7 @@ from localspec.tui.widgets import answer_caption, code_blocks
 
 def test_settings_from_flags_over_pair_defaults():
     options = ChatOptions(overrides={"temperature": 0.3, "draft_max": 4}, max_tokens=99)
-    settings = ChatSettings.initial(options, {"temperature": 0.7, "top_k": 20}, "model")
+    settings = ChatSettings.initial(options, PairDefaults(temperature=0.7, top_k=20), "model")
     assert settings.sampling.temperature == 0.3 and settings.sampling.top_k == 20
     assert settings.spec.draft_max == 4 and settings.max_tokens == 99 and settings.drafter == "model"
 
@@ -46,6 +48,7 @@ def test_options_from_the_chat_flags():
         n_ctx=None,
         n_gpu_layers=None,
         threads=None,
+        rpc=None,
         chat_template=None,
         system="be brief",
         max_tokens=10,
@@ -61,7 +64,7 @@ def test_options_from_the_chat_flags():
         verify=None,
         adaptive=False,
     )
-    options = ChatOptions.from_args(args)
+    options = ChatOptions.from_args(args, get_paths({}))
     assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
     assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
 

@@ -8,14 +8,10 @@ Update after an intended change with `pytest tests/test_tui_snapshots.py --snaps
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 from tuitesting import wait_ready, wait_until
 
-from localspec.config import load_config
 from localspec.stats import Stats
-from localspec.tui import loading
 from localspec.tui.app import make_app
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
@@ -53,11 +49,10 @@ def fixed_stats() -> Stats:
 
 
 @pytest.fixture
-def snapshot_home(chat_home, tmp_path, monkeypatch):
+def snapshot_home(chat_home, tmp_path):
     """chat_home with no bundled pairs (the pair list is only the test's) and one saved conversation."""
     bundled = tmp_path / "bundled.toml"
     bundled.write_text("", encoding="utf-8")
-    monkeypatch.setattr(loading, "load_config", functools.partial(load_config, bundled=bundled))
     store = ChatStore(chat_home.db_path)
     cid = store.create_conversation("What is speculative decoding?", pair="tiny")
     store.add_message(cid, "user", "What is speculative decoding? Show a loop.")
@@ -81,7 +76,10 @@ def snapshot_home(chat_home, tmp_path, monkeypatch):
 
 
 def app_for_snapshot(tmp_path):
-    return make_app(ChatOptions(pair="tiny", cursor_blink=False, export_dir=tmp_path, max_tokens=64))
+    options = ChatOptions(
+        pair="tiny", cursor_blink=False, export_dir=tmp_path, max_tokens=64, bundled_config=tmp_path / "bundled.toml"
+    )
+    return make_app(options)
 
 
 def resumed(cid: int, *keys: str):

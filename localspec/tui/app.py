@@ -22,8 +22,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
 from ..errors import LocalspecError
+from ..params import MODEL_DRAFTERS
 from ..paths import get_paths
-from ..runner import MODEL_DRAFTERS
 from ..session import ChatSession, Message
 from ..stats import Stats
 from . import loading
@@ -276,7 +276,7 @@ class ChatApp(App[int]):
             return
         self.loading = False
         self._progress(False)
-        template = self.options.chat_template or loaded.choice.settings.get("chat_template")
+        template = self.options.chat_template or loaded.choice.settings.chat_template
         try:
             session = ChatSession(loaded.engine, template_name=template)
         except LocalspecError as e:
@@ -320,7 +320,7 @@ class ChatApp(App[int]):
             self.post_message(PullBytes(filename, done, total))
 
         try:
-            loading.pull(name, self._post_progress, on_bytes)
+            loading.pull(self.options, name, self._post_progress, on_bytes)
         except LocalspecError as e:
             self.post_message(LoadFailed(str(e), pulled=True))
             return
@@ -587,7 +587,7 @@ class ChatApp(App[int]):
             self.notify("a pair is being downloaded: wait for it to finish", severity="warning")
             return
         try:
-            rows = loading.list_pairs()
+            rows = loading.list_pairs(self.options)
         except LocalspecError as e:
             self._error(str(e))
             return

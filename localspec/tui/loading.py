@@ -2,23 +2,24 @@
 
 These functions block (files are read, the demo target may be derived, llama.cpp loads the models), so
 the app calls them from thread workers and passes a `progress` callback that posts messages. They use
-the pairs API (`localspec.pairs`) and never touch Textual.
+the pairs API (`localspec.pairs`) and never touch Textual. Folders and models.toml come from the chat's
+options (`ChatOptions.paths`, `bundled_config`); models.toml is read again each time, so edits show.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import demo
-from ..config import load_config
+from ..config import ModelsConfig, load_config
 from ..engine import Engine
 from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
-from ..paths import get_paths
-from ..runner import MODEL_DRAFTERS, load_engine
+from ..params import PairDefaults
+from ..runner import load_engine, load_params
 from .settings import ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")
@@ -34,7 +35,7 @@ class ModelChoice:
     draft: Path | None
     label: str  # what the header shows: the pair name, or the file names
     pair: str | None  # the pair's name (None for --target/--draft)
-    settings: dict[str, Any]  # the pair's defaults that were set (models.toml)
+    settings: PairDefaults  # the pair's defaults that were set (models.toml)
     note: str | None = None  # e.g. "using the offline demo pair"
 
 
@@ -68,20 +69,14 @@ def choose_models(options: ChatOptions, pair: str | None, progress: Progress) ->
         target = Path(options.target)
         draft = Path(options.draft) if options.draft else None
         label = target.name + (f" + {draft.name}" if draft else "")
-        return ModelChoice(target, draft, label, None, {})
-    paths = get_paths()
-    config = load_config(paths)
+        return ModelChoice(target, draft, label, None, PairDefaults())
+    paths, config = options.paths, _config(options)
     chosen, note = choose_pair(pair or options.pair, config, paths)
     if chosen.target.kind == "builtin" and not pair_status(chosen, paths).downloaded:
         progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
     resolved = resolve_pair(chosen, config, paths)
-    settings = {
-        **chosen.sampling_overrides(),
-        **chosen.speculative_overrides(),
-        **chosen.model_overrides(),
-        "compat_hint": resolved.hint,
-    }
-    return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, settings, note)
+    defaults = chosen.defaults(compat_hint=resolved.hint, notice=note or "")
+    return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, defaults, note)
 
 
 def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, progress: Progress) -> Loaded:
@@ -90,31 +85,23 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     Raises:
         LocalspecError: bad files, incompatible draft, n_ctx too large, a drafter that needs a missing draft.
     """
-    drafter = drafter or options.drafter or ("model" if choice.draft else "none")
-    uses_model = drafter in MODEL_DRAFTERS
-    what = choice.target.name + (f" + {choice.draft.name}" if uses_model and choice.draft else "")
+    if drafter:
+        options = dataclasses.replace(options, drafter=drafter)
+    params = load_params(options, choice.settings, has_draft=choice.draft is not None)
+    what = choice.target.name + (f" + {choice.draft.name}" if params.uses_draft_model and choice.draft else "")
     progress(f"loading {what}…")
-    engine = load_engine(
-        choice.target,
-        choice.draft,
-        choice.settings,
-        drafter=drafter,
-        n_ctx=options.n_ctx,
-        n_gpu_layers=options.n_gpu_layers,
-        n_threads=options.threads,
-    )
-    log.info("loaded %s (drafter %s, n_ctx %d)", what, drafter, engine.n_ctx)
-    return Loaded(engine, choice, drafter)
+    engine = load_engine(choice.target, choice.draft, params)
+    log.info("loaded %s (drafter %s, n_ctx %d)", what, params.drafter, engine.n_ctx)
+    return Loaded(engine, choice, params.drafter)
 
 
-def list_pairs() -> list[PairRow]:
+def list_pairs(options: ChatOptions) -> list[PairRow]:
     """Every pair of the merged models.toml with whether it can load now (no network).
 
     Raises:
         ConfigError: an invalid models.toml.
     """
-    paths = get_paths()
-    config = load_config(paths)
+    paths, config = options.paths, _config(options)
     rows = []
     for name, pair in sorted(config.pairs.items()):
         downloaded = pair_status(pair, paths).downloaded
@@ -127,12 +114,16 @@ def list_pairs() -> list[PairRow]:
     return rows
 
 
-def pull(name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:
+def pull(options: ChatOptions, name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:
     """Download both files of pair `name` (huggingface_hub does caching and resuming) and check them.
 
     Raises:
         LocalspecError: unknown pair, network, disk, gated repository, incompatible draft.
     """
-    paths = get_paths()
-    config = load_config(paths)
-    pull_pair(config.get(name), config, paths, progress=on_bytes, notify=progress)
+    config = _config(options)
+    pull_pair(config.get(name), config, options.paths, progress=on_bytes, notify=progress)
+
+
+def _config(options: ChatOptions) -> ModelsConfig:
+    """The merged models.toml of the options' folders, read now."""
+    return load_config(options.paths, bundled=options.bundled_config)

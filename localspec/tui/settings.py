@@ -14,25 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..drafters import DRAFTERS
 from ..engine import SpeculativeParams
 from ..errors import InvalidParamsError
-from ..runner import sampling_from_args, spec_from_args
+from ..flags import overrides_from_args
+from ..params import DRAFTERS, MODEL_DRAFTERS, PairDefaults
+from ..paths import Paths, get_paths
+from ..runner import sampling_params, speculative_params
 from ..sampling import SamplingParams
 
-OVERRIDE_FLAGS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "repeat_penalty",
-    "seed",
-    "draft_max",
-    "p_min",
-    "verify",
-    "adaptive",
-)
 DEFAULT_MAX_TOKENS = 1024
+__all__ = ["DEFAULT_MAX_TOKENS", "DRAFTERS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
 
 
 @dataclass(frozen=True)
@@ -42,25 +33,27 @@ class ChatOptions:
     pair: str | None = None  # a pair from models.toml (None: the default, or the demo pair)
     target: str | None = None  # a target GGUF path instead of a pair
     draft: str | None = None  # its draft GGUF path
-    drafter: str | None = None  # "model" or "none" (None: model when there is a draft)
+    drafter: str | None = None  # one of DRAFTERS (None: model when there is a draft)
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
     threads: int | None = None
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC workers for the target (empty: the pair's, else none)
     chat_template: str | None = None
     system: str | None = None  # system prompt of new conversations
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()  # stop strings
     overrides: Mapping[str, Any] = field(default_factory=dict)  # flags given on the command line
-    db_path: Path | None = None  # None: get_paths().db_path
+    paths: Paths = field(default_factory=get_paths)  # localspec's folders (the CLI passes main's)
+    bundled_config: Path | None = None  # another bundled models.toml (tests); None: the package's
+    db_path: Path | None = None  # None: paths.db_path
     export_dir: Path | None = None  # None: the current directory
     cursor_blink: bool = True  # tests and snapshots turn it off
     stats_interval: float = 0.25  # seconds between stats panel refreshes while generating
     stream_interval: float = 0.1  # seconds between streamed text updates (the worker batches tokens)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ChatOptions:
-        """Options from the `chat` subcommand's flags."""
-        overrides = {name: getattr(args, name) for name in OVERRIDE_FLAGS if getattr(args, name, None) is not None}
+    def from_args(cls, args: argparse.Namespace, paths: Paths) -> ChatOptions:
+        """Options from the `chat` subcommand's flags (already checked by `check_run_args`)."""
         return cls(
             pair=args.pair,
             target=args.target,
@@ -69,11 +62,13 @@ class ChatOptions:
             n_ctx=args.n_ctx,
             n_gpu_layers=args.n_gpu_layers,
             threads=args.threads,
+            rpc=tuple(args.rpc or ()),
             chat_template=args.chat_template,
             system=args.system,
             max_tokens=args.max_tokens,
             stop=tuple(args.stop or ()),
-            overrides=overrides,
+            overrides=overrides_from_args(args),
+            paths=paths,
         )
 
 
@@ -87,12 +82,11 @@ class ChatSettings:
     max_tokens: int = DEFAULT_MAX_TOKENS
 
     @classmethod
-    def initial(cls, options: ChatOptions, pair_settings: Mapping[str, Any], drafter: str) -> ChatSettings:
+    def initial(cls, options: ChatOptions, defaults: PairDefaults, drafter: str) -> ChatSettings:
         """Command-line flags over the pair's defaults over the engine's defaults."""
-        flags = argparse.Namespace(**{name: options.overrides.get(name) for name in OVERRIDE_FLAGS})
         return cls(
-            sampling=sampling_from_args(flags, dict(pair_settings)),
-            spec=spec_from_args(flags, dict(pair_settings)),
+            sampling=sampling_params(options.overrides, defaults),
+            spec=speculative_params(options.overrides, defaults),
             drafter=drafter,
             max_tokens=options.max_tokens,
         )
