@@ -52,15 +52,15 @@ else
   echo "llama-cpp-python $version ($key) from $wheels"
 fi
 "$python" -m pip install --force-reinstall --no-deps --quiet "$wheel"
+"$python" -m pip install --quiet "$wheel"  # its own dependencies, where missing
 
 # Check the result against what was asked, with the library itself (not the wheel's name).
 case " ${backends[*]} " in
   *" rpc "*)
     "$python" - <<'EOF'
-import ctypes, pathlib, sys
-import llama_cpp
-lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
-found = [p for p in lib.glob("libggml*") if hasattr(ctypes.CDLL(str(p)), "ggml_backend_rpc_add_server")]
+import ctypes, importlib.util, pathlib, sys
+lib = pathlib.Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0]) / "lib"
+found = [p for p in lib.glob("*ggml*") if hasattr(ctypes.CDLL(str(p)), "ggml_backend_rpc_add_server")]
 if not found:
     sys.exit(f"the installed llama.cpp in {lib} has no RPC backend: remove the wheelhouse and run this script again")
 EOF
