@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -726,16 +725,22 @@ class Device:
 _DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
 
 
-def ggml_library(stem: str) -> ctypes.CDLL | None:
-    """One of the ggml shared libraries this llama-cpp-python build installed ("ggml", "ggml-base", …), or None."""
+def native() -> ctypes.CDLL:
+    """ggml's C functions as the loaded libllama resolves them.
+
+    A wheel cannot hold symlinks, so lib/ has libggml-base.so, .so.0 and .so.0.25.3 as three copies: opening
+    one by name would load a second ggml with its own globals (abort hook, device registry). Looking symbols up
+    through libllama's own handle finds the copies it really uses. A new CDLL object over the same handle keeps
+    the argtypes set here apart from llama-cpp-python's.
+    """
     init()
-    path = Path(llama_cpp.__file__).parent / "lib" / _shared_lib_name(stem)
-    return ctypes.CDLL(str(path)) if path.exists() else None
+    lib = llama_cpp.llama_cpp._lib
+    return ctypes.CDLL(lib._name, handle=lib._handle)
 
 
 def device_handles() -> list[tuple[int, Device]]:
     """ggml's backend devices (Metal, CUDA, Vulkan, CPU…) with their native handles."""
-    ggml, base = ggml_library("ggml"), ggml_library("ggml-base")
+    ggml = base = native()
     ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
     ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -769,11 +774,3 @@ def devices() -> list[Device]:
     `llama_supports_gpu_offload()` answers True even on CPU-only builds, so this is the real test.
     """
     return [device for _, device in device_handles()]
-
-
-def _shared_lib_name(stem: str) -> str:
-    if sys.platform == "darwin":
-        return f"lib{stem}.dylib"
-    if sys.platform == "win32":
-        return f"{stem}.dll"
-    return f"lib{stem}.so"

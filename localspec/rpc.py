@@ -68,12 +68,9 @@ class Endpoint:
 
 
 def _lib() -> ctypes.CDLL | None:
-    """The ggml library that holds the RPC backend, or None on a build without it."""
-    for stem in ("ggml-rpc", "ggml"):
-        lib = backend.ggml_library(stem)
-        if lib is not None and hasattr(lib, "ggml_backend_rpc_add_server"):
-            return lib
-    return None
+    """ggml's functions when this build has the RPC backend, else None."""
+    lib = backend.native()
+    return lib if hasattr(lib, "ggml_backend_rpc_add_server") else None
 
 
 def support() -> str | None:
@@ -169,7 +166,7 @@ class _Losses:
     def install(self) -> None:
         if self.callback is not None:
             return
-        base = backend.ggml_library("ggml-base")
+        base = backend.native()
         kind = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
         self.callback = kind(self._on_abort)  # kept alive as long as the process
         base.ggml_set_abort_callback.restype = ctypes.c_void_p
@@ -264,7 +261,7 @@ def attach(endpoints: tuple[Endpoint, ...], *, timeout: float = 5.0) -> Remote:
     _losses.install()
     for endpoint in endpoints:
         probe(endpoint, timeout=timeout)
-    base = backend.ggml_library("ggml-base")
+    base = lib
     base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
     base.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
     base.ggml_backend_reg_dev_get.restype = ctypes.c_void_p

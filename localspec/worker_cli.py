@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import backend, rpc
 from .errors import InvalidParamsError, RpcError
-from .paths import get_paths
+from .paths import Paths
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, paths: Paths) -> int:
     reason = rpc.support()
     if reason:
         raise RpcError(reason)
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     _check_bind(endpoint)
     cache = None
     if args.cache is not None:
-        folder = get_paths().rpc_cache_dir if args.cache == "" else args.cache
+        folder = paths.rpc_cache_dir if args.cache == "" else args.cache
         try:
             Path(folder).mkdir(parents=True, exist_ok=True)
         except OSError as e:
