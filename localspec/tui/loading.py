@@ -18,8 +18,8 @@ from ..config import load_config
 from ..engine import Engine
 from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
 from ..paths import get_paths
-from ..runner import load_engine
-from .settings import MODEL_DRAFTERS, ChatOptions
+from ..runner import MODEL_DRAFTERS, load_engine
+from .settings import ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")
 
