@@ -7,13 +7,14 @@ shows up — `messages`, the session the engine renders, and the database — ag
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from localspec.engine import Engine
-from localspec.errors import ContextError, LocalspecError
+from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 from localspec.session import Message
 from localspec.tui.conversation import Conversation, Phase, Turn
 from localspec.tui.live import Finished, stream_generation
@@ -112,7 +113,7 @@ def test_a_reload_swaps_the_session_and_keeps_the_conversation(conversation, tin
 
 def test_a_drafter_change_brings_its_settings_and_a_failed_load_forgets_them(conversation, tiny_models):
     conv = conversation
-    wanted = conv.settings.__class__(drafter="none", max_tokens=7)
+    wanted = dataclasses.replace(conv.settings, drafter="none", max_tokens=7)
     conv.begin_load(wanted).close()
     conv.load_failed()
     assert conv.phase is Phase.NO_MODEL
@@ -250,3 +251,21 @@ def test_the_controller_does_not_import_textual():
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_models, options, store):
+    conv = conversation
+    shorter = dataclasses.replace(conv.settings, max_tokens=5)
+    assert conv.apply_settings(shorter) is False and conv.settings == shorter
+    assert conv.apply_settings(dataclasses.replace(shorter, drafter="none")) is True
+    assert conv.settings == shorter  # another drafter applies after the reload (`begin_load(settings)`)
+    alone = Conversation(options, store)
+    alone.begin_load()
+    engine = Engine.load(tiny_models.target, drafter="none", n_ctx=512)
+    alone.attach(Loaded(engine, ModelChoice(tiny_models.target, None, "alone", None, {}), "none"))
+    try:
+        with pytest.raises(InvalidParamsError, match="needs a draft model"):
+            alone.apply_settings(dataclasses.replace(alone.settings, drafter="model"))
+        assert alone.apply_settings(dataclasses.replace(alone.settings, drafter="ngram")) is True
+    finally:
+        alone.detach().close()

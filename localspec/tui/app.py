@@ -24,7 +24,7 @@ from textual.widgets import Footer, Header, ProgressBar, Static
 
 from ..errors import ContextError, LocalspecError
 from ..paths import get_paths
-from ..runner import MODEL_DRAFTERS
+from ..session import ChatSession
 from . import loading
 from .conversation import Conversation, Phase, Turn
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
@@ -122,10 +122,10 @@ class ChatApp(App[int]):
         ):
             yield SystemCommand(title, help_text, action)
 
-    # --- the conversation's state, read-only (what the tests and the screens look at) ------------------------
+    # --- read-only views of `chat`, the conversation's one owner ----------------------------------------------
 
     @property
-    def session(self):
+    def session(self) -> ChatSession | None:
         return self.chat.session
 
     @property
@@ -559,16 +559,14 @@ class ChatApp(App[int]):
     def _settings_saved(self, settings: ChatSettings | None) -> None:
         if settings is None:
             return
-        if self.loaded is None or settings.drafter == self.loaded.drafter:
-            self.settings = settings
+        try:
+            reload = self.chat.apply_settings(settings)
+        except LocalspecError as e:
+            self._error(str(e))
+            return
+        if not reload:
             self._draw_stats()
             self.notify("settings apply from the next message")
-            return
-        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
-            self._error(
-                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
-                "(F2) or the ngram drafter"
-            )
             return
         if self._busy("change the drafter"):
             return

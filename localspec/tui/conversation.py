@@ -14,7 +14,8 @@ import logging
 import threading
 
 from ..engine import Engine, Generation
-from ..errors import ContextError, LocalspecError
+from ..errors import ContextError, InvalidParamsError, LocalspecError
+from ..runner import MODEL_DRAFTERS
 from ..session import ChatSession, Message
 from ..stats import Stats
 from .live import Finished
@@ -113,12 +114,16 @@ class Conversation:
     @property
     def system(self) -> str:
         """The system prompt ("" for none): the first message when it is a system message."""
-        return self.messages[0].content if self.messages and self.messages[0].role == "system" else ""
+        return self.messages[0].content if self._n_system else ""
 
     @property
     def dialogue(self) -> list[Message]:
         """The messages after the system prompt."""
-        return self.messages[1:] if self.system else list(self.messages)
+        return self.messages[self._n_system :]
+
+    @property
+    def _n_system(self) -> int:
+        return 1 if self.messages and self.messages[0].role == "system" else 0
 
     def busy(self, what: str) -> str | None:
         """Why `what` cannot be done now (an answer or a load is in the way), or None."""
@@ -280,7 +285,7 @@ class Conversation:
         if self.session is not None:
             self.session.clear()  # empties this list in place, and forgets the session's window
         else:
-            del self.messages[1 if self.system else 0 :]
+            del self.messages[self._n_system :]
         self.saved_id = None
         self.reset_stats()
 
@@ -316,6 +321,22 @@ class Conversation:
         self.messages[:] = ([Message("system", text)] if text else []) + self.dialogue
         if self.saved_id is not None:
             self.store.set_system(self.saved_id, text)
+
+    def apply_settings(self, settings: ChatSettings) -> bool:
+        """Use `settings` from the next message; True when they need a reload first (another drafter).
+
+        Raises:
+            InvalidParamsError: the drafter needs a draft model and the loaded pair has none.
+        """
+        if self.loaded is None or settings.drafter == self.loaded.drafter:
+            self.settings = settings
+            return False
+        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
+            raise InvalidParamsError(
+                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
+                "(F2) or the ngram drafter"
+            )
+        return True
 
     def reset_stats(self) -> None:
         """Forget the numbers of the answers so far."""
