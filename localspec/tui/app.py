@@ -554,7 +554,7 @@ class ChatApp(App[int]):
 
     def action_settings(self) -> None:
         """Open the settings form."""
-        self.push_screen(SettingsScreen(self.settings), self._settings_saved)
+        self.push_screen(SettingsScreen(self.settings, cursor_blink=self.options.cursor_blink), self._settings_saved)
 
     def _settings_saved(self, settings: ChatSettings | None) -> None:
         if settings is None:
