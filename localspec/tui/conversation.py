@@ -235,6 +235,10 @@ class Conversation:
         self.phase = Phase.GENERATING
         return self.turn
 
+    def _end_turn(self) -> None:
+        self.turn = None
+        self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
+
     def stop(self) -> bool:
         """Ask the answer being generated to stop; False when there is none."""
         if self.turn is None:
@@ -248,8 +252,7 @@ class Conversation:
         Raises:
             LocalspecError: the answer cannot be saved (it stays in the conversation).
         """
-        self.turn = None
-        self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
+        self._end_turn()
         self.session_stats.merge(finished.stats)
         self.answers += 1
         self.last_turn = finished.stats
@@ -265,8 +268,7 @@ class Conversation:
 
     def fail(self, turn: Turn) -> None:
         """The turn could not start: a message sent by it is taken back, here and from the store."""
-        self.turn = None
-        self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
+        self._end_turn()
         if turn.kind != "send":
             return
         if self.messages and self.messages[-1].role == "user":
