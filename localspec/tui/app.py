@@ -219,19 +219,17 @@ class ChatApp(App[int]):
     # --- loading and pulling --------------------------------------------------------------------------------
 
     def _start_load(
-        self,
-        pair: str | None,
-        *,
-        choice: loading.ModelChoice | None = None,
-        drafter: str | None = None,
-        settings: ChatSettings | None = None,
+        self, pair: str | None, *, choice: loading.ModelChoice | None = None, settings: ChatSettings | None = None
     ) -> None:
-        """Unload the current engine (if any) and load another in a worker, with progress."""
+        """Unload the current engine (if any) and load another in a worker, with progress.
+
+        `settings` (a drafter change) choose the drafter and apply once loaded; default the pair's own.
+        """
         old = self.chat.begin_load(settings)
         self._draw_stats()
         self._set_status("loading…")
         self._progress(True)
-        self._load_worker(old, pair, choice, drafter)
+        self._load_worker(old, pair, choice, settings.drafter if settings else None)
 
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, old, pair: str | None, choice: loading.ModelChoice | None, drafter: str | None) -> None:
@@ -570,9 +568,7 @@ class ChatApp(App[int]):
             return
         if self._busy("change the drafter"):
             return
-        self._start_load(
-            self.loaded.choice.pair, choice=self.loaded.choice, drafter=settings.drafter, settings=settings
-        )
+        self._start_load(self.loaded.choice.pair, choice=self.loaded.choice, settings=settings)
 
     def action_history(self) -> None:
         """Open the saved conversations."""
