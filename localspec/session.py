@@ -105,12 +105,23 @@ class ChatSession:
         engine: the loaded models.
         system: an optional system prompt (always kept when old turns are dropped).
         template_name: a llama.cpp built-in template name instead of the GGUF's own.
+        messages: a conversation to continue instead of `system`: this list itself is used (and grows), not
+            a copy, so its owner (the chat app's `Conversation`) and the session never disagree.
     """
 
-    def __init__(self, engine: Engine, *, system: str | None = None, template_name: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        system: str | None = None,
+        template_name: str | None = None,
+        messages: list[Message] | None = None,
+    ) -> None:
         self.engine = engine
         self.format = ChatFormat(engine.target_model, template_name)
-        self.messages: list[Message] = [Message("system", system)] if system else []
+        if messages is None:
+            messages = [Message("system", system)] if system else []
+        self.messages: list[Message] = messages
         self.dropped = 0  # oldest messages left out of the last rendering to fit n_ctx
         self._cut: Message | None = None  # the first message of that rendering (to notice replaced messages)
         self.shifts = 0  # cuts handled by shifting the caches (only the new turn decoded)
@@ -148,6 +159,24 @@ class ChatSession:
             kwargs.get("stop", ()),
             kwargs.get("rng"),
         )
+
+    def reply(
+        self,
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        rng=None,
+    ) -> Generation:
+        """Start the assistant's answer to the conversation as it stands (its owner added the user message).
+
+        Raises:
+            ContextError: the conversation does not end with a user message, or it does not fit n_ctx.
+        """
+        if not self.messages or self.messages[-1].role != "user":
+            raise ContextError("nothing to answer: send a message first")
+        return self._answer(sampling, spec, max_tokens, stop, rng)
 
     def _answer(self, sampling, spec, max_tokens, stop, rng) -> Generation:
         prompt = self._fit(max_tokens)
@@ -225,6 +254,6 @@ class ChatSession:
         return best
 
     def clear(self) -> None:
-        """Start a new conversation (the system prompt stays)."""
-        self.messages = [m for m in self.messages[:1] if m.role == "system"]
+        """Start a new conversation (the system prompt stays); the list is emptied in place, not replaced."""
+        del self.messages[1 if self.messages[:1] and self.messages[0].role == "system" else 0 :]
         self.dropped, self._cut = 0, None

@@ -165,9 +165,9 @@ async def test_regenerate_replaces_the_last_answer(options, chat_home):
         await wait_ready(pilot)
         await send(pilot, "Hello")
         first = answers(app)[0].text
-        before = app._turn_ids
+        before = app.chat.turn_ids
         await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: app._turn_ids > before and app.turn is None, what="the new answer")
+        await wait_until(pilot, lambda: app.chat.turn_ids > before and app.turn is None, what="the new answer")
         assert [a.text for a in answers(app)] == [first]  # greedy: the same answer, shown once
         assert [m.role for m in app.session.messages] == ["user", "assistant"]
         assert [m.role for m in saved(chat_home, app.conversation_id)] == ["user", "assistant"]

@@ -89,7 +89,7 @@ def resumed(cid: int, *keys: str):
         app = pilot.app
         await wait_ready(pilot)
         await app._resume(cid)
-        app._last_turn, app.session_stats, app.turns = fixed_stats(), fixed_stats(), 1
+        app.chat.last_turn, app.chat.session_stats, app.chat.answers = fixed_stats(), fixed_stats(), 1
         app._draw_stats()
         for key in keys:
             await pilot.press(key)

@@ -32,10 +32,10 @@ async def send(pilot: Pilot, text: str) -> None:
     from localspec.tui.widgets import PromptInput
 
     app = pilot.app
-    before = app._turn_ids
+    before = app.chat.turn_ids
     app.query_one(PromptInput).text = text
     await pilot.press("enter")
-    await wait_until(pilot, lambda: app._turn_ids > before, what="the turn to start")
+    await wait_until(pilot, lambda: app.chat.turn_ids > before, what="the turn to start")
     await wait_until(pilot, lambda: app.turn is None, what="the answer to end")
     await pilot.pause()
 

@@ -1,9 +1,10 @@
 """The chat app: `make_app(options)` builds it for both `localspec chat` and the tests.
 
-`ChatApp` owns the engine, the `ChatSession`, the settings and the chat database. Loading, pulling and
-generating run in Textual thread workers that only post messages (see `messages`); the handlers below
-are the only code that changes widgets. One lock is held by whichever worker uses the engine, so the
-engine is closed (on quit or on a pair switch) only when nothing is running on it.
+`ChatApp` is widgets and wiring: the conversation, the loaded pair, the settings and the chat database
+belong to its `Conversation` (`conversation`, no Textual there), which the handlers below call and then
+draw. Loading, pulling and generating run in Textual thread workers that only post messages (see
+`messages`); the handlers are the only code that changes widgets. One lock is held by whichever worker
+uses the engine, so the engine is closed (on quit or on a pair switch) only when nothing is running on it.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
-from ..errors import LocalspecError
-from ..params import MODEL_DRAFTERS
+from ..errors import ContextError, LocalspecError
 from ..paths import get_paths
-from ..session import ChatSession, Message
-from ..stats import Stats
+from ..session import ChatSession
 from . import loading
+from .conversation import Conversation, Phase, Turn
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .messages import (
     AnswerChunk,
@@ -50,33 +50,6 @@ log = logging.getLogger("localspec.tui")
 GIL_SWITCH_INTERVAL = 0.001  # seconds (see on_mount)
 
 
-class Turn:
-    """One answer being generated: what started it, and a stop that works from any thread."""
-
-    def __init__(self, turn_id: int, kind: str, text: str = "", message_id: int | None = None) -> None:
-        self.id, self.kind, self.text = turn_id, kind, text
-        self.message_id = message_id  # the saved user message this turn answers (kind "send")
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._generation = None
-        self.chunk_taken = threading.Event()  # the UI handled the last chunk: the worker may post another
-        self.chunk_taken.set()
-
-    def attach(self, generation) -> None:
-        """The worker started the generation (it may already have been asked to stop)."""
-        with self._lock:
-            self._generation = generation
-            if self._cancelled:
-                generation.cancel()
-
-    def cancel(self) -> None:
-        """Stop after the current step (the caches stay consistent)."""
-        with self._lock:
-            self._cancelled = True
-            if self._generation is not None:
-                self._generation.cancel()
-
-
 class ChatApp(App[int]):
     """Chat with a target + draft pair and watch speculative decoding work."""
 
@@ -98,23 +71,9 @@ class ChatApp(App[int]):
     def __init__(self, options: ChatOptions, store: ChatStore) -> None:
         super().__init__()
         self.options = options
-        self.store = store
-        self.loaded: loading.Loaded | None = None
-        self.session: ChatSession | None = None
-        self.settings = ChatSettings(max_tokens=options.max_tokens)
-        self.system = options.system or ""
-        self.conversation_id: int | None = None
-        self.turn: Turn | None = None
-        self.loading = False
-        self.pulling = False
-        self.session_stats = Stats()
-        self.turns = 0
-        self._turn_ids = 0
-        self._live: Chunk | None = None
-        self._last_turn: Stats | None = None
-        self._answer: ChatMessage | None = None
-        self._pending_settings: ChatSettings | None = None
-        self._kept_messages: list[Message] = []  # the conversation while no session exists (loading)
+        self.chat = Conversation(options, store)
+        self._live: Chunk | None = None  # the last chunk of the answer being generated
+        self._answer: ChatMessage | None = None  # its widget
         self._engine_lock = threading.Lock()  # held by the worker that uses the engine
         self._closing = False
         self._switch_interval = sys.getswitchinterval()
@@ -163,6 +122,44 @@ class ChatApp(App[int]):
         ):
             yield SystemCommand(title, help_text, action)
 
+    # --- read-only views of `chat`, the conversation's one owner ----------------------------------------------
+
+    @property
+    def session(self) -> ChatSession | None:
+        return self.chat.session
+
+    @property
+    def loaded(self) -> loading.Loaded | None:
+        return self.chat.loaded
+
+    @property
+    def turn(self) -> Turn | None:
+        return self.chat.turn
+
+    @property
+    def conversation_id(self) -> int | None:
+        return self.chat.saved_id
+
+    @property
+    def system(self) -> str:
+        return self.chat.system
+
+    @property
+    def loading(self) -> bool:
+        return self.chat.phase is Phase.LOADING
+
+    @property
+    def pulling(self) -> bool:
+        return self.chat.pulling is not None
+
+    @property
+    def settings(self) -> ChatSettings:
+        return self.chat.settings
+
+    @settings.setter
+    def settings(self, settings: ChatSettings) -> None:
+        self.chat.settings = settings
+
     # --- small helpers ----------------------------------------------------------------------------------------
 
     @property
@@ -190,22 +187,19 @@ class ChatApp(App[int]):
         self.notify(message, severity="error", timeout=8)
 
     def _busy(self, what: str) -> bool:
-        """True (and say why) when an answer, a load or a pull is in the way of `what`."""
-        if self.turn is not None:
-            self.notify(f"an answer is being generated: press Esc to stop it before you {what}", severity="warning")
-            return True
-        if self.loading:
-            self.notify("the models are still loading", severity="warning")
-            return True
-        return False
+        """True (and say why) when an answer or a load is in the way of `what`."""
+        why = self.chat.busy(what)
+        if why:
+            self.notify(why, severity="warning")
+        return why is not None
 
     def _view(self, generating: bool) -> StatsView:
         live = self._live if generating else None
-        turn = live.stats if live else self._last_turn
+        turn = live.stats if live else self.chat.last_turn
         return StatsView(
             turn=turn,
-            session=self.session_stats,
-            turns=self.turns,
+            session=self.chat.session_stats,
+            turns=self.chat.answers,
             tokens_per_second_now=live.tokens_per_second_now if live else 0.0,
             tokens_per_second_turn=(live.tokens_per_second_turn if live else turn.tokens_per_second if turn else 0.0),
             generating=generating,
@@ -225,17 +219,17 @@ class ChatApp(App[int]):
     # --- loading and pulling --------------------------------------------------------------------------------
 
     def _start_load(
-        self, pair: str | None, *, choice: loading.ModelChoice | None = None, drafter: str | None = None
+        self, pair: str | None, *, choice: loading.ModelChoice | None = None, settings: ChatSettings | None = None
     ) -> None:
-        """Unload the current engine (if any) and load another in a worker, with progress."""
-        self.loading = True
-        old = self.loaded.engine if self.loaded else None
-        self._kept_messages = self._conversation_messages()
-        self.loaded, self.session = None, None
-        self._reset_stats()  # the numbers belong to the models that made them
+        """Unload the current engine (if any) and load another in a worker, with progress.
+
+        `settings` (a drafter change) choose the drafter and apply once loaded; default the pair's own.
+        """
+        old = self.chat.begin_load(settings)
+        self._draw_stats()
         self._set_status("loading…")
         self._progress(True)
-        self._load_worker(old, pair, choice, drafter)
+        self._load_worker(old, pair, choice, settings.drafter if settings else None)
 
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, old, pair: str | None, choice: loading.ModelChoice | None, drafter: str | None) -> None:
@@ -274,42 +268,31 @@ class ChatApp(App[int]):
         if self._closing:
             loaded.engine.close()
             return
-        self.loading = False
         self._progress(False)
-        template = self.options.chat_template or loaded.choice.settings.chat_template
         try:
-            session = ChatSession(loaded.engine, template_name=template)
+            self.chat.attach(loaded)  # on failure the pair stays loaded, so that a switch unloads it
         except LocalspecError as e:
-            self.loaded = loaded  # kept so that a switch unloads it
             self._set_status("no chat possible with this model: pick another pair (F2)")
             self._error(str(e))
             return
-        session.messages = self._system_messages() + self._conversation_messages()
-        self.loaded, self.session = loaded, session
-        self.settings = self._pending_settings or ChatSettings.initial(
-            self.options, loaded.choice.settings, loaded.drafter
-        )
-        self._pending_settings = None
         self.sub_title = loaded.choice.label
         self._set_status(self._ready_text())
         self._draw_stats()
         if loaded.choice.note:
             self.notify(loaded.choice.note, severity="warning", timeout=12)
-        if self.conversation_id is not None and loaded.choice.pair:
-            self.store.set_pair(self.conversation_id, loaded.choice.pair)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         if message.pulled:
-            self.pulling = False
+            self.chat.pull_ended()
         else:
-            self.loading = False
+            self.chat.load_failed()
         self._progress(False)
         ready = self.session is not None
         self._set_status(self._ready_text() if ready else "no model loaded: pick a pair (F2)")
         self._error(message.error)
 
     def _start_pull(self, name: str) -> None:
-        self.pulling = True
+        self.chat.begin_pull(name)
         self._set_status(f"pulling {name}…")
         self._progress(True)
         self._pull_worker(name)
@@ -331,25 +314,18 @@ class ChatApp(App[int]):
         self.post_message(PullDone(name))
 
     def on_pull_done(self, message: PullDone) -> None:
-        self.pulling = False
+        self.chat.pull_ended()
         self.notify(f"pair {message.pair} is downloaded")
-        if self.turn is None and not self.loading:
+        if self.chat.phase in (Phase.READY, Phase.NO_MODEL):
             self._start_load(message.pair)
 
     # --- the conversation ---------------------------------------------------------------------------------------
 
-    def _system_messages(self) -> list[Message]:
-        return [Message("system", self.system)] if self.system.strip() else []
-
-    def _conversation_messages(self) -> list[Message]:
-        if self.session is None:
-            return list(self._kept_messages)
-        return [m for m in self.session.messages if m.role != "system"]
-
     async def _show_conversation(self, stored: list[StoredMessage] | None = None) -> None:
-        """Redraw the message list from the session (or from stored messages, which carry provenance)."""
+        """Redraw the message list from the conversation (or from stored messages, which carry provenance)."""
         await self._messages.remove_children()
-        widgets = [ChatMessage("system", self.system)] if self.system.strip() else []
+        system = self.chat.system
+        widgets = [ChatMessage("system", system)] if system else []
         if stored is not None:
             widgets += [
                 ChatMessage(
@@ -360,8 +336,8 @@ class ChatApp(App[int]):
                 )
                 for m in stored
             ]
-        elif self.session is not None:
-            widgets += [ChatMessage(m.role, m.content) for m in self.session.messages if m.role != "system"]
+        else:
+            widgets += [ChatMessage(m.role, m.content) for m in self.chat.dialogue]
         if widgets:
             await self._messages.mount_all(widgets)
         self._messages.scroll_end(animate=False)
@@ -370,44 +346,32 @@ class ChatApp(App[int]):
         text = event.text.rstrip()  # leading spaces may be code indentation
         if not text.strip() or self._busy("send another message"):
             return
-        if self.session is None:
+        if self.chat.session is None:
             self._error("no model is loaded: pick a pair (F2)")
             return
         self.query_one(PromptInput).clear()
         try:
-            if self.conversation_id is None:
-                title = " ".join(text.split())[:60]
-                pair = (self.loaded.choice.pair or self.loaded.choice.label) if self.loaded else ""
-                self.conversation_id = self.store.create_conversation(title, pair=pair, system=self.system)
-            message_id = self.store.add_message(self.conversation_id, "user", text)  # committed before generating
+            turn = self.chat.send(text)
         except LocalspecError as e:
             self._error(str(e))
             return
         await self._messages.mount(ChatMessage("user", text))
-        await self._start_turn("send", text, message_id)
+        await self._start_turn(turn)
 
-    async def _start_turn(self, kind: str, text: str = "", message_id: int | None = None) -> None:
-        self._turn_ids += 1
-        self.turn = Turn(self._turn_ids, kind, text, message_id)
+    async def _start_turn(self, turn: Turn) -> None:
         self._answer = ChatMessage("assistant")
         await self._messages.mount(self._answer)
         self._messages.scroll_end(animate=False)
         self._live = None
         self._set_status("generating… (Esc stops)")
         self._stats_timer.resume()
-        self._generate(self.turn, self.session, self.settings)
+        self._generate(turn)
 
     @work(thread=True, group="generate", exit_on_error=False)
-    def _generate(self, turn: Turn, session: ChatSession, settings: ChatSettings) -> None:
+    def _generate(self, turn: Turn) -> None:
         with self._engine_lock:
             try:
-                kwargs = dict(
-                    sampling=settings.sampling,
-                    spec=settings.spec,
-                    max_tokens=settings.max_tokens,
-                    stop=self.options.stop,
-                )
-                generation = session.send(turn.text, **kwargs) if turn.kind == "send" else session.regenerate(**kwargs)
+                generation = turn.begin()
             except LocalspecError as e:
                 self.post_message(TurnFailed(turn.id, str(e)))
                 return
@@ -417,7 +381,6 @@ class ChatApp(App[int]):
                     TurnFailed(turn.id, f"the answer could not start: {e} (details in {get_paths().log_file})")
                 )
                 return
-            turn.attach(generation)
 
             def emit(item: Chunk | Reading | Finished) -> None:
                 if isinstance(item, Chunk):
@@ -450,106 +413,77 @@ class ChatApp(App[int]):
         if self.turn is None or message.turn_id != self.turn.id:
             return
         finished = message.finished
-        reason = "error" if finished.error else finished.finish_reason
-        stats = finished.stats.to_dict()
         if self._answer is not None:
-            await self._answer.finish(finished.text, finished.runs, answer_caption(stats, reason))
-        self.turn, self._answer, self._live = None, None, None
+            await self._answer.finish(
+                finished.text, finished.runs, answer_caption(finished.stats.to_dict(), finished.reason)
+            )
+        self._answer, self._live = None, None
         self._stats_timer.pause()
-        self.session_stats.merge(finished.stats)
-        self.turns += 1
-        self._last_turn = finished.stats
+        try:
+            self.chat.finish(finished)
+            not_saved = None
+        except LocalspecError as e:
+            not_saved = str(e)
         self._draw_stats()
         self._set_status(self._ready_text())
-        self._save_answer(finished, reason, stats)
+        if not_saved:
+            self._error(not_saved)
         for notice in finished.notices:
             self.notify(notice, severity="warning", timeout=10)
         if finished.error:
             self._error(finished.error)
 
-    def _save_answer(self, finished: Finished, reason: str, stats: dict) -> None:
-        if self.conversation_id is None:
-            return
-        try:
-            self.store.add_message(
-                self.conversation_id,
-                "assistant",
-                finished.text,
-                finish_reason=reason,
-                stats=stats,
-                provenance=finished.runs,
-            )
-        except LocalspecError as e:
-            self._error(str(e))
-
     async def on_turn_failed(self, message: TurnFailed) -> None:
         turn = self.turn
         if turn is None or message.turn_id != turn.id:
             return
-        self.turn, self._live = None, None
+        self.chat.fail(turn)
+        self._live = None
         self._stats_timer.pause()
         if self._answer is not None:
             await self._answer.remove()
             self._answer = None
-        if turn.kind == "send":
-            await self._take_back(turn)
+        if turn.kind == "send":  # the message goes back into the prompt box (the conversation took it back)
+            users = self._messages.query(ChatMessage).filter(".user")
+            if users:
+                await users.last().remove()
+            self.query_one(PromptInput).text = turn.text
         self._set_status(self._ready_text())
         self._error(message.error)
-
-    async def _take_back(self, turn: Turn) -> None:
-        """A message that could not be answered goes back into the prompt box (and out of the history)."""
-        if self.session and self.session.messages and self.session.messages[-1].role == "user":
-            self.session.messages.pop()
-        users = self._messages.query(ChatMessage).filter(".user")
-        if users:
-            await users.last().remove()
-        if self.conversation_id is not None and turn.message_id is not None:
-            self.store.delete_message(self.conversation_id, turn.message_id)
-            if not self.store.messages(self.conversation_id):
-                # Its title came from the message just taken back: a conversation of nothing is not kept.
-                self.store.delete(self.conversation_id)
-                self.conversation_id = None
-        self.query_one(PromptInput).text = turn.text
 
     # --- actions --------------------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
         """Stop the answer being generated (Esc)."""
-        if self.turn is not None:
-            self.turn.cancel()
+        if self.chat.stop():
             self._set_status("stopping…")
         else:
             self.query_one(PromptInput).focus()
 
     async def action_regenerate(self) -> None:
         """Generate the last answer again."""
-        if self._busy("regenerate") or self.session is None:
+        if self._busy("regenerate") or self.chat.session is None:
             return
-        roles = [m.role for m in self.session.messages]
-        if not roles or roles[-1] not in ("user", "assistant"):
-            self.notify("nothing to regenerate: send a message first", severity="warning")
+        last = self.chat.dialogue[-1:]
+        replaced = bool(last) and last[0].role == "assistant"
+        try:
+            turn = self.chat.regenerate()
+        except ContextError as e:
+            self.notify(str(e), severity="warning")
             return
         answers = self._messages.query(ChatMessage).filter(".assistant")
-        if roles[-1] == "assistant" and answers:
+        if replaced and answers:
             await answers.last().remove()
-        if self.conversation_id is not None:
-            self.store.delete_last_answer(self.conversation_id)
-        await self._start_turn("regenerate")
+        await self._start_turn(turn)
 
     async def action_new_chat(self) -> None:
         """Start a new conversation (the system prompt stays)."""
         if self._busy("start a new chat"):
             return
-        if self.session is not None:
-            self.session.clear()
-        self.conversation_id = None
-        self._reset_stats()
+        self.chat.new()
+        self._draw_stats()
         await self._show_conversation()
         self._set_status(f"new chat · {self.loaded.choice.label}" if self.loaded else "new chat")
-
-    def _reset_stats(self) -> None:
-        self.session_stats, self.turns, self._last_turn = Stats(), 0, None
-        self._draw_stats()
 
     def action_toggle_provenance(self) -> None:
         """Colour draft tokens (and back to Markdown)."""
@@ -618,38 +552,35 @@ class ChatApp(App[int]):
 
     def action_settings(self) -> None:
         """Open the settings form."""
-        self.push_screen(SettingsScreen(self.settings), self._settings_saved)
+        self.push_screen(SettingsScreen(self.settings, cursor_blink=self.options.cursor_blink), self._settings_saved)
 
     def _settings_saved(self, settings: ChatSettings | None) -> None:
         if settings is None:
             return
-        if self.loaded is None or settings.drafter == self.loaded.drafter:
-            self.settings = settings
+        try:
+            reload = self.chat.apply_settings(settings)
+        except LocalspecError as e:
+            self._error(str(e))
+            return
+        if not reload:
             self._draw_stats()
             self.notify("settings apply from the next message")
             return
-        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
-            self._error(
-                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
-                "(F2) or the ngram drafter"
-            )
-            return
         if self._busy("change the drafter"):
             return
-        self._pending_settings = settings
-        self._start_load(self.loaded.choice.pair, choice=self.loaded.choice, drafter=settings.drafter)
+        self._start_load(self.loaded.choice.pair, choice=self.loaded.choice, settings=settings)
 
     def action_history(self) -> None:
         """Open the saved conversations."""
         export_dir = self.options.export_dir or Path.cwd()
-        self.push_screen(HistoryScreen(self.store, self.conversation_id, export_dir), self._history_closed)
+        self.push_screen(HistoryScreen(self.chat.store, self.chat.saved_id, export_dir), self._history_closed)
 
     async def _history_closed(self, result: tuple[str, int] | None) -> None:
         if result is None:
             return
         what, cid = result
         if what == "deleted":
-            self.conversation_id = None
+            self.chat.forget(cid)
             await self.action_new_chat()
         elif what == "resume":
             await self._resume(cid)
@@ -657,19 +588,12 @@ class ChatApp(App[int]):
     async def _resume(self, cid: int) -> None:
         if self._busy("open another chat"):
             return
-        if self.session is None:
-            self._error("no model is loaded: pick a pair (F2) first")
-            return
         try:
-            conversation = self.store.get(cid)
-            stored = self.store.messages(cid)
+            conversation, stored = self.chat.open(cid)
         except LocalspecError as e:
             self._error(str(e))
             return
-        self.system = conversation.system
-        self.conversation_id = cid
-        self.session.messages = self._system_messages() + [Message(m.role, m.content) for m in stored]
-        self._reset_stats()
+        self._draw_stats()
         await self._show_conversation(stored)
         here = self.loaded.choice.pair if self.loaded else None
         if conversation.pair and here and conversation.pair != here:
@@ -691,13 +615,8 @@ class ChatApp(App[int]):
     async def _system_saved(self, text: str | None) -> None:
         if text is None or self._busy("change the system prompt"):
             return
-        self.system = text.strip()
-        if self.session is not None:
-            self.session.messages = self._system_messages() + self._conversation_messages()
-        if self.conversation_id is not None:
-            self.store.set_system(self.conversation_id, self.system)
-        stored = self.store.messages(self.conversation_id) if self.conversation_id is not None else None
-        await self._show_conversation(stored)
+        self.chat.set_system(text)
+        await self._show_conversation(self.chat.saved_messages())
         self.notify("system prompt set" if self.system else "system prompt removed")
 
     # --- shutdown -------------------------------------------------------------------------------------------
@@ -706,19 +625,18 @@ class ChatApp(App[int]):
         """Stop the answer, wait for the worker that holds the engine, then free the models."""
         self._closing = True
         sys.setswitchinterval(self._switch_interval)
-        if self.turn is not None:
-            self.turn.cancel()
+        self.chat.stop()
         acquired = await asyncio.to_thread(self._engine_lock.acquire, timeout=30)
         if not acquired:
             log.warning("a worker still holds the engine at exit: not freeing it")
             return
         try:
-            if self.loaded is not None:
-                self.loaded.engine.close()
-                self.loaded = None
+            engine = self.chat.detach()
+            if engine is not None:
+                engine.close()
         finally:
             self._engine_lock.release()
-            self.store.close()
+            self.chat.close()
 
 
 def make_app(options: ChatOptions, *, store: ChatStore | None = None) -> ChatApp:

@@ -83,6 +83,11 @@ class Finished:
     notices: list[str]
     error: str | None = None  # a one-line error that ended the turn early
 
+    @property
+    def reason(self) -> str:
+        """How the answer ended as saved and shown: "error" when an error ended it, else the finish reason."""
+        return "error" if self.error else self.finish_reason
+
 
 class RateMeter:
     """Tokens per second over the last `window` seconds."""

@@ -127,9 +127,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         ("drafter", "drafter", DRAFTERS),
     )
 
-    def __init__(self, settings: ChatSettings) -> None:
+    def __init__(self, settings: ChatSettings, *, cursor_blink: bool = True) -> None:
         super().__init__()
-        self.settings = settings
+        self.settings, self.cursor_blink = settings, cursor_blink
 
     def compose(self) -> ComposeResult:
         values = self.settings.form_values()
@@ -138,7 +138,9 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
             with Grid(id="form"):
                 for name, label in self.FIELDS:
                     yield Label(label)
-                    yield Input(values[name], id=name, compact=True)
+                    field = Input(values[name], id=name, compact=True)
+                    field.cursor_blink = self.cursor_blink  # a blinking cursor makes snapshots flaky
+                    yield field
                 for name, label, options in self.CHOICES:
                     yield Label(label)
                     yield Select(

@@ -58,7 +58,7 @@ MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_m001_conversation
 
 
 @dataclass(frozen=True, slots=True)
-class Conversation:
+class SavedConversation:
     """One saved conversation (without its messages)."""
 
     id: int
@@ -234,15 +234,15 @@ class ChatStore:
         """Delete a conversation and its messages."""
         self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
-    def conversations(self) -> list[Conversation]:
+    def conversations(self) -> list[SavedConversation]:
         """Every conversation, most recently updated first."""
         rows = self.db.execute(
             "SELECT c.id, c.title, c.pair, c.system, c.created, c.updated, COUNT(m.id) FROM conversations c"
             " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
-        return [Conversation(*row) for row in rows]
+        return [SavedConversation(*row) for row in rows]
 
-    def get(self, conversation_id: int) -> Conversation:
+    def get(self, conversation_id: int) -> SavedConversation:
         """One conversation.
 
         Raises:
@@ -297,7 +297,7 @@ def _provenance(value) -> Provenance | None:
 # --- export ------------------------------------------------------------------------------------------------
 
 
-def export_markdown(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+def export_markdown(conversation: SavedConversation, messages: Sequence[StoredMessage]) -> str:
     """The conversation as a Markdown document: a title, the system prompt, then each message."""
     lines = [f"# {conversation.title}", "", f"*{conversation.created} · pair: {conversation.pair or '?'}*", ""]
     if conversation.system:
@@ -310,7 +310,7 @@ def export_markdown(conversation: Conversation, messages: Sequence[StoredMessage
     return "\n".join(lines)
 
 
-def export_json(conversation: Conversation, messages: Sequence[StoredMessage]) -> str:
+def export_json(conversation: SavedConversation, messages: Sequence[StoredMessage]) -> str:
     """The conversation as JSON: its fields, the system prompt and the messages with their stats."""
     data = {
         "id": conversation.id,

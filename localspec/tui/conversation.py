@@ -1,0 +1,352 @@
+"""The chat app's state without Textual: one `Conversation` owns the messages, the system prompt, the saved copy.
+
+`Conversation.messages` is THE list of messages: the `ChatSession` of the loaded pair is built on that very
+list (not a copy), so a pair switch only swaps the session; the system prompt is its first message; the
+chat database is written through as each operation happens. `Phase` says what the engine is doing.
+`ChatApp` calls these operations from its UI thread and only draws the result; the one thing done off that
+thread is `Turn.begin` (and the session appending the finished answer), in the worker that holds the engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+
+from ..engine import Engine, Generation
+from ..errors import ContextError, InvalidParamsError, LocalspecError
+from ..params import MODEL_DRAFTERS
+from ..session import ChatSession, Message
+from ..stats import Stats
+from .live import Finished
+from .loading import Loaded
+from .settings import ChatOptions, ChatSettings
+from .store import ChatStore, SavedConversation, StoredMessage
+
+log = logging.getLogger("localspec.tui.conversation")
+
+TITLE_LENGTH = 60  # characters of the first message that name a saved conversation
+
+
+class Phase(enum.Enum):
+    """What the engine is doing (a download is separate: `Conversation.pulling`, it runs alongside a chat)."""
+
+    NO_MODEL = "no model"  # nothing loaded, a load failed, or the model cannot chat
+    LOADING = "loading"
+    READY = "ready"
+    GENERATING = "generating"
+
+
+class Turn:
+    """One answer being generated: what started it, and a stop that works from any thread."""
+
+    def __init__(
+        self,
+        turn_id: int,
+        kind: str,
+        session: ChatSession,
+        settings: ChatSettings,
+        stop: tuple[str, ...] = (),
+        text: str = "",
+        message_id: int | None = None,
+    ) -> None:
+        self.id, self.kind, self.text = turn_id, kind, text
+        self.message_id = message_id  # the saved user message this turn answers (kind "send")
+        self.session, self.settings, self.stop = session, settings, stop
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._generation: Generation | None = None
+        self.chunk_taken = threading.Event()  # the UI handled the last chunk: the worker may post another
+        self.chunk_taken.set()
+
+    def begin(self) -> Generation:
+        """Start the answer on the engine (in the worker thread that holds it).
+
+        Raises:
+            LocalspecError: e.g. the conversation does not fit the context.
+        """
+        settings = self.settings
+        generation = self.session.reply(
+            sampling=settings.sampling, spec=settings.spec, max_tokens=settings.max_tokens, stop=self.stop
+        )
+        with self._lock:
+            self._generation = generation
+            if self._cancelled:  # Esc came before the worker got here
+                generation.cancel()
+        return generation
+
+    def cancel(self) -> None:
+        """Stop after the current step (the caches stay consistent)."""
+        with self._lock:
+            self._cancelled = True
+            if self._generation is not None:
+                self._generation.cancel()
+
+
+class Conversation:
+    """The conversation on screen, its saved copy, the loaded pair and what the engine is doing.
+
+    Args:
+        options: the chat's options (the first system prompt, the chat template, stop strings, defaults).
+        store: the open chat database (closed by `close`).
+    """
+
+    def __init__(self, options: ChatOptions, store: ChatStore) -> None:
+        self.options = options
+        self.store = store
+        system = options.system or ""
+        self.messages: list[Message] = [Message("system", system)] if system.strip() else []
+        self.saved_id: int | None = None  # the conversation's id in the store, once its first message is saved
+        self.phase = Phase.NO_MODEL
+        self.pulling: str | None = None  # the pair being downloaded
+        self.loaded: Loaded | None = None
+        self.session: ChatSession | None = None
+        self.settings = ChatSettings(max_tokens=options.max_tokens)
+        self.turn: Turn | None = None
+        self.turn_ids = 0  # turns started so far (their ids)
+        self.session_stats = Stats()  # every answer since the pair was loaded or the chat changed
+        self.answers = 0
+        self.last_turn: Stats | None = None
+        self._pending_settings: ChatSettings | None = None  # applied when the reload they asked for is done
+
+    # --- what is there ---------------------------------------------------------------------------------------
+
+    @property
+    def system(self) -> str:
+        """The system prompt ("" for none): the first message when it is a system message."""
+        return self.messages[0].content if self._n_system else ""
+
+    @property
+    def dialogue(self) -> list[Message]:
+        """The messages after the system prompt."""
+        return self.messages[self._n_system :]
+
+    @property
+    def _n_system(self) -> int:
+        return 1 if self.messages and self.messages[0].role == "system" else 0
+
+    def busy(self, what: str) -> str | None:
+        """Why `what` cannot be done now (an answer or a load is in the way), or None."""
+        if self.phase is Phase.GENERATING:
+            return f"an answer is being generated: press Esc to stop it before you {what}"
+        if self.phase is Phase.LOADING:
+            return "the models are still loading"
+        return None
+
+    def saved_messages(self) -> list[StoredMessage] | None:
+        """The saved copy of the messages (with provenance and stats), or None before the first is saved."""
+        return self.store.messages(self.saved_id) if self.saved_id is not None else None
+
+    # --- loading and pulling ---------------------------------------------------------------------------------
+
+    def begin_load(self, settings: ChatSettings | None = None) -> Engine | None:
+        """A load starts: the session goes (the messages stay); returns the old engine for the loader to close.
+
+        Args:
+            settings: settings to use once loaded (a drafter change); default the pair's own.
+        """
+        old = self.detach()
+        self.phase = Phase.LOADING
+        self._pending_settings = settings
+        self.reset_stats()  # the numbers belong to the models that made them
+        return old
+
+    def attach(self, loaded: Loaded) -> None:
+        """The pair is loaded: a session continues the conversation on it.
+
+        Raises:
+            LocalspecError: the target has no usable chat template (the pair stays loaded, to be unloaded).
+        """
+        self.loaded = loaded
+        template = self.options.chat_template or loaded.choice.settings.chat_template
+        try:
+            self.session = ChatSession(loaded.engine, template_name=template, messages=self.messages)
+        except LocalspecError:
+            self.phase = Phase.NO_MODEL
+            raise
+        self.phase = Phase.READY
+        self.settings = self._pending_settings or ChatSettings.initial(
+            self.options, loaded.choice.settings, loaded.drafter
+        )
+        self._pending_settings = None
+        if self.saved_id is not None and loaded.choice.pair:
+            self.store.set_pair(self.saved_id, loaded.choice.pair)
+
+    def load_failed(self) -> None:
+        """The load ended without a pair."""
+        self.phase = Phase.NO_MODEL
+        self._pending_settings = None
+
+    def detach(self) -> Engine | None:
+        """Give up the loaded pair (to switch pairs or quit); returns its engine for the caller to close."""
+        engine = self.loaded.engine if self.loaded else None
+        self.loaded, self.session = None, None
+        return engine
+
+    def begin_pull(self, pair: str) -> None:
+        """A download of `pair` starts (it runs alongside the chat)."""
+        self.pulling = pair
+
+    def pull_ended(self) -> None:
+        """The download finished or failed."""
+        self.pulling = None
+
+    # --- turns -----------------------------------------------------------------------------------------------
+
+    def send(self, text: str) -> Turn:
+        """Add the user's message, saved before it is answered; returns the turn for a worker to `begin`.
+
+        Raises:
+            ContextError: no model is loaded.
+            LocalspecError: the message cannot be saved (then it is not added).
+        """
+        session = self._session()
+        if self.saved_id is None:
+            title = " ".join(text.split())[:TITLE_LENGTH]
+            pair = (self.loaded.choice.pair or self.loaded.choice.label) if self.loaded else ""
+            self.saved_id = self.store.create_conversation(title, pair=pair, system=self.system)
+        message_id = self.store.add_message(self.saved_id, "user", text)  # committed before generating
+        self.messages.append(Message("user", text))
+        return self._start("send", session, text, message_id)
+
+    def regenerate(self) -> Turn:
+        """Drop the last answer (here and saved) and answer the last user message again.
+
+        Raises:
+            ContextError: no model is loaded, or there is nothing to regenerate.
+        """
+        session = self._session()
+        if not self.dialogue:
+            raise ContextError("nothing to regenerate: send a message first")
+        if self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if self.saved_id is not None:
+            self.store.delete_last_answer(self.saved_id)
+        return self._start("regenerate", session)
+
+    def _session(self) -> ChatSession:
+        if self.session is None:
+            raise ContextError("no model is loaded: pick a pair (F2)")
+        return self.session
+
+    def _start(self, kind: str, session: ChatSession, text: str = "", message_id: int | None = None) -> Turn:
+        self.turn_ids += 1
+        self.turn = Turn(self.turn_ids, kind, session, self.settings, self.options.stop, text, message_id)
+        self.phase = Phase.GENERATING
+        return self.turn
+
+    def _end_turn(self) -> None:
+        self.turn = None
+        self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
+
+    def stop(self) -> bool:
+        """Ask the answer being generated to stop; False when there is none."""
+        if self.turn is None:
+            return False
+        self.turn.cancel()
+        return True
+
+    def finish(self, finished: Finished) -> None:
+        """The answer ended (the session has added it): count its stats and save it.
+
+        Raises:
+            LocalspecError: the answer cannot be saved (it stays in the conversation).
+        """
+        self._end_turn()
+        self.session_stats.merge(finished.stats)
+        self.answers += 1
+        self.last_turn = finished.stats
+        if self.saved_id is not None:
+            self.store.add_message(
+                self.saved_id,
+                "assistant",
+                finished.text,
+                finish_reason=finished.reason,
+                stats=finished.stats.to_dict(),
+                provenance=finished.runs,
+            )
+
+    def fail(self, turn: Turn) -> None:
+        """The turn could not start: a message sent by it is taken back, here and from the store."""
+        self._end_turn()
+        if turn.kind != "send":
+            return
+        if self.messages and self.messages[-1].role == "user":
+            self.messages.pop()
+        if self.saved_id is not None and turn.message_id is not None:
+            self.store.delete_message(self.saved_id, turn.message_id)
+            if not self.store.messages(self.saved_id):
+                # Its title came from the message just taken back: a conversation of nothing is not kept.
+                self.store.delete(self.saved_id)
+                self.saved_id = None
+
+    # --- the conversation as a whole -------------------------------------------------------------------------
+
+    def new(self) -> None:
+        """Start a new conversation (the system prompt stays)."""
+        if self.session is not None:
+            self.session.clear()  # empties this list in place, and forgets the session's window
+        else:
+            del self.messages[self._n_system :]
+        self.saved_id = None
+        self.reset_stats()
+
+    def forget(self, saved_id: int) -> None:
+        """The saved conversation `saved_id` was deleted: if it is this one, it is no longer saved."""
+        if saved_id == self.saved_id:
+            self.saved_id = None
+
+    def open(self, saved_id: int) -> tuple[SavedConversation, list[StoredMessage]]:
+        """Continue a saved conversation (its system prompt comes with it); returns it and its messages.
+
+        Raises:
+            ContextError: no model is loaded.
+            LocalspecError: it cannot be read (e.g. it was deleted).
+        """
+        if self.session is None:
+            raise ContextError("no model is loaded: pick a pair (F2) first")
+        saved = self.store.get(saved_id)
+        stored = self.store.messages(saved_id)
+        system = [Message("system", saved.system)] if saved.system.strip() else []
+        self.messages[:] = system + [Message(m.role, m.content) for m in stored]
+        self.saved_id = saved_id
+        self.reset_stats()
+        return saved, stored
+
+    def set_system(self, text: str) -> None:
+        """Set (or with "" remove) the system prompt of this conversation and the next ones.
+
+        Raises:
+            LocalspecError: the saved conversation cannot be updated.
+        """
+        text = text.strip()
+        self.messages[:] = ([Message("system", text)] if text else []) + self.dialogue
+        if self.saved_id is not None:
+            self.store.set_system(self.saved_id, text)
+
+    def apply_settings(self, settings: ChatSettings) -> bool:
+        """Use `settings` from the next message; True when they need a reload first (another drafter).
+
+        Raises:
+            InvalidParamsError: the drafter needs a draft model and the loaded pair has none.
+        """
+        if self.loaded is None or settings.drafter == self.loaded.drafter:
+            self.settings = settings
+            return False
+        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
+            raise InvalidParamsError(
+                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
+                "(F2) or the ngram drafter"
+            )
+        return True
+
+    def reset_stats(self) -> None:
+        """Forget the numbers of the answers so far."""
+        self.session_stats, self.answers, self.last_turn = Stats(), 0, None
+
+    def close(self) -> None:
+        """Close the chat database (the engine is the caller's: see `detach`)."""
+        self.store.close()
+
+
+__all__ = ["Conversation", "Phase", "Turn"]

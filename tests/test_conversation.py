@@ -1,0 +1,271 @@
+"""The chat app's `Conversation` without Textual: the real engine on the tiny pair and a real SQLite store.
+
+Turns run as the app runs them, minus the worker thread: `send` (or `regenerate`), then `Turn.begin` and
+`stream_generation` to its `Finished`, then `finish`. Each test checks the three places the conversation
+shows up — `messages`, the session the engine renders, and the database — agree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from localspec.engine import Engine
+from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+from localspec.session import Message
+from localspec.tui.conversation import Conversation, Phase, Turn
+from localspec.tui.live import Finished, stream_generation
+from localspec.tui.loading import Loaded, ModelChoice
+from localspec.tui.settings import ChatOptions
+from localspec.tui.store import ChatStore
+
+PAIR_SETTINGS = {"temperature": 0.0}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = ChatStore(tmp_path / "chats.sqlite3")
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def options():
+    return ChatOptions(max_tokens=16, overrides={"seed": 1, "adaptive": False})
+
+
+def load(tiny_models, pair: str = "tiny", *, draft=None, target=None, n_ctx: int = 1024) -> Loaded:
+    target = target or tiny_models.target
+    draft = draft or tiny_models.draft_noisy
+    engine = Engine.load(target, draft, n_ctx=n_ctx)
+    return Loaded(engine, ModelChoice(target, draft, pair, pair, dict(PAIR_SETTINGS)), "model")
+
+
+@pytest.fixture
+def conversation(tiny_models, options, store):
+    conv = Conversation(options, store)
+    conv.begin_load()
+    conv.attach(load(tiny_models))
+    yield conv
+    engine = conv.detach()
+    if engine is not None:
+        engine.close()
+
+
+def run(turn: Turn) -> Finished:
+    """What the app's worker does with a turn, on this thread."""
+    done: list[Finished] = []
+    stream_generation(turn.begin(), lambda item: done.append(item) if isinstance(item, Finished) else None)
+    [finished] = done
+    return finished
+
+
+def roles(conv: Conversation) -> list[str]:
+    return [m.role for m in conv.messages]
+
+
+def saved(conv: Conversation) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in conv.store.messages(conv.saved_id)]
+
+
+def test_a_turn_is_saved_before_and_after_and_the_session_shares_the_messages(conversation):
+    conv = conversation
+    assert conv.phase is Phase.READY and conv.session.messages is conv.messages
+    turn = conv.send("Hello there")
+    assert conv.phase is Phase.GENERATING and conv.turn is turn
+    assert conv.busy("send another message").startswith("an answer is being generated")
+    assert saved(conv) == [("user", "Hello there")]  # committed before the answer exists
+    assert conv.store.get(conv.saved_id).title == "Hello there" and conv.store.get(conv.saved_id).pair == "tiny"
+    finished = run(turn)
+    conv.finish(finished)
+    assert conv.phase is Phase.READY and conv.turn is None and conv.busy("x") is None
+    assert roles(conv) == ["user", "assistant"] and conv.messages[-1].content == finished.text
+    assert saved(conv) == [("user", "Hello there"), ("assistant", finished.text)]
+    [_, answer] = conv.store.messages(conv.saved_id)
+    assert answer.finish_reason == "length" and answer.stats["emitted"] == 16
+    assert conv.answers == 1 and conv.session_stats.emitted == 16 and conv.last_turn.emitted == 16
+
+
+def test_a_reload_swaps_the_session_and_keeps_the_conversation(conversation, tiny_models):
+    conv = conversation
+    conv.finish(run(conv.send("Hello")))
+    before = list(conv.messages)
+    old = conv.begin_load()
+    assert old is not None and conv.phase is Phase.LOADING and conv.session is None and conv.loaded is None
+    assert conv.busy("switch pairs") == "the models are still loading"
+    assert conv.answers == 0 and conv.last_turn is None  # the numbers belong to the models that made them
+    assert conv.messages == before  # nothing was lost while no session exists
+    old.close()
+    with pytest.raises(ContextError, match="no model is loaded"):
+        conv.send("too early")
+    conv.attach(load(tiny_models, "tiny-same", draft=tiny_models.draft_same))
+    assert conv.phase is Phase.READY and conv.session.messages is conv.messages and conv.messages == before
+    assert conv.store.get(conv.saved_id).pair == "tiny-same"
+    finished = run(conv.send("Once more"))
+    conv.finish(finished)
+    assert finished.stats.drafted > 0 and finished.stats.accepted == finished.stats.drafted  # identical draft
+    assert roles(conv) == ["user", "assistant", "user", "assistant"]
+    assert [r for r, _ in saved(conv)] == roles(conv)
+
+
+def test_a_drafter_change_brings_its_settings_and_a_failed_load_forgets_them(conversation, tiny_models):
+    conv = conversation
+    wanted = dataclasses.replace(conv.settings, drafter="none", max_tokens=7)
+    conv.begin_load(wanted).close()
+    conv.load_failed()
+    assert conv.phase is Phase.NO_MODEL
+    conv.begin_load()
+    conv.attach(load(tiny_models))
+    assert conv.settings.drafter == "model" and conv.settings.max_tokens == 16  # the pair's, not `wanted`
+    conv.begin_load(wanted).close()
+    conv.attach(load(tiny_models))
+    assert conv.settings == wanted
+
+
+def test_the_system_prompt_is_the_first_message_here_in_the_session_and_saved(conversation):
+    conv = conversation
+    conv.set_system("  You are terse.  ")
+    assert conv.system == "You are terse." and conv.messages == [Message("system", "You are terse.")]
+    conv.finish(run(conv.send("Hi")))
+    assert roles(conv) == ["system", "user", "assistant"] and conv.session.messages is conv.messages
+    assert conv.store.get(conv.saved_id).system == "You are terse."
+    assert [m.role for m in conv.dialogue] == ["user", "assistant"]
+    conv.set_system("")
+    assert conv.system == "" and roles(conv) == ["user", "assistant"]
+    assert conv.store.get(conv.saved_id).system == ""
+    conv.set_system("Be kind.")
+    conv.new()
+    assert conv.messages == [Message("system", "Be kind.")] and conv.saved_id is None and conv.answers == 0
+    assert conv.session.messages is conv.messages
+
+
+def test_a_saved_conversation_is_opened_with_its_system_prompt_and_continued(conversation, store):
+    cid = store.create_conversation("old chat", pair="elsewhere", system="Answer in French.")
+    store.add_message(cid, "user", "Bonjour")
+    store.add_message(cid, "assistant", "Salut")
+    conv = conversation
+    conv.finish(run(conv.send("something else first")))
+    saved_conv, stored = conv.open(cid)
+    assert saved_conv.title == "old chat" and [m.content for m in stored] == ["Bonjour", "Salut"]
+    assert conv.saved_id == cid and conv.system == "Answer in French." and conv.answers == 0
+    assert conv.messages == [
+        Message("system", "Answer in French."),
+        Message("user", "Bonjour"),
+        Message("assistant", "Salut"),
+    ]
+    assert conv.session.messages is conv.messages
+    finished = run(conv.send("Encore"))
+    conv.finish(finished)
+    assert [c for _, c in saved(conv)] == ["Bonjour", "Salut", "Encore", finished.text]
+    with pytest.raises(LocalspecError, match="no saved conversation 999"):
+        conv.open(999)
+    assert conv.saved_id == cid  # a failed open leaves the conversation as it was
+
+
+def test_the_answered_prompt_is_the_whole_conversation(conversation):
+    """The session renders exactly `messages`: no second copy can be out of step."""
+    conv = conversation
+    conv.set_system("Be brief.")
+    conv.finish(run(conv.send("one")))
+    turn = conv.send("two")
+    generation = turn.begin()
+    assert generation.prompt == conv.session.format.tokens(conv.messages)
+    generation.cancel()
+    list(generation)
+
+
+def test_regenerate_drops_the_last_answer_here_and_saved(conversation):
+    conv = conversation
+    with pytest.raises(ContextError, match="nothing to regenerate"):
+        conv.regenerate()
+    first = run(conv.send("Hello"))
+    conv.finish(first)
+    turn = conv.regenerate()
+    assert turn.kind == "regenerate" and roles(conv) == ["user"] and saved(conv) == [("user", "Hello")]
+    again = run(turn)
+    conv.finish(again)
+    assert again.text == first.text  # greedy
+    assert roles(conv) == ["user", "assistant"] and saved(conv) == [("user", "Hello"), ("assistant", first.text)]
+    cid = conv.saved_id
+    conv.forget(cid + 1)  # another saved chat was deleted
+    assert conv.saved_id == cid
+    conv.forget(cid)  # this one was: the next message saves it anew, the screen keeps it
+    assert conv.saved_id is None and roles(conv) == ["user", "assistant"]
+
+
+def test_a_stop_before_the_worker_starts_still_stops_and_is_saved_as_cancelled(conversation):
+    conv = conversation
+    assert conv.stop() is False
+    turn = conv.send("Tell me a long story")
+    assert conv.stop() is True
+    finished = run(turn)
+    conv.finish(finished)
+    assert finished.reason == "cancelled"
+    assert conv.store.messages(conv.saved_id)[-1].finish_reason == "cancelled"
+
+
+def test_a_message_that_does_not_fit_is_taken_back_and_leaves_no_saved_chat(tiny_models, options, store):
+    conv = Conversation(options, store)
+    conv.begin_load()
+    conv.attach(load(tiny_models, n_ctx=64))
+    try:
+        turn = conv.send("word " * 1000)
+        assert conv.saved_id is not None and roles(conv) == ["user"]
+        with pytest.raises(ContextError, match="does not fit"):
+            turn.begin()
+        conv.fail(turn)
+        assert conv.phase is Phase.READY and conv.turn is None
+        assert conv.messages == [] and conv.saved_id is None and store.conversations() == []
+    finally:
+        conv.detach().close()
+
+
+def test_a_model_without_a_chat_template_stays_loaded_but_cannot_chat(tiny_models, options, store):
+    conv = Conversation(options, store)
+    conv.begin_load()
+    loaded = load(tiny_models, target=tiny_models.no_template)
+    with pytest.raises(LocalspecError, match="no chat template"):
+        conv.attach(loaded)
+    assert conv.phase is Phase.NO_MODEL and conv.session is None
+    assert conv.detach() is loaded.engine  # kept so that a switch unloads it
+    loaded.engine.close()
+
+
+def test_the_first_system_prompt_comes_from_the_options_and_a_download_is_its_own_state(store):
+    conv = Conversation(ChatOptions(system="Be brief."), store)
+    assert conv.phase is Phase.NO_MODEL and conv.messages == [Message("system", "Be brief.")]
+    conv.begin_pull("remote")
+    assert conv.pulling == "remote" and conv.busy("chat") is None  # a download does not stop the chat
+    conv.pull_ended()
+    assert conv.pulling is None
+    assert Conversation(ChatOptions(system="   "), store).messages == []
+
+
+def test_the_controller_does_not_import_textual():
+    code = (
+        "import sys, localspec.tui.conversation\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'textual')\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_models, options, store):
+    conv = conversation
+    shorter = dataclasses.replace(conv.settings, max_tokens=5)
+    assert conv.apply_settings(shorter) is False and conv.settings == shorter
+    assert conv.apply_settings(dataclasses.replace(shorter, drafter="none")) is True
+    assert conv.settings == shorter  # another drafter applies after the reload (`begin_load(settings)`)
+    alone = Conversation(options, store)
+    alone.begin_load()
+    engine = Engine.load(tiny_models.target, drafter="none", n_ctx=512)
+    alone.attach(Loaded(engine, ModelChoice(tiny_models.target, None, "alone", None, {}), "none"))
+    try:
+        with pytest.raises(InvalidParamsError, match="needs a draft model"):
+            alone.apply_settings(dataclasses.replace(alone.settings, drafter="model"))
+        assert alone.apply_settings(dataclasses.replace(alone.settings, drafter="ngram")) is True
+    finally:
+        alone.detach().close()
