@@ -74,8 +74,28 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     target, draft, defaults = resolve_models(args, paths)
     if not draft:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
-    engine = load_engine(target, draft, load_params(args, defaults, has_draft=True))
+    params = load_params(args, defaults, has_draft=True)
+    relays = []
+    if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
+        from .relay import DelayRelay
+        from .rpc import Endpoint
+
+        rtts = bench.parse_list(args.rtts, float, "rtt")
+        if any(not 0 <= r <= 1000 for r in rtts):
+            raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
+        lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
+        relays = [DelayRelay(Endpoint.parse(e), max_connections=4, lifetime=lifetime) for e in params.rpc]
+        params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))
+        if args.peer is not None or args.busy:
+            notes.append("--peer and --busy are not run with --rpc")
+            binary, args.busy = None, False
     show = _progress()
+    try:
+        engine = load_engine(target, draft, params, lambda f: show(f"loading the target: {f:.0%}"))
+    except BaseException:
+        for relay in relays:
+            relay.close()
+        raise
     try:
         threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
         try:
@@ -94,8 +114,13 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             threads=threads,
             notes=notes,
         )
-        tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
-        report.rows = bench.rows_from(engine, prompts, tallies)
+        if relays:
+            report.rpc = bench.run_rpc_bench(
+                engine, prompts, chosen, relays, rtts, tokens=args.tokens, rounds=args.rounds, progress=show
+            )
+        else:
+            tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
+            report.rows = bench.rows_from(engine, prompts, tallies)
         if binary is not None:
             from .peer import PeerError
 
@@ -131,6 +156,8 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             report.busy = bench.busy_rows(engine, prompts, pair, args.tokens, show)
     finally:
         engine.close()
+        for relay in relays:
+            relay.close()
         show("")
     print(bench.to_json(report) if args.json else "\n".join(bench.render(report)))
     return 0

@@ -8,7 +8,8 @@ itself never sees argparse or pydantic. The chat app uses the same functions wit
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -89,20 +90,46 @@ def resolve_models(args: argparse.Namespace, paths: Paths) -> tuple[str, str | N
     return resolve_pair_for_run(args.pair, load_config(paths), paths)
 
 
-def load_engine(target: str | Path, draft: str | Path | None, params: LoadParams) -> Engine:
+def load_engine(
+    target: str | Path,
+    draft: str | Path | None,
+    params: LoadParams,
+    progress: Callable[[float], None] | None = None,
+) -> Engine:
     """Load target and draft (the draft only when the drafter uses it); shared by generate, bench and chat.
+
+    `progress` gets the fraction of the target's weights loaded (worth showing when they go to RPC workers).
 
     Raises:
         LocalspecError: as `Engine.load` (a model drafter without a draft file among them).
     """
-    return Engine.load(target, draft if params.uses_draft_model else None, params)
+    return Engine.load(target, draft if params.uses_draft_model else None, params, progress=progress)
+
+
+def terminal_progress(params: LoadParams) -> Callable[[float], None] | None:
+    """A one-line 'loading the target onto the workers' display on stderr, for RPC loads on a terminal."""
+    if not params.rpc or not sys.stderr.isatty():
+        return None
+    where = ", ".join(params.rpc)
+    shown = [-1]
+
+    def show(fraction: float) -> None:
+        percent = int(fraction * 100)
+        if percent != shown[0]:  # llama.cpp calls this for every tensor
+            shown[0] = percent
+            end = "\n" if percent >= 100 else ""
+            sys.stderr.write(f"\r\033[Kloading the target onto {where}: {percent}%{end}")
+            sys.stderr.flush()
+
+    return show
 
 
 @contextmanager
 def open_engine(args: argparse.Namespace, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
     target, draft, defaults = resolve_models(args, paths)
-    engine = load_engine(target, draft, load_params(args, defaults, has_draft=draft is not None))
+    params = load_params(args, defaults, has_draft=draft is not None)
+    engine = load_engine(target, draft, params, terminal_progress(params))
     try:
         yield engine, defaults
     finally:

@@ -15,6 +15,7 @@ import pytest
 
 from localspec.engine import Engine
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+from localspec.params import PairDefaults
 from localspec.session import Message
 from localspec.tui.conversation import Conversation, Phase, Turn
 from localspec.tui.live import Finished, stream_generation
@@ -22,7 +23,7 @@ from localspec.tui.loading import Loaded, ModelChoice
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 
-PAIR_SETTINGS = {"temperature": 0.0}
+PAIR_SETTINGS = PairDefaults(temperature=0.0)
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def load(tiny_models, pair: str = "tiny", *, draft=None, target=None, n_ctx: int
     target = target or tiny_models.target
     draft = draft or tiny_models.draft_noisy
     engine = Engine.load(target, draft, n_ctx=n_ctx)
-    return Loaded(engine, ModelChoice(target, draft, pair, pair, dict(PAIR_SETTINGS)), "model")
+    return Loaded(engine, ModelChoice(target, draft, pair, pair, PAIR_SETTINGS), "model")
 
 
 @pytest.fixture
@@ -262,7 +263,7 @@ def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_mo
     alone = Conversation(options, store)
     alone.begin_load()
     engine = Engine.load(tiny_models.target, drafter="none", n_ctx=512)
-    alone.attach(Loaded(engine, ModelChoice(tiny_models.target, None, "alone", None, {}), "none"))
+    alone.attach(Loaded(engine, ModelChoice(tiny_models.target, None, "alone", None, PairDefaults()), "none"))
     try:
         with pytest.raises(InvalidParamsError, match="needs a draft model"):
             alone.apply_settings(dataclasses.replace(alone.settings, drafter="model"))
