@@ -15,14 +15,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import backend, demo, hub
+from . import backend, demo, hub, rpc
 from .checks import THREADS_ENV, cpu_count, folder_problem, threads_from_env
 from .config import ModelsConfig, bundled_config_file, load_config
-from .errors import ConfigError, InvalidParamsError
+from .errors import ConfigError, InvalidParamsError, LocalspecError
 from .pairs import pair_status
 from .paths import HOME_ENV, Paths
 
-_REINSTALL = 'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
+_REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
+_SCRIPT = Path(__file__).resolve().parent.parent / "packaging" / "reinstall-llama-backend.sh"
+_CMAKE = {"rpc": "-DGGML_RPC=on", "cuda": "-DGGML_CUDA=on", "metal": "-DGGML_METAL=on", "vulkan": "-DGGML_VULKAN=on"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,22 +89,30 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def _reinstall(flag: str) -> str:
-    """The command that rebuilds the installed llama-cpp-python version with one ggml backend."""
+def _reinstall(*backends: str) -> str:
+    """The command that rebuilds the installed llama-cpp-python with these ggml backends (RPC kept on).
+
+    From a clone: the script that keys its wheelhouse on the backends; otherwise pip without its cache (which
+    does not key on CMAKE_ARGS).
+    """
+    wanted = ["rpc", *[b for b in backends if b != "rpc"]]
+    if _SCRIPT.exists():
+        return f"{_SCRIPT} {' '.join(wanted)} --python {sys.executable}"
     version = _version("llama-cpp-python")
-    return _REINSTALL.format(flag=flag, pin="" if version == "not installed" else f"=={version}")
+    flags = " ".join(_CMAKE[b] for b in wanted)
+    return _REINSTALL.format(flags=flags, pin="" if version == "not installed" else f"=={version}")
 
 
 def _gpu_advice() -> str:
     """How to get a GPU-enabled llama-cpp-python on this kind of machine."""
     if sys.platform == "darwin":
-        return "reinstall llama-cpp-python with Metal (several minutes): " + _reinstall("-DGGML_METAL=on")
+        return "reinstall llama-cpp-python with Metal (several minutes): " + _reinstall("metal")
     if shutil.which("nvidia-smi"):
-        return "an NVIDIA GPU is present; rebuild llama-cpp-python for it: " + _reinstall("-DGGML_CUDA=on")
+        return "an NVIDIA GPU is present; rebuild llama-cpp-python for it: " + _reinstall("cuda")
     return (
         "no GPU backend in this build (fine on a CPU-only machine); with a GPU, rebuild llama-cpp-python: "
-        + _reinstall("-DGGML_CUDA=on")
-        + " (NVIDIA; -DGGML_VULKAN=on for AMD/Intel)"
+        + _reinstall("cuda")
+        + " (NVIDIA; vulkan for AMD/Intel)"
     )
 
 
@@ -123,6 +133,14 @@ def _compute_findings() -> list[Finding]:
         found.append(Finding(f"device {d.name}", f"{d.description} ({d.kind}{memory})"))
     has_gpu = any(d.kind in ("gpu", "igpu") for d in devices)
     found.append(Finding("GPU offload", "yes" if has_gpu else "no (CPU only)", None if has_gpu else _gpu_advice()))
+    no_rpc = rpc.support()
+    found.append(
+        Finding(
+            "RPC (localspec worker, --rpc)",
+            "no" if no_rpc else f"yes (protocol {'.'.join(map(str, rpc.PROTOCOL))})",
+            f"rebuild with RPC: {_reinstall(*(['cuda'] if has_gpu else []))}" if no_rpc else None,
+        )
+    )
     found.append(Finding("CPU cores", f"{backend.physical_cores()} physical, {cpu_count()} usable threads"))
     found.append(_threads_finding())
     found.append(Finding("system info", backend.system_info()))
@@ -206,7 +224,18 @@ def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
                     else demo.INSTALL_HINT
                 )
         found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
+        for endpoint in pair.spec.rpc or ():
+            found.append(_worker_finding(name, endpoint))
     return found
+
+
+def _worker_finding(pair: str, endpoint: str) -> Finding:
+    """Whether a pair's RPC worker answers the handshake now (one second at most)."""
+    try:
+        rpc.probe(rpc.Endpoint.parse(endpoint), timeout=1.0)
+    except LocalspecError as e:
+        return Finding(f"{pair} worker {endpoint}", "not usable", str(e))
+    return Finding(f"{pair} worker {endpoint}", "answers (protocol ok)")
 
 
 def _demo_findings(paths: Paths) -> list[Finding]:

@@ -90,7 +90,16 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     params = load_params(options, choice.settings, has_draft=choice.draft is not None)
     what = choice.target.name + (f" + {choice.draft.name}" if params.uses_draft_model and choice.draft else "")
     progress(f"loading {what}…")
-    engine = load_engine(choice.target, choice.draft, params)
+    on_weights = None
+    if params.rpc:
+        where, shown = ", ".join(params.rpc), [-1]
+
+        def on_weights(fraction: float) -> None:
+            if int(fraction * 20) != shown[0]:  # every 5%: llama.cpp reports every tensor
+                shown[0] = int(fraction * 20)
+                progress(f"loading {choice.target.name} onto {where}: {fraction:.0%}")
+
+    engine = load_engine(choice.target, choice.draft, params, on_weights)
     log.info("loaded %s (drafter %s, n_ctx %d)", what, params.drafter, engine.n_ctx)
     return Loaded(engine, choice, params.drafter)
 
