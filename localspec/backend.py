@@ -484,7 +484,7 @@ class Context:
                 f"use --n-ctx {info.n_ctx_train} or less"
             )
         need, have = kv_bytes_estimate(info, n_ctx), memory_bytes()
-        if need > have:
+        if need > have and model.placement is None:  # a placed model's cache lives on its remote devices
             raise ContextError(
                 f"n_ctx {n_ctx} needs about {need / 2**30:.1f} GiB of KV cache for {model.path.name} but only "
                 f"{have / 2**30:.1f} GiB is available: use a smaller --n-ctx"
@@ -514,6 +514,7 @@ class Context:
         self._handle = handle
         self.n_threads = threads
         self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
+        self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
         self._mem = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -575,6 +576,7 @@ class Context:
             t0 = time.perf_counter()
             rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
             self.seconds_decoding += time.perf_counter() - t0
+            self.decodes += 1
             if rc != 0:
                 if rc == 1:
                     raise ContextError(

@@ -129,7 +129,7 @@ class RpcRow:
     tokens_per_second: float
     ratio: float  # tok/s / plain tok/s at the same round trip and temperature
     tokens_per_pass: float
-    round_trips_per_pass: float  # relay turns / target decodes (prefill included)
+    round_trips_per_pass: float  # relay turns / the target's llama_decode calls (prefills included)
 
 
 @dataclass(slots=True)
@@ -292,10 +292,10 @@ def run_rpc_bench(
             for p, prompt in enumerate(prompts):
                 shift = (round_ * len(prompts) + p) % len(settings)
                 for setting in settings[shift:] + settings[:shift]:
-                    before = sum(r.turns for r in relays)
+                    before, decoded = sum(r.turns for r in relays), engine.target.ctx.decodes
                     gen, _ = _run_one(engine, prompt, setting, tokens)
                     turns[(rtt, setting)] += sum(r.turns for r in relays) - before
-                    decodes[(rtt, setting)] += gen.stats.target_passes + 1  # + the prompt's prefill
+                    decodes[(rtt, setting)] += engine.target.ctx.decodes - decoded
                     tallies[(rtt, setting)].stats.merge(gen.stats)
                     done += 1
                     progress(f"{_bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")

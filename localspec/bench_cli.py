@@ -84,7 +84,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         if any(not 0 <= r <= 1000 for r in rtts):
             raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
         lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
-        relays = [DelayRelay(Endpoint.parse(e), max_connections=4, lifetime=lifetime) for e in params.rpc]
+        relays = [DelayRelay(Endpoint.parse(e), max_connections=16, lifetime=lifetime) for e in params.rpc]
         params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))
         if args.peer is not None or args.busy:
             notes.append("--peer and --busy are not run with --rpc")

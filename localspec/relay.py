@@ -53,7 +53,12 @@ class DelayRelay:
 
     def _accept(self) -> None:
         served = 0
-        while not self._stop.is_set() and served < self._max and time.monotonic() < self._deadline:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            if served == self._max:  # no more clients; the ones connected keep their connections
+                with contextlib.suppress(OSError):
+                    self._listener.close()
+                self._stop.wait(max(0.0, self._deadline - time.monotonic()))
+                break
             try:
                 client, _ = self._listener.accept()
             except TimeoutError:

@@ -198,10 +198,9 @@ class Remote:
     the remote is `lost` for good (its model and context are then abandoned, never freed).
     """
 
-    def __init__(self, endpoints: tuple[Endpoint, ...], devices: list[int], aliases: list[str]) -> None:
+    def __init__(self, endpoints: tuple[Endpoint, ...]) -> None:
         self.endpoints = endpoints
-        self.devices = devices
-        self.aliases = aliases
+        self.devices: list[int] = []  # ggml device handles, filled by `attach`
         self._losses_at_start = _losses.count
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="localspec-rpc", daemon=True)
@@ -261,21 +260,24 @@ def attach(endpoints: tuple[Endpoint, ...], *, timeout: float = 5.0) -> Remote:
     _losses.install()
     for endpoint in endpoints:
         probe(endpoint, timeout=timeout)
-    base = lib
-    base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
-    base.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
-    base.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    devices, aliases = [], []
-    for endpoint in endpoints:
-        # A new spelling per loss: llama.cpp keeps the lost connection cached under the old one.
-        alias = f"{endpoint.host}:{'0' * _losses.count}{endpoint.port}"
-        reg = lib.ggml_backend_rpc_add_server(alias.encode())
-        if not reg:
-            raise RpcError(f"the RPC worker at {endpoint} offers no devices: check how it was started")
-        devices += [base.ggml_backend_reg_dev_get(reg, i) for i in range(base.ggml_backend_reg_dev_count(reg))]
-        aliases.append(alias)
-    return Remote(endpoints, devices, aliases)
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    remote = Remote(endpoints)
+    try:
+        for endpoint in endpoints:
+            # A new spelling per loss: llama.cpp keeps the lost connection cached under the old one.
+            alias = f"{endpoint.host}:{'0' * _losses.count}{endpoint.port}"
+            # On the remote's thread: registering connects, and a worker gone since the probe aborts there.
+            reg = remote.call(lib.ggml_backend_rpc_add_server, alias.encode())
+            if not reg:
+                raise RpcError(f"the RPC worker at {endpoint} offers no devices: check how it was started")
+            remote.devices += [lib.ggml_backend_reg_dev_get(reg, i) for i in range(lib.ggml_backend_reg_dev_count(reg))]
+    except BaseException:
+        remote.close()
+        raise
+    return remote
 
 
 # --- the worker --------------------------------------------------------------------------------------------

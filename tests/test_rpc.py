@@ -8,6 +8,7 @@ another protocol version, no RPC in the build) are one line each.
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -260,7 +261,7 @@ def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
 
 
 def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
-    relay = DelayRelay(worker.endpoint, rtt_ms=0, max_connections=4, lifetime=120)
+    relay = DelayRelay(worker.endpoint, rtt_ms=0, max_connections=16, lifetime=120)
     with relay, Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(relay.endpoint),)) as engine:
         prompt = engine.tokenize(PROMPT)
         greedy(engine, prompt, PLAIN, n=4)
@@ -271,9 +272,11 @@ def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
             t0 = time.perf_counter()
             gen = greedy(engine, prompt, PLAIN, n=8)
             timings[rtt] = (time.perf_counter() - t0, relay.turns - turns, gen.stats.target_passes)
-    (fast, fast_turns, passes), (slow, slow_turns, _) = timings[0], timings[20]
-    assert fast_turns >= passes and slow_turns == fast_turns  # at least one round trip per decode, same protocol
-    assert slow - fast >= 0.8 * slow_turns * 0.020  # every round trip took the added 20 ms (minus timer slack)
+    (_, fast_turns, passes), (slow, slow_turns, _) = timings[0], timings[20]
+    assert fast_turns >= passes and slow_turns == fast_turns  # a reply per token read, the same protocol
+    # A lower bound only (load can slow a run down, never speed it up): each reply waits for its request, and
+    # the relay holds each direction 10 ms.
+    assert slow >= 0.5 * slow_turns * 0.020
 
 
 def test_relay_is_bounded_in_connections(worker):
@@ -282,3 +285,82 @@ def test_relay_is_bounded_in_connections(worker):
         time.sleep(0.3)
         with pytest.raises(RpcError):
             rpc.probe(relay.endpoint, timeout=1)
+
+
+def test_the_chat_keeps_its_history_when_the_worker_dies_and_answers_after_a_reload(tiny_models, tmp_path):
+    from test_conversation import PAIR_SETTINGS, roles, saved
+
+    from localspec.tui.conversation import Conversation
+    from localspec.tui.live import Chunk, Finished, stream_generation
+    from localspec.tui.loading import Loaded, ModelChoice
+    from localspec.tui.settings import ChatOptions
+    from localspec.tui.store import ChatStore
+
+    def loaded(worker: Worker) -> Loaded:
+        engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=1024, rpc=(str(worker.endpoint),))
+        return Loaded(
+            engine, ModelChoice(tiny_models.target, tiny_models.draft_noisy, "far", "far", PAIR_SETTINGS), "model"
+        )
+
+    first = Worker()
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    conv = Conversation(ChatOptions(max_tokens=200, overrides={"seed": 1, "adaptive": False}), store)
+    conv.begin_load()
+    conv.attach(loaded(first))
+    conv.finish(_run(conv.send("Hello there"), stream_generation, Finished, Chunk))
+    done = _run(conv.send("And then?"), stream_generation, Finished, Chunk, kill=first)
+    assert done.error and "lost the RPC worker" in done.error and "\n" not in done.error
+    conv.finish(done)
+    assert roles(conv) == ["user", "assistant", "user", "assistant"]  # the partial answer is kept
+    assert [r for r, _ in saved(conv)] == roles(conv)  # and saved
+    kept = list(conv.messages)
+
+    second = Worker()
+    try:
+        conv.begin_load().close()  # the lost engine is abandoned, not freed through a dead connection
+        conv.attach(loaded(second))
+        assert conv.messages == kept
+        again = _run(conv.send("One more"), stream_generation, Finished, Chunk)
+        conv.finish(again)
+        assert again.error is None and again.text
+        assert roles(conv)[-2:] == ["user", "assistant"] and [r for r, _ in saved(conv)] == roles(conv)
+    finally:
+        engine = conv.detach()
+        if engine is not None:
+            engine.close()
+        store.close()
+        second.stop()
+
+
+def _run(turn, stream_generation, Finished, Chunk, kill: Worker | None = None):
+    """What the app's worker thread does with a turn; `kill` ends that worker after the first streamed text."""
+    done = []
+
+    def post(item) -> None:
+        if isinstance(item, Chunk) and kill is not None and kill.proc.poll() is None:
+            kill.kill()
+        if isinstance(item, Finished):
+            done.append(item)
+
+    stream_generation(turn.begin(), post)
+    [finished] = done
+    return finished
+
+
+def test_bench_rpc_runs_each_setting_at_each_round_trip_through_its_own_relay(
+    tiny_models, worker, capsys, localspec_home
+):
+    from localspec.cli import main
+
+    args = ["bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.draft_noisy), "--tokens", "8"]
+    args += ["--rounds", "1", "--k", "2", "--temperature", "0", "--threads", "1", "--rpc", str(worker.endpoint)]
+    code = main([*args, "--rtt", "0,4", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    rows = {(r["rtt_ms"], r["setting"]): r for r in json.loads(out)["rpc"]}
+    assert set(rows) == {(rtt, s) for rtt in (0.0, 4.0) for s in ("plain", "k=2", "adaptive≤2")}
+    for r in rows.values():
+        # a decode whose logits are not read needs no reply, so a pass can average under one round trip
+        assert r["tokens_per_second"] > 0 and 0.5 <= r["round_trips_per_pass"] <= 10
+    code = main([*args, "--rtt", "0,-1"])
+    assert code == 1 and "--rtt values are milliseconds" in capsys.readouterr().err
