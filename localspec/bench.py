@@ -379,7 +379,8 @@ def render(report: BenchReport) -> list[str]:
     has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
     if has_peer:
         head += f"{'peer tok/s':>11}{'×peer':>7}"
-    lines.append(head)
+    if report.rows:  # a --rpc run has only the RPC table
+        lines.append(head)
     for r in report.rows:
         line = (
             f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
@@ -409,7 +410,6 @@ def render(report: BenchReport) -> list[str]:
             )
     if report.rpc:
         lines += [
-            "",
             "the target on RPC workers, behind a relay on 127.0.0.1 that adds a round trip:",
             f"{'+rtt ms':>7}  {'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'tok/pass':>9}{'trips/pass':>11}",
         ]
