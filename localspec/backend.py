@@ -575,6 +575,10 @@ class Context:
             self._batch.n_tokens = n
             t0 = time.perf_counter()
             rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
+            if rc == 0:
+                # GPU and RPC backends return before the work is done; wait here so the time is the decode's
+                # (stats, the policy's costs, bench) and not the first logits read's.
+                self._call(llama_cpp.llama_synchronize, self.handle)
             self.seconds_decoding += time.perf_counter() - t0
             self.decodes += 1
             if rc != 0:
