@@ -187,15 +187,12 @@ class _Losses:
 _losses = _Losses()
 
 
-def losses() -> int:
-    return _losses.count
-
-
 class Remote:
     """The RPC devices one target model is placed on, and the daemon thread its native calls run on.
 
     `call(fn, *args)` runs fn there and waits; when a worker is lost meanwhile it raises `WorkerLostError` and
-    the remote is `lost` for good (its model and context are then abandoned, never freed).
+    the remote is `lost` for good (its model and context are then abandoned, never freed). llama.cpp's abort does
+    not say which connection died, so a loss counts for every remote that existed when it happened.
     """
 
     def __init__(self, endpoints: tuple[Endpoint, ...]) -> None:
