@@ -144,7 +144,7 @@ class ChatSession:
         The answer (partial if stopped early) joins the conversation when the iteration ends.
         """
         self.messages.append(Message("user", text))
-        return self._answer(sampling, spec, max_tokens, stop, rng)
+        return self.reply(sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
 
     def regenerate(self, **kwargs) -> Generation:
         """Drop the last answer and generate it again."""
