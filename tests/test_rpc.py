@@ -171,6 +171,13 @@ def test_worker_binds_loopback_by_default_and_warns_for_other_interfaces(worker)
     assert "warning: RPC has no authentication" in stderr and len(stderr.strip().splitlines()) <= 2
 
 
+def test_worker_cache_folder_is_made_and_handed_to_llama_cpp(tmp_path):
+    cache = tmp_path / "weights"
+    w = Worker("--cache", str(cache))
+    stdout, _ = w.stop()
+    assert cache.is_dir() and f"local cache    : {cache}" in stdout
+
+
 def test_worker_on_a_busy_port_is_one_line(worker):
     out = subprocess.run(
         [sys.executable, "-m", "localspec", "worker", "--port", str(worker.port)],
