@@ -48,7 +48,7 @@ def register(subparsers) -> None:
 
 def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     from .checks import check_run_args
-    from .runner import load_engine, load_params, resolve_models
+    from .runner import load_engine, load_params, resolve_models, weights_progress
     from .session import ChatFormat, Message
 
     check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
@@ -91,7 +91,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             binary, args.busy = None, False
     show = _progress()
     try:
-        engine = load_engine(target, draft, params, lambda f: show(f"loading the target: {f:.0%}"))
+        engine = load_engine(target, draft, params, weights_progress(params, show))
     except BaseException:
         for relay in relays:
             relay.close()

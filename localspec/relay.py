@@ -35,8 +35,7 @@ class DelayRelay:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
         self.endpoint = Endpoint("127.0.0.1", self._listener.getsockname()[1])
-        self._threads = [threading.Thread(target=self._accept, name="relay-accept", daemon=True)]
-        self._threads[0].start()
+        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
 
     def __enter__(self) -> DelayRelay:
         return self
@@ -77,9 +76,7 @@ class DelayRelay:
             with self._lock:
                 self._sockets += [client, worker]
             for src, dst, from_worker in ((client, worker, False), (worker, client, True)):
-                t = threading.Thread(target=self._pump, args=(src, dst, from_worker), daemon=True)
-                t.start()
-                self._threads.append(t)
+                threading.Thread(target=self._pump, args=(src, dst, from_worker), daemon=True).start()
         self.close()
 
     def _pump(self, src: socket.socket, dst: socket.socket, from_worker: bool) -> None:

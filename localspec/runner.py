@@ -106,22 +106,27 @@ def load_engine(
     return Engine.load(target, draft if params.uses_draft_model else None, params, progress=progress)
 
 
-def terminal_progress(params: LoadParams) -> Callable[[float], None] | None:
-    """A one-line 'loading the target onto the workers' display on stderr, for RPC loads on a terminal."""
-    if not params.rpc or not sys.stderr.isatty():
+def weights_progress(
+    params: LoadParams, show: Callable[[str], None], *, step: int = 1
+) -> Callable[[float], None] | None:
+    """For a load onto RPC workers: `show` gets "loading the target onto W: N%" whenever N reaches a new multiple
+    of `step` (llama.cpp reports every tensor). None for a local load, which is quick."""
+    if not params.rpc:
         return None
-    where = ", ".join(params.rpc)
-    shown = [-1]
+    where, shown = ", ".join(params.rpc), [-1]
 
-    def show(fraction: float) -> None:
-        percent = int(fraction * 100)
-        if percent != shown[0]:  # llama.cpp calls this for every tensor
+    def on_fraction(fraction: float) -> None:
+        percent = int(fraction * 100) // step * step
+        if percent != shown[0]:
             shown[0] = percent
-            end = "\n" if percent >= 100 else ""
-            sys.stderr.write(f"\r\033[Kloading the target onto {where}: {percent}%{end}")
-            sys.stderr.flush()
+            show(f"loading the target onto {where}: {percent}%")
 
-    return show
+    return on_fraction
+
+
+def _stderr_line(text: str) -> None:
+    sys.stderr.write(f"\r\033[K{text}{chr(10) if text.endswith('100%') else ''}")
+    sys.stderr.flush()
 
 
 @contextmanager
@@ -129,7 +134,8 @@ def open_engine(args: argparse.Namespace, paths: Paths) -> Iterator[tuple[Engine
     """Load the engine the flags describe; close it on exit."""
     target, draft, defaults = resolve_models(args, paths)
     params = load_params(args, defaults, has_draft=draft is not None)
-    engine = load_engine(target, draft, params, terminal_progress(params))
+    progress = weights_progress(params, _stderr_line) if sys.stderr.isatty() else None
+    engine = load_engine(target, draft, params, progress)
     try:
         yield engine, defaults
     finally:

@@ -19,7 +19,7 @@ from ..config import ModelsConfig, load_config
 from ..engine import Engine
 from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
 from ..params import PairDefaults
-from ..runner import load_engine, load_params
+from ..runner import load_engine, load_params, weights_progress
 from .settings import ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")
@@ -90,16 +90,7 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     params = load_params(options, choice.settings, has_draft=choice.draft is not None)
     what = choice.target.name + (f" + {choice.draft.name}" if params.uses_draft_model and choice.draft else "")
     progress(f"loading {what}…")
-    on_weights = None
-    if params.rpc:
-        where, shown = ", ".join(params.rpc), [-1]
-
-        def on_weights(fraction: float) -> None:
-            if int(fraction * 20) != shown[0]:  # every 5%: llama.cpp reports every tensor
-                shown[0] = int(fraction * 20)
-                progress(f"loading {choice.target.name} onto {where}: {fraction:.0%}")
-
-    engine = load_engine(choice.target, choice.draft, params, on_weights)
+    engine = load_engine(choice.target, choice.draft, params, weights_progress(params, progress, step=5))
     log.info("loaded %s (drafter %s, n_ctx %d)", what, params.drafter, engine.n_ctx)
     return Loaded(engine, choice, params.drafter)
 
