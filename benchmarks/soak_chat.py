@@ -18,11 +18,12 @@ import statistics
 import sys
 import time
 
-from localspec import demo
 from localspec.engine import Engine, SpeculativeParams
-from localspec.paths import get_paths
 from localspec.sampling import SamplingParams
 from localspec.session import ChatSession
+
+from localspec import demo
+from localspec.paths import get_paths
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 TOPICS = [

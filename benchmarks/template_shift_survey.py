@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from localspec import backend
-from localspec.errors import ChatTemplateError
 from localspec.session import ChatFormat, Message
 from localspec.window import plan_shift
+
+from localspec import backend
+from localspec.errors import ChatTemplateError
 
 
 def survey(fmt: ChatFormat) -> str:

@@ -3,7 +3,7 @@
 import sys
 
 try:
-    from .cli import main
+    from localspec.cli.main import main
 except KeyboardInterrupt:
     sys.exit(130)
 

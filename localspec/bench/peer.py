@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import LocalspecError
+from localspec.errors import LocalspecError
 
 
 class PeerError(LocalspecError):

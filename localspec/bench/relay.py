@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 
-from .rpc import Endpoint
+from localspec.llama.rpc import Endpoint
 
 
 class DelayRelay:

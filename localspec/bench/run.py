@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine import Engine, Generation, SpeculativeParams
-from .errors import InvalidParamsError
-from .policy import expected_tokens
-from .sampling import SamplingParams
-from .stats import Stats
+from localspec.core.engine import Engine, Generation, SpeculativeParams
+from localspec.core.policy import expected_tokens
+from localspec.core.sampling import SamplingParams
+from localspec.core.stats import Stats
+from localspec.errors import InvalidParamsError
 
 DEFAULT_PROMPTS = (
     "Write a short story about a robot who learns to paint.",

@@ -9,10 +9,11 @@ import argparse
 import dataclasses
 import sys
 
-from . import bench
-from .errors import InvalidParamsError, LocalspecError
+from localspec.bench import run as bench
+from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.paths import Paths
+
 from .flags import add_model_args
-from .paths import Paths
 
 
 def register(subparsers) -> None:
@@ -47,9 +48,10 @@ def register(subparsers) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
+    from localspec.core.session import ChatFormat, Message
+    from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
+
     from .checks import check_run_args
-    from .runner import load_engine, load_params, resolve_models, weights_progress
-    from .session import ChatFormat, Message
 
     check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
     ks = bench.parse_list(args.ks, int, "k")
@@ -65,7 +67,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     binary = None
     notes = []
     if args.peer is not None:
-        from .peer import PeerError, find_llama_server
+        from localspec.bench.peer import PeerError, find_llama_server
 
         try:
             binary = find_llama_server(args.peer or None)
@@ -77,8 +79,8 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     params = load_params(args, defaults, has_draft=True)
     relays = []
     if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
-        from .relay import DelayRelay
-        from .rpc import Endpoint
+        from localspec.bench.relay import DelayRelay
+        from localspec.llama.rpc import Endpoint
 
         rtts = bench.parse_list(args.rtts, float, "rtt")
         if any(not 0 <= r <= 1000 for r in rtts):
@@ -122,7 +124,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
             report.rows = bench.rows_from(engine, prompts, tallies)
         if binary is not None:
-            from .peer import PeerError
+            from localspec.bench.peer import PeerError
 
             try:
                 peer = bench.run_peer(

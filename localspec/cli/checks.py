@@ -11,8 +11,9 @@ import argparse
 import os
 from pathlib import Path
 
-from .errors import InvalidParamsError, LocalspecError
-from .params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, parse_rpc
+from localspec.core.params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, parse_rpc
+from localspec.errors import InvalidParamsError, LocalspecError
+
 from .textinput import clean
 
 THREADS_ENV = "LOCALSPEC_THREADS"
@@ -75,8 +76,8 @@ def check_run_args(args: argparse.Namespace) -> None:
     Raises:
         LocalspecError: the first flag out of range, a missing model file, an unknown template name.
     """
-    from .engine import SpeculativeParams
-    from .sampling import SamplingParams
+    from localspec.core.engine import SpeculativeParams
+    from localspec.core.sampling import SamplingParams
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
     _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
@@ -101,8 +102,8 @@ def check_run_args(args: argparse.Namespace) -> None:
     args.stop = [clean(s)[0] for s in (getattr(args, "stop", None) or [])]
     _check_files(args)
     if args.chat_template:
-        from .backend import builtin_chat_templates
-        from .errors import ChatTemplateError
+        from localspec.errors import ChatTemplateError
+        from localspec.llama.backend import builtin_chat_templates
 
         names = builtin_chat_templates()
         if args.chat_template not in names:
@@ -110,7 +111,7 @@ def check_run_args(args: argparse.Namespace) -> None:
 
 
 def _check_files(args: argparse.Namespace) -> None:
-    from .backend import check_gguf_file
+    from localspec.llama.backend import check_gguf_file
 
     if args.target and args.pair:
         raise InvalidParamsError("give either --pair or --target/--draft, not both")

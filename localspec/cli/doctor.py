@@ -15,15 +15,17 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import backend, demo, hub, rpc
+from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
+from localspec.llama import backend, rpc
+from localspec.models import demo, hub
+from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
+from localspec.models.pairs import pair_status
+from localspec.paths import HOME_ENV, Paths
+
 from .checks import THREADS_ENV, cpu_count, folder_problem, threads_from_env
-from .config import ModelsConfig, bundled_config_file, load_config
-from .errors import ConfigError, InvalidParamsError, LocalspecError
-from .pairs import pair_status
-from .paths import HOME_ENV, Paths
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
-_SCRIPT = Path(__file__).resolve().parent.parent / "packaging" / "reinstall-llama-backend.sh"
+_SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "reinstall-llama-backend.sh"
 _CMAKE = {"rpc": "-DGGML_RPC=on", "cuda": "-DGGML_CUDA=on", "metal": "-DGGML_METAL=on", "vulkan": "-DGGML_VULKAN=on"}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .params import DRAFTERS, OVERRIDE_OPTIONS
+from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

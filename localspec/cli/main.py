@@ -16,12 +16,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import bench_cli, pairs_cli, tui, worker_cli
+from localspec import tui
+from localspec.errors import ContextError, LocalspecError
+from localspec.paths import Paths, get_paths
+
+from . import bench, pairs, worker
 from .checks import check_run_args
-from .errors import ContextError, LocalspecError
 from .flags import add_model_args, add_sampling_args, overrides_from_args
 from .interrupts import SignalGuard
-from .paths import Paths, get_paths
 from .textinput import clean, one_line, read_stream, replaced_notice
 
 log = logging.getLogger("localspec.cli")
@@ -54,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop the start of a prompt too long for the context (default: an error)",
     )
     gen.set_defaults(func=_generate)
-    pairs_cli.register(sub)
-    bench_cli.register(sub)
+    pairs.register(sub)
+    bench.register(sub)
     tui.register(sub)
-    worker_cli.register(sub)
+    worker.register(sub)
     return parser
 
 
@@ -93,7 +95,7 @@ def _generate(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _generate_guarded(args: argparse.Namespace, paths: Paths, guard: SignalGuard) -> int:
-    from .runner import open_engine, sampling_params, speculative_params
+    from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
     with open_engine(args, paths) as (engine, defaults):
@@ -103,7 +105,7 @@ def _generate_guarded(args: argparse.Namespace, paths: Paths, guard: SignalGuard
         overrides = overrides_from_args(args)
         sampling, spec = sampling_params(overrides, defaults), speculative_params(overrides, defaults)
         if args.chat:
-            from .session import ChatFormat, Message
+            from localspec.core.session import ChatFormat, Message
 
             messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
             tokens = ChatFormat(engine.target_model, args.chat_template or defaults.chat_template).tokens(messages)

@@ -11,10 +11,10 @@ import argparse
 import json
 import sys
 
-from .config import ModelsConfig, load_config
-from .errors import ConfigError, LocalspecError
-from .pairs import PairStatus, PulledFile, pair_status, pull_pair
-from .paths import Paths
+from localspec.errors import ConfigError, LocalspecError
+from localspec.models.catalog import ModelsConfig, load_config
+from localspec.models.pairs import PairStatus, PulledFile, pair_status, pull_pair
+from localspec.paths import Paths
 
 
 def register(subparsers) -> None:

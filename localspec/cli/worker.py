@@ -12,9 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
-from . import backend, rpc
-from .errors import InvalidParamsError, RpcError
-from .paths import Paths
+from localspec.errors import InvalidParamsError, RpcError
+from localspec.llama import backend, rpc
+from localspec.paths import Paths
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from . import backend, rpc
-from .compat import check_pair
+from localspec.errors import ContextError, InvalidParamsError
+from localspec.llama import backend, rpc
+from localspec.llama.compat import check_pair
+
 from .drafters import Drafter, Proposal, make_drafter
-from .errors import ContextError, InvalidParamsError
 from .kv import Context, KVSequence, PrefillStopped
 from .params import LoadParams
 from .policy import DraftPolicy, size_ratio

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from .errors import ContextError
+from localspec.errors import ContextError
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from localspec.llama.backend import Model
 
 log = logging.getLogger("localspec.kv")
 

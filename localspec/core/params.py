@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InvalidParamsError
+from localspec.errors import InvalidParamsError
 
 DRAFTERS = ("model", "ngram", "model+ngram", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Protocol
 from .stats import Decision, Step
 
 if TYPE_CHECKING:
-    from .backend import Model
+    from localspec.llama.backend import Model
+
     from .drafters import Drafter
 
 

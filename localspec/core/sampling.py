@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidParamsError
+from localspec.errors import InvalidParamsError
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from . import backend, window
+from localspec.errors import ChatTemplateError, ContextError
+from localspec.llama import backend
+
+from . import window
 from .engine import Engine, Generation, SpeculativeParams
-from .errors import ChatTemplateError, ContextError
 from .sampling import SamplingParams
 
 log = logging.getLogger("localspec.session")

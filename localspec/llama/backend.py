@@ -21,7 +21,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import llama_chat_format
 
-from .errors import ChatTemplateError, ContextError, ModelFileError
+from localspec.errors import ChatTemplateError, ContextError, ModelFileError
 
 log = logging.getLogger("localspec.backend")
 llama_log = logging.getLogger("localspec.llama")

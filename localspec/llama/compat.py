@@ -6,8 +6,9 @@ range). A mismatch names the first differing token so the user sees *why* the pa
 
 from __future__ import annotations
 
+from localspec.errors import IncompatibleDraftError
+
 from .backend import Model
-from .errors import IncompatibleDraftError
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5

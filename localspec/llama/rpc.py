@@ -27,9 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from localspec.core.params import check_endpoint
+from localspec.errors import RpcError, WorkerLostError
+
 from . import backend
-from .errors import RpcError, WorkerLostError
-from .params import check_endpoint
 
 log = logging.getLogger("localspec.rpc")
 

@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from .engine import SpeculativeParams
-from .errors import ConfigError, InvalidParamsError
-from .params import LoadParams, PairDefaults
-from .paths import Paths
-from .sampling import SamplingParams
+from localspec.core.engine import SpeculativeParams
+from localspec.core.params import LoadParams, PairDefaults
+from localspec.core.sampling import SamplingParams
+from localspec.errors import ConfigError, InvalidParamsError
+from localspec.paths import Paths
 
 DEFAULT_QUANT = "Q4_K_M"
 BUILTIN_MODELS = ("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-f32")
@@ -283,7 +283,7 @@ class ModelsConfig:
 
 def bundled_config_file() -> Path:
     """The models.toml shipped inside the package."""
-    return Path(__file__).with_name("models.toml")
+    return Path(__file__).parents[1] / "models.toml"
 
 
 def read_models_file(path: Path) -> ModelsFile:

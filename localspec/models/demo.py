@@ -13,9 +13,9 @@ import logging
 import os
 from pathlib import Path
 
-from .checks import folder_problem
-from .errors import ModelFileError
-from .paths import HOME_ENV, Paths
+from localspec.cli.checks import folder_problem
+from localspec.errors import ModelFileError
+from localspec.paths import HOME_ENV, Paths
 
 log = logging.getLogger("localspec.demo")
 

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ModelSource
-from .errors import DownloadError
+from localspec.errors import DownloadError
+
+from .catalog import ModelSource
 
 log = logging.getLogger("localspec.hub")
 

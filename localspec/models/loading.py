@@ -14,11 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, SpeculativeParams
-from .errors import InvalidParamsError
-from .params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults
-from .paths import Paths
-from .sampling import SamplingParams
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults
+from localspec.core.sampling import SamplingParams
+from localspec.errors import InvalidParamsError
+from localspec.paths import Paths
 
 
 def _merged(overrides: Mapping[str, Any], defaults: PairDefaults, names: tuple[str, ...]) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def resolve_models(args: argparse.Namespace, paths: Paths) -> tuple[str, str | N
         return args.target, args.draft, PairDefaults()
     if args.draft:
         raise InvalidParamsError("--draft needs a --target to draft for")
-    from .config import load_config
+    from .catalog import load_config
     from .pairs import resolve_pair_for_run
 
     # no --pair: the default pair, or the offline demo

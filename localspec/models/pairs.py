@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from localspec.core.params import PairDefaults
+from localspec.errors import ModelFileError
+from localspec.llama.backend import Model, check_gguf_file
+from localspec.llama.compat import check_pair
+from localspec.paths import Paths
+
 from . import demo, hub
-from .backend import Model, check_gguf_file
-from .compat import check_pair
-from .config import ModelsConfig, ModelSource, Pair
-from .errors import ModelFileError
-from .params import PairDefaults
-from .paths import Paths
+from .catalog import ModelsConfig, ModelSource, Pair
 
 log = logging.getLogger("localspec.pairs")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..flags import add_model_args, add_sampling_args
-from ..paths import Paths
+from localspec.cli.flags import add_model_args, add_sampling_args
+from localspec.paths import Paths
 
 
 def register(subparsers) -> None:

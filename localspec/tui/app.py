@@ -22,9 +22,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
-from ..errors import ContextError, LocalspecError
-from ..paths import get_paths
-from ..session import ChatSession
+from localspec.core.session import ChatSession
+from localspec.errors import ContextError, LocalspecError
+from localspec.paths import get_paths
+
 from . import loading
 from .conversation import Conversation, Phase, Turn
 from .live import Chunk, Finished, Reading, StatsView, stream_generation

@@ -13,11 +13,12 @@ import enum
 import logging
 import threading
 
-from ..engine import Engine, Generation
-from ..errors import ContextError, InvalidParamsError, LocalspecError
-from ..params import MODEL_DRAFTERS
-from ..session import ChatSession, Message
-from ..stats import Stats
+from localspec.core.engine import Engine, Generation
+from localspec.core.params import MODEL_DRAFTERS
+from localspec.core.session import ChatSession, Message
+from localspec.core.stats import Stats
+from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+
 from .live import Finished
 from .loading import Loaded
 from .settings import ChatOptions, ChatSettings

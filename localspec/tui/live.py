@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from rich.cells import cell_len
 from rich.text import Text
 
-from ..engine import Generation
-from ..errors import LocalspecError
-from ..paths import get_paths
-from ..stats import Stats
+from localspec.core.engine import Generation
+from localspec.core.stats import Stats
+from localspec.errors import LocalspecError
+from localspec.paths import get_paths
 
 log = logging.getLogger("localspec.tui.live")
 

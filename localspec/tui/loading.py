@@ -14,12 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import demo
-from ..config import ModelsConfig, load_config
-from ..engine import Engine
-from ..pairs import choose_pair, pair_status, pull_pair, resolve_pair
-from ..params import PairDefaults
-from ..runner import load_engine, load_params, weights_progress
+from localspec.core.engine import Engine
+from localspec.core.params import PairDefaults
+from localspec.models import demo
+from localspec.models.catalog import ModelsConfig, load_config
+from localspec.models.loading import load_engine, load_params, weights_progress
+from localspec.models.pairs import choose_pair, pair_status, pull_pair, resolve_pair
+
 from .settings import ChatOptions
 
 log = logging.getLogger("localspec.tui.loading")

@@ -15,8 +15,9 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
 
-from ..engine import VERIFY_MODES
-from ..errors import LocalspecError
+from localspec.core.engine import VERIFY_MODES
+from localspec.errors import LocalspecError
+
 from .loading import PairRow
 from .settings import DRAFTERS, ChatSettings
 from .store import ChatStore, export_conversation

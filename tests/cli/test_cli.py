@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from tinymodels import VARIANT_RENAMED_ID, write_llama_model
+from support.tinymodels import VARIANT_RENAMED_ID, write_llama_model
 
-from localspec.cli import main
+from localspec.cli.main import main
 
 STATS_KEYS = {
     "drafted",

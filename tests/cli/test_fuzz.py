@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec.cli import prepare
-from localspec.config import load_config, read_models_file
+from localspec.cli.main import prepare
+from localspec.cli.textinput import one_line
 from localspec.errors import ConfigError, LocalspecError
+from localspec.models.catalog import load_config, read_models_file
 from localspec.paths import Paths
-from localspec.textinput import one_line
 
 FUZZ = settings(
     max_examples=250,

@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 import pytest
-from fakellm import LogitTable, fake_engine
+from support.fakellm import LogitTable, fake_engine
 
-from localspec import kv
-from localspec.cli import main
-from localspec.drafters import (
+from localspec.cli.main import main
+from localspec.core import kv
+from localspec.core.drafters import (
     DRAFTERS,
     Drafter,
     LookupModelDrafter,
@@ -20,10 +20,10 @@ from localspec.drafters import (
     lookup,
     needs_draft_model,
 )
-from localspec.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.policy import size_ratio
+from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
-from localspec.policy import size_ratio
-from localspec.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 FIXED = SpeculativeParams(draft_max=6, adaptive=False)

@@ -10,44 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakellm import FakeModel, LogitTable, TableContext, fake_engine
+from support import GREEDY, PROMPT, divergence, run_greedy
+from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
-from localspec import backend
-from localspec.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
-from localspec.kv import KVSequence
-from localspec.sampling import Dist, SamplingParams, penalty_window
+from localspec.core.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
+from localspec.core.kv import KVSequence
+from localspec.core.sampling import Dist, SamplingParams, penalty_window
+from localspec.llama import backend
 
-NEAR_TIE = 1e-3
-GREEDY = SamplingParams(temperature=0)
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
-PROMPT = "the man said that the water was hot and"
-
-
-def run_greedy(engine: Engine, prompt: list[int], k: int, n: int = 48):
-    spec = SpeculativeParams(draft_max=k, adaptive=False)  # fixed k: the stats below are deterministic
-    gen = engine.generate(prompt, sampling=GREEDY, spec=spec, max_tokens=n)
-    events = list(gen)
-    assert events[-1].finish_reason == "length"
-    return gen
-
-
-def top2_gap(path, tokens: list[int]) -> float:
-    """Top-2 logit gap of the model after `tokens`, computed in a fresh context."""
-    with backend.Model(path) as model, backend.Context(model, n_ctx=512) as ctx:
-        ctx.decode(tokens, 0, outputs=1)
-        top = np.sort(ctx.logits(-1))[-2:]
-        return float(top[1] - top[0])
-
-
-def divergence(path, prompt: list[int], reference: list[int], other: list[int]) -> int | None:
-    """Index where `other` leaves `reference`; asserts it is a near-tie of the reference model."""
-    for i, (a, b) in enumerate(zip(reference, other)):
-        if a != b:
-            gap = top2_gap(path, prompt + reference[:i])
-            assert gap < NEAR_TIE, f"greedy runs diverge at token {i} with a clear top-2 gap {gap:.4f}"
-            return i
-    assert len(reference) == len(other)
-    return None
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])

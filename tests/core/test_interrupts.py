@@ -10,11 +10,11 @@ next generation must equal one from an untouched engine (up to near-ties, as in 
 from __future__ import annotations
 
 import pytest
-from test_engine import divergence
+from support import divergence
 
-from localspec import backend
-from localspec.engine import Engine, SpeculativeParams
-from localspec.sampling import SamplingParams
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.sampling import SamplingParams
+from localspec.llama import backend
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, seed=5)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from lawcheck import check_law, expected_tv
-from test_engine import divergence
+from support import divergence
+from support.lawcheck import check_law, expected_tv
 
-from localspec import backend
-from localspec.engine import Engine, SpeculativeParams
-from localspec.kv import KVSequence
-from localspec.sampling import SamplingParams
-from localspec.session import ChatSession
-from localspec.window import common_prefix, plan_shift
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.kv import KVSequence
+from localspec.core.sampling import SamplingParams
+from localspec.core.session import ChatSession
+from localspec.core.window import common_prefix, plan_shift
+from localspec.llama import backend
 
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)

@@ -14,12 +14,12 @@ import itertools
 
 import numpy as np
 import pytest
-from fakellm import LogitTable, fake_engine
-from lawcheck import check_law, expected_tv
+from support.fakellm import LogitTable, fake_engine
+from support.lawcheck import check_law, expected_tv
 
-from localspec.engine import SpeculativeParams
-from localspec.policy import DraftPolicy, EstimatedCosts
-from localspec.sampling import SamplingParams
+from localspec.core.engine import SpeculativeParams
+from localspec.core.policy import DraftPolicy, EstimatedCosts
+from localspec.core.sampling import SamplingParams
 
 VOCAB = 5
 PROMPT = [1, 3, 0, 4, 1, 3, 2, 0]
@@ -31,7 +31,7 @@ N_RUNS = 4000
 
 def step_law(prefix: list[int], params: SamplingParams) -> np.ndarray:
     """The target's sampling law (VOCAB,) after `prefix`, from the full-sort reference of the transform."""
-    from sampling_reference import reference_dense
+    from support.sampling_reference import reference_dense
 
     return reference_dense(TARGET.logits(tuple(prefix)), prefix, params)
 
@@ -142,9 +142,9 @@ def test_greedy_speculative_equals_plain_greedy(drafter):
 
 def test_a_broken_kernel_in_the_loop_fails_the_same_check(law, monkeypatch):
     """Negative control: the loop-level check sees a kernel that resamples from the target on rejection."""
-    from test_verify_law import broken_pq
+    from support.lawcheck import broken_pq
 
-    monkeypatch.setattr("localspec.engine.verify_pq", broken_pq)
+    monkeypatch.setattr("localspec.core.engine.verify_pq", broken_pq)
     counts, _ = sample_first_tokens(
         fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, adaptive=False), N_RUNS, seed=3
     )

@@ -7,12 +7,12 @@ import logging
 
 import pytest
 
-from localspec.cli import main, setup_logging
-from localspec.config import load_config
-from localspec.engine import Engine, SpeculativeParams
+from localspec.cli.main import main, setup_logging
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.params import LoadParams, PairDefaults, parse_rpc
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
-from localspec.params import LoadParams, PairDefaults, parse_rpc
-from localspec.runner import load_params
+from localspec.models.catalog import load_config
+from localspec.models.loading import load_params
 
 
 def write_pair(paths, tiny_models, extra: str = "") -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakellm import LogitTable, fake_engine
+from support.fakellm import LogitTable, fake_engine
 
-from localspec.engine import SpeculativeParams
-from localspec.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
-from localspec.sampling import SamplingParams
-from localspec.stats import Stats, Step
+from localspec.core.engine import SpeculativeParams
+from localspec.core.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
+from localspec.core.sampling import SamplingParams
+from localspec.core.stats import Stats, Step
 
 CHEAP = EstimatedCosts(draft_ratio=0.05, batch_slope=0.1)  # a GPU-like pair: drafting pays off easily
 

@@ -12,10 +12,10 @@ import json
 
 import numpy as np
 import pytest
-from lawcheck import check_law, expected_tv
+from support.lawcheck import check_law, expected_tv
 
-from localspec import backend
-from localspec.cli import main
+from localspec.cli.main import main
+from localspec.llama import backend
 
 PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at the top-4 boundary
 TOP_K = 4

@@ -13,10 +13,10 @@ import itertools
 
 import numpy as np
 import pytest
-from sampling_reference import reference_greedy, reference_law
+from support.sampling_reference import reference_greedy, reference_law
 
-from localspec.sampling import Dist, SamplingParams, greedy_token, sampling_dist
-from localspec.verify import residual
+from localspec.core.sampling import Dist, SamplingParams, greedy_token, sampling_dist
+from localspec.core.verify import residual
 
 TEMPERATURES = (0.0, 0.3, 0.8, 1.5)
 TOP_PS = (1.0, 0.9, 0.5)

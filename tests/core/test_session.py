@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from tinymodels import IM_END_ID, IM_START_ID
+from support.tinymodels import IM_END_ID, IM_START_ID
 
-from localspec.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.sampling import SamplingParams
+from localspec.core.session import ChatFormat, ChatSession, Message
 from localspec.errors import ChatTemplateError
-from localspec.sampling import SamplingParams
-from localspec.session import ChatFormat, ChatSession, Message
 
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)

@@ -1,6 +1,6 @@
 """Streaming text never splits a UTF-8 character and never shows part of a stop string."""
 
-from localspec.textstream import TextStream
+from localspec.core.textstream import TextStream
 
 
 def test_multibyte_characters_are_held_until_complete():

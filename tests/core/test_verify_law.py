@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from lawcheck import binomial_ok, check_law, chi2_sf
+from support.lawcheck import binomial_ok, broken_pq, check_law, chi2_sf
 
-from localspec.sampling import Dist
-from localspec.verify import residual, verify_match, verify_pq
+from localspec.core.sampling import Dist
+from localspec.core.verify import residual, verify_match, verify_pq
 
 N_TRIALS = 200_000
 N_EDGE = 30_000
@@ -60,16 +60,6 @@ def pq(tokens, draft_dists, target_dists, rng):
 
 def match(tokens, draft_dists, target_dists, rng):
     return verify_match(tokens, target_dists, rng)
-
-
-def broken_pq(draft_tokens, draft_dists, target_dists, rng):
-    """verify_pq with the classic mistake: on rejection, resample from the target, not the residual."""
-    for i, token in enumerate(draft_tokens):
-        target, draft = target_dists[i], draft_dists[i] or Dist.one_hot(token)
-        if rng.random() * draft.prob(token) < target.prob(token):
-            continue
-        return i, target.sample(rng)
-    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)
 
 
 def overlapping_pair() -> tuple[Dist, Dist]:

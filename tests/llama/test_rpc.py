@@ -17,13 +17,13 @@ import threading
 import time
 
 import pytest
-from test_engine import GREEDY, PROMPT, divergence
+from support import GREEDY, PROMPT, divergence
 
-from localspec import rpc
-from localspec.engine import Engine, SpeculativeParams
+from localspec.bench.relay import DelayRelay
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.params import parse_rpc
 from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
-from localspec.params import parse_rpc
-from localspec.relay import DelayRelay
+from localspec.llama import rpc
 
 PLAIN = SpeculativeParams(draft_max=0)
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
@@ -295,7 +295,7 @@ def test_relay_is_bounded_in_connections(worker):
 
 
 def test_the_chat_keeps_its_history_when_the_worker_dies_and_answers_after_a_reload(tiny_models, tmp_path):
-    from test_conversation import PAIR_SETTINGS, roles, saved
+    from support.tui import PAIR_SETTINGS, roles, saved
 
     from localspec.tui.conversation import Conversation
     from localspec.tui.live import Chunk, Finished, stream_generation
@@ -357,7 +357,7 @@ def _run(turn, stream_generation, Finished, Chunk, kill: Worker | None = None):
 def test_bench_rpc_runs_each_setting_at_each_round_trip_through_its_own_relay(
     tiny_models, worker, capsys, localspec_home
 ):
-    from localspec.cli import main
+    from localspec.cli.main import main
 
     args = ["bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.draft_noisy), "--tokens", "8"]
     args += ["--rounds", "1", "--k", "2", "--temperature", "0", "--threads", "1", "--rpc", str(worker.endpoint)]

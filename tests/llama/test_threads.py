@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from localspec import backend
+from localspec.llama import backend
 
 pytestmark = pytest.mark.skipif(not backend.CoreMonitor.available(), reason="needs /proc/stat (Linux)")
 

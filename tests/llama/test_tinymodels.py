@@ -16,8 +16,8 @@ from pathlib import Path
 import llama_cpp
 import numpy as np
 import pytest
-import tinymodels
-from tinymodels import TinyModels
+from support import tinymodels
+from support.tinymodels import TinyModels
 
 CHAT_PROMPT = "<|im_start|>user\nHello, how are you today?<|im_end|>\n<|im_start|>assistant\n"
 PROMPTS = (

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from localspec.config import DEFAULT_QUANT, ModelSource, bundled_config_file, load_config, read_models_file
 from localspec.errors import ConfigError
+from localspec.models.catalog import DEFAULT_QUANT, ModelSource, bundled_config_file, load_config, read_models_file
 from localspec.paths import get_paths
 
 PAIR = '[pairs.mine]\ntarget = "a/b-GGUF:Q8_0"\ndraft = "a/c-GGUF"\n'
@@ -172,7 +172,7 @@ def test_overrides_split_by_consumer(tmp_path):
         'temperature = 0.3\ntop_k = 5\ndraft_max = 4\nverify = "match"\nn_ctx = 1024\nchat_template = "chatml"\n'
     )
     parsed = read_models_file(write(tmp_path / "models.toml", text))
-    from localspec.config import Pair
+    from localspec.models.catalog import Pair
 
     pair = Pair("mine", "user", tmp_path / "models.toml", parsed.pairs["mine"])
     assert pair.sampling_overrides() == {"temperature": 0.3, "top_k": 5}

@@ -8,9 +8,9 @@ import gguf
 import numpy as np
 import pytest
 
-from localspec import demo
-from localspec.backend import Context, Model
-from localspec.compat import pair_problem
+from localspec.llama.backend import Context, Model
+from localspec.llama.compat import pair_problem
+from localspec.models import demo
 from localspec.paths import get_paths
 
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakehub import FakeHub
+from support.fakehub import FakeHub
 
 CHUNK = 10 * 1024 * 1024  # huggingface_hub streams downloads in 10 MiB chunks and resumes at chunk bounds
 
@@ -264,9 +264,9 @@ def test_pull_all_goes_on_after_a_failure(env):
     ],
 )
 def test_os_errors_become_one_line(error, expected):
-    from localspec.config import ModelSource
     from localspec.errors import DownloadError
-    from localspec.hub import hub_errors
+    from localspec.models.catalog import ModelSource
+    from localspec.models.hub import hub_errors
 
     with pytest.raises(DownloadError) as info, hub_errors(ModelSource.model_validate("a/b:Q8_0"), 2 * 2**30):
         raise error

@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from localspec import demo, hub
-from localspec.config import ModelSource, load_config
-from localspec.doctor import run_doctor
+from localspec.cli.doctor import run_doctor
 from localspec.errors import IncompatibleDraftError, ModelFileError
-from localspec.pairs import (
+from localspec.models import demo, hub
+from localspec.models.catalog import ModelSource, load_config
+from localspec.models.pairs import (
     check_files,
     choose_pair,
     compat_hint,

@@ -33,7 +33,7 @@ def run_cli(args: list, *, stdin: bytes = b"", env: dict | None = None, timeout:
 
 def run_main(args: list, capsys) -> Outcome:
     """`localspec ARGS` in this process (fast: pure validation and tiny models)."""
-    from localspec.cli import main
+    from localspec.cli.main import main
 
     code = main([str(a) for a in args])
     out, err = capsys.readouterr()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.drafters import make_drafter
-from localspec.engine import Engine
-from localspec.kv import KVSequence
+from localspec.core.drafters import make_drafter
+from localspec.core.engine import Engine
+from localspec.core.kv import KVSequence
 
 
 class LogitTable:

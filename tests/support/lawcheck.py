@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from localspec.core.sampling import Dist
+
 P_MIN = 1e-4  # chi-square p-value below which a law is rejected (seeded tests: no flakiness, only margin)
 MAX_SIGMA = 6.0
 
@@ -106,3 +108,13 @@ def expected_tv(probs, n: int) -> float:
     """E[TV] between an n-sample empirical law and `probs` itself (normal approximation per cell)."""
     probs = np.asarray(probs, dtype=np.float64)
     return 0.5 * float(np.sum(np.sqrt(2 * probs * (1 - probs) / (math.pi * n))))
+
+
+def broken_pq(draft_tokens, draft_dists, target_dists, rng):
+    """verify_pq with the classic mistake: on rejection, resample from the target, not the residual."""
+    for i, token in enumerate(draft_tokens):
+        target, draft = target_dists[i], draft_dists[i] or Dist.one_hot(token)
+        if rng.random() * draft.prob(token) < target.prob(token):
+            continue
+        return i, target.sample(rng)
+    return len(draft_tokens), target_dists[len(draft_tokens)].sample(rng)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 
-from localspec.sampling import SamplingParams
+from localspec.core.sampling import SamplingParams
 
 
 def apply_penalties(logits: np.ndarray, history: list[int], params: SamplingParams) -> np.ndarray:

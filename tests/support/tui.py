@@ -7,6 +7,20 @@ from collections.abc import Callable
 
 from textual.pilot import Pilot
 
+from localspec.core.params import PairDefaults
+
+PAIR_SETTINGS = PairDefaults(temperature=0.0)  # the tiny pairs' defaults in Conversation tests
+
+
+def roles(conv) -> list[str]:
+    """The roles of a `Conversation`'s messages, in order."""
+    return [m.role for m in conv.messages]
+
+
+def saved(conv) -> list[tuple[str, str]]:
+    """(role, content) of every message the `Conversation` saved in its store."""
+    return [(m.role, m.content) for m in conv.store.messages(conv.saved_id)]
+
 
 async def wait_until(
     pilot: Pilot, predicate: Callable[[], object], *, timeout: float = 60.0, what: str = "condition"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tuitesting import record_notifications, send, wait_ready
+from support.tui import record_notifications, send, wait_ready
 
 from localspec.tui.app import make_app
 from localspec.tui.settings import ChatOptions

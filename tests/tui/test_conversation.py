@@ -12,18 +12,17 @@ import subprocess
 import sys
 
 import pytest
+from support.tui import PAIR_SETTINGS, roles, saved
 
-from localspec.engine import Engine
+from localspec.core.engine import Engine
+from localspec.core.params import PairDefaults
+from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
-from localspec.params import PairDefaults
-from localspec.session import Message
 from localspec.tui.conversation import Conversation, Phase, Turn
 from localspec.tui.live import Finished, stream_generation
 from localspec.tui.loading import Loaded, ModelChoice
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
-
-PAIR_SETTINGS = PairDefaults(temperature=0.0)
 
 
 @pytest.fixture
@@ -62,14 +61,6 @@ def run(turn: Turn) -> Finished:
     stream_generation(turn.begin(), lambda item: done.append(item) if isinstance(item, Finished) else None)
     [finished] = done
     return finished
-
-
-def roles(conv: Conversation) -> list[str]:
-    return [m.role for m in conv.messages]
-
-
-def saved(conv: Conversation) -> list[tuple[str, str]]:
-    return [(m.role, m.content) for m in conv.store.messages(conv.saved_id)]
 
 
 def test_a_turn_is_saved_before_and_after_and_the_session_shares_the_messages(conversation):

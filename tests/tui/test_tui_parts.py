@@ -6,13 +6,13 @@ import argparse
 
 import pytest
 
-from localspec.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.params import PairDefaults
+from localspec.core.sampling import SamplingParams
+from localspec.core.session import ChatSession
+from localspec.core.stats import Decision, Stats
 from localspec.errors import InvalidParamsError
-from localspec.params import PairDefaults
 from localspec.paths import get_paths
-from localspec.sampling import SamplingParams
-from localspec.session import ChatSession
-from localspec.stats import Decision, Stats
 from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, render_stats, stream_generation
 from localspec.tui.settings import ChatOptions, ChatSettings
 from localspec.tui.widgets import answer_caption, code_blocks

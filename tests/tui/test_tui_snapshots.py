@@ -9,9 +9,9 @@ Update after an intended change with `pytest tests/test_tui_snapshots.py --snaps
 from __future__ import annotations
 
 import pytest
-from tuitesting import wait_ready, wait_until
+from support.tui import wait_ready, wait_until
 
-from localspec.stats import Stats
+from localspec.core.stats import Stats
 from localspec.tui.app import make_app
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
