@@ -73,3 +73,23 @@ def get_paths(environ: Mapping[str, str] | None = None) -> Paths:
         data_dir=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
         log_dir=Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
     )
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why files cannot be created in `path` (which may not exist yet), or None when they can.
+
+    The nearest existing ancestor decides: a regular file there, or no write permission, is a problem.
+    (Root passes the permission test everywhere but on a read-only file system.)
+    """
+    for folder in (path, *path.parents):
+        try:
+            if not folder.exists():
+                continue
+        except (OSError, ValueError) as e:
+            return f"cannot look at {folder}: {e.strerror or e}"
+        if not folder.is_dir():
+            return f"{folder} is a file, not a folder"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"{folder} is not writable"
+        return None
+    return f"no part of {path} exists"

@@ -1,63 +1,25 @@
-"""Checks that run before anything heavy: every command-line flag, and whether a folder can be written.
+"""Checks that run before anything heavy: every command-line flag of `generate`, `chat` and `bench`.
 
 `check_run_args` validates the flags of `generate`, `chat` and `bench` (numbers at their bounds, model files,
 the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait.
-`folder_problem` says why a folder cannot be written; `doctor` and the writers use it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from localspec.core.params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, parse_rpc
+from localspec.core.params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
 from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.llama.rpc import parse_rpc
+from localspec.llama.threads import check_threads, threads_from_env
 
 from .textinput import clean
 
-THREADS_ENV = "LOCALSPEC_THREADS"
 N_CTX_MAX = 2**31 - 1
 SEED_MAX = 2**64 - 1
 TOP_K_MAX = 2**31 - 1
 N_MAX = 10_000
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (its affinity mask where the platform has one)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def check_threads(n: int, source: str = "--threads") -> int:
-    """`n` when it is a usable thread count, else an InvalidParamsError naming the range."""
-    top = cpu_count()
-    if not 1 <= n <= top:
-        raise InvalidParamsError(
-            f"{source} {n} is out of range: this machine runs {top} thread"
-            f"{'s' if top != 1 else ''} at once; use 1 to {top}"
-        )
-    return n
-
-
-def threads_from_env(environ=None) -> int | None:
-    """The thread count `LOCALSPEC_THREADS` asks for, None when unset.
-
-    Raises:
-        InvalidParamsError: set but not a whole number in range.
-    """
-    value = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise InvalidParamsError(
-            f"{THREADS_ENV}={clean(value)[0]!r} is not a whole number: unset it or use 1 to {cpu_count()}"
-        ) from None
-    return check_threads(n, f"{THREADS_ENV}=")
 
 
 def _bounded(args: argparse.Namespace, name: str, low: int | float, high: int | float | None = None) -> None:
@@ -103,7 +65,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     _check_files(args)
     if args.chat_template:
         from localspec.errors import ChatTemplateError
-        from localspec.llama.backend import builtin_chat_templates
+        from localspec.llama.templates import builtin_chat_templates
 
         names = builtin_chat_templates()
         if args.chat_template not in names:
@@ -111,7 +73,7 @@ def check_run_args(args: argparse.Namespace) -> None:
 
 
 def _check_files(args: argparse.Namespace) -> None:
-    from localspec.llama.backend import check_gguf_file
+    from localspec.llama.model import check_gguf_file
 
     if args.target and args.pair:
         raise InvalidParamsError("give either --pair or --target/--draft, not both")
@@ -124,23 +86,3 @@ def _check_files(args: argparse.Namespace) -> None:
                 raise LocalspecError(f"--{flag} is not a usable path (it holds a NUL character)") from None
             except OSError as e:
                 raise LocalspecError(f"cannot read --{flag} {value}: {e.strerror or e}") from None
-
-
-def folder_problem(path: Path) -> str | None:
-    """Why files cannot be created in `path` (which may not exist yet), or None when they can.
-
-    The nearest existing ancestor decides: a regular file there, or no write permission, is a problem.
-    (Root passes the permission test everywhere but on a read-only file system.)
-    """
-    for folder in (path, *path.parents):
-        try:
-            if not folder.exists():
-                continue
-        except (OSError, ValueError) as e:
-            return f"cannot look at {folder}: {e.strerror or e}"
-        if not folder.is_dir():
-            return f"{folder} is a file, not a folder"
-        if not os.access(folder, os.W_OK | os.X_OK):
-            return f"{folder} is not writable"
-        return None
-    return f"no part of {path} exists"

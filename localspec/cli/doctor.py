@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
-from localspec.llama import backend, rpc
+from localspec.llama import devices, rpc, threads
+from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
 from localspec.models.pairs import pair_status
-from localspec.paths import HOME_ENV, Paths
-
-from .checks import THREADS_ENV, cpu_count, folder_problem, threads_from_env
+from localspec.paths import HOME_ENV, Paths, folder_problem
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
 _SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "reinstall-llama-backend.sh"
@@ -121,7 +120,7 @@ def _gpu_advice() -> str:
 def _compute_findings() -> list[Finding]:
     found = [Finding("llama-cpp-python", _version("llama-cpp-python"))]
     try:
-        devices = backend.devices()
+        found_devices = devices.devices()
     except (OSError, AttributeError) as e:
         return found + [
             Finding(
@@ -130,10 +129,10 @@ def _compute_findings() -> list[Finding]:
                 "reinstall llama-cpp-python: pip install --force-reinstall llama-cpp-python",
             )
         ]
-    for d in devices:
+    for d in found_devices:
         memory = f", {d.memory_free / 2**30:.1f} of {d.memory_total / 2**30:.1f} GiB free" if d.memory_total else ""
         found.append(Finding(f"device {d.name}", f"{d.description} ({d.kind}{memory})"))
-    has_gpu = any(d.kind in ("gpu", "igpu") for d in devices)
+    has_gpu = any(d.kind in ("gpu", "igpu") for d in found_devices)
     found.append(Finding("GPU offload", "yes" if has_gpu else "no (CPU only)", None if has_gpu else _gpu_advice()))
     no_rpc = rpc.support()
     found.append(
@@ -143,9 +142,9 @@ def _compute_findings() -> list[Finding]:
             f"rebuild with RPC: {_reinstall(*(['cuda'] if has_gpu else []))}" if no_rpc else None,
         )
     )
-    found.append(Finding("CPU cores", f"{backend.physical_cores()} physical, {cpu_count()} usable threads"))
+    found.append(Finding("CPU cores", f"{threads.physical_cores()} physical, {cpu_count()} usable threads"))
     found.append(_threads_finding())
-    found.append(Finding("system info", backend.system_info()))
+    found.append(Finding("system info", devices.system_info()))
     return found
 
 
@@ -199,8 +198,8 @@ def _threads_finding() -> Finding:
         return Finding("threads", "invalid setting", str(e))
     if from_env is not None:
         return Finding("threads", f"{from_env} (from {THREADS_ENV})")
-    threads, why = backend.default_threads()
-    return Finding("threads", f"{threads}: {why}; --threads N or {THREADS_ENV} to change")
+    n, why = threads.default_threads()
+    return Finding("threads", f"{n}: {why}; --threads N or {THREADS_ENV} to change")
 
 
 def _size(n: int | None) -> str:

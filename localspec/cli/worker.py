@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from localspec.errors import InvalidParamsError, RpcError
-from localspec.llama import backend, rpc
+from localspec.llama import rpc, threads
 from localspec.paths import Paths
 
 
@@ -58,10 +58,10 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
             file=sys.stderr,
         )
     names = ", ".join(name for _, name in rpc.local_devices())
-    threads = args.threads or backend.physical_cores()
+    n_threads = args.threads or threads.physical_cores()
     version = ".".join(map(str, rpc.PROTOCOL))
     print(f"localspec worker: serving {names} on {endpoint} (RPC protocol {version}); stop with Ctrl+C", flush=True)
-    server = threading.Thread(target=rpc.serve, args=(endpoint,), kwargs={"threads": threads, "cache_dir": cache})
+    server = threading.Thread(target=rpc.serve, args=(endpoint,), kwargs={"threads": n_threads, "cache_dir": cache})
     server.daemon = True  # llama.cpp's server loop never returns; Ctrl+C ends the process
     server.start()
     try:

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 
 from localspec.errors import ContextError, InvalidParamsError
-from localspec.llama import backend, rpc
+from localspec.llama import rpc, threads
 from localspec.llama.compat import check_pair
+from localspec.llama.context import Context as LlamaContext
+from localspec.llama.model import Model
 
 from .drafters import Drafter, Proposal, make_drafter
 from .kv import Context, KVSequence, PrefillStopped
@@ -319,7 +321,7 @@ class Engine:
 
     def __init__(
         self,
-        target_model: backend.Model,
+        target_model: Model,
         target: KVSequence,
         drafter: Drafter | None,
         *,
@@ -335,7 +337,7 @@ class Engine:
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
         # Threads follow the cores other processes leave free, unless the caller fixed them.
-        self.threads = backend.ThreadTuner([seq.ctx for seq in self.caches]) if auto_threads else None
+        self.threads = threads.ThreadTuner([seq.ctx for seq in self.caches]) if auto_threads else None
         self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
         for seq in self.caches:
@@ -375,11 +377,11 @@ class Engine:
             placement = _own(owned, rpc.attach(workers)) if workers else None
             target_model = _own(
                 owned,
-                backend.Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
+                Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
             )
             draft_model = None
             if params.uses_draft_model:
-                draft_model = _own(owned, backend.Model(draft_path, n_gpu_layers=params.n_gpu_layers))
+                draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
                 check_pair(target_model, draft_model, hint=params.compat_hint)
             speculating = params.drafter != "none"
             n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
@@ -463,10 +465,10 @@ def _own(owned: list, obj):
     return obj
 
 
-def _sequence(owned: list, model: backend.Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
+def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
     swa_full = params.swa_full
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
-    ctx = _own(owned, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads))
+    ctx = _own(owned, LlamaContext(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads))
     return KVSequence(ctx, rollback=params.rollback)

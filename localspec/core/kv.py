@@ -4,7 +4,7 @@ Whatever is in the llama.cpp cache is exactly `tokens`, always: every append and
 through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory and
 sliding-window caches that lost cells fall back to a state checkpoint, then to a full re-prefill.
 `drop` removes a span from the middle and shifts the rest back (context shifting), where the
-memory can move positions. `Context` is the protocol a cache is kept in: `backend.Context` is the
+memory can move positions. `Context` is the protocol a cache is kept in: `llama.context.Context` is the
 llama.cpp one; the pure-logic tests run the same code over numpy fakes.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from localspec.errors import ContextError
 
 if TYPE_CHECKING:
-    from localspec.llama.backend import Model
+    from localspec.llama.model import Model
 
 log = logging.getLogger("localspec.kv")
 

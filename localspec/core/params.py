@@ -3,16 +3,17 @@
 `LoadParams` goes to `Engine.load`; `PairDefaults` is what a models.toml pair sets (None: not set) and what
 loading it must tell the user. Both are built once — from models.toml, the command line or the settings
 screen — and passed down. This module also owns the drafter vocabulary and the names of the sampling and
-speculation options a user can set. It imports no UI and no pydantic: the engine depends on it.
+speculation options a user can set. It imports no UI, no pydantic and nothing native: models.toml's
+validation uses it without loading llama.cpp.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from localspec.errors import InvalidParamsError
+from localspec.llama.rpc import check_endpoint
 
 DRAFTERS = ("model", "ngram", "model+ngram", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded
@@ -20,33 +21,6 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", 
 SPECULATIVE_OPTIONS = ("draft_max", "p_min", "verify", "adaptive")  # of SpeculativeParams
 OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 N_CTX_MIN = 16
-# llama.cpp's RPC client splits an endpoint at its first ':' and resolves the host by name: no IPv6 literals.
-_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:(\d{1,5})$")
-
-
-def parse_rpc(text: str, source: str = "--rpc") -> tuple[str, ...]:
-    """The endpoints of a comma-separated "host:port[,host:port…]" list.
-
-    Raises:
-        InvalidParamsError: an entry is not host:port with a port in 1..65535 (one line naming `source`).
-    """
-    endpoints = tuple(part.strip() for part in text.split(","))
-    for endpoint in endpoints:
-        check_endpoint(endpoint, source)
-    if len(set(endpoints)) != len(endpoints):
-        raise InvalidParamsError(f"{source}: {text!r} names a worker twice: give each host:port once")
-    return endpoints
-
-
-def check_endpoint(endpoint: str, source: str = "rpc") -> str:
-    """`endpoint` when it has the form host:port (a name or an IPv4 address), else an InvalidParamsError."""
-    match = _ENDPOINT_RE.match(endpoint) if isinstance(endpoint, str) else None
-    if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise InvalidParamsError(
-            f"{source}: {endpoint!r} is not an RPC endpoint: write host:port with a port from 1 to 65535, "
-            "e.g. 192.168.1.10:50052"
-        )
-    return endpoint
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from .stats import Decision, Step
 
 if TYPE_CHECKING:
-    from localspec.llama.backend import Model
+    from localspec.llama.model import Model
 
     from .drafters import Drafter
 

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from localspec.errors import ChatTemplateError, ContextError
-from localspec.llama import backend
+from localspec.llama.model import Model
+from localspec.llama.templates import render_builtin_chat, render_jinja_chat
 
 from . import window
 from .engine import Engine, Generation, SpeculativeParams
@@ -41,7 +42,7 @@ class Message:
 class ChatFormat:
     """Renders messages to token ids with the GGUF's Jinja template or a named llama.cpp template."""
 
-    def __init__(self, model: backend.Model, template_name: str | None = None) -> None:
+    def __init__(self, model: Model, template_name: str | None = None) -> None:
         self.model = model
         self.template_name = template_name
         self.template = None if template_name else model.chat_template()
@@ -51,7 +52,7 @@ class ChatFormat:
                 f"(e.g. chatml, llama3, gemma) or set chat_template for the pair in models.toml"
             )
         if template_name is not None:
-            backend.render_builtin_chat(template_name, [])  # fail early on an unknown name
+            render_builtin_chat(template_name, [])  # fail early on an unknown name
         control = sorted(model.control_tokens(), key=len, reverse=True)
         self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
 
@@ -71,9 +72,9 @@ class ChatFormat:
 
     def _render(self, messages: list[dict[str, str]]) -> str:
         if self.template_name:
-            return backend.render_builtin_chat(self.template_name, messages)
+            return render_builtin_chat(self.template_name, messages)
         m = self.model
-        return backend.render_jinja_chat(
+        return render_jinja_chat(
             self.template, messages, bos=m.token_piece_text(m.info.bos), eos=m.token_piece_text(m.info.eos)
         )
 

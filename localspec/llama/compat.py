@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from localspec.errors import IncompatibleDraftError
 
-from .backend import Model
+from .model import Model
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5

@@ -20,6 +20,7 @@ import ctypes
 import ipaddress
 import logging
 import queue
+import re
 import socket
 import struct
 import threading
@@ -27,10 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.core.params import check_endpoint
-from localspec.errors import RpcError, WorkerLostError
-
-from . import backend
+from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
 
 log = logging.getLogger("localspec.rpc")
 
@@ -39,6 +37,35 @@ PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION of the llama.cpp that llama-cpp-pyth
 _HELLO = 14  # RPC_CMD_HELLO, fixed across protocol versions
 _CAPS = 24  # RPC_CONN_CAPS_SIZE: transport capabilities; all zero = plain TCP
 REBUILD = "packaging/reinstall-llama-backend.sh rpc --python .venv/bin/python"
+
+
+# llama.cpp's RPC client splits an endpoint at its first ':' and resolves the host by name: no IPv6 literals.
+_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*:(\d{1,5})$")
+
+
+def parse_rpc(text: str, source: str = "--rpc") -> tuple[str, ...]:
+    """The endpoints of a comma-separated "host:port[,host:port…]" list.
+
+    Raises:
+        InvalidParamsError: an entry is not host:port with a port in 1..65535 (one line naming `source`).
+    """
+    endpoints = tuple(part.strip() for part in text.split(","))
+    for endpoint in endpoints:
+        check_endpoint(endpoint, source)
+    if len(set(endpoints)) != len(endpoints):
+        raise InvalidParamsError(f"{source}: {text!r} names a worker twice: give each host:port once")
+    return endpoints
+
+
+def check_endpoint(endpoint: str, source: str = "rpc") -> str:
+    """`endpoint` when it has the form host:port (a name or an IPv4 address), else an InvalidParamsError."""
+    match = _ENDPOINT_RE.match(endpoint) if isinstance(endpoint, str) else None
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        raise InvalidParamsError(
+            f"{source}: {endpoint!r} is not an RPC endpoint: write host:port with a port from 1 to 65535, "
+            "e.g. 192.168.1.10:50052"
+        )
+    return endpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +80,7 @@ class Endpoint:
 
     @classmethod
     def parse(cls, text: str) -> Endpoint:
-        """'host:port', checked by `params.check_endpoint` (which owns the form)."""
+        """'host:port', checked by `check_endpoint` (which owns the form)."""
         host, _, port = check_endpoint(text.strip()).rpartition(":")
         return cls(host, int(port))
 
@@ -70,7 +97,9 @@ class Endpoint:
 
 def _lib() -> ctypes.CDLL | None:
     """ggml's functions when this build has the RPC backend, else None."""
-    lib = backend.native()
+    from .devices import native  # not at import: the endpoint form is read without loading llama.cpp
+
+    lib = native()
     return lib if hasattr(lib, "ggml_backend_rpc_add_server") else None
 
 
@@ -167,7 +196,9 @@ class _Losses:
     def install(self) -> None:
         if self.callback is not None:
             return
-        base = backend.native()
+        from .devices import native
+
+        base = native()
         kind = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
         self.callback = kind(self._on_abort)  # kept alive as long as the process
         base.ggml_set_abort_callback.restype = ctypes.c_void_p
@@ -283,7 +314,9 @@ def attach(endpoints: tuple[Endpoint, ...], *, timeout: float = 5.0) -> Remote:
 
 def local_devices() -> list[tuple[int, str]]:
     """(handle, name) of the devices a worker serves: the GPUs when there are any, else the CPU."""
-    found = backend.device_handles()
+    from .devices import device_handles
+
+    found = device_handles()
     gpus = [(h, d.name) for h, d in found if d.kind in ("gpu", "igpu")]
     return gpus or [(h, d.name) for h, d in found if d.kind == "cpu"]
 

@@ -13,9 +13,8 @@ import logging
 import os
 from pathlib import Path
 
-from localspec.cli.checks import folder_problem
 from localspec.errors import ModelFileError
-from localspec.paths import HOME_ENV, Paths
+from localspec.paths import HOME_ENV, Paths, folder_problem
 
 log = logging.getLogger("localspec.demo")
 

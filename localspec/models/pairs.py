@@ -16,8 +16,8 @@ from typing import Literal
 
 from localspec.core.params import PairDefaults
 from localspec.errors import ModelFileError
-from localspec.llama.backend import Model, check_gguf_file
 from localspec.llama.compat import check_pair
+from localspec.llama.model import Model, check_gguf_file
 from localspec.paths import Paths
 
 from . import demo, hub

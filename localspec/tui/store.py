@@ -113,8 +113,7 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Conne
 
 def _open_error(path: Path, error: Exception) -> str:
     """One line for a database that cannot be opened: a folder problem is not the file's fault."""
-    from localspec.cli.checks import folder_problem
-    from localspec.paths import HOME_ENV
+    from localspec.paths import HOME_ENV, folder_problem
 
     problem = folder_problem(path.parent)
     if problem:

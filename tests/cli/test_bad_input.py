@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from support.badinput import assert_outcome, run_cli, run_main, snapshot
 
-from localspec.cli.checks import SEED_MAX, cpu_count
+from localspec.cli.checks import SEED_MAX
+from localspec.llama.threads import cpu_count
 from localspec.models import loading
 
 N_CTX = 2048  # the tiny pairs' n_ctx in chat_home's models.toml

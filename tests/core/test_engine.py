@@ -16,7 +16,8 @@ from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 from localspec.core.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
 from localspec.core.kv import KVSequence
 from localspec.core.sampling import Dist, SamplingParams, penalty_window
-from localspec.llama import backend
+from localspec.llama.context import Context
+from localspec.llama.model import Model
 
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
 
@@ -76,7 +77,7 @@ def test_recurrent_model_speculates_through_checkpoints(tiny_models):
 
 def test_sliding_window_rollback_past_the_window_is_detected(tiny_models):
     """Without swa_full, removing cells back past the window would leave wrong logits: we re-prefill."""
-    with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=1024) as ctx:
+    with Model(tiny_models.swa) as model, Context(model, n_ctx=1024) as ctx:
         seq = KVSequence(ctx)
         tokens = model.tokenize("the man said " * 300, add_special=True)[:800]
         seq.append(tokens, outputs=0)  # the window cache keeps ~n_swa + n_ubatch cells: not position 20
@@ -86,7 +87,7 @@ def test_sliding_window_rollback_past_the_window_is_detected(tiny_models):
         seq.append([tokens[20]], outputs=1)
         rolled = ctx.logits(-1).copy()
         seq.check()
-    with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=1024) as ctx:
+    with Model(tiny_models.swa) as model, Context(model, n_ctx=1024) as ctx:
         fresh = KVSequence(ctx)
         fresh.append(tokens[:20], outputs=0)
         fresh.append([tokens[20]], outputs=1)
@@ -103,9 +104,9 @@ def test_sliding_window_model_speculates_with_full_cache(tiny_models):
 
 def test_rollback_then_regenerate_equals_fresh_context(tiny_models):
     """Same decode path, so the logits must be bit-identical."""
-    with backend.Model(tiny_models.target) as model:
+    with Model(tiny_models.target) as model:
         tokens = model.tokenize(PROMPT * 3, add_special=True)
-        with backend.Context(model, n_ctx=512) as ctx:
+        with Context(model, n_ctx=512) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens[:10], outputs=0)
             for t in tokens[10:30]:
@@ -114,7 +115,7 @@ def test_rollback_then_regenerate_equals_fresh_context(tiny_models):
             seq.append([tokens[20]], outputs=1)
             seq.check()
             rolled = ctx.logits(-1).copy()
-        with backend.Context(model, n_ctx=512) as ctx:
+        with Context(model, n_ctx=512) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens[:10], outputs=0)
             for t in tokens[10:21]:
@@ -123,9 +124,9 @@ def test_rollback_then_regenerate_equals_fresh_context(tiny_models):
 
 
 def test_checkpoint_restore_equals_fresh_context(tiny_models):
-    with backend.Model(tiny_models.target) as model:
+    with Model(tiny_models.target) as model:
         tokens = model.tokenize(PROMPT * 3, add_special=True)
-        with backend.Context(model, n_ctx=512) as ctx:
+        with Context(model, n_ctx=512) as ctx:
             seq = KVSequence(ctx, rollback="checkpoint")
             seq.append(tokens[:12], outputs=0)
             seq.checkpoint()
@@ -134,7 +135,7 @@ def test_checkpoint_restore_equals_fresh_context(tiny_models):
             seq.append([tokens[15]], outputs=1)
             seq.check()
             restored = ctx.logits(-1).copy()
-        with backend.Context(model, n_ctx=512) as ctx:
+        with Context(model, n_ctx=512) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens[:12], outputs=0)
             seq.append(tokens[12:15], outputs=0)

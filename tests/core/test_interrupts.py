@@ -14,7 +14,7 @@ from support import divergence
 
 from localspec.core.engine import Engine, SpeculativeParams
 from localspec.core.sampling import SamplingParams
-from localspec.llama import backend
+from localspec.llama.context import Context
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, seed=5)
@@ -57,7 +57,7 @@ def run(engine: Engine, prompt: list[int], sampling: SamplingParams):
 def armed_run(engine: Engine, prompt, sampling, monkeypatch, wire: Tripwire) -> None:
     with monkeypatch.context() as patch:
         for name in OPERATIONS:
-            patch.setattr(backend.Context, name, wire.wrap(getattr(backend.Context, name)))
+            patch.setattr(Context, name, wire.wrap(getattr(Context, name)))
         patch.setattr(engine.drafter, "propose", wire.wrap(engine.drafter.propose))
         try:
             run(engine, prompt, sampling)

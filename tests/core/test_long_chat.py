@@ -19,7 +19,8 @@ from localspec.core.kv import KVSequence
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession
 from localspec.core.window import common_prefix, plan_shift
-from localspec.llama import backend
+from localspec.llama.context import Context
+from localspec.llama.model import Model
 
 GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
@@ -92,8 +93,8 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model,
     """
     rng = np.random.default_rng(1)
     tokens = [1, *rng.integers(261, 800, 99).tolist()]
-    with backend.Model(getattr(tiny_models, model)) as model:
-        with backend.Context(model, n_ctx=256, swa_full=swa_full) as ctx:
+    with Model(getattr(tiny_models, model)) as model:
+        with Context(model, n_ctx=256, swa_full=swa_full) as ctx:
             seq = KVSequence(ctx)
             seq.append(tokens, outputs=0)
             assert seq.can_drop and seq.drop(0, 40)
@@ -102,7 +103,7 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model,
             assert ctx.pos_range() == (0, 59)
             seq.append([300], outputs=1)
             shifted = ctx.logits(-1).copy()
-        with backend.Context(model, n_ctx=256, swa_full=swa_full) as ctx:
+        with Context(model, n_ctx=256, swa_full=swa_full) as ctx:
             ctx.decode(tokens, 0, outputs=0)
             assert ctx.remove_span(0, 40) and ctx.pos_range() == (40, 99)
             ctx.decode([300], 100, outputs=1)
@@ -115,7 +116,7 @@ def test_drop_keeps_the_relative_positions_of_the_kept_cells(tiny_models, model,
 
 
 def test_drop_in_the_middle_updates_tokens_and_positions(tiny_models):
-    with backend.Model(tiny_models.target) as model, backend.Context(model, n_ctx=256) as ctx:
+    with Model(tiny_models.target) as model, Context(model, n_ctx=256) as ctx:
         seq = KVSequence(ctx)
         seq.append(list(range(300, 400)), outputs=0)
         assert seq.drop(10, 30)
@@ -127,7 +128,7 @@ def test_drop_in_the_middle_updates_tokens_and_positions(tiny_models):
 
 
 def test_recurrent_memory_cannot_drop_a_span(tiny_models):
-    with backend.Model(tiny_models.recurrent) as model, backend.Context(model, n_ctx=256) as ctx:
+    with Model(tiny_models.recurrent) as model, Context(model, n_ctx=256) as ctx:
         seq = KVSequence(ctx)
         seq.append(list(range(300, 360)), outputs=0)
         assert not seq.can_drop
@@ -141,7 +142,7 @@ def test_recurrent_memory_cannot_drop_a_span(tiny_models):
 )
 def test_sliding_window_cache_shifts_where_llama_cpp_says_it_can(tiny_models, n_ctx, swa_full, shifts):
     """A window cache smaller than n_ctx cannot shift; a full-size one can (swa_full, or a short n_ctx)."""
-    with backend.Model(tiny_models.swa) as model, backend.Context(model, n_ctx=n_ctx, swa_full=swa_full) as ctx:
+    with Model(tiny_models.swa) as model, Context(model, n_ctx=n_ctx, swa_full=swa_full) as ctx:
         seq = KVSequence(ctx)
         seq.append(list(range(300, 360)), outputs=0)
         assert seq.can_drop is shifts

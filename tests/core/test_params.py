@@ -9,8 +9,9 @@ import pytest
 
 from localspec.cli.main import main, setup_logging
 from localspec.core.engine import Engine, SpeculativeParams
-from localspec.core.params import LoadParams, PairDefaults, parse_rpc
+from localspec.core.params import LoadParams, PairDefaults
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
+from localspec.llama.rpc import parse_rpc
 from localspec.models.catalog import load_config
 from localspec.models.loading import load_params
 

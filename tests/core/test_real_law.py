@@ -15,7 +15,8 @@ import pytest
 from support.lawcheck import check_law, expected_tv
 
 from localspec.cli.main import main
-from localspec.llama import backend
+from localspec.llama.context import Context
+from localspec.llama.model import Model
 
 PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at the top-4 boundary
 TOP_K = 4
@@ -35,7 +36,7 @@ class Reference:
     def __init__(self, target_path) -> None:
         self.min_gap = np.inf  # smallest gap between the 4th and 5th logit over the prefixes
         self.law: dict[tuple[int, ...], float] = {}
-        with backend.Model(target_path) as model, backend.Context(model, n_ctx=N_CTX, n_threads=THREADS) as ctx:
+        with Model(target_path) as model, Context(model, n_ctx=N_CTX, n_threads=THREADS) as ctx:
             self.prompt = model.tokenize(PROMPT, add_special=True)
             self._ctx = ctx
             self._walk([], 1.0)

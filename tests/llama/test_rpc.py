@@ -21,9 +21,9 @@ from support import GREEDY, PROMPT, divergence
 
 from localspec.bench.relay import DelayRelay
 from localspec.core.engine import Engine, SpeculativeParams
-from localspec.core.params import parse_rpc
 from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
 from localspec.llama import rpc
+from localspec.llama.rpc import parse_rpc
 
 PLAIN = SpeculativeParams(draft_max=0)
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)

@@ -9,14 +9,14 @@ import time
 
 import pytest
 
-from localspec.llama import backend
+from localspec.llama import threads
 
-pytestmark = pytest.mark.skipif(not backend.CoreMonitor.available(), reason="needs /proc/stat (Linux)")
+pytestmark = pytest.mark.skipif(not threads.CoreMonitor.available(), reason="needs /proc/stat (Linux)")
 
 
 def test_monitor_counts_other_processes_not_this_one():
     """Against this machine's own background: this process's work is not "other"; a busy child process is."""
-    monitor = backend.CoreMonitor()
+    monitor = threads.CoreMonitor()
     idle = monitor.free_cores(wait=0.4)
     end = time.process_time() + 0.4
     while time.process_time() < end:  # this process busy
@@ -52,9 +52,9 @@ class FixedMonitor:
 
 
 def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
-    monkeypatch.setattr(backend, "physical_cores", lambda: 4)
+    monkeypatch.setattr(threads, "physical_cores", lambda: 4)
     contexts = [FakeContext(4), FakeContext(4)]
-    tuner = backend.ThreadTuner(contexts, interval=0.0)
+    tuner = threads.ThreadTuner(contexts, interval=0.0)
     for free, want in ((4.0, 4), (2.9, 3), (1.2, 1), (0.1, 1), (3.8, 4)):
         tuner._monitor = FixedMonitor(free)
         assert tuner.check() == want

@@ -8,8 +8,9 @@ import gguf
 import numpy as np
 import pytest
 
-from localspec.llama.backend import Context, Model
 from localspec.llama.compat import pair_problem
+from localspec.llama.context import Context
+from localspec.llama.model import Model
 from localspec.models import demo
 from localspec.paths import get_paths
 

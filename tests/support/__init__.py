@@ -12,7 +12,8 @@ import numpy as np
 
 from localspec.core.engine import Engine, SpeculativeParams
 from localspec.core.sampling import SamplingParams
-from localspec.llama import backend
+from localspec.llama.context import Context
+from localspec.llama.model import Model
 
 NEAR_TIE = 1e-3
 GREEDY = SamplingParams(temperature=0)
@@ -29,7 +30,7 @@ def run_greedy(engine: Engine, prompt: list[int], k: int, n: int = 48):
 
 def top2_gap(path, tokens: list[int]) -> float:
     """Top-2 logit gap of the model after `tokens`, computed in a fresh context."""
-    with backend.Model(path) as model, backend.Context(model, n_ctx=512) as ctx:
+    with Model(path) as model, Context(model, n_ctx=512) as ctx:
         ctx.decode(tokens, 0, outputs=1)
         top = np.sort(ctx.logits(-1))[-2:]
         return float(top[1] - top[0])

@@ -1,6 +1,6 @@
 """A numpy stand-in for a llama.cpp model whose conditional laws are known exactly (pure-logic tests).
 
-`TableContext` implements the few `backend.Context` calls that `KVSequence` and the engine make; its
+`TableContext` implements the few `llama.context.Context` calls that `KVSequence` and the engine make; its
 logits are a pure function of the token prefix (`LogitTable`), so the exact law of any continuation can
 be computed. `fake_engine` wires a real `Engine` (real KVSequence, drafters, loop, policy) around it.
 """
@@ -41,7 +41,7 @@ class FakeInfo:
 
 
 class FakeModel:
-    """What the engine asks of a `backend.Model`: a name, a size, end tokens, token bytes."""
+    """What the engine asks of a `llama.model.Model`: a name, a size, end tokens, token bytes."""
 
     def __init__(self, name: str, file_size: int = 1000) -> None:
         self.path = Path(f"{name}.gguf")

@@ -1,0 +1,266 @@
+"""`Context`: one llama.cpp context (KV cache or recurrent state) on one sequence, with explicit positions.
+
+It decodes batches, hands out logits rows as numpy views and edits the cache; the token history belongs to
+`core.kv.KVSequence`. Which native calls go through the model's placement (`self._call`, the RPC worker's own
+thread, where a lost worker cannot abort the process): every call that may run work on a device or move
+tensor data — decode, synchronize, logits reads, state save/restore, clear, init and free. The calls that skip
+it (`remove_from`, `remove_span`, `can_shift`, `shift`, `pos_range`, `set_threads`) only read or edit
+llama.cpp's host-side bookkeeping — cache cell metadata, positions, a thread count — and send nothing to a
+device: a shift is applied by the next decode, which does go through the placement.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+import llama_cpp
+import numpy as np
+
+from localspec.errors import ContextError
+
+from .log import llama_error
+from .model import Model, ModelInfo
+from .threads import physical_cores
+
+
+def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
+    """Rough size of an F16 KV cache of `n_ctx` cells (for a friendly error before llama.cpp aborts)."""
+    if info.is_recurrent or info.n_head == 0:
+        return 0
+    head_dim = info.n_embd // info.n_head
+    return 2 * 2 * info.n_layer * n_ctx * info.n_head_kv * head_dim
+
+
+def memory_bytes() -> int:
+    """Memory the process may use: available RAM on Linux, physical RAM elsewhere."""
+    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
+        try:
+            return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            continue
+    return 1 << 62
+
+
+class Context:
+    """One llama.cpp context (its KV cache or recurrent state) on one sequence (seq 0).
+
+    Positions are explicit: callers own the token history and pass `n_past`.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        swa_full: bool = False,
+        n_rs_seq: int = 0,
+    ) -> None:
+        """Create a context.
+
+        Args:
+            model: the loaded model.
+            n_ctx: context length in tokens (≤ the model's training context).
+            n_batch: most tokens per `llama_decode` (longer inputs are split).
+            n_threads: CPU threads; None = physical cores.
+            swa_full: full-size cache for sliding-window layers, so long rollbacks stay valid.
+            n_rs_seq: recurrent-state rollback snapshots per sequence (recurrent/hybrid models).
+
+        Raises:
+            ContextError: n_ctx out of range or too large for memory.
+        """
+        info = model.info
+        if n_ctx < 16:
+            raise ContextError(f"n_ctx {n_ctx} is too small: use --n-ctx 512 or more")
+        if n_ctx > info.n_ctx_train:
+            raise ContextError(
+                f"n_ctx {n_ctx} exceeds what {model.path.name} was trained for ({info.n_ctx_train}): "
+                f"use --n-ctx {info.n_ctx_train} or less"
+            )
+        need, have = kv_bytes_estimate(info, n_ctx), memory_bytes()
+        if need > have and model.placement is None:  # a placed model's cache lives on its remote devices
+            raise ContextError(
+                f"n_ctx {n_ctx} needs about {need / 2**30:.1f} GiB of KV cache for {model.path.name} but only "
+                f"{have / 2**30:.1f} GiB is available: use a smaller --n-ctx"
+            )
+        self.model = model
+        self.n_vocab = model.n_vocab
+        self.swa_full = swa_full
+        self.n_batch = min(n_batch, n_ctx)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        threads = n_threads or physical_cores()
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.swa_full = swa_full
+        params.n_rs_seq = n_rs_seq
+        params.no_perf = True
+        self._call = model._call  # a remote model's contexts make their native calls where it does
+        handle = self._call(llama_cpp.llama_init_from_model, model.handle, params)
+        if not handle:
+            raise ContextError(
+                f"could not create a context of {n_ctx} tokens for {model.path.name}{llama_error()}: "
+                "use a smaller --n-ctx"
+            )
+        self._handle = handle
+        self.n_threads = threads
+        self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
+        self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self._mem = llama_cpp.llama_get_memory(handle)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        n = self.n_batch
+        self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n,))
+        self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
+        self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        for i in range(n):
+            self._batch.n_seq_id[i] = 1
+            self._batch.seq_id[i][0] = 0
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise RuntimeError("context is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Free the context and its KV cache now (idempotent)."""
+        if getattr(self, "_handle", None) is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            if self.model.placement is None or not self.model.placement.lost:
+                self._call(llama_cpp.llama_free, self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
+        """Append `tokens` at positions n_past… and compute logits for the last `outputs` rows.
+
+        Inputs longer than n_batch are split; the output rows must fit in the last chunk. Read the rows
+        with `logits(i)`, i counted from the start of that last chunk, or negative from its end.
+
+        Raises:
+            ContextError: the context is full, or llama.cpp failed.
+        """
+        assert 0 <= outputs <= len(tokens) <= self.n_ctx
+        if n_past + len(tokens) > self.n_ctx:
+            raise ContextError(f"context full ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+        start = 0
+        while start < len(tokens):
+            chunk = tokens[start : start + self.n_batch]
+            n = len(chunk)
+            first_out = len(tokens) - outputs - start  # rows of this chunk from which logits are wanted
+            assert start + n == len(tokens) or first_out >= n, "output rows must fit in one batch"
+            self._tok[:n] = chunk
+            self._pos[:n] = np.arange(n_past + start, n_past + start + n)
+            self._out[:n] = 0
+            if first_out < n:
+                self._out[max(first_out, 0) : n] = 1
+            self._batch.n_tokens = n
+            t0 = time.perf_counter()
+            rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
+            if rc == 0:
+                # GPU and RPC backends return before the work is done; wait here so the time is the decode's
+                # (stats, the policy's costs, bench) and not the first logits read's.
+                self._call(llama_cpp.llama_synchronize, self.handle)
+            self.seconds_decoding += time.perf_counter() - t0
+            self.decodes += 1
+            if rc != 0:
+                if rc == 1:
+                    raise ContextError(
+                        f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
+                    )
+                raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
+            start += n
+
+    def logits(self, i: int) -> np.ndarray:
+        """Row `i` of the last decode's logits as a float32 view of shape (n_vocab,).
+
+        The view is valid until this context's next `decode`; copy it to keep it.
+        """
+        ptr = self._call(llama_cpp.llama_get_logits_ith, self.handle, i)
+        if not ptr:
+            raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def set_threads(self, n: int) -> None:
+        """Use n CPU threads from the next decode on (the results do not depend on it)."""
+        llama_cpp.llama_set_n_threads(self.handle, n, n)
+        self.n_threads = n
+
+    def logits_block(self, n: int) -> np.ndarray:
+        """Rows 0..n-1 of the last decode's logits as one float32 view of shape (n, n_vocab).
+
+        llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
+        the rows are copied into one array.
+        """
+        first = self._call(llama_cpp.llama_get_logits_ith, self.handle, 0)
+        last = self._call(llama_cpp.llama_get_logits_ith, self.handle, n - 1)
+        if not first or not last:
+            raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
+        start = ctypes.addressof(first.contents)
+        if ctypes.addressof(last.contents) - start == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
+            return np.ctypeslib.as_array(first, shape=(n, self.n_vocab))
+        return np.stack([self.logits(i) for i in range(n)])
+
+    def remove_from(self, pos: int) -> bool:
+        """Remove every cell at position ≥ pos; False when the memory cannot drop a partial tail."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1))
+
+    def remove_span(self, start: int, end: int) -> bool:
+        """Remove the cells at positions start..end-1; False when the memory cannot (it is then unchanged)."""
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
+
+    def can_shift(self) -> bool:
+        """True when this memory can move cells to other positions (`llama_memory_can_shift`).
+
+        False for sliding-window caches smaller than n_ctx and for some position encodings. Recurrent
+        memory says True, yet it cannot remove a span from the middle: check `remove_span` too.
+        """
+        return bool(llama_cpp.llama_memory_can_shift(self._mem))
+
+    def shift(self, start: int, delta: int) -> None:
+        """Add `delta` to the position of every cell at position ≥ start (`llama_memory_seq_add`).
+
+        The keys are re-rotated lazily, by the next `decode`.
+        """
+        llama_cpp.llama_memory_seq_add(self._mem, 0, start, -1, delta)
+
+    def clear(self) -> None:
+        """Empty the cache (always possible, for every kind of memory)."""
+        self._call(llama_cpp.llama_memory_clear, self._mem, True)
+
+    def pos_range(self) -> tuple[int, int]:
+        """(smallest, largest) position held for the sequence; (-1, -1) when empty."""
+        return (
+            int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0)),
+            int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)),
+        )
+
+    def save_state(self) -> bytes:
+        """A copy of the sequence's state (KV cells or recurrent state)."""
+        size = llama_cpp.llama_state_seq_get_size(self.handle, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._call(llama_cpp.llama_state_seq_get_data, self.handle, buf, size, 0)
+        if written == 0 and size:
+            raise ContextError("llama.cpp could not save the sequence state")
+        return bytes(buf[:written])
+
+    def load_state(self, state: bytes) -> None:
+        """Replace the sequence's state with one from `save_state`."""
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self._call(llama_cpp.llama_state_seq_set_data, self.handle, buf, len(state), 0) == 0:
+            raise ContextError(f"llama.cpp could not restore the sequence state{llama_error()}")

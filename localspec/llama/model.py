@@ -1,0 +1,273 @@
+"""`Model`: a loaded GGUF file (weights and vocabulary), its facts (`ModelInfo`) and its tokenizer.
+
+The model owns its native handle (freed by `close()` or a `with` block). A model placed on RPC workers makes
+every native call that may reach those devices through its `Placement` (see `context.py` for the rule).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import llama_cpp
+
+from localspec.errors import ModelFileError
+
+from .devices import device_handles
+from .log import init, llama_error
+
+GGUF_MAGIC = b"GGUF"
+VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise `ModelFileError` unless `path` is an existing file that starts with the GGUF magic."""
+    if not path.exists():
+        raise ModelFileError(f"model file not found: {path} (check the path, or run `localspec pull PAIR`)")
+    if not path.is_file():
+        raise ModelFileError(f"not a file: {path} (give the path of a .gguf file)")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF file: {path} (llama.cpp needs a .gguf model; convert or re-download it)")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Facts about a loaded model that the engine and the UI need."""
+
+    path: Path
+    arch: str
+    description: str
+    n_vocab: int
+    n_ctx_train: int
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_swa: int
+    n_params: int
+    file_size: int
+    is_recurrent: bool
+    is_hybrid: bool
+    vocab_type: str
+    bos: int
+    eos: int
+    add_bos: bool
+
+
+class Placement(Protocol):
+    """Where a model's layers go when they are not (only) local: `rpc.Remote`.
+
+    Every native call that may reach the devices goes through `call`, which raises a `LocalspecError` when the
+    devices are gone; once `lost`, the model and its contexts are abandoned, never freed.
+    """
+
+    devices: list[int]
+
+    @property
+    def lost(self) -> bool: ...
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+def _direct(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+class Model:
+    """A loaded GGUF model (weights and vocabulary). Use as a context manager or call `close()`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        n_gpu_layers: int | None = None,
+        vocab_only: bool = False,
+        placement: Placement | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        """Load `path`.
+
+        Args:
+            path: a .gguf file.
+            n_gpu_layers: layers to offload; None = all when the build can offload (or the model is placed on
+                remote devices), else 0.
+            vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
+            placement: remote devices (RPC workers) for the layers, followed by this machine's GPUs if any.
+            progress: called with the fraction loaded (0..1) while the weights load.
+
+        Raises:
+            ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
+            LocalspecError: the placement's devices were lost while loading.
+        """
+        init()
+        self.path = Path(path)
+        self.placement = placement
+        self._call = placement.call if placement is not None else _direct
+        check_gguf_file(self.path)
+        params = llama_cpp.llama_model_default_params()
+        if n_gpu_layers is None:
+            n_gpu_layers = -1 if placement is not None or llama_cpp.llama_supports_gpu_offload() else 0
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        if placement is not None:
+            local_gpus = [h for h, d in device_handles() if d.kind in ("gpu", "igpu")]
+            devices = (ctypes.c_void_p * (len(placement.devices) + len(local_gpus) + 1))(
+                *placement.devices, *local_gpus, None
+            )
+            params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        if progress is not None:
+
+            def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
+                progress(float(fraction))
+                return True  # go on loading
+
+            callback = llama_cpp.llama_progress_callback(on_progress)
+            params.progress_callback = callback
+        handle = self._call(llama_cpp.llama_model_load_from_file, os.fsencode(self.path), params)
+        if not handle:
+            raise ModelFileError(
+                f"could not load {self.path}: the file is truncated or corrupt, or its architecture is not "
+                f"supported by this llama.cpp build{llama_error()} — re-download it"
+            )
+        self._handle = handle
+        self._vocab = llama_cpp.llama_model_get_vocab(handle)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+        self.info = self._read_info(vocab_only)
+        self._piece_cache: dict[int, bytes] = {}
+
+    def _read_info(self, vocab_only: bool) -> ModelInfo:
+        h, v = self._handle, self._vocab
+        desc = ctypes.create_string_buffer(256)
+        llama_cpp.llama_model_desc(h, desc, len(desc))
+        names = ("n_ctx_train", "n_layer", "n_embd", "n_head", "n_head_kv", "n_swa", "n_params")
+        # A vocab-only load has no hyperparameters, and llama.cpp aborts on some of these queries then.
+        hparams = {n: 0 if vocab_only else int(getattr(llama_cpp, f"llama_model_{n}")(h)) for n in names}
+        return ModelInfo(
+            path=self.path,
+            arch=self.meta("general.architecture") or "unknown",
+            description=desc.value.decode("utf-8", errors="replace"),
+            n_vocab=self.n_vocab,
+            **hparams,
+            file_size=self.path.stat().st_size,
+            is_recurrent=not vocab_only and bool(llama_cpp.llama_model_is_recurrent(h)),
+            is_hybrid=not vocab_only and bool(llama_cpp.llama_model_is_hybrid(h)),
+            vocab_type=VOCAB_TYPES.get(int(llama_cpp.llama_vocab_type(v)), "unknown"),
+            bos=int(llama_cpp.llama_vocab_bos(v)),
+            eos=int(llama_cpp.llama_vocab_eos(v)),
+            add_bos=bool(llama_cpp.llama_vocab_get_add_bos(v)),
+        )
+
+    @property
+    def handle(self):
+        if self._handle is None:
+            raise RuntimeError("model is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Free the weights now (idempotent). A model whose remote devices were lost is abandoned instead."""
+        if getattr(self, "_handle", None) is not None:
+            if self.placement is None or not self.placement.lost:
+                self._call(llama_cpp.llama_model_free, self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Model:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as a string, or None when absent."""
+        buf = ctypes.create_string_buffer(1024)
+        n = llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            llama_cpp.llama_model_meta_val_str(self.handle, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        """The GGUF's own `tokenizer.chat_template`, or None."""
+        raw = llama_cpp.llama_model_chat_template(self.handle, None)
+        return raw.decode("utf-8") if raw else None
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        """Text to token ids.
+
+        Args:
+            text: any text.
+            add_special: add BOS (and EOS) as the model is configured to.
+            parse_special: turn markup such as `<|im_end|>` into control tokens. Keep False for user text.
+        """
+        data = text.encode("utf-8", errors="replace")  # lone surrogates become "?" (callers clean text first)
+        n_max = len(data) + 8
+        buf = (llama_cpp.llama_token * n_max)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (llama_cpp.llama_token * n_max)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            raise ModelFileError(f"tokenizer of {self.path.name} failed on a {len(data)}-byte text")
+        return list(buf[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token renders to in generated text (control tokens render as nothing)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._piece_cache[token] = piece
+        return piece
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """Token ids to text (replacement character for invalid UTF-8)."""
+        return b"".join(self.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """The raw vocabulary entry of a token (as stored in the GGUF), for compatibility checks."""
+        raw = llama_cpp.llama_vocab_get_text(self._vocab, token)
+        return raw.decode("utf-8", errors="replace") if raw else ""
+
+    def control_tokens(self) -> dict[str, int]:
+        """Text → id of every control token (`<|im_start|>`, `<bos>`, …): what template markup may emit."""
+        if not hasattr(self, "_control"):
+            attr = llama_cpp.llama_vocab_get_attr
+            self._control = {
+                text: t
+                for t in range(self.n_vocab)
+                if attr(self._vocab, t) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL and (text := self.token_text(t))
+            }
+        return self._control
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, `<|im_end|>`, …)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    def eog_tokens(self) -> frozenset[int]:
+        """Every end-of-generation token of the vocabulary (computed once)."""
+        if not hasattr(self, "_eog"):
+            self._eog = frozenset(t for t in range(self.n_vocab) if self.is_eog(t))
+        return self._eog
+
+    def token_piece_text(self, token: int, *, special: bool = True) -> str:
+        """A token as text, rendering control tokens when `special` (for templates' bos/eos strings)."""
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
