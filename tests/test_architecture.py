@@ -1,12 +1,15 @@
-"""The package's layering (issue 13): the engine imports no UI and no pydantic, and no module imports in a cycle.
+"""The package's layering, checked on the import graph: one test per rule, each also shown to fail.
 
-The import graph is read from the source with `ast` — every import, function-level and TYPE_CHECKING ones
-included, relative ones resolved — so a lazy import cannot hide a cycle.
+The graph is read from the source with `ast` — every import, function-level and TYPE_CHECKING ones included,
+relative ones resolved — so a lazy import cannot hide a cycle or a layer break. Each rule is a function that
+returns its violations; the tests run it on the real package (no violation) and on a copy of the package with
+one deliberately wrong import added (exactly that violation), so a rule that checks nothing fails here.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +19,20 @@ import pytest
 import localspec
 
 PACKAGE_DIR = Path(localspec.__file__).parent
-ENGINE_LAYER = ("localspec.engine", "localspec.sampling", "localspec.verify", "localspec.kv", "localspec.backend")
-ABOVE_ENGINE = ("localspec.tui", "localspec.cli", "localspec.config", "localspec.flags", "localspec.runner")
+
+# Each layer (a folder, or a leaf module at the top) and the layers it may import besides itself.
+LAYERS: dict[str, set[str]] = {
+    "errors": set(),
+    "paths": set(),
+    "llama": {"errors"},
+    "core": {"llama", "errors"},
+    "models": {"core", "llama", "errors", "paths"},
+    "bench": {"core", "llama", "models", "errors", "paths"},
+    "tui": {"core", "llama", "models", "errors", "paths"},
+    "cli": {"bench", "tui", "core", "llama", "models", "errors", "paths"},
+    "__main__": {"cli"},
+}
+NATIVE = "llama_cpp"  # llama-cpp-python: only `localspec.llama` may import it
 
 
 def module_files(root: Path = PACKAGE_DIR, package: str = "localspec") -> dict[str, Path]:
@@ -31,10 +46,11 @@ def module_files(root: Path = PACKAGE_DIR, package: str = "localspec") -> dict[s
     return modules
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules that module `name` imports, anywhere in its source."""
+def imports_of(name: str, path: Path, modules: dict[str, Path], package: str) -> tuple[set[str], set[str]]:
+    """(the package's modules that `name` imports, the top-level names of everything else it imports)."""
     is_package = path.name == "__init__.py"
-    found: set[str] = set()
+    internal: set[str] = set()
+    external: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
@@ -51,20 +67,36 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         else:
             continue
         for target in targets:
-            while target and target not in modules:  # `import localspec.tui.app` names the module itself
-                target = target.rpartition(".")[0] if "." in target and target.startswith("localspec.") else ""
-            if target and target != name:
-                found.add(target)
-    return found
+            if target.split(".")[0] != package:
+                external.add(target.split(".")[0])
+                continue
+            while target not in modules:  # `import localspec.tui.app` names the module itself
+                target = target.rpartition(".")[0]
+            if target != name:
+                internal.add(target)
+    return internal, external
 
 
 def import_graph(root: Path = PACKAGE_DIR, package: str = "localspec") -> dict[str, set[str]]:
+    """Module → the package's modules it imports."""
     modules = module_files(root, package)
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return {name: imports_of(name, path, modules, package)[0] for name, path in modules.items()}
+
+
+def external_imports(root: Path = PACKAGE_DIR, package: str = "localspec") -> dict[str, set[str]]:
+    """Module → the top-level names of the other packages it imports."""
+    modules = module_files(root, package)
+    return {name: imports_of(name, path, modules, package)[1] for name, path in modules.items()}
+
+
+def layer(module: str) -> str:
+    """`localspec.core.engine` → "core"; `localspec.errors` → "errors"; the package itself → ""."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as a list of modules (first == last), or None."""
+    """One cycle as a list of nodes (first == last), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     stack: list[str] = []
 
@@ -86,53 +118,133 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
+def layer_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph folded onto layers (an edge between two layers, never a layer to itself)."""
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(layer(module), set()).update(layer(t) for t in targets if layer(t) != layer(module))
+    return folded
+
+
+# --- the rules: each returns its violations ------------------------------------------------------------------
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Module cycles and layer cycles, one line each."""
+    found = []
+    for what, g in (("modules", graph), ("layers", layer_graph(graph))):
+        if cycle := find_cycle(g):
+            found.append(f"{what}: " + " -> ".join(cycle))
+    return found
+
+
+def imports_outside(graph: dict[str, set[str]], source: str, allowed: set[str]) -> list[str]:
+    """Imports from layer `source` into a layer that is neither `source` nor in `allowed`."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in graph.items()
+        if layer(m) == source
+        for t in targets
+        if layer(t) not in allowed | {source}
+    )
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that `LAYERS` does not allow (and every module outside the known layers)."""
+    found = [f"{m}: not in a known layer" for m in graph if layer(m) and layer(m) not in LAYERS]
+    for source, allowed in LAYERS.items():
+        found += imports_outside(graph, source, allowed)
+    return found
+
+
+def native_importers(external: dict[str, set[str]]) -> list[str]:
+    """Modules outside `localspec.llama` that import llama-cpp-python."""
+    return sorted(m for m, names in external.items() if NATIVE in names and layer(m) != "llama")
+
+
+# --- the tests ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broken_copy(tmp_path):
+    """A copy of the package, and a function that adds one import line to one of its modules."""
+    root = tmp_path / "localspec"
+    shutil.copytree(PACKAGE_DIR, root, ignore=shutil.ignore_patterns("__pycache__"))
+
+    def add_import(module: str, line: str) -> Path:
+        path = root.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        if not path.exists():
+            path = path.with_suffix("") / "__init__.py"
+        path.write_text(path.read_text(encoding="utf-8") + f"\n\ndef _wrong():\n    {line}\n", encoding="utf-8")
+        return root
+
+    return add_import
 
 
 def test_the_graph_reader_sees_relative_and_function_level_imports(tmp_path):
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def f():\n    from .sub import b\n")
+    (pkg / "a.py").write_text("import numpy.linalg\n\ndef f():\n    from .sub import b\n")
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "b.py").write_text("from .. import a\n")
     graph = import_graph(pkg, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert external_imports(pkg, "pkg")["pkg.a"] == {"numpy"}
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.a"]
     assert find_cycle({"x": {"y"}, "y": set()}) is None
 
 
-def test_the_package_has_no_import_cycle():
-    graph = import_graph()
-    assert "localspec.tui.loading" in graph and "localspec.runner" in graph["localspec.tui.loading"]
-    cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+def test_no_module_or_layer_imports_in_a_cycle(broken_copy):
+    assert cycles(import_graph()) == []
+    # kv imports nothing of the engine; engine imports kv: one more import closes a loop
+    root = broken_copy("localspec.core.kv", "from localspec.core import engine")
+    assert any("localspec.core.engine" in line for line in cycles(import_graph(root)))
+    root = broken_copy("localspec.llama.model", "from localspec.core import sampling")
+    assert "layers: core -> llama -> core" in cycles(import_graph(root))
 
 
-@pytest.mark.parametrize("module", ENGINE_LAYER)
-def test_the_engine_layer_imports_nothing_above_it(module):
-    above = {m for m in reachable(import_graph(), module) if m.startswith(ABOVE_ENGINE)}
-    assert not above, f"{module} imports {sorted(above)}"
+def test_core_imports_only_core_llama_and_errors(broken_copy):
+    assert imports_outside(import_graph(), "core", {"llama", "errors"}) == []
+    root = broken_copy("localspec.core.sampling", "from localspec.paths import get_paths")
+    assert imports_outside(import_graph(root), "core", {"llama", "errors"}) == [
+        "localspec.core.sampling -> localspec.paths"
+    ]
 
 
-def test_the_chat_app_does_not_import_the_cli():
-    graph = import_graph()
-    tui = {m for m in graph if m.startswith("localspec.tui")}
-    assert not {m for m in tui if "localspec.cli" in reachable(graph, m)}
+def test_only_the_llama_layer_imports_llama_cpp(broken_copy):
+    importers = {m for m, names in external_imports().items() if NATIVE in names}
+    assert importers and all(layer(m) == "llama" for m in importers)  # the rule below sees real imports
+    assert native_importers(external_imports()) == []
+    root = broken_copy("localspec.core.engine", "import llama_cpp")
+    assert native_importers(external_imports(root)) == ["localspec.core.engine"]
+
+
+def test_the_chat_app_never_imports_the_cli(broken_copy):
+    assert imports_outside(import_graph(), "tui", set(LAYERS) - {"cli"}) == []
+    root = broken_copy("localspec.tui.widgets", "from localspec.cli.flags import add_model_args")
+    assert imports_outside(import_graph(root), "tui", set(LAYERS) - {"cli"}) == [
+        "localspec.tui.widgets -> localspec.cli.flags"
+    ]
+
+
+def test_every_layer_imports_only_the_layers_below_it(broken_copy):
+    assert layer_breaks(import_graph()) == []
+    root = broken_copy("localspec.models.pairs", "from localspec.bench import run")
+    assert layer_breaks(import_graph(root)) == ["localspec.models.pairs -> localspec.bench.run"]
 
 
 def test_importing_the_engine_loads_no_ui_and_no_pydantic():
     code = (
-        "import sys, localspec.engine, localspec.params\n"
+        "import sys, localspec.core.engine, localspec.core.params\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'pydantic', 'rich'))\n"
         "print(' '.join(bad))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "", f"importing the engine loaded {result.stdout.strip()}"
+
+
+def test_the_parameters_and_the_catalog_load_without_llama_cpp():
+    code = "import sys, localspec.core.params, localspec.models.catalog\nprint('llama_cpp' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False", "validating models.toml loaded llama.cpp"

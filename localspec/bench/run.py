@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.core.engine import Engine, Generation, SpeculativeParams
+from localspec.core.engine import Engine, Generation
+from localspec.core.params import SpeculativeParams
 from localspec.core.policy import expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats

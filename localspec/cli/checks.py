@@ -38,7 +38,7 @@ def check_run_args(args: argparse.Namespace) -> None:
     Raises:
         LocalspecError: the first flag out of range, a missing model file, an unknown template name.
     """
-    from localspec.core.engine import SpeculativeParams
+    from localspec.core.params import SpeculativeParams
     from localspec.core.sampling import SamplingParams
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)

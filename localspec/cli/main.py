@@ -16,11 +16,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec import tui
 from localspec.errors import ContextError, LocalspecError
 from localspec.paths import Paths, get_paths
 
-from . import bench, pairs, worker
+from . import bench, chat, pairs, worker
 from .checks import check_run_args
 from .flags import add_model_args, add_sampling_args, overrides_from_args
 from .interrupts import SignalGuard
@@ -58,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
     pairs.register(sub)
     bench.register(sub)
-    tui.register(sub)
+    chat.register(sub)
     worker.register(sub)
     return parser
 

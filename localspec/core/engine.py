@@ -28,7 +28,7 @@ from localspec.llama.model import Model
 
 from .drafters import Drafter, Proposal, make_drafter
 from .kv import Context, KVSequence, PrefillStopped
-from .params import LoadParams
+from .params import LoadParams, SpeculativeParams
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats, Step
@@ -37,27 +37,9 @@ from .verify import verify_greedy, verify_match, verify_pq
 
 log = logging.getLogger("localspec.engine")
 
-VERIFY_MODES = ("auto", "pq", "match")
+
 DEFAULT_N_CTX = 4096
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
-
-
-@dataclass(frozen=True, slots=True)
-class SpeculativeParams:
-    """How drafting and verification run."""
-
-    draft_max: int = 8  # most tokens drafted per step (k); 0 = plain decoding
-    p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
-    verify: str = "auto"  # "pq" (Leviathan rejection sampling), "match" (exact match), "auto" = pq when T > 0
-    adaptive: bool = True  # pick k ≤ draft_max each step from α̂ and measured costs, off when plain is faster
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.draft_max <= 64:
-            raise InvalidParamsError("invalid speculation setting: draft-max must be between 0 and 64")
-        if not 0 <= self.p_min <= 1:
-            raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
-        if self.verify not in VERIFY_MODES:
-            raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,25 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", 
 SPECULATIVE_OPTIONS = ("draft_max", "p_min", "verify", "adaptive")  # of SpeculativeParams
 OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 N_CTX_MIN = 16
+VERIFY_MODES = ("auto", "pq", "match")  # "auto": pq when T > 0, else greedy
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeParams:
+    """How drafting and verification run."""
+
+    draft_max: int = 8  # most tokens drafted per step (k); 0 = plain decoding
+    p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
+    verify: str = "auto"  # "pq" (Leviathan rejection sampling), "match" (exact match), "auto" = pq when T > 0
+    adaptive: bool = True  # pick k ≤ draft_max each step from α̂ and measured costs, off when plain is faster
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.draft_max <= 64:
+            raise InvalidParamsError("invalid speculation setting: draft-max must be between 0 and 64")
+        if not 0 <= self.p_min <= 1:
+            raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
+        if self.verify not in VERIFY_MODES:
+            raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ from localspec.llama.model import Model
 from localspec.llama.templates import render_builtin_chat, render_jinja_chat
 
 from . import window
-from .engine import Engine, Generation, SpeculativeParams
+from .engine import Engine, Generation
+from .params import SpeculativeParams
 from .sampling import SamplingParams
 
 log = logging.getLogger("localspec.session")

@@ -8,15 +8,20 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from localspec.errors import InvalidParamsError
 
-if TYPE_CHECKING:
-    from .context import Context
-
 log = logging.getLogger("localspec.threads")
 THREADS_ENV = "LOCALSPEC_THREADS"
+
+
+class Threaded(Protocol):
+    """What `ThreadTuner` changes: a context's thread count (`context.Context`)."""
+
+    n_threads: int
+
+    def set_threads(self, n: int) -> None: ...
 
 
 def cpu_count() -> int:
@@ -130,7 +135,7 @@ class ThreadTuner:
     (`llama_set_n_threads`) when the free cores changed by a whole core.
     """
 
-    def __init__(self, contexts: list[Context], *, interval: float = 0.5) -> None:
+    def __init__(self, contexts: list[Threaded], *, interval: float = 0.5) -> None:
         self.contexts = contexts
         self.interval = interval
         self.cores = physical_cores()

@@ -18,8 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from localspec.core.engine import SpeculativeParams
-from localspec.core.params import LoadParams, PairDefaults
+from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import ConfigError, InvalidParamsError
 from localspec.paths import Paths

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from localspec.core.engine import Engine, SpeculativeParams
-from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults
+from localspec.core.engine import Engine
+from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.paths import Paths

@@ -15,7 +15,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
 
-from localspec.core.engine import VERIFY_MODES
+from localspec.core.params import VERIFY_MODES
 from localspec.errors import LocalspecError
 
 from .loading import PairRow

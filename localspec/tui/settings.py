@@ -7,16 +7,13 @@ it and the app applies it from the next message. Neither knows about Textual.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localspec.cli.flags import overrides_from_args
-from localspec.core.engine import SpeculativeParams
-from localspec.core.params import DRAFTERS, MODEL_DRAFTERS, PairDefaults
+from localspec.core.params import DRAFTERS, MODEL_DRAFTERS, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.models.loading import sampling_params, speculative_params
@@ -50,26 +47,6 @@ class ChatOptions:
     cursor_blink: bool = True  # tests and snapshots turn it off
     stats_interval: float = 0.25  # seconds between stats panel refreshes while generating
     stream_interval: float = 0.1  # seconds between streamed text updates (the worker batches tokens)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, paths: Paths) -> ChatOptions:
-        """Options from the `chat` subcommand's flags (already checked by `check_run_args`)."""
-        return cls(
-            pair=args.pair,
-            target=args.target,
-            draft=args.draft,
-            drafter=args.drafter,
-            n_ctx=args.n_ctx,
-            n_gpu_layers=args.n_gpu_layers,
-            threads=args.threads,
-            rpc=tuple(args.rpc or ()),
-            chat_template=args.chat_template,
-            system=args.system,
-            max_tokens=args.max_tokens,
-            stop=tuple(args.stop or ()),
-            overrides=overrides_from_args(args),
-            paths=paths,
-        )
 
 
 @dataclass(frozen=True)

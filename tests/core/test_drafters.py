@@ -20,7 +20,8 @@ from localspec.core.drafters import (
     lookup,
     needs_draft_model,
 )
-from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
 from localspec.core.policy import size_ratio
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError

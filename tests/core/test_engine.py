@@ -13,8 +13,9 @@ import pytest
 from support import GREEDY, PROMPT, divergence, run_greedy
 from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
-from localspec.core.engine import Engine, SpeculativeParams, TargetArgmax, TargetLaws
+from localspec.core.engine import Engine, TargetArgmax, TargetLaws
 from localspec.core.kv import KVSequence
+from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import Dist, SamplingParams, penalty_window
 from localspec.llama.context import Context
 from localspec.llama.model import Model

@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from support import divergence
 
-from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.llama.context import Context
 

@@ -14,8 +14,9 @@ import pytest
 from support import divergence
 from support.lawcheck import check_law, expected_tv
 
-from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
+from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession
 from localspec.core.window import common_prefix, plan_shift

@@ -17,7 +17,7 @@ import pytest
 from support.fakellm import LogitTable, fake_engine
 from support.lawcheck import check_law, expected_tv
 
-from localspec.core.engine import SpeculativeParams
+from localspec.core.params import SpeculativeParams
 from localspec.core.policy import DraftPolicy, EstimatedCosts
 from localspec.core.sampling import SamplingParams
 

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from localspec.cli.main import main, setup_logging
-from localspec.core.engine import Engine, SpeculativeParams
-from localspec.core.params import LoadParams, PairDefaults
+from localspec.core.engine import Engine
+from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.models.catalog import load_config

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from support.fakellm import LogitTable, fake_engine
 
-from localspec.core.engine import SpeculativeParams
+from localspec.core.params import SpeculativeParams
 from localspec.core.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats, Step

@@ -20,7 +20,8 @@ import pytest
 from support import GREEDY, PROMPT, divergence
 
 from localspec.bench.relay import DelayRelay
-from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
 from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
 from localspec.llama import rpc
 from localspec.llama.rpc import parse_rpc

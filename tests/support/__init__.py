@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from localspec.core.engine import Engine, SpeculativeParams
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.llama.context import Context
 from localspec.llama.model import Model

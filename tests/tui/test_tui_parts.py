@@ -6,8 +6,9 @@ import argparse
 
 import pytest
 
-from localspec.core.engine import Engine, SpeculativeParams
-from localspec.core.params import PairDefaults
+from localspec.cli.chat import chat_options
+from localspec.core.engine import Engine
+from localspec.core.params import PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession
 from localspec.core.stats import Decision, Stats
@@ -64,7 +65,7 @@ def test_options_from_the_chat_flags():
         verify=None,
         adaptive=False,
     )
-    options = ChatOptions.from_args(args, get_paths({}))
+    options = chat_options(args, get_paths({}))
     assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
     assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
 
