@@ -18,11 +18,11 @@ import statistics
 import sys
 import time
 
-from localspec.engine import Engine, SpeculativeParams
-from localspec.sampling import SamplingParams
-from localspec.session import ChatSession
-
-from localspec import demo
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
+from localspec.core.sampling import SamplingParams
+from localspec.core.session import ChatSession
+from localspec.models import demo
 from localspec.paths import get_paths
 
 SYSTEM = "You are a helpful assistant. Answer in one short sentence."

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import sys
 
-from localspec.session import ChatFormat, Message
-from localspec.window import plan_shift
-
-from localspec import backend
+from localspec.core.session import ChatFormat, Message
+from localspec.core.window import plan_shift
 from localspec.errors import ChatTemplateError
+from localspec.llama.model import Model
+from localspec.llama.templates import builtin_chat_templates
 
 
 def survey(fmt: ChatFormat) -> str:
@@ -33,9 +33,9 @@ def survey(fmt: ChatFormat) -> str:
 
 
 def main() -> int:
-    with backend.Model(sys.argv[1], vocab_only=True) as model:
+    with Model(sys.argv[1], vocab_only=True) as model:
         names = [None] if model.chat_template() else []
-        for name in names + backend.builtin_chat_templates():
+        for name in names + builtin_chat_templates():
             try:
                 result = survey(ChatFormat(model, name))
             except ChatTemplateError as e:

@@ -162,7 +162,7 @@ def test_dry_run_reports_sizes_and_downloads_nothing(env, fake_hub, tiny_models)
 
 def test_progress_callback_reports_bytes(env, fake_hub, tiny_models):
     script = (
-        "from localspec.config import ModelSource\nfrom localspec import hub\nseen = []\n"
+        "from localspec.models.catalog import ModelSource\nfrom localspec.models import hub\nseen = []\n"
         "path = hub.download(ModelSource.model_validate('test/tiny-draft-GGUF:Q8_0'),"
         " progress=lambda name, done, total: seen.append((name, done, total)))\n"
         "print(seen[-1][1], seen[-1][2], path.name)\n"
