@@ -1,6 +1,6 @@
 """Shared pytest fixtures: tiny GGUF models written once per session, and the SmolLM2 file from PyPI.
 
-The tiny models (see tests/tinymodels.py) are random-weight files that the real llama.cpp loads in
+The tiny models (see tests/support/tinymodels.py) are random-weight files that the real llama.cpp loads in
 milliseconds; `smollm2_path` is a real 135M chat model for the few tests that need meaningful text.
 """
 

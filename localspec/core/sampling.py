@@ -13,7 +13,7 @@ row, taken in float32 once and re-taken in float64 only when a cut falls within 
 every filter off the law is one float64 softmax over the row.
 
 Ties are broken one way everywhere: among equal values the lower token id comes first (greedy picks
-it, top-k keeps it, top-p counts it first). tests/sampling_reference.py holds the plain full-sort
+it, top-k keeps it, top-p counts it first). tests/support/sampling_reference.py holds the plain full-sort
 version of the same law, which the tests compare against.
 """
 
