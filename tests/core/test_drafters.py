@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from support import GREEDY
 from support.fakellm import LogitTable, fake_engine
 
 from localspec.cli.main import main
@@ -23,10 +24,8 @@ from localspec.core.drafters import (
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import size_ratio
-from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 
-GREEDY = SamplingParams(temperature=0.0)
 FIXED = SpeculativeParams(draft_max=6, adaptive=False)
 
 

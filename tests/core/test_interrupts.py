@@ -10,14 +10,13 @@ next generation must equal one from an untouched engine (up to near-ties, as in 
 from __future__ import annotations
 
 import pytest
-from support import divergence
+from support import GREEDY, divergence, run_to_end
 
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.llama.context import Context
 
-GREEDY = SamplingParams(temperature=0)
 SAMPLED = SamplingParams(temperature=0.9, seed=5)
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
 PROMPT = "the man said that the water was hot and"
@@ -50,9 +49,7 @@ class Tripwire:
 
 
 def run(engine: Engine, prompt: list[int], sampling: SamplingParams):
-    gen = engine.generate(prompt, sampling=sampling, spec=FIXED4, max_tokens=N_TOKENS)
-    list(gen)
-    return gen
+    return run_to_end(engine, prompt, sampling=sampling, spec=FIXED4, max_tokens=N_TOKENS)
 
 
 def armed_run(engine: Engine, prompt, sampling, monkeypatch, wire: Tripwire) -> None:

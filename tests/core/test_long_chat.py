@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import divergence
+from support import GREEDY, divergence
 from support.lawcheck import check_law, expected_tv
 
 from localspec.core.engine import Engine
@@ -23,7 +23,6 @@ from localspec.core.window import common_prefix, plan_shift
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
-GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
 PLAIN = SpeculativeParams(draft_max=0)
 WORDS = [

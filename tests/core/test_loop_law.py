@@ -122,19 +122,19 @@ def test_adaptive_draft_length_emits_the_target_law(law):
     assert np.count_nonzero(used[1:]) >= 3, used  # k really varied
 
 
-GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=6)
+GREEDY_PENALISED = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=6)  # greedy, not plain
 
 
 @pytest.mark.parametrize("drafter", ["model", "ngram", "model+ngram"])
 def test_greedy_speculative_equals_plain_greedy(drafter):
     plain_engine = fake_engine(TARGET, None, "none")
     for prompt in ([1, 3, 0, 4], [2, 2, 2], [0, 1, 2, 3, 4, 0, 1]):
-        plain = plain_engine.generate(prompt, sampling=GREEDY, max_tokens=30)
+        plain = plain_engine.generate(prompt, sampling=GREEDY_PENALISED, max_tokens=30)
         list(plain)
         for spec in [SpeculativeParams(draft_max=k, adaptive=False) for k in (1, 3, 5)] + [SpeculativeParams()]:
             engine = fake_engine(TARGET, DRAFT, drafter)
             engine.policy = DraftPolicy(engine.drafter, costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
-            gen = engine.generate(prompt, sampling=GREEDY, spec=spec, max_tokens=30)
+            gen = engine.generate(prompt, sampling=GREEDY_PENALISED, spec=spec, max_tokens=30)
             list(gen)
             assert gen.tokens == plain.tokens, (prompt, spec)
             assert gen.stats.drafted > 0

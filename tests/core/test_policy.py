@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import run_to_end
 from support.fakellm import LogitTable, fake_engine
 
 from localspec.core.params import SpeculativeParams
@@ -121,9 +122,7 @@ USELESS = LogitTable(5, seed=99, scale=8.0)  # unrelated to the target, and sure
 
 
 def run(engine, sampling: SamplingParams, n: int = 40, spec: SpeculativeParams = SpeculativeParams(), rng=None):
-    gen = engine.generate([1, 2, 3, 4], sampling=sampling, spec=spec, max_tokens=n, rng=rng)
-    list(gen)
-    return gen
+    return run_to_end(engine, [1, 2, 3, 4], sampling=sampling, spec=spec, max_tokens=n, rng=rng)
 
 
 def test_useless_draft_goes_off_through_the_loop():

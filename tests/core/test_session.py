@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from support import GREEDY
 from support.tinymodels import IM_END_ID, IM_START_ID
 
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
-from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatFormat, ChatSession, Message
 from localspec.errors import ChatTemplateError
 
-GREEDY = SamplingParams(temperature=0)
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
 
 
