@@ -16,6 +16,8 @@ from localspec.errors import InvalidParamsError, RpcError
 from localspec.llama import rpc, threads
 from localspec.paths import Paths
 
+from .interrupts import Interrupted, SignalGuard
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="serve this machine's devices to a localspec on another machine (RPC)")
@@ -62,14 +64,16 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     version = ".".join(map(str, rpc.PROTOCOL))
     print(f"localspec worker: serving {names} on {endpoint} (RPC protocol {version}); stop with Ctrl+C", flush=True)
     server = threading.Thread(target=rpc.serve, args=(endpoint,), kwargs={"threads": n_threads, "cache_dir": cache})
-    server.daemon = True  # llama.cpp's server loop never returns; Ctrl+C ends the process
-    server.start()
-    try:
-        while server.is_alive():
-            server.join(0.5)
-    except KeyboardInterrupt:
-        print("localspec worker: stopped", file=sys.stderr)
-        return 0
+    server.daemon = True  # llama.cpp's server loop never returns; Ctrl+C or SIGTERM ends the process
+    # The guard also takes SIGINT where the shell that started us in the background ignores it.
+    with SignalGuard():
+        server.start()
+        try:
+            while server.is_alive():
+                server.join(0.5)
+        except Interrupted:
+            print("localspec worker: stopped", file=sys.stderr)
+            return 0
     raise RpcError(f"the RPC server on {endpoint} stopped: see the lines above")
 
 
