@@ -82,3 +82,13 @@ def chat_home(localspec_home, tiny_models, tmp_path: Path, monkeypatch: pytest.M
         encoding="utf-8",
     )
     return localspec_home
+
+
+REAL_MODEL_FIXTURES = {"smollm2_path"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that loads a real model from a PyPI package `real_model`, so the fast subset skips it."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)

@@ -39,7 +39,7 @@ def free_port() -> int:
 class Worker:
     """`localspec worker` in a subprocess, on a free port of 127.0.0.1."""
 
-    def __init__(self, *extra: str) -> None:
+    def __init__(self, *extra: str, ignore_sigint: bool = False) -> None:
         self.port = free_port()
         self.endpoint = rpc.Endpoint("127.0.0.1", self.port)
         self.proc = subprocess.Popen(
@@ -47,6 +47,7 @@ class Worker:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -65,7 +66,7 @@ class Worker:
 
     def stop(self) -> tuple[str, str]:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGTERM)  # SIGINT may be ignored where pytest runs in the background
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -164,6 +165,7 @@ def test_generate_with_an_unreachable_worker_prints_one_line(tiny_models):
 # --- the worker ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.rpc
 def test_worker_binds_loopback_by_default_and_warns_for_other_interfaces(worker):
     stdout, stderr = worker.stop()
     assert f"on 127.0.0.1:{worker.port}" in stdout and "warning" not in stderr
@@ -172,6 +174,7 @@ def test_worker_binds_loopback_by_default_and_warns_for_other_interfaces(worker)
     assert "warning: RPC has no authentication" in stderr and len(stderr.strip().splitlines()) <= 2
 
 
+@pytest.mark.rpc
 def test_worker_cache_folder_is_made_and_handed_to_llama_cpp(tmp_path):
     cache = tmp_path / "weights"
     w = Worker("--cache", str(cache))
@@ -179,6 +182,22 @@ def test_worker_cache_folder_is_made_and_handed_to_llama_cpp(tmp_path):
     assert cache.is_dir() and f"local cache    : {cache}" in stdout
 
 
+@pytest.mark.rpc
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_worker_stops_on_ctrl_c_or_sigterm_with_one_line(signum):
+    # Started with SIGINT ignored, as a shell does for a background job: Ctrl+C must still stop it.
+    w = Worker(ignore_sigint=True)
+    w.proc.send_signal(signum)
+    try:
+        w.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        w.kill()
+        raise AssertionError(f"the worker ignored {signal.Signals(signum).name}") from None
+    assert w.proc.returncode == 0
+    assert w.proc.stderr.read().strip().endswith("localspec worker: stopped")
+
+
+@pytest.mark.rpc
 def test_worker_on_a_busy_port_is_one_line(worker):
     out = subprocess.run(
         [sys.executable, "-m", "localspec", "worker", "--port", str(worker.port)],
@@ -192,6 +211,7 @@ def test_worker_on_a_busy_port_is_one_line(worker):
 # --- the target on a worker ----------------------------------------------------------------------------------
 
 
+@pytest.mark.rpc
 def test_greedy_over_rpc_equals_the_local_target_and_speculation_equals_plain(tiny_models, worker, record_property):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as local:
         prompt = local.tokenize(PROMPT)
@@ -209,6 +229,7 @@ def test_greedy_over_rpc_equals_the_local_target_and_speculation_equals_plain(ti
     assert spec.stats.drafted > 0 and spec.stats.target_passes < plain.stats.target_passes
 
 
+@pytest.mark.rpc
 def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny_models):
     first = Worker()
     engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, rpc=(str(first.endpoint),))
@@ -236,6 +257,7 @@ def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny
         second.stop()
 
 
+@pytest.mark.rpc
 def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
     first = Worker()
     engine = Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(first.endpoint),))
@@ -268,6 +290,7 @@ def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
 # --- the relay the benchmark uses ----------------------------------------------------------------------------
 
 
+@pytest.mark.rpc
 def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
     relay = DelayRelay(worker.endpoint, rtt_ms=0, max_connections=16, lifetime=120)
     with relay, Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(relay.endpoint),)) as engine:
@@ -287,6 +310,7 @@ def test_the_relay_adds_its_round_trip_and_counts_turns(tiny_models, worker):
     assert slow >= 0.5 * slow_turns * 0.020
 
 
+@pytest.mark.rpc
 def test_relay_is_bounded_in_connections(worker):
     with DelayRelay(worker.endpoint, max_connections=1, lifetime=30) as relay:
         rpc.probe(relay.endpoint, timeout=2)
@@ -295,6 +319,7 @@ def test_relay_is_bounded_in_connections(worker):
             rpc.probe(relay.endpoint, timeout=1)
 
 
+@pytest.mark.rpc
 def test_the_chat_keeps_its_history_when_the_worker_dies_and_answers_after_a_reload(tiny_models, tmp_path):
     from support.tui import PAIR_SETTINGS, roles, saved
 
@@ -355,6 +380,7 @@ def _run(turn, stream_generation, Finished, Chunk, kill: Worker | None = None):
     return finished
 
 
+@pytest.mark.rpc
 def test_bench_rpc_runs_each_setting_at_each_round_trip_through_its_own_relay(
     tiny_models, worker, capsys, localspec_home
 ):
