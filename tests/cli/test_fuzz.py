@@ -101,6 +101,7 @@ def _single_line(text: str) -> bool:
     return text.count("\n") <= 1 and "Traceback" not in text
 
 
+@pytest.mark.slow
 @FUZZ
 @given(command=st.sampled_from(COMMANDS), words=st.lists(WORDS, max_size=8))
 def test_command_line_gives_success_or_one_line(command, words, capsys, chat_home):
@@ -199,6 +200,7 @@ def _load(tmp_path: Path, data: bytes) -> None:
             assert "\n" not in str(e) and str(home / "models.toml") in str(e), str(e)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(text=models_toml())
 def test_models_toml_from_the_schema_gives_success_or_one_line(text, tmp_path):

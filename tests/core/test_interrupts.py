@@ -70,6 +70,7 @@ def call_points(total: int) -> list[int]:
     return sorted(set(range(1, min(total, 40) + 1)) | set(range(40, total + 1, max(1, (total - 40) // 25))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rollback, sampling",
     [("auto", GREEDY), ("auto", SAMPLED), ("checkpoint", GREEDY), ("refill", GREEDY)],

@@ -224,6 +224,7 @@ def test_greedy_speculative_equals_plain_after_a_shift(tiny_models, record_prope
     record_property("near_tie_divergence", near_tie)
 
 
+@pytest.mark.slow
 def test_speculative_sampling_follows_the_targets_law_on_the_shifted_cache(tiny_models):
     """T2 on the shifted state: the first two tokens' law, computed from the target's own shifted cache."""
     sampling = SamplingParams(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, seed=5)
@@ -295,7 +296,9 @@ def test_a_template_that_renders_a_shortened_chat_differently_falls_back_to_bloc
         assert len(reads) <= session.block_drops + 1  # re-reads only at block drops, not every turn
 
 
-@pytest.mark.parametrize(("model", "n_ctx", "turns"), [("recurrent", 256, 30), ("swa", 1024, 90)])
+@pytest.mark.parametrize(
+    ("model", "n_ctx", "turns"), [("recurrent", 256, 30), pytest.param("swa", 1024, 90, marks=pytest.mark.slow)]
+)
 def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_models, model, n_ctx, turns):
     """No shift possible: block drops; each answer equals a fresh engine's answer to the same prompt.
 

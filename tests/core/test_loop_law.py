@@ -79,6 +79,7 @@ def test_the_exact_law_is_not_trivial(law):
     assert 0.5 * np.abs(unpenalised - law).sum() > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verify", ["pq", "match"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_model_drafter_emits_the_target_law(law, k, verify):
@@ -91,6 +92,7 @@ def test_model_drafter_emits_the_target_law(law, k, verify):
     assert 0.2 * drafted < accepted < 0.9 * drafted  # both paths of the kernel were exercised
 
 
+@pytest.mark.slow
 def test_pq_accepts_more_than_match():
     accepted = {}
     for verify in ("pq", "match"):
@@ -101,6 +103,7 @@ def test_pq_accepts_more_than_match():
     assert accepted["pq"] > accepted["match"] + 0.05, accepted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["ngram", "model+ngram"])
 def test_lookup_drafters_emit_the_target_law(law, drafter):
     engine = fake_engine(TARGET, DRAFT, drafter)
@@ -110,6 +113,7 @@ def test_lookup_drafters_emit_the_target_law(law, drafter):
     assert 0 < accepted < drafted and sum(s.rejections for s in stats) > 0  # accept and residual paths ran
 
 
+@pytest.mark.slow
 def test_adaptive_draft_length_emits_the_target_law(law):
     """k chosen each step from α̂ (which depends on earlier outcomes) keeps the law exact."""
     engine = fake_engine(TARGET, DRAFT)
@@ -140,6 +144,7 @@ def test_greedy_speculative_equals_plain_greedy(drafter):
             assert gen.stats.drafted > 0
 
 
+@pytest.mark.slow
 def test_a_broken_kernel_in_the_loop_fails_the_same_check(law, monkeypatch):
     """Negative control: the loop-level check sees a kernel that resamples from the target on rejection."""
     from support.lawcheck import broken_pq

@@ -96,6 +96,7 @@ def test_the_reference_is_honest(reference):
     assert np.count_nonzero(reference.probs * min(RUNS.values()) >= 5) >= 15  # enough cells with data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys, localspec_home):
     n = RUNS[mode]

@@ -76,6 +76,7 @@ def test_chi_square_tail_matches_known_values():
     assert chi2_sf(10.0, 10) == pytest.approx(0.4404932851, rel=1e-8)
 
 
+@pytest.mark.slow
 def test_pq_emits_the_target_law_and_accepts_sum_min():
     target, draft = overlapping_pair()
     counts, accepted = run_trials(pq, target, draft, N_TRIALS, seed=1)
@@ -86,6 +87,7 @@ def test_pq_emits_the_target_law_and_accepts_sum_min():
     assert binomial_ok(accepted, N_TRIALS, p_accept), (accepted / N_TRIALS, p_accept)
 
 
+@pytest.mark.slow
 def test_resampling_from_the_target_fails_the_same_check():
     """Negative control: the check has the power to see the residual replaced by the target."""
     target, draft = overlapping_pair()
@@ -121,6 +123,7 @@ def test_disjoint_supports_never_accept_and_still_emit_the_target():
     assert verdict.ok, verdict
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("token", [0, 3, 9])
 def test_one_hot_draft_accepts_with_the_target_probability(token):
     """The n-gram case: no draft law (None), accept x with target(x), else the target without x."""

@@ -129,6 +129,7 @@ def test_pull_downloads_both_files_and_checks_the_pair(env, fake_hub, tiny_model
     assert cached_target.read_bytes() == tiny_models.target.read_bytes()
 
 
+@pytest.mark.slow
 def test_second_pull_is_a_no_op_without_network(env, fake_hub):
     assert cli(env, "pull", "tiny").returncode == 0
     before = len(fake_hub.requests)
@@ -139,6 +140,7 @@ def test_second_pull_is_a_no_op_without_network(env, fake_hub):
     assert len(fake_hub.requests) == before
 
 
+@pytest.mark.slow
 def test_a_cut_connection_resumes_with_a_range_request(env, fake_hub):
     data = fake_hub.repos["test/big-GGUF"]["big-Q8_0.gguf"]
     fake_hub.cut_first_download("big-Q8_0.gguf", after_bytes=CHUNK + 4096)
@@ -201,6 +203,7 @@ def test_dead_network_is_one_line_and_fast(env, fake_hub):
     assert time.monotonic() - start < 20
 
 
+@pytest.mark.slow
 def test_offline_mode_uses_the_cache_and_says_what_is_missing(env, fake_hub):
     assert cli(env, "pull", "tiny").returncode == 0
     fake_hub.stop()
@@ -227,6 +230,7 @@ def test_not_downloaded_pair_tells_to_pull(env):
 # --- models -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_models_json_lists_curated_and_user_pairs_with_download_state(env):
     assert cli(env, "pull", "tiny").returncode == 0
     result = cli(env, "models", "--json")
