@@ -314,7 +314,7 @@ class DraftPolicy:
         if self._start_probes > 0:
             self._start_probes -= 1
             return Choice(k, probe=True)
-        cost = self._probe_cost(k, costs)
+        cost = self.probe_cost(k, costs)
         if self.credit >= cost:
             self.credit -= cost
             return Choice(k, probe=True)
@@ -335,8 +335,11 @@ class DraftPolicy:
             measured_speedup=measured,
         )
 
-    def _probe_cost(self, k: int, costs: Costs) -> float:
-        """Plain steps a probe with k drafts is expected to lose, catching up on the lag included."""
+    def probe_cost(self, k: int, costs: Costs) -> float:
+        """Plain steps a probe with k drafts is expected to lose, catching up on the lag included.
+
+        Probes are paid from `credit`, so their total cost stays within the probe budget.
+        """
         return (
             self.lag * costs.catch_up_ratio()
             + k * costs.draft_ratio()

@@ -24,6 +24,12 @@ class Threaded(Protocol):
     def set_threads(self, n: int) -> None: ...
 
 
+class FreeCores(Protocol):
+    """What `ThreadTuner` asks of its monitor (`CoreMonitor`, or a fixed value in tests)."""
+
+    def free_cores(self, *, wait: float = 0.0) -> float: ...
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity mask where the platform has one)."""
     try:
@@ -135,12 +141,15 @@ class ThreadTuner:
     (`llama_set_n_threads`) when the free cores changed by a whole core.
     """
 
-    def __init__(self, contexts: list[Threaded], *, interval: float = 0.5) -> None:
+    def __init__(self, contexts: list[Threaded], *, interval: float = 0.5, monitor: FreeCores | None = None) -> None:
+        """`monitor`: what measures the free cores (default: a `CoreMonitor` where /proc allows; none: fixed)."""
         self.contexts = contexts
         self.interval = interval
         self.cores = physical_cores()
         self.threads = contexts[0].n_threads if contexts else self.cores
-        self._monitor = CoreMonitor() if CoreMonitor.available() else None
+        if monitor is None and CoreMonitor.available():
+            monitor = CoreMonitor()
+        self._monitor = monitor
         self._next = time.monotonic() + interval
 
     def check(self) -> int:

@@ -63,7 +63,7 @@ def simulate(policy: DraftPolicy, steps: int, accept_all: bool = False) -> tuple
         stats.record_choice(choice.k, choice.reason, probe=choice.probe)
         k = choice.k
         if k and choice.probe and not accept_all:
-            spent += policy._probe_cost(k, policy.costs)
+            spent += policy.probe_cost(k, policy.costs)
         n_accepted = k if accept_all else 0
         step = Step(((0, False),) * (n_accepted + 1), k, n_accepted)
         stats.record_step(step)

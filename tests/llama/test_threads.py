@@ -54,8 +54,9 @@ class FixedMonitor:
 def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
     monkeypatch.setattr(threads, "physical_cores", lambda: 4)
     contexts = [FakeContext(4), FakeContext(4)]
-    tuner = threads.ThreadTuner(contexts, interval=0.0)
+    monitor = FixedMonitor(4.0)
+    tuner = threads.ThreadTuner(contexts, interval=0.0, monitor=monitor)
     for free, want in ((4.0, 4), (2.9, 3), (1.2, 1), (0.1, 1), (3.8, 4)):
-        tuner._monitor = FixedMonitor(free)
+        monitor.free = free
         assert tuner.check() == want
         assert [c.n_threads for c in contexts] == [want, want]
