@@ -429,6 +429,11 @@ class Engine:
         for seq in self.caches:
             seq.repair()
 
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` has freed the contexts and models."""
+        return not self._owned
+
     def close(self) -> None:
         """Free contexts and models now."""
         for obj in reversed(self._owned):

@@ -104,7 +104,7 @@ class ChatApp(App[int]):
         self.query_one("#messages", VerticalScroll).anchor()
         self._stats_timer = self.set_interval(self.options.stats_interval, self._refresh_stats, pause=True)
         await self._show_conversation()
-        self._draw_stats()
+        self.draw_stats()
         self._start_load(pair=None)
 
     def get_system_commands(self, screen: Screen):
@@ -210,12 +210,13 @@ class ChatApp(App[int]):
             provenance=self.screen.has_class("-provenance"),
         )
 
-    def _draw_stats(self, view: StatsView | None = None) -> None:
+    def draw_stats(self, view: StatsView | None = None) -> None:
+        """Redraw the stats panel (default: the chat's last answer and session figures)."""
         self.query_one(StatsPanel).show(view or self._view(generating=False))
 
     def _refresh_stats(self) -> None:
         if self.turn is not None and self._live is not None:
-            self._draw_stats(self._view(generating=True))
+            self.draw_stats(self._view(generating=True))
 
     # --- loading and pulling --------------------------------------------------------------------------------
 
@@ -227,7 +228,7 @@ class ChatApp(App[int]):
         `settings` (a drafter change) choose the drafter and apply once loaded; default the pair's own.
         """
         old = self.chat.begin_load(settings)
-        self._draw_stats()
+        self.draw_stats()
         self._set_status("loading…")
         self._progress(True)
         self._load_worker(old, pair, choice, settings.drafter if settings else None)
@@ -278,7 +279,7 @@ class ChatApp(App[int]):
             return
         self.sub_title = loaded.choice.label
         self._set_status(self._ready_text())
-        self._draw_stats()
+        self.draw_stats()
         if loaded.choice.note:
             self.notify(loaded.choice.note, severity="warning", timeout=12)
 
@@ -425,7 +426,7 @@ class ChatApp(App[int]):
             not_saved = None
         except LocalspecError as e:
             not_saved = str(e)
-        self._draw_stats()
+        self.draw_stats()
         self._set_status(self._ready_text())
         if not_saved:
             self._error(not_saved)
@@ -482,7 +483,7 @@ class ChatApp(App[int]):
         if self._busy("start a new chat"):
             return
         self.chat.new()
-        self._draw_stats()
+        self.draw_stats()
         await self._show_conversation()
         self._set_status(f"new chat · {self.loaded.choice.label}" if self.loaded else "new chat")
 
@@ -493,7 +494,7 @@ class ChatApp(App[int]):
         if on:
             for message in self._messages.query(ChatMessage).filter(".assistant"):
                 message.refresh_provenance()
-        self._draw_stats(self._view(generating=self.turn is not None and self._live is not None))
+        self.draw_stats(self._view(generating=self.turn is not None and self._live is not None))
         self.notify("draft tokens in green, target tokens plain" if on else "answers shown as Markdown")
 
     def action_toggle_stats(self) -> None:
@@ -564,7 +565,7 @@ class ChatApp(App[int]):
             self._error(str(e))
             return
         if not reload:
-            self._draw_stats()
+            self.draw_stats()
             self.notify("settings apply from the next message")
             return
         if self._busy("change the drafter"):
@@ -584,9 +585,10 @@ class ChatApp(App[int]):
             self.chat.forget(cid)
             await self.action_new_chat()
         elif what == "resume":
-            await self._resume(cid)
+            await self.resume(cid)
 
-    async def _resume(self, cid: int) -> None:
+    async def resume(self, cid: int) -> None:
+        """Open saved chat `cid` (what the chats list's resume does); refused while an answer or load runs."""
         if self._busy("open another chat"):
             return
         try:
@@ -594,7 +596,7 @@ class ChatApp(App[int]):
         except LocalspecError as e:
             self._error(str(e))
             return
-        self._draw_stats()
+        self.draw_stats()
         await self._show_conversation(stored)
         here = self.loaded.choice.pair if self.loaded else None
         if conversation.pair and here and conversation.pair != here:

@@ -22,14 +22,6 @@ from localspec.tui.conversation import Conversation, Phase, Turn
 from localspec.tui.live import Finished, stream_generation
 from localspec.tui.loading import Loaded, ModelChoice
 from localspec.tui.settings import ChatOptions
-from localspec.tui.store import ChatStore
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = ChatStore(tmp_path / "chats.sqlite3")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -10,13 +10,6 @@ import pytest
 from localspec.tui.store import MIGRATIONS, ChatStore, HistoryError, export_conversation, migrate
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = ChatStore(tmp_path / "data" / "chats.sqlite3")
-    yield s
-    s.close()
-
-
 def test_new_database_is_at_the_latest_version_in_wal_mode(store):
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

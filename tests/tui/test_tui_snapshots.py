@@ -88,9 +88,9 @@ def resumed(cid: int, *keys: str):
     async def run_before(pilot) -> None:
         app = pilot.app
         await wait_ready(pilot)
-        await app._resume(cid)
+        await app.resume(cid)
         app.chat.last_turn, app.chat.session_stats, app.chat.answers = fixed_stats(), fixed_stats(), 1
-        app._draw_stats()
+        app.draw_stats()
         for key in keys:
             await pilot.press(key)
         app.clear_notifications()
