@@ -109,8 +109,11 @@ class ChatSession:
         engine: the loaded models.
         system: an optional system prompt (always kept when old turns are dropped).
         template_name: a llama.cpp built-in template name instead of the GGUF's own.
-        messages: a conversation to continue instead of `system`: this list itself is used (and grows), not
-            a copy, so its owner (the chat app's `Conversation`) and the session never disagree.
+        messages: a conversation to continue instead of `system` (copied: the session owns its list).
+
+    `send`, `reply` and `regenerate` keep the conversation in `messages`: the answer joins it when its
+    iteration ends. An owner that keeps the conversation itself (the chat app's `Conversation`, on its UI
+    thread) calls `answer(messages)` instead, which reads the messages it is given and writes none.
     """
 
     def __init__(
@@ -125,7 +128,7 @@ class ChatSession:
         self.format = ChatFormat(engine.target_model, template_name)
         if messages is None:
             messages = [Message("system", system)] if system else []
-        self.messages: list[Message] = messages
+        self.messages: list[Message] = list(messages)
         self.dropped = 0  # oldest messages left out of the last rendering to fit n_ctx
         self._cut: Message | None = None  # the first message of that rendering (to notice replaced messages)
         self.shifts = 0  # cuts handled by shifting the caches (only the new turn decoded)
@@ -156,13 +159,7 @@ class ChatSession:
             self.messages.pop()
         if not self.messages or self.messages[-1].role != "user":
             raise ContextError("nothing to regenerate: send a message first")
-        return self._answer(
-            kwargs.get("sampling", SamplingParams()),
-            kwargs.get("spec", SpeculativeParams()),
-            kwargs.get("max_tokens", 512),
-            kwargs.get("stop", ()),
-            kwargs.get("rng"),
-        )
+        return self.reply(**kwargs)
 
     def reply(
         self,
@@ -173,17 +170,35 @@ class ChatSession:
         stop: Sequence[str] = (),
         rng=None,
     ) -> Generation:
-        """Start the assistant's answer to the conversation as it stands (its owner added the user message).
+        """Start the answer to `messages` as they stand (ending with a user message); it joins them at the end.
 
         Raises:
             ContextError: the conversation does not end with a user message, or it does not fit n_ctx.
         """
-        if not self.messages or self.messages[-1].role != "user":
-            raise ContextError("nothing to answer: send a message first")
-        return self._answer(sampling, spec, max_tokens, stop, rng)
+        generation = self.answer(self.messages, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
+        generation.on_finish = lambda g: self.messages.append(Message("assistant", g.text))
+        return generation
 
-    def _answer(self, sampling, spec, max_tokens, stop, rng) -> Generation:
-        prompt = self._fit(max_tokens)
+    def answer(
+        self,
+        messages: Sequence[Message],
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = 512,
+        stop: Sequence[str] = (),
+        rng=None,
+    ) -> Generation:
+        """Start the assistant's answer to `messages`, a conversation its caller keeps (and adds the answer to).
+
+        The caches stay warm from one call to the next as long as each conversation continues the last one.
+
+        Raises:
+            ContextError: `messages` does not end with a user message, or it does not fit n_ctx.
+        """
+        if not messages or messages[-1].role != "user":
+            raise ContextError("nothing to answer: send a message first")
+        prompt = self._fit(messages, max_tokens)
         generation = self.engine.generate(
             prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng
         )
@@ -191,10 +206,9 @@ class ChatSession:
             generation.notices.append(
                 f"the conversation is longer than the context: the {self.dropped} oldest messages were left out"
             )
-        generation.on_finish = lambda g: self.messages.append(Message("assistant", g.text))
         return generation
 
-    def _fit(self, max_tokens: int) -> list[int]:
+    def _fit(self, messages: Sequence[Message], max_tokens: int) -> list[int]:
         """Tokens of the longest recent window of the conversation that leaves room for an answer.
 
         The window starts where the last one did (one rendering per turn while it fits). When it no
@@ -204,8 +218,8 @@ class ChatSession:
         """
         n_ctx = self.engine.n_ctx
         room = n_ctx - min(max_tokens, n_ctx // 2)
-        system = [m for m in self.messages[:1] if m.role == "system"]
-        turns = self.messages[len(system) :]
+        system = [m for m in messages[:1] if m.role == "system"]
+        turns = list(messages[len(system) :])
         start = self.dropped
         if not (start < len(turns) and turns[start] is self._cut):
             start = 0  # the messages were replaced (a resumed or edited chat): search from the beginning
@@ -258,6 +272,6 @@ class ChatSession:
         return best
 
     def clear(self) -> None:
-        """Start a new conversation (the system prompt stays); the list is emptied in place, not replaced."""
+        """Start a new conversation (the system prompt stays)."""
         del self.messages[1 if self.messages[:1] and self.messages[0].role == "system" else 0 :]
         self.dropped, self._cut = 0, None

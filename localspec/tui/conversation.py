@@ -1,10 +1,11 @@
 """The chat app's state without Textual: one `Conversation` owns the messages, the system prompt, the saved copy.
 
-`Conversation.messages` is THE list of messages: the `ChatSession` of the loaded pair is built on that very
-list (not a copy), so a pair switch only swaps the session; the system prompt is its first message; the
-chat database is written through as each operation happens. `Phase` says what the engine is doing.
-`ChatApp` calls these operations from its UI thread and only draws the result; the one thing done off that
-thread is `Turn.begin` (and the session appending the finished answer), in the worker that holds the engine.
+`Conversation.messages` is THE list of messages, written here alone, on the UI thread: a turn hands the
+`ChatSession` of the loaded pair a snapshot to answer (`ChatSession.answer`), and `finish` adds the answer, so a
+pair switch only swaps the session; the system prompt is its first message; the chat database is written
+through as each operation happens. `Phase` says what the engine is doing. `ChatApp` calls these operations from
+its UI thread and only draws the result; the one thing done off that thread is `Turn.begin`, in the worker that
+holds the engine.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Turn:
         turn_id: int,
         kind: str,
         session: ChatSession,
+        messages: tuple[Message, ...],
         settings: ChatSettings,
         stop: tuple[str, ...] = (),
         text: str = "",
@@ -54,6 +56,7 @@ class Turn:
         self.id, self.kind, self.text = turn_id, kind, text
         self.message_id = message_id  # the saved user message this turn answers (kind "send")
         self.session, self.settings, self.stop = session, settings, stop
+        self.messages = messages  # the conversation it answers, as it stood when the turn started
         self._lock = threading.Lock()
         self._cancelled = False
         self._generation: Generation | None = None
@@ -67,8 +70,12 @@ class Turn:
             LocalspecError: e.g. the conversation does not fit the context.
         """
         settings = self.settings
-        generation = self.session.reply(
-            sampling=settings.sampling, spec=settings.spec, max_tokens=settings.max_tokens, stop=self.stop
+        generation = self.session.answer(
+            self.messages,
+            sampling=settings.sampling,
+            spec=settings.spec,
+            max_tokens=settings.max_tokens,
+            stop=self.stop,
         )
         with self._lock:
             self._generation = generation
@@ -161,7 +168,7 @@ class Conversation:
         self.loaded = loaded
         template = self.options.chat_template or loaded.choice.settings.chat_template
         try:
-            self.session = ChatSession(loaded.engine, template_name=template, messages=self.messages)
+            self.session = ChatSession(loaded.engine, template_name=template)
         except LocalspecError:
             self.phase = Phase.NO_MODEL
             raise
@@ -232,7 +239,9 @@ class Conversation:
 
     def _start(self, kind: str, session: ChatSession, text: str = "", message_id: int | None = None) -> Turn:
         self.turn_ids += 1
-        self.turn = Turn(self.turn_ids, kind, session, self.settings, self.options.stop, text, message_id)
+        self.turn = Turn(
+            self.turn_ids, kind, session, tuple(self.messages), self.settings, self.options.stop, text, message_id
+        )
         self.phase = Phase.GENERATING
         return self.turn
 
@@ -248,12 +257,13 @@ class Conversation:
         return True
 
     def finish(self, finished: Finished) -> None:
-        """The answer ended (the session has added it): count its stats and save it.
+        """The answer ended (stopped or cut short too): add it to the conversation, count its stats and save it.
 
         Raises:
             LocalspecError: the answer cannot be saved (it stays in the conversation).
         """
         self._end_turn()
+        self.messages.append(Message("assistant", finished.text))
         self.session_stats.merge(finished.stats)
         self.answers += 1
         self.last_turn = finished.stats
@@ -285,10 +295,9 @@ class Conversation:
 
     def new(self) -> None:
         """Start a new conversation (the system prompt stays)."""
+        del self.messages[self._n_system :]
         if self.session is not None:
-            self.session.clear()  # empties this list in place, and forgets the session's window
-        else:
-            del self.messages[self._n_system :]
+            self.session.clear()  # forgets the window it kept of the old conversation
         self.saved_id = None
         self.reset_stats()
 

@@ -18,7 +18,7 @@ from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
-from localspec.core.session import ChatSession
+from localspec.core.session import ChatSession, Message
 from localspec.core.window import common_prefix, plan_shift
 from localspec.llama.context import Context
 from localspec.llama.model import Model
@@ -233,7 +233,8 @@ def test_speculative_sampling_follows_the_targets_law_on_the_shifted_cache(tiny_
         session = ChatSession(engine, system="Be brief.")
         chat(session, range(14), max_tokens=8)
         assert session.shifts > 0
-        prompt = session._fit(8)  # the next window; shifts the caches if needed
+        # The next turn's window (the caches shift to it if needed); its generation is never run: only its prompt.
+        prompt = session.answer([*session.messages, Message("user", question(14))], max_tokens=8).prompt
         target = engine.target
         target.sync(prompt[:-1])
         assert target.n_dropped > 0

@@ -92,7 +92,7 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
         [answer] = answers(app)
         assert len(appended) >= 2, "the answer arrived in one piece: nothing was streamed"
         assert answer.text.startswith("".join(appended))  # the rest came with the end of the turn
-        assert app.session.messages[-1].content == answer.text
+        assert app.chat.messages[-1].content == answer.text
         assert app.query_one(PromptInput).text == ""
         rows = saved(chat_home, app.conversation_id)
         assert [(m.role, m.finish_reason) for m in rows] == [("user", None), ("assistant", "length")]
@@ -125,7 +125,7 @@ async def test_enter_sends_and_ctrl_j_adds_a_line(options, chat_home):
         assert app.query_one(PromptInput).text == "a\nb"
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.turn is None and answers(app), what="the answer")
-        assert app.session.messages[0].content == "a\nb"
+        assert app.chat.messages[0].content == "a\nb"
 
 
 @pytest.mark.slow
@@ -184,7 +184,7 @@ async def test_regenerate_replaces_the_last_answer(options, chat_home):
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.chat.turn_ids > before and app.turn is None, what="the new answer")
         assert [a.text for a in answers(app)] == [first]  # greedy: the same answer, shown once
-        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         assert [m.role for m in saved(chat_home, app.conversation_id)] == ["user", "assistant"]
 
 
@@ -238,7 +238,7 @@ async def test_changing_the_drafter_reloads_and_keeps_the_conversation(options, 
         app.screen.query_one("#drafter").value = "none"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: app.loaded is not None and app.loaded.drafter == "none", what="reload")
-        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         await send(pilot, "Again")
         assert "off (no drafter)" in stats_text(app)
         assert saved(chat_home, app.conversation_id)[-1].stats["drafted"] == 0
@@ -263,7 +263,7 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
             pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "tiny-same", what="the switch"
         )
         assert app.loaded.engine is not old_engine and app.sub_title == "tiny-same"
-        assert [m.role for m in app.session.messages] == ["user", "assistant"]
+        assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         await send(pilot, "Once more")
         stats = saved(chat_home, app.conversation_id)[-1].stats
         assert stats["drafted"] > 0 and stats["accepted"] == stats["drafted"]  # identical draft, greedy
@@ -308,7 +308,7 @@ async def test_history_is_saved_and_resumed_after_a_restart(options, chat_home):
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.conversation_id == cid, what="the resume")
         assert [a.text for a in answers(app)] == [first_answer]
-        assert [m.content for m in app.session.messages] == ["Remember me", first_answer]
+        assert [m.content for m in app.chat.messages] == ["Remember me", first_answer]
         await send(pilot, "Do you?")
         assert [m.role for m in saved(chat_home, cid)] == ["user", "assistant", "user", "assistant"]
 
@@ -350,11 +350,11 @@ async def test_system_prompt_is_used_and_saved(options, chat_home):
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: app.system == "You are terse.", what="the system prompt to be set")
         await send(pilot, "Hi")
-        assert app.session.messages[0].role == "system"
+        assert app.chat.messages[0].role == "system"
         assert ChatStore(chat_home.db_path).get(app.conversation_id).system == "You are terse."
         await pilot.press("ctrl+n")
         assert not answers(app) and app.conversation_id is None
-        assert [m.role for m in app.session.messages] == ["system"]
+        assert [m.role for m in app.chat.messages] == ["system"]
 
 
 async def test_copy_a_message_and_a_code_block(options, chat_home):
@@ -390,7 +390,7 @@ async def test_a_message_that_does_not_fit_is_one_line_and_comes_back(options, c
         [error] = notes
         assert "does not fit" in error and "\n" not in error
         assert app.query_one(PromptInput).text == long_text.strip()
-        assert not app.query(ChatMessage) and app.session.messages == []
+        assert not app.query(ChatMessage) and app.chat.messages == []
         assert saved(chat_home, app.conversation_id) == []
 
 
@@ -480,6 +480,6 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
             )
             assert any(s.startswith("downloading tiny-Q8_0.gguf") for s in statuses)
             await send(pilot, "Hello from the Hub")
-            assert app.session.messages[-1].role == "assistant"
+            assert app.chat.messages[-1].role == "assistant"
     finally:
         hub.stop()
