@@ -14,13 +14,11 @@ from .flags import add_model_args, add_sampling_args, overrides_from_args
 
 def register(subparsers) -> None:
     """Add `chat` to the `localspec` command."""
-    from localspec.tui.settings import DEFAULT_MAX_TOKENS
-
     chat = subparsers.add_parser("chat", help="chat in the terminal, watching speculative decoding work")
     add_model_args(chat)
     add_sampling_args(chat)
     chat.add_argument("--system", help="system prompt of new conversations")
-    chat.set_defaults(func=_chat, max_tokens=DEFAULT_MAX_TOKENS)
+    chat.set_defaults(func=_chat)
 
 
 def chat_options(args: argparse.Namespace, paths: Paths):

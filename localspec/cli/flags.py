@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
+from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, OVERRIDE_OPTIONS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """Sampling and speculation flags (None = the pair's or the built-in default)."""
-    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help=f"most tokens in the answer (default {DEFAULT_MAX_TOKENS})",
+    )
     p.add_argument("--temperature", type=float, help="0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)

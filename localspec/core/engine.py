@@ -28,7 +28,7 @@ from localspec.llama.model import Model
 
 from .drafters import Drafter, Proposal, make_drafter
 from .kv import Context, KVSequence, PrefillStopped
-from .params import LoadParams, SpeculativeParams
+from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .policy import DraftPolicy, size_ratio
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Stats, Step
@@ -404,7 +404,7 @@ class Engine:
         *,
         sampling: SamplingParams = SamplingParams(),
         spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = 256,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng: np.random.Generator | None = None,
     ) -> Generation:

@@ -21,6 +21,9 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", 
 SPECULATIVE_OPTIONS = ("draft_max", "p_min", "verify", "adaptive")  # of SpeculativeParams
 OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 N_CTX_MIN = 16
+# Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
+# enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
+DEFAULT_MAX_TOKENS = 1024
 VERIFY_MODES = ("auto", "pq", "match")  # "auto": pq when T > 0, else greedy
 
 

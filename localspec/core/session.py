@@ -23,7 +23,7 @@ from localspec.llama.templates import render_builtin_chat, render_jinja_chat
 
 from . import window
 from .engine import Engine, Generation
-from .params import SpeculativeParams
+from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .sampling import SamplingParams
 
 log = logging.getLogger("localspec.session")
@@ -142,7 +142,7 @@ class ChatSession:
         *,
         sampling: SamplingParams = SamplingParams(),
         spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = 512,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
     ) -> Generation:
@@ -166,7 +166,7 @@ class ChatSession:
         *,
         sampling: SamplingParams = SamplingParams(),
         spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = 512,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
     ) -> Generation:
@@ -185,7 +185,7 @@ class ChatSession:
         *,
         sampling: SamplingParams = SamplingParams(),
         spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = 512,
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
     ) -> Generation:

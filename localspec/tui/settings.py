@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localspec.core.params import DRAFTERS, MODEL_DRAFTERS, PairDefaults, SpeculativeParams
+from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, MODEL_DRAFTERS, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.models.loading import sampling_params, speculative_params
 from localspec.paths import Paths, get_paths
 
-DEFAULT_MAX_TOKENS = 1024
-__all__ = ["DEFAULT_MAX_TOKENS", "DRAFTERS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
+__all__ = ["DRAFTERS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
 
 
 @dataclass(frozen=True)

@@ -181,3 +181,22 @@ def test_console_script_prints_no_traceback(tmp_path):
         "(check the path, or run `localspec pull PAIR`)\n"
     )
     assert result.stdout == ""
+
+
+def test_every_entry_point_has_the_same_max_tokens_default():
+    import inspect
+
+    from localspec.cli.main import build_parser
+    from localspec.core.engine import Engine
+    from localspec.core.params import DEFAULT_MAX_TOKENS
+    from localspec.core.session import ChatSession
+    from localspec.tui.settings import ChatOptions, ChatSettings
+
+    parser = build_parser()
+    flags = {cmd: parser.parse_args([cmd]).max_tokens for cmd in ("generate", "chat")}
+    api = {
+        name: inspect.signature(fn).parameters["max_tokens"].default
+        for name, fn in [("generate", Engine.generate), ("send", ChatSession.send), ("answer", ChatSession.answer)]
+    }
+    app = {"options": ChatOptions().max_tokens, "settings": ChatSettings().max_tokens}
+    assert set(flags.values()) | set(api.values()) | set(app.values()) == {DEFAULT_MAX_TOKENS}, (flags, api, app)
