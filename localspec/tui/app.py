@@ -28,6 +28,7 @@ from localspec.paths import get_paths
 
 from . import loading
 from .conversation import Conversation, Phase, Turn
+from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .messages import (
     AnswerChunk,
@@ -241,12 +242,8 @@ class ChatApp(App[int]):
             try:
                 choice = choice or loading.choose_models(self.options, pair, self._post_progress)
                 loaded = loading.load_models(self.options, choice, drafter, self._post_progress)
-            except LocalspecError as e:
-                self.post_message(LoadFailed(str(e)))
-                return
-            except Exception as e:  # an engine bug must not leave a traceback over the chat
-                log.exception("loading failed")
-                self.post_message(LoadFailed(f"loading failed unexpectedly: {e} (details in {get_paths().log_file})"))
+            except Exception as e:  # an engine bug too: one line, never a traceback over the chat
+                self.post_message(LoadFailed(error_text(e, "loading")))
                 return
             if self._closing:
                 loaded.engine.close()
@@ -306,12 +303,8 @@ class ChatApp(App[int]):
 
         try:
             loading.pull(self.options, name, self._post_progress, on_bytes)
-        except LocalspecError as e:
-            self.post_message(LoadFailed(str(e), pulled=True))
-            return
         except Exception as e:
-            log.exception("pull failed")
-            self.post_message(LoadFailed(f"pull failed unexpectedly: {e}", pulled=True))
+            self.post_message(LoadFailed(error_text(e, "the download"), pulled=True))
             return
         self.post_message(PullDone(name))
 
@@ -374,14 +367,8 @@ class ChatApp(App[int]):
         with self._engine_lock:
             try:
                 generation = turn.begin()
-            except LocalspecError as e:
-                self.post_message(TurnFailed(turn.id, str(e)))
-                return
-            except Exception as e:  # never leave the turn hanging with a traceback in the log only
-                log.exception("the turn could not start")
-                self.post_message(
-                    TurnFailed(turn.id, f"the answer could not start: {e} (details in {get_paths().log_file})")
-                )
+            except Exception as e:  # never leave the turn hanging
+                self.post_message(TurnFailed(turn.id, error_text(e, "starting the answer")))
                 return
 
             def emit(item: Chunk | Reading | Finished) -> None:

@@ -9,7 +9,6 @@ chunk plus a `StatsView` snapshot), then once with the `Finished` answer. `rende
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -20,10 +19,8 @@ from rich.text import Text
 
 from localspec.core.engine import Generation
 from localspec.core.stats import Stats
-from localspec.errors import LocalspecError
-from localspec.paths import get_paths
 
-log = logging.getLogger("localspec.tui.live")
+from .failure import error_text
 
 Runs = list[tuple[str, bool]]  # (text, came from the draft)
 BAR_WIDTH = 12
@@ -146,11 +143,8 @@ def stream_generation(
                 for text, from_draft in pending:
                     add_run(runs, text, from_draft)
                 pending, last = [], now
-    except LocalspecError as e:
-        error = str(e)
-    except Exception as e:  # an engine bug: keep the partial answer, show one line, log the traceback
-        log.exception("generation failed")
-        error = f"generation failed unexpectedly: {e} (details in {get_paths().log_file})"
+    except Exception as e:  # keep the partial answer, show one line
+        error = error_text(e, "generation")
     for text, from_draft in pending:
         add_run(runs, text, from_draft)
     stats = copy.deepcopy(generation.stats)

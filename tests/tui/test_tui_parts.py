@@ -161,3 +161,17 @@ def test_stream_batches_tokens_and_keeps_provenance(tiny_models):
     assert any(d for _, d in finished.runs) and any(not d for _, d in finished.runs)
     assert finished.finish_reason == "length" and finished.stats.emitted == 60 and finished.error is None
     assert chunks[-1].stats.emitted < 60  # snapshots, not the live object
+
+
+def test_a_worker_error_is_one_line_and_a_bug_points_to_the_log(localspec_home, caplog):
+    from localspec.errors import ModelFileError
+    from localspec.tui.failure import error_text
+
+    assert error_text(ModelFileError("target.gguf is not a GGUF file"), "loading") == "target.gguf is not a GGUF file"
+    try:
+        raise KeyError("n_vocab")
+    except KeyError as e:
+        text = error_text(e, "loading")
+    assert text == f"loading failed unexpectedly: 'n_vocab' (details in {localspec_home.log_file})"
+    assert "\n" not in text
+    assert caplog.records[-1].exc_info is not None  # the traceback goes to the log, not the screen
