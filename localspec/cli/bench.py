@@ -53,7 +53,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
 
     from .checks import check_run_args
 
-    check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
+    run = check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
     ks = bench.parse_list(args.ks, int, "k")
     temperatures = bench.parse_list(args.temperatures, float, "temperature")
     verifies = bench.parse_list(args.verifies, str, "verify")
@@ -73,10 +73,10 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             binary = find_llama_server(args.peer or None)
         except PeerError as e:
             notes.append(f"llama-server not run: {e}")
-    target, draft, defaults = resolve_models(args, paths)
+    target, draft, defaults = resolve_models(run, paths)
     if not draft:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
-    params = load_params(args, defaults, has_draft=True)
+    params = load_params(run, defaults, has_draft=True)
     relays = []
     if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
         from localspec.bench.relay import DelayRelay
@@ -101,7 +101,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     try:
         threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
         try:
-            fmt = ChatFormat(engine.target_model, args.chat_template or defaults.chat_template)
+            fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
             prompts = [fmt.tokens([Message("user", t)]) for t in texts]
         except LocalspecError:
             prompts = [engine.tokenize(t) for t in texts]  # a base model: the plain text
@@ -137,7 +137,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
                     rounds=args.rounds,
                     threads=threads,
                     n_ctx=engine.n_ctx,
-                    n_gpu_layers=args.n_gpu_layers,
+                    n_gpu_layers=run.n_gpu_layers,
                     progress=show,
                 )
                 by_name = {(s.name, s.temperature): v for s, v in peer.items()}

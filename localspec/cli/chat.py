@@ -9,7 +9,8 @@ import argparse
 
 from localspec.paths import Paths
 
-from .flags import add_model_args, add_sampling_args, overrides_from_args
+from .checks import RunArgs, check_run_args
+from .flags import add_model_args, add_sampling_args
 
 
 def register(subparsers) -> None:
@@ -21,24 +22,24 @@ def register(subparsers) -> None:
     chat.set_defaults(func=_chat)
 
 
-def chat_options(args: argparse.Namespace, paths: Paths):
-    """The app's `ChatOptions` from the `chat` subcommand's flags (already checked by `check_run_args`)."""
+def chat_options(run: RunArgs, paths: Paths):
+    """The app's `ChatOptions` from the `chat` subcommand's checked flags."""
     from localspec.tui.settings import ChatOptions
 
     return ChatOptions(
-        pair=args.pair,
-        target=args.target,
-        draft=args.draft,
-        drafter=args.drafter,
-        n_ctx=args.n_ctx,
-        n_gpu_layers=args.n_gpu_layers,
-        threads=args.threads,
-        rpc=tuple(args.rpc or ()),
-        chat_template=args.chat_template,
-        system=args.system,
-        max_tokens=args.max_tokens,
-        stop=tuple(args.stop or ()),
-        overrides=overrides_from_args(args),
+        pair=run.pair,
+        target=run.target,
+        draft=run.draft,
+        drafter=run.drafter,
+        n_ctx=run.n_ctx,
+        n_gpu_layers=run.n_gpu_layers,
+        threads=run.threads,
+        rpc=run.rpc,
+        chat_template=run.chat_template,
+        system=run.system,
+        max_tokens=run.max_tokens,
+        stop=run.stop,
+        overrides=run.overrides,
         paths=paths,
     )
 
@@ -46,6 +47,6 @@ def chat_options(args: argparse.Namespace, paths: Paths):
 def _chat(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.tui.app import make_app
 
-    app = make_app(chat_options(args, paths))
+    app = make_app(chat_options(check_run_args(args), paths))
     app.run()
     return app.return_code or 0

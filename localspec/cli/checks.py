@@ -1,19 +1,25 @@
 """Checks that run before anything heavy: every command-line flag of `generate`, `chat` and `bench`.
 
 `check_run_args` validates the flags of `generate`, `chat` and `bench` (numbers at their bounds, model files,
-the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait.
+the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait, and
+returns them as one frozen `RunArgs`: what the commands and `models.loading` read, never the argparse namespace.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
-from localspec.core.params import N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
+from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.llama.threads import check_threads, threads_from_env
 
+from .flags import overrides_from_args
 from .textinput import clean
 
 N_CTX_MAX = 2**31 - 1
@@ -32,8 +38,30 @@ def _bounded(args: argparse.Namespace, name: str, low: int | float, high: int | 
         raise InvalidParamsError(f"{flag} {value} is out of range: use a value {span}")
 
 
-def check_run_args(args: argparse.Namespace) -> None:
-    """Validate the flags of `generate` / `chat` in place (text cleaned, env threads resolved).
+@dataclass(frozen=True, slots=True)
+class RunArgs:
+    """The checked model and run flags of `generate`, `chat` and `bench` (None or empty: not given)."""
+
+    pair: str | None
+    target: str | None
+    draft: str | None
+    drafter: str | None
+    n_ctx: int | None
+    n_gpu_layers: int | None
+    threads: int | None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
+    rpc: tuple[str, ...]  # parsed "host:port" endpoints
+    chat_template: str | None
+    system: str | None
+    max_tokens: int
+    stop: tuple[str, ...]
+    overrides: Mapping[str, Any]  # the sampling and speculation flags given (they override the pair's defaults)
+
+
+def check_run_args(args: argparse.Namespace) -> RunArgs:
+    """Validate the flags of `generate`, `chat` or `bench`; the namespace is left as it is.
+
+    Returns:
+        The flags as values: text cleaned, --rpc parsed, threads from the environment when not given.
 
     Raises:
         LocalspecError: the first flag out of range, a missing model file, an unknown template name.
@@ -48,28 +76,44 @@ def check_run_args(args: argparse.Namespace) -> None:
     _bounded(args, "n", 1, N_MAX)
     if args.threads is not None:
         check_threads(args.threads)
-    else:
-        args.threads = threads_from_env()
-    SamplingParams(**{n: getattr(args, n) for n in SAMPLING_OPTIONS if getattr(args, n, None) is not None})
-    if (getattr(args, "top_k", None) or 0) > TOP_K_MAX:
+    threads = args.threads if args.threads is not None else threads_from_env()
+    overrides = overrides_from_args(args)
+    SamplingParams(**{n: overrides[n] for n in SAMPLING_OPTIONS if n in overrides})
+    if (overrides.get("top_k") or 0) > TOP_K_MAX:
         raise InvalidParamsError(f"invalid sampling setting: top-k must be at most {TOP_K_MAX} (0 = off)")
-    SpeculativeParams(**{n: getattr(args, n) for n in SPECULATIVE_OPTIONS if getattr(args, n, None) is not None})
-    if isinstance(getattr(args, "rpc", None), str):
-        args.rpc = parse_rpc(clean(args.rpc)[0])
-    if getattr(args, "system", None) is not None and getattr(args, "chat", True) is False:
+    SpeculativeParams(**{n: overrides[n] for n in SPECULATIVE_OPTIONS if n in overrides})
+    rpc = parse_rpc(clean(args.rpc)[0]) if getattr(args, "rpc", None) is not None else ()
+    system = _text(getattr(args, "system", None))
+    if system is not None and getattr(args, "chat", True) is False:
         raise InvalidParamsError("--system only applies with --chat: add --chat or drop --system")
-    for name in ("system", "chat_template", "pair"):
-        if getattr(args, name, None) is not None:
-            setattr(args, name, clean(getattr(args, name))[0])
-    args.stop = [clean(s)[0] for s in (getattr(args, "stop", None) or [])]
+    pair, chat_template = _text(args.pair), _text(args.chat_template)
     _check_files(args)
-    if args.chat_template:
+    if chat_template:
         from localspec.errors import ChatTemplateError
         from localspec.llama.templates import builtin_chat_templates
 
         names = builtin_chat_templates()
-        if args.chat_template not in names:
-            raise ChatTemplateError(f"unknown chat template {args.chat_template!r}: choose one of {', '.join(names)}")
+        if chat_template not in names:
+            raise ChatTemplateError(f"unknown chat template {chat_template!r}: choose one of {', '.join(names)}")
+    return RunArgs(
+        pair=pair,
+        target=args.target,
+        draft=args.draft,
+        drafter=args.drafter,
+        n_ctx=args.n_ctx,
+        n_gpu_layers=args.n_gpu_layers,
+        threads=threads,
+        rpc=tuple(rpc),
+        chat_template=chat_template,
+        system=system,
+        max_tokens=getattr(args, "max_tokens", DEFAULT_MAX_TOKENS),  # bench has no --max-tokens
+        stop=tuple(clean(s)[0] for s in (getattr(args, "stop", None) or [])),
+        overrides=MappingProxyType(overrides),
+    )
+
+
+def _text(value: str | None) -> str | None:
+    return None if value is None else clean(value)[0]
 
 
 def _check_files(args: argparse.Namespace) -> None:

@@ -20,8 +20,8 @@ from localspec.errors import ContextError, LocalspecError
 from localspec.paths import Paths, get_paths
 
 from . import bench, chat, pairs, worker
-from .checks import check_run_args
-from .flags import add_model_args, add_sampling_args, overrides_from_args
+from .checks import RunArgs, check_run_args
+from .flags import add_model_args, add_sampling_args
 from .interrupts import SignalGuard
 from .textinput import clean, one_line, read_stream, replaced_notice
 
@@ -71,17 +71,19 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str, list[str]]:
     return prompt, [replaced_notice(replaced, "the prompt")] if replaced else []
 
 
-def _fit_prompt(tokens: list[int], n_ctx: int, args: argparse.Namespace, bos: int) -> tuple[list[int], list[str]]:
+def _fit_prompt(
+    tokens: list[int], n_ctx: int, truncate: bool, max_tokens: int, bos: int
+) -> tuple[list[int], list[str]]:
     """The prompt's tokens if they fit the context; with --truncate, its end (and BOS) made to fit."""
     if len(tokens) < n_ctx:
         return tokens, []
-    if not args.truncate:
+    if not truncate:
         raise ContextError(
             f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten it, raise "
             "--n-ctx, or pass --truncate to drop its start"
         )
     head = tokens[:1] if tokens[0] == bos else []
-    keep = n_ctx - min(args.max_tokens, n_ctx // 2) - len(head)
+    keep = n_ctx - min(max_tokens, n_ctx // 2) - len(head)
     kept = head + tokens[len(tokens) - keep :]
     return kept, [
         f"the prompt was truncated: kept its last {len(kept)} of {len(tokens)} tokens to fit the {n_ctx}-token context"
@@ -89,35 +91,37 @@ def _fit_prompt(tokens: list[int], n_ctx: int, args: argparse.Namespace, bos: in
 
 
 def _generate(args: argparse.Namespace, paths: Paths) -> int:
+    run = check_run_args(args)
     with SignalGuard() as guard:  # SIGINT / SIGTERM: exit 130 / 143, caches consistent
-        return _generate_guarded(args, paths, guard)
+        return _generate_guarded(args, run, paths, guard)
 
 
-def _generate_guarded(args: argparse.Namespace, paths: Paths, guard: SignalGuard) -> int:
+def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guard: SignalGuard) -> int:
     from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
-    with open_engine(args, paths) as (engine, defaults):
+    with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
         if defaults.notice:
             print(f"localspec: note: {defaults.notice}", file=sys.stderr)
-        overrides = overrides_from_args(args)
-        sampling, spec = sampling_params(overrides, defaults), speculative_params(overrides, defaults)
+        sampling, spec = sampling_params(run.overrides, defaults), speculative_params(run.overrides, defaults)
         if args.chat:
             from localspec.core.session import ChatFormat, Message
 
-            messages = ([Message("system", args.system)] if args.system else []) + [Message("user", prompt)]
-            tokens = ChatFormat(engine.target_model, args.chat_template or defaults.chat_template).tokens(messages)
+            messages = ([Message("system", run.system)] if run.system else []) + [Message("user", prompt)]
+            tokens = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template).tokens(messages)
         else:
             tokens = engine.tokenize(prompt)
-        tokens, truncated = _fit_prompt(tokens, engine.n_ctx, args, engine.target_model.info.bos)
+        tokens, truncated = _fit_prompt(
+            tokens, engine.n_ctx, args.truncate, run.max_tokens, engine.target_model.info.bos
+        )
         notices += truncated
         for note in notices:
             print(f"localspec: note: {note}", file=sys.stderr)
         rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
         for i in range(args.n):
             gen = engine.generate(
-                tokens, sampling=sampling, spec=spec, max_tokens=args.max_tokens, stop=args.stop, rng=rng
+                tokens, sampling=sampling, spec=spec, max_tokens=run.max_tokens, stop=run.stop, rng=rng
             )
             gen.notices.extend(notices)
             if sys.stderr.isatty():
@@ -204,19 +208,6 @@ def setup_logging(verbose: bool, paths: Paths) -> None:
         root.addHandler(handler)
 
 
-def prepare(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and validate the command line without loading anything (the fuzz tests' entry point).
-
-    Raises:
-        SystemExit: --help, or a usage error already printed as one line (code 2).
-        LocalspecError: a flag out of range, a missing model file, … (one line).
-    """
-    args = build_parser().parse_args(argv)
-    if args.command in ("generate", "chat"):
-        check_run_args(args)
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `localspec` console script."""
     for stream in (sys.stdout, sys.stderr):
@@ -229,8 +220,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(e.code or 0)
         paths = get_paths()  # the one place the environment picks the folders; handed down from here
         setup_logging(args.verbose, paths)
-        if args.command in ("generate", "chat"):
-            check_run_args(args)
         return args.func(args, paths)
     except LocalspecError as e:
         log.info("error: %s", e)

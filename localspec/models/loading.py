@@ -1,4 +1,4 @@
-"""From command-line flags (and a models.toml pair) to a loaded `Engine` and its parameters.
+"""From checked flags (and a models.toml pair) to a loaded `Engine` and its parameters.
 
 Precedence for every setting: an explicit flag, then the pair's default in models.toml (`PairDefaults`),
 then the engine's built-in default. Each parameter object is built here once and handed down; the engine
@@ -7,12 +7,11 @@ itself never sees argparse or pydantic. The chat app uses the same functions wit
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from localspec.core.engine import Engine
 from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults, SpeculativeParams
@@ -44,12 +43,24 @@ def speculative_params(overrides: Mapping[str, Any], defaults: PairDefaults) -> 
     return SpeculativeParams(**_merged(overrides, defaults, SPECULATIVE_OPTIONS))
 
 
-def load_params(flags: Any, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
+class ModelFlags(Protocol):
+    """What loading reads of the checked command line (`cli.checks.RunArgs`) or the chat's `ChatOptions`."""
+
+    pair: str | None
+    target: str | None
+    draft: str | None
+    drafter: str | None
+    n_ctx: int | None
+    n_gpu_layers: int | None
+    threads: int | None
+    rpc: tuple[str, ...]
+
+
+def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
     """LoadParams from explicit options over the pair's defaults.
 
     Args:
-        flags: the command line's namespace or the chat's options: anything with the attributes drafter,
-            n_ctx, n_gpu_layers, threads and rpc (None or empty: not given).
+        flags: the explicit options (None or empty: not given).
         defaults: the pair's defaults (`PairDefaults()` for plain paths).
         has_draft: whether a draft file was given; the drafter defaults to "model" with one, else "none".
 
@@ -63,15 +74,15 @@ def load_params(flags: Any, defaults: PairDefaults, *, has_draft: bool) -> LoadP
         n_gpu_layers=n_gpu_layers,
         n_threads=flags.threads,
         compat_hint=defaults.compat_hint,
-        rpc=tuple(flags.rpc or ()) or defaults.rpc,
+        rpc=flags.rpc or defaults.rpc,
     )
 
 
-def resolve_models(args: argparse.Namespace, paths: Paths) -> tuple[str, str | None, PairDefaults]:
+def resolve_models(args: ModelFlags, paths: Paths) -> tuple[str, str | None, PairDefaults]:
     """(target path, draft path or None, the pair's defaults) from --target/--draft, --pair, or the default pair.
 
     Args:
-        args: the command line.
+        args: the checked flags.
         paths: localspec's folders (models.toml is read from them only when a pair is used).
 
     Raises:
@@ -130,7 +141,7 @@ def _stderr_line(text: str) -> None:
 
 
 @contextmanager
-def open_engine(args: argparse.Namespace, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
+def open_engine(args: ModelFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
     target, draft, defaults = resolve_models(args, paths)
     params = load_params(args, defaults, has_draft=draft is not None)

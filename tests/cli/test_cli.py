@@ -200,3 +200,22 @@ def test_every_entry_point_has_the_same_max_tokens_default():
     }
     app = {"options": ChatOptions().max_tokens, "settings": ChatSettings().max_tokens}
     assert set(flags.values()) | set(api.values()) | set(app.values()) == {DEFAULT_MAX_TOKENS}, (flags, api, app)
+
+
+def test_chat_options_come_from_the_checked_flags(localspec_home):
+    from localspec.cli.chat import chat_options
+    from localspec.cli.checks import check_run_args
+    from localspec.cli.main import build_parser
+
+    argv = ["chat", "--pair", "demo", "--system", "be brief", "--max-tokens", "10", "--stop", "END"]
+    argv += ["--temperature", "0", "--seed", "3", "--no-adaptive", "--rpc", "h:1,h:2"]
+    args = build_parser().parse_args(argv)
+    given = vars(args).copy()
+    run = check_run_args(args)
+    assert vars(args) == given  # checking reads the namespace, never rewrites it
+    with pytest.raises(AttributeError):
+        run.max_tokens = 5  # frozen
+    options = chat_options(run, localspec_home)
+    assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
+    assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
+    assert options.max_tokens == 10 and options.rpc == ("h:1", "h:2") and options.paths == localspec_home

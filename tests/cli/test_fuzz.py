@@ -1,7 +1,8 @@
 """Fuzzing the two parsers a user feeds directly (issue #9): the command line and models.toml.
 
 Any input must give either success or one `LocalspecError` / usage line, never another exception. The
-command line is fuzzed through `cli.prepare` (parse + every flag check, nothing loaded); models.toml through
+command line is fuzzed through `check` below: what `main` does before loading (parse, then `check_run_args` for
+the commands that run models; nothing loaded); models.toml through
 `read_models_file` and `load_config`, with raw bytes and with TOML built from the schema's own keys.
 Examples are bounded and derandomized, so the suite stays fast and repeatable.
 """
@@ -16,11 +17,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localspec.cli.main import prepare
+from localspec.cli.checks import check_run_args
+from localspec.cli.main import build_parser
 from localspec.cli.textinput import one_line
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models.catalog import load_config, read_models_file
 from localspec.paths import Paths
+
+
+def check(argv: list[str]):
+    """Parse and check a command line as `main` and the run commands do, loading nothing."""
+    args = build_parser().parse_args(argv)
+    return check_run_args(args) if args.command in ("generate", "chat", "bench") else args
+
 
 FUZZ = settings(
     max_examples=250,
@@ -107,7 +116,7 @@ def _single_line(text: str) -> bool:
 def test_command_line_gives_success_or_one_line(command, words, capsys, chat_home):
     argv = [command, *words]
     try:
-        prepare(argv)
+        check(argv)
     except SystemExit as e:  # --help (0) or a usage error (2), printed by argparse
         out, err = capsys.readouterr()
         assert e.code in (0, 2), argv
@@ -215,8 +224,8 @@ def test_models_toml_bytes_give_success_or_one_line(data, tmp_path):
 
 def test_the_fuzzers_reach_both_outcomes(chat_home, capsys, tmp_path):
     """Guard against a fuzzer that only ever sees errors (or only successes)."""
-    prepare(["generate", "hi", "--pair", "tiny", "--seed", "1"])
+    check(["generate", "hi", "--pair", "tiny", "--seed", "1"])
     with pytest.raises(LocalspecError):
-        prepare(["generate", "hi", "--seed", "-1"])
+        check(["generate", "hi", "--seed", "-1"])
     (tmp_path / "models.toml").write_text('[pairs.p]\ntarget = "a/b:Q4_K_M"\ndraft = "a/b:Q8_0"\n')
     assert "p" in read_models_file(tmp_path / "models.toml").pairs

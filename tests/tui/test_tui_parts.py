@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
+import logging
 
 import pytest
 
-from localspec.cli.chat import chat_options
 from localspec.core.engine import Engine
 from localspec.core.params import PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession
 from localspec.core.stats import Decision, Stats
 from localspec.errors import InvalidParamsError
-from localspec.paths import get_paths
 from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, render_stats, stream_generation
 from localspec.tui.settings import ChatOptions, ChatSettings
 from localspec.tui.widgets import answer_caption, code_blocks
@@ -38,36 +36,6 @@ def test_settings_form_round_trip_and_one_line_errors():
         settings.with_values({**values, "top_p": "2"})
     with pytest.raises(InvalidParamsError, match="max tokens must be at least 1"):
         settings.with_values({**values, "max_tokens": "0"})
-
-
-def test_options_from_the_chat_flags():
-    args = argparse.Namespace(
-        pair="demo",
-        target=None,
-        draft=None,
-        drafter=None,
-        n_ctx=None,
-        n_gpu_layers=None,
-        threads=None,
-        rpc=None,
-        chat_template=None,
-        system="be brief",
-        max_tokens=10,
-        stop=["END"],
-        temperature=0.0,
-        top_k=None,
-        top_p=None,
-        min_p=None,
-        repeat_penalty=None,
-        seed=3,
-        draft_max=None,
-        p_min=None,
-        verify=None,
-        adaptive=False,
-    )
-    options = chat_options(args, get_paths({}))
-    assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
-    assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
 
 
 def test_stats_panel_names_acceptance_and_tok_s():
@@ -168,10 +136,14 @@ def test_a_worker_error_is_one_line_and_a_bug_points_to_the_log(localspec_home, 
     from localspec.tui.failure import error_text
 
     assert error_text(ModelFileError("target.gguf is not a GGUF file"), "loading") == "target.gguf is not a GGUF file"
+    logger = logging.getLogger("localspec")  # `main()` may have set it not to propagate to caplog's root handler
+    logger.addHandler(caplog.handler)
     try:
         raise KeyError("n_vocab")
     except KeyError as e:
         text = error_text(e, "loading")
+    finally:
+        logger.removeHandler(caplog.handler)
     assert text == f"loading failed unexpectedly: 'n_vocab' (details in {localspec_home.log_file})"
     assert "\n" not in text
     assert caplog.records[-1].exc_info is not None  # the traceback goes to the log, not the screen
