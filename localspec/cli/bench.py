@@ -73,9 +73,10 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             binary = find_llama_server(args.peer or None)
         except PeerError as e:
             notes.append(f"llama-server not run: {e}")
-    target, draft, defaults = resolve_models(run, paths)
-    if not draft:
+    resolved = resolve_models(run, paths)
+    if resolved.draft is None:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
+    target, draft, defaults = str(resolved.target), str(resolved.draft), resolved.defaults
     params = load_params(run, defaults, has_draft=True)
     relays = []
     if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)

@@ -7,6 +7,7 @@ itself never sees argparse or pydantic. The chat app uses the same functions wit
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,6 +19,10 @@ from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadPar
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.paths import Paths
+
+from .resolved import ResolvedPair
+
+log = logging.getLogger("localspec.loading")
 
 
 def _merged(overrides: Mapping[str, Any], defaults: PairDefaults, names: tuple[str, ...]) -> dict[str, Any]:
@@ -78,27 +83,36 @@ def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -
     )
 
 
-def resolve_models(args: ModelFlags, paths: Paths) -> tuple[str, str | None, PairDefaults]:
-    """(target path, draft path or None, the pair's defaults) from --target/--draft, --pair, or the default pair.
+def resolve_models(
+    flags: ModelFlags, paths: Paths, *, bundled: Path | None = None, progress: Callable[[str], None] | None = None
+) -> ResolvedPair:
+    """What to load: --target/--draft, else --pair, else the default pair (or the offline demo standing in).
 
     Args:
-        args: the checked flags.
+        flags: the checked flags (or the chat's options).
         paths: localspec's folders (models.toml is read from them only when a pair is used).
+        bundled: another bundled models.toml (tests); None: the package's.
+        progress: told when the demo target must first be derived (a minute, once).
 
     Raises:
         LocalspecError: conflicting flags, an invalid models.toml, or the pair is unknown / not downloaded.
     """
-    if args.target:
-        if args.pair:
+    if flags.target:
+        if flags.pair:
             raise InvalidParamsError("give either --pair or --target/--draft, not both")
-        return args.target, args.draft, PairDefaults()
-    if args.draft:
+        return ResolvedPair.files(flags.target, flags.draft)
+    if flags.draft:
         raise InvalidParamsError("--draft needs a --target to draft for")
-    from .catalog import load_config
-    from .pairs import resolve_pair_for_run
+    from .catalog import load_config  # the Hub client and pydantic: only when a pair is used
+    from .pairs import choose_pair, pair_status, resolve_pair
 
-    # no --pair: the default pair, or the offline demo
-    return resolve_pair_for_run(args.pair, load_config(paths), paths)
+    config = load_config(paths, bundled=bundled)
+    pair, note = choose_pair(flags.pair, config, paths)  # no --pair: the default pair, or the offline demo
+    if note:
+        log.warning("%s", note)
+    if progress is not None and pair.target.kind == "builtin" and not pair_status(pair, paths).downloaded:
+        progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
+    return resolve_pair(pair, config, paths, notice=note or "")
 
 
 def load_engine(
@@ -143,12 +157,12 @@ def _stderr_line(text: str) -> None:
 @contextmanager
 def open_engine(args: ModelFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
-    target, draft, defaults = resolve_models(args, paths)
-    params = load_params(args, defaults, has_draft=draft is not None)
+    resolved = resolve_models(args, paths)
+    params = load_params(args, resolved.defaults, has_draft=resolved.draft is not None)
     progress = weights_progress(params, _stderr_line) if sys.stderr.isatty() else None
-    engine = load_engine(target, draft, params, progress)
+    engine = load_engine(resolved.target, resolved.draft, params, progress)
     try:
-        yield engine, defaults
+        yield engine, resolved.defaults
     finally:
         engine.close()
 

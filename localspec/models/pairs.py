@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from localspec.core.params import PairDefaults
 from localspec.errors import ModelFileError
 from localspec.llama.compat import check_pair
 from localspec.llama.model import Model, check_gguf_file
@@ -22,6 +21,7 @@ from localspec.paths import Paths
 
 from . import demo, hub
 from .catalog import ModelsConfig, ModelSource, Pair
+from .resolved import ResolvedPair
 
 log = logging.getLogger("localspec.pairs")
 
@@ -58,16 +58,6 @@ class PairStatus:
     @property
     def downloaded(self) -> bool:
         return self.target.downloaded and self.draft.downloaded
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedPair:
-    """A pair ready to load: both local paths, the pair's settings, and a hint for compatibility errors."""
-
-    pair: Pair
-    target_path: Path
-    draft_path: Path
-    hint: str
 
 
 def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
@@ -114,8 +104,10 @@ def compat_hint(pair: Pair, config: ModelsConfig) -> str:
     return f"drafts known to fit {family} targets: {', '.join(drafts)}"
 
 
-def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths) -> ResolvedPair:
+def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str = "") -> ResolvedPair:
     """Local paths of both models of `pair`, for loading. The demo target is derived here on first use.
+
+    `notice`: what loading it must tell the user (e.g. that it stands in for the default pair).
 
     Raises:
         ModelFileError: a file is not downloaded ("run `localspec pull NAME`") or not a GGUF file.
@@ -136,7 +128,8 @@ def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths) -> ResolvedPair
         assert path is not None
         check_gguf_file(path)
         resolved[role] = path
-    return ResolvedPair(pair, resolved["target"], resolved["draft"], compat_hint(pair, config))
+    defaults = pair.defaults(compat_hint=compat_hint(pair, config), notice=notice)
+    return ResolvedPair(resolved["target"], resolved["draft"], pair.name, pair.name, defaults)
 
 
 def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[Pair, str | None]:
@@ -163,30 +156,6 @@ def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[P
         )
         return demo_pair, note
     raise ModelFileError(f"{missing}: run `{pull}`, or {demo.INSTALL_HINT}")
-
-
-def resolve_pair_for_run(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[str, str, PairDefaults]:
-    """Resolve a pair for `generate`/`chat`/`bench`.
-
-    Args:
-        name: the pair; None picks the default, or the offline demo when the default is not downloaded
-            (the note saying so is logged as a warning).
-        config: the merged models.toml.
-        paths: localspec's folders.
-
-    Returns:
-        (target path, draft path, defaults): the pair's defaults that were set, its compatibility hint and
-        the notice the user must be told (e.g. that the demo pair stands in; "" when nothing).
-
-    Raises:
-        ConfigError, ModelFileError: unknown pair or files not downloaded.
-    """
-    pair, note = choose_pair(name, config, paths)
-    if note:
-        log.warning("%s", note)
-    resolved = resolve_pair(pair, config, paths)
-    defaults = pair.defaults(compat_hint=resolved.hint, notice=note or "")
-    return str(resolved.target_path), str(resolved.draft_path), defaults
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from textual.widgets import Footer, Header, ProgressBar, Static
 
 from localspec.core.session import ChatSession
 from localspec.errors import ContextError, LocalspecError
+from localspec.models.resolved import ResolvedPair
 from localspec.paths import get_paths
 
 from . import loading
@@ -180,9 +181,11 @@ class ChatApp(App[int]):
     def _ready_text(self) -> str:
         if self.loaded is None:
             return "ready"
-        choice = self.loaded.choice
-        demo = " (the offline demo pair: a demo of the mechanism, not a good chat model)" if choice.note else ""
-        return f"ready · {choice.label}{demo}"
+        pair = self.loaded.pair
+        demo = (
+            " (the offline demo pair: a demo of the mechanism, not a good chat model)" if pair.defaults.notice else ""
+        )
+        return f"ready · {pair.label}{demo}"
 
     def _error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
@@ -222,7 +225,7 @@ class ChatApp(App[int]):
     # --- loading and pulling --------------------------------------------------------------------------------
 
     def _start_load(
-        self, pair: str | None, *, choice: loading.ModelChoice | None = None, settings: ChatSettings | None = None
+        self, pair: str | None, *, choice: ResolvedPair | None = None, settings: ChatSettings | None = None
     ) -> None:
         """Unload the current engine (if any) and load another in a worker, with progress.
 
@@ -235,7 +238,7 @@ class ChatApp(App[int]):
         self._load_worker(old, pair, choice, settings.drafter if settings else None)
 
     @work(thread=True, group="load", exit_on_error=False)
-    def _load_worker(self, old, pair: str | None, choice: loading.ModelChoice | None, drafter: str | None) -> None:
+    def _load_worker(self, old, pair: str | None, choice: ResolvedPair | None, drafter: str | None) -> None:
         with self._engine_lock:
             if old is not None:
                 old.close()
@@ -274,11 +277,11 @@ class ChatApp(App[int]):
             self._set_status("no chat possible with this model: pick another pair (F2)")
             self._error(str(e))
             return
-        self.sub_title = loaded.choice.label
+        self.sub_title = loaded.pair.label
         self._set_status(self._ready_text())
         self.draw_stats()
-        if loaded.choice.note:
-            self.notify(loaded.choice.note, severity="warning", timeout=12)
+        if loaded.pair.defaults.notice:
+            self.notify(loaded.pair.defaults.notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         if message.pulled:
@@ -472,7 +475,7 @@ class ChatApp(App[int]):
         self.chat.new()
         self.draw_stats()
         await self._show_conversation()
-        self._set_status(f"new chat · {self.loaded.choice.label}" if self.loaded else "new chat")
+        self._set_status(f"new chat · {self.loaded.pair.label}" if self.loaded else "new chat")
 
     def action_toggle_provenance(self) -> None:
         """Colour draft tokens (and back to Markdown)."""
@@ -514,13 +517,13 @@ class ChatApp(App[int]):
         except LocalspecError as e:
             self._error(str(e))
             return
-        current = self.loaded.choice.pair if self.loaded else None
+        current = self.loaded.pair.name if self.loaded else None
         self.push_screen(PairScreen(rows, current), lambda name: self._pair_picked(name, rows))
 
     def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
         if name is None or self._busy("switch pairs"):
             return
-        if self.loaded and name == self.loaded.choice.pair:
+        if self.loaded and name == self.loaded.pair.name:
             self.notify(f"{name} is already loaded")
             return
         row = next(r for r in rows if r.name == name)
@@ -557,7 +560,7 @@ class ChatApp(App[int]):
             return
         if self._busy("change the drafter"):
             return
-        self._start_load(self.loaded.choice.pair, choice=self.loaded.choice, settings=settings)
+        self._start_load(self.loaded.pair.name, choice=self.loaded.pair, settings=settings)
 
     def action_history(self) -> None:
         """Open the saved conversations."""
@@ -585,7 +588,7 @@ class ChatApp(App[int]):
             return
         self.draw_stats()
         await self._show_conversation(stored)
-        here = self.loaded.choice.pair if self.loaded else None
+        here = self.loaded.pair.name if self.loaded else None
         if conversation.pair and here and conversation.pair != here:
             self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
         self._set_status(f"resumed {conversation.title!r}")

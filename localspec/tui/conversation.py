@@ -166,7 +166,7 @@ class Conversation:
             LocalspecError: the target has no usable chat template (the pair stays loaded, to be unloaded).
         """
         self.loaded = loaded
-        template = self.options.chat_template or loaded.choice.settings.chat_template
+        template = self.options.chat_template or loaded.pair.defaults.chat_template
         try:
             self.session = ChatSession(loaded.engine, template_name=template)
         except LocalspecError:
@@ -174,11 +174,11 @@ class Conversation:
             raise
         self.phase = Phase.READY
         self.settings = self._pending_settings or ChatSettings.initial(
-            self.options, loaded.choice.settings, loaded.drafter
+            self.options, loaded.pair.defaults, loaded.drafter
         )
         self._pending_settings = None
-        if self.saved_id is not None and loaded.choice.pair:
-            self.store.set_pair(self.saved_id, loaded.choice.pair)
+        if self.saved_id is not None and loaded.pair.name:
+            self.store.set_pair(self.saved_id, loaded.pair.name)
 
     def load_failed(self) -> None:
         """The load ended without a pair."""
@@ -211,7 +211,7 @@ class Conversation:
         session = self._session()
         if self.saved_id is None:
             title = " ".join(text.split())[:TITLE_LENGTH]
-            pair = (self.loaded.choice.pair or self.loaded.choice.label) if self.loaded else ""
+            pair = (self.loaded.pair.name or self.loaded.pair.label) if self.loaded else ""
             self.saved_id = self.store.create_conversation(title, pair=pair, system=self.system)
         message_id = self.store.add_message(self.saved_id, "user", text)  # committed before generating
         self.messages.append(Message("user", text))
@@ -343,7 +343,7 @@ class Conversation:
         if self.loaded is None or settings.drafter == self.loaded.drafter:
             self.settings = settings
             return False
-        if settings.drafter in MODEL_DRAFTERS and self.loaded.choice.draft is None:
+        if settings.drafter in MODEL_DRAFTERS and self.loaded.pair.draft is None:
             raise InvalidParamsError(
                 f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
                 "(F2) or the ngram drafter"

@@ -1,9 +1,9 @@
 """From the chat's options (or a pair picked in the app) to a loaded `Engine`, plus the pair list and pull.
 
 These functions block (files are read, the demo target may be derived, llama.cpp loads the models), so
-the app calls them from thread workers and passes a `progress` callback that posts messages. They use
-the pairs API (`localspec.pairs`) and never touch Textual. Folders and models.toml come from the chat's
-options (`ChatOptions.paths`, `bundled_config`); models.toml is read again each time, so edits show.
+the app calls them from thread workers and passes a `progress` callback that posts messages. They resolve
+and load as the command line does (`models.loading`) and never touch Textual. Folders and models.toml come
+from the chat's options (`ChatOptions.paths`, `bundled_config`); models.toml is read again each time.
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from localspec.core.engine import Engine
-from localspec.core.params import PairDefaults
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
-from localspec.models.loading import load_engine, load_params, weights_progress
-from localspec.models.pairs import choose_pair, pair_status, pull_pair, resolve_pair
+from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
+from localspec.models.pairs import pair_status, pull_pair
+from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
 
@@ -29,23 +28,11 @@ Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
-class ModelChoice:
-    """Which files to load and with what defaults."""
-
-    target: Path
-    draft: Path | None
-    label: str  # what the header shows: the pair name, or the file names
-    pair: str | None  # the pair's name (None for --target/--draft)
-    settings: PairDefaults  # the pair's defaults that were set (models.toml)
-    note: str | None = None  # e.g. "using the offline demo pair"
-
-
-@dataclass(frozen=True, slots=True)
 class Loaded:
     """A loaded engine and what the app shows and remembers about it."""
 
     engine: Engine
-    choice: ModelChoice
+    pair: ResolvedPair  # what was loaded: the pair (or files), its defaults and notice
     drafter: str
 
 
@@ -60,27 +47,17 @@ class PairRow:
     default: bool
 
 
-def choose_models(options: ChatOptions, pair: str | None, progress: Progress) -> ModelChoice:
-    """Resolve `pair` (or the options' --target/--draft when pair is None) to files.
+def choose_models(options: ChatOptions, pair: str | None, progress: Progress) -> ResolvedPair:
+    """Resolve `pair` (or, when None, the options' pair or --target/--draft) as `localspec generate` does.
 
     Raises:
         LocalspecError: unknown pair, invalid models.toml, files not downloaded.
     """
-    if pair is None and options.target:
-        target = Path(options.target)
-        draft = Path(options.draft) if options.draft else None
-        label = target.name + (f" + {draft.name}" if draft else "")
-        return ModelChoice(target, draft, label, None, PairDefaults())
-    paths, config = options.paths, _config(options)
-    chosen, note = choose_pair(pair or options.pair, config, paths)
-    if chosen.target.kind == "builtin" and not pair_status(chosen, paths).downloaded:
-        progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
-    resolved = resolve_pair(chosen, config, paths)
-    defaults = chosen.defaults(compat_hint=resolved.hint, notice=note or "")
-    return ModelChoice(resolved.target_path, resolved.draft_path, chosen.name, chosen.name, defaults, note)
+    flags = options if pair is None else dataclasses.replace(options, pair=pair, target=None, draft=None)
+    return resolve_models(flags, options.paths, bundled=options.bundled_config, progress=progress)
 
 
-def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, progress: Progress) -> Loaded:
+def load_models(options: ChatOptions, choice: ResolvedPair, drafter: str | None, progress: Progress) -> Loaded:
     """Load the chosen files into an Engine (the same precedence as `localspec generate`).
 
     Raises:
@@ -88,7 +65,7 @@ def load_models(options: ChatOptions, choice: ModelChoice, drafter: str | None, 
     """
     if drafter:
         options = dataclasses.replace(options, drafter=drafter)
-    params = load_params(options, choice.settings, has_draft=choice.draft is not None)
+    params = load_params(options, choice.defaults, has_draft=choice.draft is not None)
     what = choice.target.name + (f" + {choice.draft.name}" if params.uses_draft_model and choice.draft else "")
     progress(f"loading {what}…")
     engine = load_engine(choice.target, choice.draft, params, weights_progress(params, progress, step=5))

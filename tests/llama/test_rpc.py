@@ -323,16 +323,17 @@ def test_relay_is_bounded_in_connections(worker):
 def test_the_chat_keeps_its_history_when_the_worker_dies_and_answers_after_a_reload(tiny_models, tmp_path):
     from support.tui import PAIR_SETTINGS, roles, saved
 
+    from localspec.models.resolved import ResolvedPair
     from localspec.tui.conversation import Conversation
     from localspec.tui.live import Chunk, Finished, stream_generation
-    from localspec.tui.loading import Loaded, ModelChoice
+    from localspec.tui.loading import Loaded
     from localspec.tui.settings import ChatOptions
     from localspec.tui.store import ChatStore
 
     def loaded(worker: Worker) -> Loaded:
         engine = Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=1024, rpc=(str(worker.endpoint),))
         return Loaded(
-            engine, ModelChoice(tiny_models.target, tiny_models.draft_noisy, "far", "far", PAIR_SETTINGS), "model"
+            engine, ResolvedPair(tiny_models.target, tiny_models.draft_noisy, "far", "far", PAIR_SETTINGS), "model"
         )
 
     first = Worker()

@@ -19,7 +19,6 @@ from localspec.models.pairs import (
     pair_status,
     pull_pair,
     resolve_pair,
-    resolve_pair_for_run,
 )
 
 
@@ -112,8 +111,14 @@ def test_hint_names_the_curated_drafts_of_the_family_but_not_the_failing_one(loc
 def test_local_path_pair_resolves_with_its_settings(localspec_home, tiny_models):
     local_pair(localspec_home, tiny_models.target, tiny_models.draft_noisy, "temperature = 0.2\ndraft_max = 3\n")
     config = load_config(localspec_home)
-    target, draft, settings = resolve_pair_for_run("local", config, localspec_home)
-    assert (target, draft) == (str(tiny_models.target), str(tiny_models.draft_noisy))
+    resolved = resolve_pair(config.get("local"), config, localspec_home)
+    assert (resolved.target, resolved.draft, resolved.name, resolved.label) == (
+        tiny_models.target,
+        tiny_models.draft_noisy,
+        "local",
+        "local",
+    )
+    settings = resolved.defaults
     assert settings.temperature == 0.2 and settings.draft_max == 3 and settings.compat_hint
     assert pair_status(config.get("local"), localspec_home).downloaded
     done = pull_pair(config.get("local"), config, localspec_home)

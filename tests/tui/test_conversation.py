@@ -15,12 +15,12 @@ import pytest
 from support.tui import PAIR_SETTINGS, roles, saved
 
 from localspec.core.engine import Engine
-from localspec.core.params import PairDefaults
 from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+from localspec.models.resolved import ResolvedPair
 from localspec.tui.conversation import Conversation, Phase, Turn
 from localspec.tui.live import Finished, stream_generation
-from localspec.tui.loading import Loaded, ModelChoice
+from localspec.tui.loading import Loaded
 from localspec.tui.settings import ChatOptions
 
 
@@ -33,7 +33,7 @@ def load(tiny_models, pair: str = "tiny", *, draft=None, target=None, n_ctx: int
     target = target or tiny_models.target
     draft = draft or tiny_models.draft_noisy
     engine = Engine.load(target, draft, n_ctx=n_ctx)
-    return Loaded(engine, ModelChoice(target, draft, pair, pair, PAIR_SETTINGS), "model")
+    return Loaded(engine, ResolvedPair(target, draft, pair, pair, PAIR_SETTINGS), "model")
 
 
 @pytest.fixture
@@ -247,7 +247,7 @@ def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_mo
     alone = Conversation(options, store)
     alone.begin_load()
     engine = Engine.load(tiny_models.target, drafter="none", n_ctx=512)
-    alone.attach(Loaded(engine, ModelChoice(tiny_models.target, None, "alone", None, PairDefaults()), "none"))
+    alone.attach(Loaded(engine, ResolvedPair.files(tiny_models.target, None), "none"))
     try:
         with pytest.raises(InvalidParamsError, match="needs a draft model"):
             alone.apply_settings(dataclasses.replace(alone.settings, drafter="model"))

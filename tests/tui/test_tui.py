@@ -260,7 +260,7 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
         table.move_cursor(row=names.index("tiny-same"))
         await pilot.press("enter")
         await wait_until(
-            pilot, lambda: app.loaded is not None and app.loaded.choice.pair == "tiny-same", what="the switch"
+            pilot, lambda: app.loaded is not None and app.loaded.pair.name == "tiny-same", what="the switch"
         )
         assert app.loaded.engine is not old_engine and app.sub_title == "tiny-same"
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
@@ -286,7 +286,7 @@ async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
         await wait_until(pilot, lambda: not app.pulling, what="the pull to fail")
         [error] = [n for n in notes if "remote" in n or "offline" in n.lower()]
         assert "\n" not in error and "Traceback" not in error
-        assert app.loaded.choice.pair == "tiny" and app.session is not None
+        assert app.loaded.pair.name == "tiny" and app.session is not None
 
 
 @pytest.mark.slow
@@ -418,7 +418,7 @@ async def test_no_pair_downloaded_falls_back_to_the_demo_pair_and_says_so(option
     notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.loaded.choice.pair == "demo"
+        assert app.loaded.pair.name == "demo"
         assert any("offline demo pair" in n for n in notes)
 
 
@@ -475,7 +475,7 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
             await pilot.press("y")
             await wait_until(
                 pilot,
-                lambda: app.loaded is not None and app.loaded.choice.pair == "pullme",
+                lambda: app.loaded is not None and app.loaded.pair.name == "pullme",
                 what="the pulled pair to load",
             )
             assert any(s.startswith("downloading tiny-Q8_0.gguf") for s in statuses)
