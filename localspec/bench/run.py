@@ -15,6 +15,7 @@ The work is in `run_bench` (data in, `BenchReport` out); `render` and `to_json` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -22,10 +23,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -133,6 +135,15 @@ class RpcRow:
     round_trips_per_pass: float  # relay turns / the target's llama_decode calls (prefills included)
 
 
+@dataclass(frozen=True, slots=True)
+class BusyRow:
+    """One setting's speed on a quiet machine and with one core kept busy by another process."""
+
+    setting: str
+    quiet: float  # tok/s
+    busy: float  # tok/s
+
+
 @dataclass(slots=True)
 class BenchReport:
     machine: str
@@ -142,7 +153,7 @@ class BenchReport:
     draft: str
     threads: int
     rows: list[Row] = field(default_factory=list)
-    busy: list[dict] = field(default_factory=list)
+    busy: list[BusyRow] = field(default_factory=list)
     rpc: list[RpcRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -241,6 +252,30 @@ class BusyCore:
         self._proc.wait()
 
 
+T = TypeVar("T")
+G = TypeVar("G")
+
+
+def rotated(items: Sequence[T], shift: int) -> list[T]:
+    """`items` starting at index `shift` (mod its length) and wrapping around."""
+    shift %= len(items)
+    return [*items[shift:], *items[:shift]]
+
+
+def interleaved(
+    settings: Sequence[T], n_prompts: int, rounds: int, groups: Sequence[G] = (None,)
+) -> Iterator[tuple[int, G, int, T]]:
+    """Every run of a side-by-side measurement as (round, group, prompt, setting), in the order that spreads
+    machine noise evenly: each round visits every group (rotated by one per round; e.g. the RPC bench's added
+    round trips), each prompt, and every setting in an order rotated by one per prompt, so no setting always
+    runs first, or always right after the same other one."""
+    for round_ in range(rounds):
+        for group in rotated(groups, round_):
+            for p in range(n_prompts):
+                for setting in rotated(settings, round_ * n_prompts + p):
+                    yield round_, group, p, setting
+
+
 def run_bench(
     engine: Engine,
     prompts: list[list[int]],
@@ -252,18 +287,14 @@ def run_bench(
 ) -> dict[Setting, Tally]:
     """Run every setting on every prompt, interleaved, `rounds` times; returns what each setting added up."""
     tallies = {s: Tally() for s in settings}
-    total, done = rounds * len(prompts) * len(settings), 0
-    for round_ in range(rounds):
-        for p, prompt in enumerate(prompts):
-            shift = (round_ * len(prompts) + p) % len(settings)
-            for setting in settings[shift:] + settings[:shift]:  # a rotating order: no setting always first
-                gen, python = _run_one(engine, prompt, setting, tokens)
-                tally = tallies[setting]
-                tally.stats.merge(gen.stats)
-                tally.seconds_outside_decode += python
-                tally.tokens[(round_, p)] = list(gen.tokens)
-                done += 1
-                progress(f"{_bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
+    total = rounds * len(prompts) * len(settings)
+    for done, (round_, _, p, setting) in enumerate(interleaved(settings, len(prompts), rounds), 1):
+        gen, python = _run_one(engine, prompts[p], setting, tokens)
+        tally = tallies[setting]
+        tally.stats.merge(gen.stats)
+        tally.seconds_outside_decode += python
+        tally.tokens[(round_, p)] = list(gen.tokens)
+        progress(f"{_bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
     return tallies
 
 
@@ -284,22 +315,16 @@ def run_rpc_bench(
     tallies = {(rtt, s): Tally() for rtt in rtts for s in settings}
     turns = dict.fromkeys(tallies, 0)
     decodes = dict.fromkeys(tallies, 0)
-    total, done = rounds * len(rtts) * len(prompts) * len(settings), 0
-    for round_ in range(rounds):
-        order = list(rtts[round_ % len(rtts) :]) + list(rtts[: round_ % len(rtts)])
-        for rtt in order:
-            for relay in relays:
-                relay.rtt_ms = rtt
-            for p, prompt in enumerate(prompts):
-                shift = (round_ * len(prompts) + p) % len(settings)
-                for setting in settings[shift:] + settings[:shift]:
-                    before, decoded = sum(r.turns for r in relays), engine.target.ctx.decodes
-                    gen, _ = _run_one(engine, prompt, setting, tokens)
-                    turns[(rtt, setting)] += sum(r.turns for r in relays) - before
-                    decodes[(rtt, setting)] += engine.target.ctx.decodes - decoded
-                    tallies[(rtt, setting)].stats.merge(gen.stats)
-                    done += 1
-                    progress(f"{_bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")
+    total = rounds * len(rtts) * len(prompts) * len(settings)
+    for done, (round_, rtt, p, setting) in enumerate(interleaved(settings, len(prompts), rounds, rtts), 1):
+        for relay in relays:
+            relay.rtt_ms = rtt
+        before, decoded = sum(r.turns for r in relays), engine.target.ctx.decodes
+        gen, _ = _run_one(engine, prompts[p], setting, tokens)
+        turns[(rtt, setting)] += sum(r.turns for r in relays) - before
+        decodes[(rtt, setting)] += engine.target.ctx.decodes - decoded
+        tallies[(rtt, setting)].stats.merge(gen.stats)
+        progress(f"{_bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")
     rows = []
     for (rtt, setting), tally in tallies.items():
         plain = next(
@@ -404,8 +429,7 @@ def render(report: BenchReport) -> list[str]:
         lines += ["", "one busy core (a busy-loop process on one core):"]
         for b in report.busy:
             lines.append(
-                f"  {b['setting']:<16} quiet {b['quiet']:.1f} tok/s, busy {b['busy']:.1f} tok/s "
-                f"({b['busy'] / b['quiet']:.2f}× quiet)"
+                f"  {b.setting:<16} quiet {b.quiet:.1f} tok/s, busy {b.busy:.1f} tok/s ({b.busy / b.quiet:.2f}× quiet)"
                 if b["quiet"]
                 else f"  {b['setting']}: no data"
             )
@@ -457,24 +481,18 @@ def read_prompts(path: str | None) -> list[str]:
 
 def busy_rows(
     engine: Engine, prompts: list[list[int]], settings: list[Setting], tokens: int, progress: Callable[[str], None]
-) -> list[dict]:
-    """Each setting quiet and with one busy core, interleaved (quiet, busy, quiet, busy…)."""
-    quiet = {s: Tally() for s in settings}
-    busy = {s: Tally() for s in settings}
-    for p, prompt in enumerate(prompts):
-        for setting in settings:
-            gen, _ = _run_one(engine, prompt, setting, tokens)
-            quiet[setting].stats.merge(gen.stats)
-            with BusyCore():
-                time.sleep(0.2)
-                gen, _ = _run_one(engine, prompt, setting, tokens)
-            busy[setting].stats.merge(gen.stats)
-            done = p * len(settings) + settings.index(setting) + 1
-            progress(f"{_bar(done, len(prompts) * len(settings))} one busy core: {setting.name}")
-    return [
-        {"setting": s.name, "quiet": quiet[s].stats.tokens_per_second, "busy": busy[s].stats.tokens_per_second}
-        for s in settings
-    ]
+) -> list[BusyRow]:
+    """Each setting quiet and with one busy core, interleaved like the main runs."""
+    tallies = {(s, busy): Tally() for s in settings for busy in (False, True)}
+    for done, (_, _, p, (setting, busy)) in enumerate(interleaved(list(tallies), len(prompts), 1), 1):
+        with BusyCore() if busy else contextlib.nullcontext():
+            if busy:
+                time.sleep(0.2)  # the busy loop is running before the timed run starts
+            gen, _ = _run_one(engine, prompts[p], setting, tokens)
+        tallies[(setting, busy)].stats.merge(gen.stats)
+        progress(f"{_bar(done, len(tallies) * len(prompts))} one busy core: {setting.name}")
+    rate = {key: tally.stats.tokens_per_second for key, tally in tallies.items()}
+    return [BusyRow(s.name, rate[(s, False)], rate[(s, True)]) for s in settings]
 
 
 def peer_settings(settings: list[Setting]) -> list[Setting]:
@@ -502,8 +520,9 @@ def run_peer(
 
     rates: dict[Setting, list[float]] = {s: [] for s in settings}
     drafted: dict[Setting, list[int]] = {s: [0, 0] for s in settings}
+    done = 0
     for round_ in range(rounds):
-        for setting in settings:
+        for setting in rotated(settings, round_):  # one server per setting and round: the whole prompt list
             with LlamaServer(
                 binary,
                 target,
@@ -528,6 +547,6 @@ def run_peer(
                     rates[setting].append(result.tokens_per_second)
                     drafted[setting][0] += result.drafted
                     drafted[setting][1] += result.accepted
-            done = round_ * len(settings) + settings.index(setting) + 1
+            done += 1
             progress(f"{_bar(done, rounds * len(settings))} llama-server {setting.name}, round {round_ + 1}")
     return {s: (statistics.median(rates[s]), drafted[s][1] / drafted[s][0] if drafted[s][0] else 0.0) for s in settings}

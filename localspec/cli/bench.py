@@ -78,6 +78,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
     target, draft, defaults = str(resolved.target), str(resolved.draft), resolved.defaults
     params = load_params(run, defaults, has_draft=True)
+    busy = args.busy
     relays = []
     if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
         from localspec.bench.relay import DelayRelay
@@ -89,9 +90,9 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
         relays = [DelayRelay(Endpoint.parse(e), max_connections=16, lifetime=lifetime) for e in params.rpc]
         params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))
-        if args.peer is not None or args.busy:
+        if args.peer is not None or busy:
             notes.append("--peer and --busy are not run with --rpc")
-            binary, args.busy = None, False
+            binary, busy = None, False
     show = _progress()
     try:
         engine = load_engine(target, draft, params, weights_progress(params, show))
@@ -154,7 +155,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
                 ]
             except PeerError as e:
                 report.notes.append(f"llama-server failed: {e}")
-        if args.busy:
+        if busy:
             pair = [s for s in chosen if s.temperature == temperatures[0] and (s.k == 0 or s.k is None)]
             report.busy = bench.busy_rows(engine, prompts, pair, args.tokens, show)
     finally:

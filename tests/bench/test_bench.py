@@ -116,3 +116,24 @@ def test_a_broken_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path
 def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
     code, out, err = bench(capsys, tiny_models, *flags)
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_are_interleaved_each_exactly_once_and_no_setting_always_first():
+    from collections import Counter
+
+    from localspec.bench.run import interleaved
+
+    runs = list(interleaved(["a", "b", "c"], n_prompts=2, rounds=3, groups=(0, 5)))
+    assert Counter(runs) == Counter((r, g, p, s) for r in range(3) for g in (0, 5) for p in range(2) for s in "abc")
+    firsts = Counter(runs[i][3] for i in range(0, len(runs), 3))  # the setting that opens each prompt's turn
+    assert set(firsts) == {"a", "b", "c"} and max(firsts.values()) - min(firsts.values()) <= 2
+    groups_first = [next(g for r, g, _, _ in runs if r == round_) for round_ in range(3)]
+    assert groups_first == [0, 5, 0]  # the groups (e.g. round trips) rotate once per round
+
+
+def test_busy_rows_measure_each_setting_quiet_and_busy(capsys, tiny_models):
+    code, out, err = bench(capsys, tiny_models, "--busy", "--json")
+    assert code == 0, err
+    busy = json.loads(out)["busy"]
+    assert busy and all(set(row) == {"setting", "quiet", "busy"} for row in busy)
+    assert all(row["quiet"] > 0 and row["busy"] > 0 for row in busy)
