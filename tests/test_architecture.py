@@ -24,12 +24,13 @@ PACKAGE_DIR = Path(localspec.__file__).parent
 LAYERS: dict[str, set[str]] = {
     "errors": set(),
     "paths": set(),
+    "progress": set(),
     "llama": {"errors"},
     "core": {"llama", "errors"},
-    "models": {"core", "llama", "errors", "paths"},
-    "bench": {"core", "llama", "models", "errors", "paths"},
+    "models": {"core", "llama", "errors", "paths", "progress"},
+    "bench": {"core", "llama", "models", "errors", "paths", "progress"},
     "tui": {"core", "llama", "models", "errors", "paths"},
-    "cli": {"bench", "tui", "core", "llama", "models", "errors", "paths"},
+    "cli": {"bench", "tui", "core", "llama", "models", "errors", "paths", "progress"},
     "__main__": {"cli"},
 }
 NATIVE = "llama_cpp"  # llama-cpp-python: only `localspec.llama` may import it

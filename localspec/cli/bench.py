@@ -12,6 +12,7 @@ import sys
 from localspec.bench import run as bench
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.paths import Paths
+from localspec.progress import StatusLine
 
 from .flags import add_model_args
 
@@ -168,12 +169,6 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _progress():
-    """A one-line progress display on stderr when it is a terminal (nothing otherwise)."""
-    if not sys.stderr.isatty():
-        return lambda _text: None
-
-    def show(text: str) -> None:
-        sys.stderr.write("\r\033[K" + (f"bench: {text}" if text else ""))
-        sys.stderr.flush()
-
-    return show
+    """The bench's progress line on stderr ("" erases it)."""
+    line = StatusLine("bench: ")
+    return lambda text: line.show(text) if text else line.clear()

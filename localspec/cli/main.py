@@ -18,6 +18,7 @@ import numpy as np
 
 from localspec.errors import ContextError, LocalspecError
 from localspec.paths import Paths, get_paths
+from localspec.progress import StatusLine
 
 from . import bench, chat, pairs, worker
 from .checks import RunArgs, check_run_args
@@ -124,8 +125,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
                 tokens, sampling=sampling, spec=spec, max_tokens=run.max_tokens, stop=run.stop, rng=rng
             )
             gen.notices.extend(notices)
-            if sys.stderr.isatty():
-                gen.on_prefill = _show_prefill
+            gen.on_prefill = _prefill_line(StatusLine())
             guard.generation = gen  # a signal now ends it between steps
             _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
             guard.generation = None
@@ -153,11 +153,16 @@ def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None
     print(gen.stats.summary(), file=sys.stderr)
 
 
-def _show_prefill(model: str, done: int, total: int) -> None:
+def _prefill_line(line: StatusLine):
     """Progress of reading a long prompt, on one stderr line that the last step erases."""
-    line = f"localspec: reading the prompt into the {model}: {done:,}/{total:,} tokens"
-    sys.stderr.write(f"\r{line}" if done < total else "\r" + " " * len(line) + "\r")
-    sys.stderr.flush()
+
+    def show(model: str, done: int, total: int) -> None:
+        if done < total:
+            line.show(f"localspec: reading the prompt into the {model}: {done:,}/{total:,} tokens")
+        else:
+            line.clear()
+
+    return show
 
 
 def _completion_json(gen) -> dict:

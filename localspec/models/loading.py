@@ -8,7 +8,6 @@ itself never sees argparse or pydantic. The chat app uses the same functions wit
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadPar
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.paths import Paths
+from localspec.progress import StatusLine
 
 from .resolved import ResolvedPair
 
@@ -149,18 +149,16 @@ def weights_progress(
     return on_fraction
 
 
-def _stderr_line(text: str) -> None:
-    sys.stderr.write(f"\r\033[K{text}{chr(10) if text.endswith('100%') else ''}")
-    sys.stderr.flush()
-
-
 @contextmanager
 def open_engine(args: ModelFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
     resolved = resolve_models(args, paths)
     params = load_params(args, resolved.defaults, has_draft=resolved.draft is not None)
-    progress = weights_progress(params, _stderr_line) if sys.stderr.isatty() else None
-    engine = load_engine(resolved.target, resolved.draft, params, progress)
+    line = StatusLine()
+    try:
+        engine = load_engine(resolved.target, resolved.draft, params, weights_progress(params, line.show))
+    finally:
+        line.keep()  # "loading the target onto W: 100%" stays above what follows
     try:
         yield engine, resolved.defaults
     finally:
