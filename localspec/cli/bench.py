@@ -10,6 +10,7 @@ import dataclasses
 import sys
 
 from localspec.bench import run as bench
+from localspec.bench.report import BenchReport, machine_line, now, render, to_json
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.paths import Paths
 from localspec.progress import StatusLine
@@ -110,10 +111,10 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             prompts = [engine.tokenize(t) for t in texts]  # a base model: the plain text
             notes.append("the target has no chat template: prompts are plain text")
         chosen = bench.settings_for(ks, temperatures, verifies)
-        report = bench.BenchReport(
-            machine=bench.machine_line(threads),
+        report = BenchReport(
+            machine=machine_line(threads),
             command="localspec " + " ".join(sys.argv[1:]),
-            date=bench.now(),
+            date=now(),
             target=target,
             draft=draft,
             threads=threads,
@@ -164,7 +165,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         for relay in relays:
             relay.close()
         show("")
-    print(bench.to_json(report) if args.json else "\n".join(bench.render(report)))
+    print(to_json(report) if args.json else "\n".join(render(report)))
     return 0
 
 

@@ -1,0 +1,171 @@
+"""`localspec bench`'s report: the rows it measured and how they are shown, as a table or as JSON.
+
+`run.py` measures and fills a `BenchReport`; this module only presents it (no engine, no timing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    prompt: int
+    index: int  # first token where the output differs from plain's
+    top2_gap: float  # the target's logit gap between its two best tokens there
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    setting: str
+    temperature: float
+    k: int | None
+    verify: str
+    tokens_per_second: float
+    ratio: float  # tok/s / plain tok/s at the same temperature
+    acceptance: float
+    alpha: float
+    tokens_per_pass: float
+    draft_cost: float  # c
+    verify_cost: float  # v(k̄) at the mean draft length used
+    mean_k: float
+    predicted: float  # E(k̄)/(k̄·c + v(k̄))
+    efficiency: float  # ratio / predicted
+    python_ms_per_step: float  # outside llama_decode
+    divergences: tuple[Divergence, ...] = ()
+    peer_tokens_per_second: float | None = None
+    peer_acceptance: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RpcRow:
+    """One setting with the target on RPC workers behind a relay that adds `rtt_ms` to every round trip."""
+
+    rtt_ms: float
+    setting: str
+    temperature: float
+    tokens_per_second: float
+    ratio: float  # tok/s / plain tok/s at the same round trip and temperature
+    tokens_per_pass: float
+    round_trips_per_pass: float  # relay turns / the target's llama_decode calls (prefills included)
+
+
+@dataclass(frozen=True, slots=True)
+class BusyRow:
+    """One setting's speed on a quiet machine and with one core kept busy by another process."""
+
+    setting: str
+    quiet: float  # tok/s
+    busy: float  # tok/s
+
+
+@dataclass(slots=True)
+class BenchReport:
+    machine: str
+    command: str
+    date: str
+    target: str
+    draft: str
+    threads: int
+    rows: list[Row] = field(default_factory=list)
+    busy: list[BusyRow] = field(default_factory=list)
+    rpc: list[RpcRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def rpc_summary(rows: list[RpcRow]) -> list[str]:
+    """Per speculative setting: its ratio to plain at the largest added round trip ÷ its ratio at the smallest."""
+    if not rows:
+        return []
+    lo, hi = min(r.rtt_ms for r in rows), max(r.rtt_ms for r in rows)
+    out = []
+    for r in rows:
+        if r.rtt_ms != hi or r.setting == "plain":
+            continue
+        base = next(b for b in rows if b.rtt_ms == lo and (b.setting, b.temperature) == (r.setting, r.temperature))
+        if base.ratio:
+            out.append(
+                f"{r.setting} T{r.temperature:g}: ×plain {base.ratio:.2f} at +{lo:g} ms → {r.ratio:.2f} at "
+                f"+{hi:g} ms ({r.ratio / base.ratio:.2f}×)"
+            )
+    return out
+
+
+def machine_line(threads: int) -> str:
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (
+        f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs, "
+        f"{threads} threads, load {load}"
+    )
+
+
+def render(report: BenchReport) -> list[str]:
+    """The report as a table (text lines)."""
+    lines = [
+        f"localspec bench — {report.date}",
+        f"machine: {report.machine}",
+        f"command: {report.command}",
+        f"target: {report.target}",
+        f"draft:  {report.draft}",
+        "",
+    ]
+    head = (
+        f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
+        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}"
+    )
+    has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
+    if has_peer:
+        head += f"{'peer tok/s':>11}{'×peer':>7}"
+    if report.rows:  # a --rpc run has only the RPC table
+        lines.append(head)
+    for r in report.rows:
+        line = (
+            f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+            f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
+            f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
+        )
+        if has_peer:
+            if r.peer_tokens_per_second:
+                line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
+            else:
+                line += f"{'–':>11}{'–':>7}"
+        lines.append(line)
+    for r in report.rows:
+        for d in r.divergences:
+            lines.append(
+                f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
+                f"(target top-2 gap {d.top2_gap:.4f})"
+            )
+    if report.busy:
+        lines += ["", "one busy core (a busy-loop process on one core):"]
+        for b in report.busy:
+            lines.append(
+                f"  {b.setting:<16} quiet {b.quiet:.1f} tok/s, busy {b.busy:.1f} tok/s ({b.busy / b.quiet:.2f}× quiet)"
+                if b["quiet"]
+                else f"  {b['setting']}: no data"
+            )
+    if report.rpc:
+        lines += [
+            "the target on RPC workers, behind a relay on 127.0.0.1 that adds a round trip:",
+            f"{'+rtt ms':>7}  {'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'tok/pass':>9}{'trips/pass':>11}",
+        ]
+        for r in report.rpc:
+            lines.append(
+                f"{r.rtt_ms:>7g}  {r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+                f"{r.tokens_per_pass:>9.2f}{r.round_trips_per_pass:>11.2f}"
+            )
+        lines += [f"  {line}" for line in rpc_summary(report.rpc)]
+    lines += [f"note: {n}" for n in report.notes]
+    return lines
+
+
+def to_json(report: BenchReport) -> str:
+    return json.dumps(asdict(report), indent=2, default=str)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
