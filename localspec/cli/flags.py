@@ -1,8 +1,8 @@
 """The command-line flags shared by `generate`, `chat` and `bench`, and what they override.
 
-Both `cli` and the chat app's `register` add their parsers' flags from here, so neither imports the
-other. The option names are `params.OVERRIDE_OPTIONS`: one list for the flags, the settings screen and
-the pair defaults they override. No engine, no Textual: building the parser stays cheap.
+`generate`, `chat` and `bench` add their parsers' flags from here. The sampling and speculation flags are
+`params.OPTIONS`, the one table the settings screen and the pair defaults read too. No engine, no Textual:
+building the parser stays cheap.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, OVERRIDE_OPTIONS
+from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -51,23 +51,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_TOKENS,
         help=f"most tokens in the answer (default {DEFAULT_MAX_TOKENS})",
     )
-    p.add_argument("--temperature", type=float, help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--min-p", type=float)
-    p.add_argument("--repeat-penalty", type=float)
-    p.add_argument("--seed", type=int, help="same seed + same settings = same output")
-    p.add_argument("--draft-max", type=int, help="most tokens drafted per step (default 8)")
-    p.add_argument("--p-min", type=float, help="stop drafting below this draft confidence")
-    p.add_argument("--verify", choices=["pq", "match"], help="pq (default at T>0) or exact match")
-    p.add_argument(
-        "--no-adaptive",
-        dest="adaptive",
-        action="store_const",
-        const=False,
-        help="always draft --draft-max tokens (default: pick k each step from the measured acceptance "
-        "and costs, and decode plainly when speculation would be slower)",
-    )
+    for opt in OPTIONS:  # None when not given: the pair's default, else the field's
+        if opt.kind is bool:  # on by default: the flag turns it off
+            p.add_argument(opt.flag, dest=opt.name, action="store_const", const=False, help=opt.help)
+        else:
+            shown = "" if opt.default is None else f" (default {opt.default})"
+            p.add_argument(opt.flag, type=opt.kind, choices=opt.choices or None, help=opt.help + shown)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 

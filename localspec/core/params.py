@@ -9,17 +9,17 @@ validation uses it without loading llama.cpp.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from localspec.errors import InvalidParamsError
 from localspec.llama.rpc import check_endpoint
 
+from .options import option, options_of
+from .sampling import SamplingParams
+
 DRAFTERS = ("model", "ngram", "model+ngram", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")  # of SamplingParams
-SPECULATIVE_OPTIONS = ("draft_max", "p_min", "verify", "adaptive")  # of SpeculativeParams
-OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
@@ -31,10 +31,24 @@ VERIFY_MODES = ("auto", "pq", "match")  # "auto": pq when T > 0, else greedy
 class SpeculativeParams:
     """How drafting and verification run."""
 
-    draft_max: int = 8  # most tokens drafted per step (k); 0 = plain decoding
-    p_min: float = 0.0  # stop drafting when the draft's top probability falls below this
-    verify: str = "auto"  # "pq" (Leviathan rejection sampling), "match" (exact match), "auto" = pq when T > 0
-    adaptive: bool = True  # pick k ≤ draft_max each step from α̂ and measured costs, off when plain is faster
+    draft_max: int = field(  # k
+        default=8,
+        metadata=option("most tokens drafted per step; 0 = plain decoding", pair=True, form="draft max (0 = plain)"),
+    )
+    p_min: float = field(default=0.0, metadata=option("stop drafting below this draft confidence", pair=True))
+    verify: str = field(  # "pq": Leviathan rejection sampling; "match": exact match; "auto": pq when T > 0
+        default="auto",
+        metadata=option(
+            "pq (rejection sampling) or match (exact); auto: pq at T > 0", choices=("pq", "match"), pair=True
+        ),
+    )
+    adaptive: bool = field(
+        default=True,
+        metadata=option(
+            "always draft --draft-max tokens (default: pick k each step from the measured acceptance and costs, "
+            "and decode plainly when speculation would be slower)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_max <= 64:
@@ -43,6 +57,13 @@ class SpeculativeParams:
             raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
         if self.verify not in VERIFY_MODES:
             raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
+
+
+# The user options (see `options.py`): flags, models.toml pair keys and the settings form all come from these.
+OPTIONS = options_of(SamplingParams, SpeculativeParams)
+SAMPLING_OPTIONS = tuple(o.name for o in options_of(SamplingParams))
+SPECULATIVE_OPTIONS = tuple(o.name for o in options_of(SpeculativeParams))
+OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 
 
 @dataclass(frozen=True, slots=True)

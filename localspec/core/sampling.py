@@ -20,26 +20,36 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from localspec.errors import InvalidParamsError
+
+from .options import option
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How tokens are chosen. temperature 0 means greedy (argmax)."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
+    temperature: float = field(default=0.8, metadata=option("0 = greedy", pair=True, form="temperature (0 = greedy)"))
+    top_k: int = field(
+        default=40, metadata=option("keep the k most likely tokens; 0 = off", pair=True, form="top-k (0 = off)")
+    )
+    top_p: float = field(
+        default=0.95,
+        metadata=option("keep the fewest tokens whose probability reaches p; 1 = off", pair=True, form="top-p"),
+    )
+    min_p: float = field(
+        default=0.05,
+        metadata=option("drop tokens under p × the best one's probability; 0 = off", pair=True, form="min-p"),
+    )
+    repeat_penalty: float = field(default=1.0, metadata=option("penalty for recently seen tokens; 1 = off"))
     repeat_last_n: int = 64
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    seed: int | None = None
+    seed: int | None = field(default=None, metadata=option("same seed + same settings = same output", kind=int))
 
     def __post_init__(self) -> None:
         checks = [

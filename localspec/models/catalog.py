@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from localspec.core.options import options_of
 from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import ConfigError, InvalidParamsError
@@ -28,6 +29,9 @@ BUILTIN_MODELS = ("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-f32")
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _QUANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 _PAIR_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The options a pair may set (`core/options.py`); `PairSpec` declares each, with its documentation.
+PAIR_SAMPLING = tuple(o.name for o in options_of(SamplingParams) if o.pair)
+PAIR_SPECULATIVE = tuple(o.name for o in options_of(SpeculativeParams) if o.pair)
 
 
 class ModelSource(BaseModel):
@@ -170,12 +174,12 @@ class PairSpec(BaseModel):
     """A llama.cpp built-in chat template name to use instead of the GGUF's own template."""
 
     # The ranges are the engine's: each value is checked by building the parameter object it goes to.
-    @field_validator("temperature", "top_p", "top_k", "min_p")
+    @field_validator(*PAIR_SAMPLING)
     @classmethod
     def _check_sampling(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(SamplingParams, info.field_name, value)
 
-    @field_validator("draft_max", "p_min", "verify")
+    @field_validator(*PAIR_SPECULATIVE)
     @classmethod
     def _check_speculative(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(SpeculativeParams, info.field_name, value)
@@ -239,11 +243,11 @@ class Pair:
 
     def sampling_overrides(self) -> dict[str, Any]:
         """Per-pair sampling defaults that were set (keys of `SamplingParams`)."""
-        return self._set_fields("temperature", "top_p", "top_k", "min_p")
+        return self._set_fields(*PAIR_SAMPLING)
 
     def speculative_overrides(self) -> dict[str, Any]:
-        """Per-pair speculation defaults that were set: draft_max, p_min, verify."""
-        return self._set_fields("draft_max", "p_min", "verify")
+        """Per-pair speculation defaults that were set (keys of `SpeculativeParams`)."""
+        return self._set_fields(*PAIR_SPECULATIVE)
 
     def model_overrides(self) -> dict[str, Any]:
         """Per-pair loading defaults that were set: n_ctx, n_gpu_layers, chat_template, rpc."""

@@ -19,7 +19,7 @@ from localspec.core.params import VERIFY_MODES
 from localspec.errors import LocalspecError
 
 from .loading import PairRow
-from .settings import DRAFTERS, ChatSettings
+from .settings import DRAFTERS, FORM_FIELDS, ChatSettings
 from .store import ChatStore, export_conversation
 
 
@@ -114,14 +114,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
     """Sampling, speculation and drafter settings, applied from the next message."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
-    FIELDS = (
-        ("temperature", "temperature (0 = greedy)"),
-        ("top_k", "top-k (0 = off)"),
-        ("top_p", "top-p"),
-        ("min_p", "min-p"),
-        ("max_tokens", "max tokens"),
-        ("draft_max", "draft max (0 = plain)"),
-    )
+    FIELDS = FORM_FIELDS  # (name, label): the option table's form fields, and max tokens
     CHOICES = (
         ("verify", "verify", VERIFY_MODES),
         ("adaptive", "adaptive draft length", ("on", "off")),

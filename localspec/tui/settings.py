@@ -13,13 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localspec.core.options import options_of
 from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, MODEL_DRAFTERS, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.models.loading import sampling_params, speculative_params
 from localspec.paths import Paths, get_paths
 
-__all__ = ["DRAFTERS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
+__all__ = ["DRAFTERS", "FORM_FIELDS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
+
+# The settings form's text fields: the option table's form fields (sampling, then speculation), and max tokens.
+_SAMPLING_FORM = tuple(o for o in options_of(SamplingParams) if o.form)
+_SPECULATIVE_FORM = tuple(o for o in options_of(SpeculativeParams) if o.form)
+FORM_FIELDS = (
+    *((o.name, o.form) for o in _SAMPLING_FORM),
+    ("max_tokens", "max tokens"),
+    *((o.name, o.form) for o in _SPECULATIVE_FORM),
+)
 
 
 @dataclass(frozen=True)
@@ -74,15 +84,11 @@ class ChatSettings:
             InvalidParamsError: a value is not a number, or out of range (one line naming the field).
         """
         sampling = dataclasses.replace(
-            self.sampling,
-            temperature=_number(values, "temperature", float),
-            top_k=_number(values, "top_k", int),
-            top_p=_number(values, "top_p", float),
-            min_p=_number(values, "min_p", float),
+            self.sampling, **{o.name: _number(values, o.name, o.kind) for o in _SAMPLING_FORM}
         )
         spec = dataclasses.replace(
             self.spec,
-            draft_max=_number(values, "draft_max", int),
+            **{o.name: _number(values, o.name, o.kind) for o in _SPECULATIVE_FORM},
             verify=values["verify"],
             adaptive=values["adaptive"] == "on",
         )
@@ -96,13 +102,10 @@ class ChatSettings:
 
     def form_values(self) -> dict[str, str]:
         """The fields the settings form shows, as text."""
-        s = self.sampling
+        numbers = [(o, getattr(self.sampling, o.name)) for o in _SAMPLING_FORM]
+        numbers += [(o, getattr(self.spec, o.name)) for o in _SPECULATIVE_FORM]
         return {
-            "temperature": f"{s.temperature:g}",
-            "top_k": str(s.top_k),
-            "top_p": f"{s.top_p:g}",
-            "min_p": f"{s.min_p:g}",
-            "draft_max": str(self.spec.draft_max),
+            **{o.name: f"{value:g}" if o.kind is float else str(value) for o, value in numbers},
             "verify": self.spec.verify,
             "adaptive": "on" if self.spec.adaptive else "off",
             "drafter": self.drafter,

@@ -132,3 +132,23 @@ def test_setup_logging_adds_its_handlers_once(localspec_home, capsys):
     for handler in handlers():
         handler.flush()
     assert localspec_home.log_file.read_text(encoding="utf-8").count("one line") == 1
+
+
+def test_one_option_table_feeds_the_flags_the_pair_schema_the_pair_defaults_and_the_settings_form():
+    import dataclasses
+
+    from localspec.cli.main import build_parser
+    from localspec.core.params import OPTIONS, PairDefaults
+    from localspec.models.catalog import PairSpec
+    from localspec.tui.screens import SettingsScreen
+
+    parser = build_parser()
+    for opt in OPTIONS:
+        given = [] if opt.kind is bool else [opt.choices[0] if opt.choices else "1"]
+        args = parser.parse_args(["generate", opt.flag, *given])
+        assert getattr(args, opt.name) == (False if opt.kind is bool else opt.kind(given[0])), opt
+    pair_keys = {o.name for o in OPTIONS if o.pair}
+    assert pair_keys <= set(PairSpec.model_fields) and pair_keys <= {f.name for f in dataclasses.fields(PairDefaults)}
+    assert {o.name for o in OPTIONS} - pair_keys == {"repeat_penalty", "seed", "adaptive"}
+    form = {name for name, _ in SettingsScreen.FIELDS} | {name for name, _, _ in SettingsScreen.CHOICES}
+    assert {o.name for o in OPTIONS if o.form} <= form
