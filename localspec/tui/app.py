@@ -9,10 +9,7 @@ uses the engine, so the engine is closed (on quit or on a pair switch) only when
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
-import threading
 from pathlib import Path
 
 from textual import work
@@ -22,7 +19,6 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
-from localspec.core.session import ChatSession
 from localspec.errors import ContextError, LocalspecError
 from localspec.models.resolved import ResolvedPair
 from localspec.paths import get_paths
@@ -44,13 +40,12 @@ from .messages import (
 )
 from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from .settings import ChatOptions, ChatSettings
+from .slot import EngineSlot
 from .store import ChatStore, StoredMessage
 from .styles import CSS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger("localspec.tui")
-
-GIL_SWITCH_INTERVAL = 0.001  # seconds (see on_mount)
 
 
 class ChatApp(App[int]):
@@ -77,9 +72,7 @@ class ChatApp(App[int]):
         self.chat = Conversation(options, store)
         self._live: Chunk | None = None  # the last chunk of the answer being generated
         self._answer: ChatMessage | None = None  # its widget
-        self._engine_lock = threading.Lock()  # held by the worker that uses the engine
-        self._closing = False
-        self._switch_interval = sys.getswitchinterval()
+        self.slot = EngineSlot()
 
     # --- layout ---------------------------------------------------------------------------------------------
 
@@ -97,9 +90,7 @@ class ChatApp(App[int]):
         yield Footer()
 
     async def on_mount(self) -> None:
-        # The worker makes many short llama.cpp calls, each releasing the GIL; with Python's default 5 ms
-        # switch interval it waits up to that long to get it back while the UI renders (the convoy effect).
-        sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_INTERVAL))
+        self.slot.open()
         prompt = self.query_one(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
@@ -125,46 +116,6 @@ class ChatApp(App[int]):
         ):
             yield SystemCommand(title, help_text, action)
 
-    # --- read-only views of `chat`, the conversation's one owner ----------------------------------------------
-
-    @property
-    def session(self) -> ChatSession | None:
-        return self.chat.session
-
-    @property
-    def loaded(self) -> loading.Loaded | None:
-        return self.chat.loaded
-
-    @property
-    def turn(self) -> Turn | None:
-        return self.chat.turn
-
-    @property
-    def conversation_id(self) -> int | None:
-        return self.chat.saved_id
-
-    @property
-    def system(self) -> str:
-        return self.chat.system
-
-    @property
-    def loading(self) -> bool:
-        return self.chat.phase is Phase.LOADING
-
-    @property
-    def pulling(self) -> bool:
-        return self.chat.pulling is not None
-
-    @property
-    def settings(self) -> ChatSettings:
-        return self.chat.settings
-
-    @settings.setter
-    def settings(self, settings: ChatSettings) -> None:
-        self.chat.settings = settings
-
-    # --- small helpers ----------------------------------------------------------------------------------------
-
     @property
     def _messages(self) -> VerticalScroll:
         return self.query_one("#messages", VerticalScroll)
@@ -179,9 +130,9 @@ class ChatApp(App[int]):
         bar.update(total=total if on else 1, progress=done)
 
     def _ready_text(self) -> str:
-        if self.loaded is None:
+        if self.chat.loaded is None:
             return "ready"
-        pair = self.loaded.pair
+        pair = self.chat.loaded.pair
         demo = (
             " (the offline demo pair: a demo of the mechanism, not a good chat model)" if pair.defaults.notice else ""
         )
@@ -208,9 +159,9 @@ class ChatApp(App[int]):
             tokens_per_second_now=live.tokens_per_second_now if live else 0.0,
             tokens_per_second_turn=(live.tokens_per_second_turn if live else turn.tokens_per_second if turn else 0.0),
             generating=generating,
-            drafter=self.settings.drafter,
-            draft_max=self.settings.spec.draft_max,
-            adaptive=self.settings.spec.adaptive,
+            drafter=self.chat.settings.drafter,
+            draft_max=self.chat.settings.spec.draft_max,
+            adaptive=self.chat.settings.spec.adaptive,
             provenance=self.screen.has_class("-provenance"),
         )
 
@@ -219,7 +170,7 @@ class ChatApp(App[int]):
         self.query_one(StatsPanel).show(view or self._view(generating=False))
 
     def _refresh_stats(self) -> None:
-        if self.turn is not None and self._live is not None:
+        if self.chat.turn is not None and self._live is not None:
             self.draw_stats(self._view(generating=True))
 
     # --- loading and pulling --------------------------------------------------------------------------------
@@ -239,19 +190,17 @@ class ChatApp(App[int]):
 
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, old, pair: str | None, choice: ResolvedPair | None, drafter: str | None) -> None:
-        with self._engine_lock:
-            if old is not None:
-                old.close()
-            try:
-                choice = choice or loading.choose_models(self.options, pair, self._post_progress)
-                loaded = loading.load_models(self.options, choice, drafter, self._post_progress)
-            except Exception as e:  # an engine bug too: one line, never a traceback over the chat
-                self.post_message(LoadFailed(error_text(e, "loading")))
-                return
-            if self._closing:
-                loaded.engine.close()
-                return
-        self.post_message(EngineReady(loaded))
+        def load() -> loading.Loaded:
+            resolved = choice or loading.choose_models(self.options, pair, self._post_progress)
+            return loading.load_models(self.options, resolved, drafter, self._post_progress)
+
+        try:
+            loaded = self.slot.replace(old, load)
+        except Exception as e:  # an engine bug too: one line, never a traceback over the chat
+            self.post_message(LoadFailed(error_text(e, "loading")))
+            return
+        if loaded is not None:
+            self.post_message(EngineReady(loaded))
 
     def _post_progress(self, text: str) -> None:
         self.post_message(LoadProgress(text))
@@ -267,7 +216,7 @@ class ChatApp(App[int]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         loaded = message.loaded
-        if self._closing:
+        if self.slot.closing:
             loaded.engine.close()
             return
         self._progress(False)
@@ -289,7 +238,7 @@ class ChatApp(App[int]):
         else:
             self.chat.load_failed()
         self._progress(False)
-        ready = self.session is not None
+        ready = self.chat.session is not None
         self._set_status(self._ready_text() if ready else "no model loaded: pick a pair (F2)")
         self._error(message.error)
 
@@ -367,7 +316,7 @@ class ChatApp(App[int]):
 
     @work(thread=True, group="generate", exit_on_error=False)
     def _generate(self, turn: Turn) -> None:
-        with self._engine_lock:
+        with self.slot.using():
             try:
                 generation = turn.begin()
             except Exception as e:  # never leave the turn hanging
@@ -386,9 +335,9 @@ class ChatApp(App[int]):
             stream_generation(generation, emit, ready=turn.chunk_taken.is_set, interval=self.options.stream_interval)
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
-        if self.turn is None or message.turn_id != self.turn.id or self._answer is None:
+        if self.chat.turn is None or message.turn_id != self.chat.turn.id or self._answer is None:
             return
-        turn, first = self.turn, self._live is None
+        turn, first = self.chat.turn, self._live is None
         self._live = message.chunk
         try:
             await self._answer.append(message.chunk.runs)
@@ -398,11 +347,11 @@ class ChatApp(App[int]):
             self._refresh_stats()
 
     def on_prompt_reading(self, message: PromptReading) -> None:
-        if self.turn is not None and message.turn_id == self.turn.id:
+        if self.chat.turn is not None and message.turn_id == self.chat.turn.id:
             self._set_status(message.reading.status())
 
     async def on_answer_done(self, message: AnswerDone) -> None:
-        if self.turn is None or message.turn_id != self.turn.id:
+        if self.chat.turn is None or message.turn_id != self.chat.turn.id:
             return
         finished = message.finished
         if self._answer is not None:
@@ -426,7 +375,7 @@ class ChatApp(App[int]):
             self._error(finished.error)
 
     async def on_turn_failed(self, message: TurnFailed) -> None:
-        turn = self.turn
+        turn = self.chat.turn
         if turn is None or message.turn_id != turn.id:
             return
         self.chat.fail(turn)
@@ -475,7 +424,7 @@ class ChatApp(App[int]):
         self.chat.new()
         self.draw_stats()
         await self._show_conversation()
-        self._set_status(f"new chat · {self.loaded.pair.label}" if self.loaded else "new chat")
+        self._set_status(f"new chat · {self.chat.loaded.pair.label}" if self.chat.loaded else "new chat")
 
     def action_toggle_provenance(self) -> None:
         """Colour draft tokens (and back to Markdown)."""
@@ -484,7 +433,7 @@ class ChatApp(App[int]):
         if on:
             for message in self._messages.query(ChatMessage).filter(".assistant"):
                 message.refresh_provenance()
-        self.draw_stats(self._view(generating=self.turn is not None and self._live is not None))
+        self.draw_stats(self._view(generating=self.chat.turn is not None and self._live is not None))
         self.notify("draft tokens in green, target tokens plain" if on else "answers shown as Markdown")
 
     def action_toggle_stats(self) -> None:
@@ -509,7 +458,7 @@ class ChatApp(App[int]):
         """Open the pair switcher."""
         if self._busy("switch pairs"):
             return
-        if self.pulling:
+        if self.chat.pulling is not None:
             self.notify("a pair is being downloaded: wait for it to finish", severity="warning")
             return
         try:
@@ -517,13 +466,13 @@ class ChatApp(App[int]):
         except LocalspecError as e:
             self._error(str(e))
             return
-        current = self.loaded.pair.name if self.loaded else None
+        current = self.chat.loaded.pair.name if self.chat.loaded else None
         self.push_screen(PairScreen(rows, current), lambda name: self._pair_picked(name, rows))
 
     def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
         if name is None or self._busy("switch pairs"):
             return
-        if self.loaded and name == self.loaded.pair.name:
+        if self.chat.loaded and name == self.chat.loaded.pair.name:
             self.notify(f"{name} is already loaded")
             return
         row = next(r for r in rows if r.name == name)
@@ -544,7 +493,9 @@ class ChatApp(App[int]):
 
     def action_settings(self) -> None:
         """Open the settings form."""
-        self.push_screen(SettingsScreen(self.settings, cursor_blink=self.options.cursor_blink), self._settings_saved)
+        self.push_screen(
+            SettingsScreen(self.chat.settings, cursor_blink=self.options.cursor_blink), self._settings_saved
+        )
 
     def _settings_saved(self, settings: ChatSettings | None) -> None:
         if settings is None:
@@ -560,7 +511,7 @@ class ChatApp(App[int]):
             return
         if self._busy("change the drafter"):
             return
-        self._start_load(self.loaded.pair.name, choice=self.loaded.pair, settings=settings)
+        self._start_load(self.chat.loaded.pair.name, choice=self.chat.loaded.pair, settings=settings)
 
     def action_history(self) -> None:
         """Open the saved conversations."""
@@ -588,7 +539,7 @@ class ChatApp(App[int]):
             return
         self.draw_stats()
         await self._show_conversation(stored)
-        here = self.loaded.pair.name if self.loaded else None
+        here = self.chat.loaded.pair.name if self.chat.loaded else None
         if conversation.pair and here and conversation.pair != here:
             self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
         self._set_status(f"resumed {conversation.title!r}")
@@ -598,7 +549,7 @@ class ChatApp(App[int]):
         self.push_screen(
             TextPromptScreen(
                 "System prompt (for this and new chats)",
-                self.system,
+                self.chat.system,
                 multiline=True,
                 cursor_blink=self.options.cursor_blink,
             ),
@@ -610,25 +561,15 @@ class ChatApp(App[int]):
             return
         self.chat.set_system(text)
         await self._show_conversation(self.chat.saved_messages())
-        self.notify("system prompt set" if self.system else "system prompt removed")
+        self.notify("system prompt set" if self.chat.system else "system prompt removed")
 
     # --- shutdown -------------------------------------------------------------------------------------------
 
     async def on_unmount(self) -> None:
-        """Stop the answer, wait for the worker that holds the engine, then free the models."""
-        self._closing = True
-        sys.setswitchinterval(self._switch_interval)
-        self.chat.stop()
-        acquired = await asyncio.to_thread(self._engine_lock.acquire, timeout=30)
-        if not acquired:
-            log.warning("a worker still holds the engine at exit: not freeing it")
-            return
+        """Stop the answer, wait for the worker that holds the engine, then free the models and the store."""
         try:
-            engine = self.chat.detach()
-            if engine is not None:
-                engine.close()
+            await self.slot.close(self.chat.stop, self.chat.detach)
         finally:
-            self._engine_lock.release()
             self.chat.close()
 
 

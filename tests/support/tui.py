@@ -8,6 +8,7 @@ from collections.abc import Callable
 from textual.pilot import Pilot
 
 from localspec.core.params import PairDefaults
+from localspec.tui.conversation import Phase
 
 PAIR_SETTINGS = PairDefaults(temperature=0.0)  # the tiny pairs' defaults in Conversation tests
 
@@ -37,7 +38,9 @@ async def wait_ready(pilot: Pilot) -> None:
     """Wait until the models are loaded and no answer is being generated."""
     app = pilot.app
     await wait_until(
-        pilot, lambda: app.session is not None and not app.loading and app.turn is None, what="the app to be ready"
+        pilot,
+        lambda: app.chat.session is not None and app.chat.phase is not Phase.LOADING and app.chat.turn is None,
+        what="the app to be ready",
     )
 
 
@@ -50,7 +53,7 @@ async def send(pilot: Pilot, text: str) -> None:
     app.query_one(PromptInput).text = text
     await pilot.press("enter")
     await wait_until(pilot, lambda: app.chat.turn_ids > before, what="the turn to start")
-    await wait_until(pilot, lambda: app.turn is None, what="the answer to end")
+    await wait_until(pilot, lambda: app.chat.turn is None, what="the answer to end")
     await pilot.pause()
 
 

@@ -36,7 +36,7 @@ async def test_a_message_rejected_for_length_does_not_become_a_title(chat_home, 
         [error] = notes
         assert "does not fit" in error
         assert app.query_one(PromptInput).text.startswith("word word")
-        assert app.conversation_id is None
+        assert app.chat.saved_id is None
         await send(pilot, "hi")  # the next message that fits starts the conversation, with its own title
     store = ChatStore(chat_home.db_path)
     try:

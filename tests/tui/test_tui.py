@@ -19,6 +19,7 @@ from textual import events
 from textual.widgets import DataTable, Input, Markdown, Static
 
 from localspec.tui.app import make_app
+from localspec.tui.conversation import Phase
 from localspec.tui.live import DRAFT_STYLE
 from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from localspec.tui.settings import ChatOptions
@@ -60,7 +61,7 @@ def answers(app) -> list[ChatMessage]:
 def streamed_text(app) -> str:
     """The text of the answer being streamed ("" before its first chunk, or when none is being generated)."""
     found = answers(app)
-    return found[-1].text if found and app.turn is not None else ""
+    return found[-1].text if found and app.chat.turn is not None else ""
 
 
 def stats_text(app) -> str:
@@ -94,7 +95,7 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
         assert answer.text.startswith("".join(appended))  # the rest came with the end of the turn
         assert app.chat.messages[-1].content == answer.text
         assert app.query_one(PromptInput).text == ""
-        rows = saved(chat_home, app.conversation_id)
+        rows = saved(chat_home, app.chat.saved_id)
         assert [(m.role, m.finish_reason) for m in rows] == [("user", None), ("assistant", "length")]
         assert rows[1].content == answer.text
         assert rows[1].stats["emitted"] == 120
@@ -111,9 +112,9 @@ async def test_stats_are_live_while_generating(options, chat_home):
         app.query_one(PromptInput).text = "Hello there"
         await pilot.press("enter")
         await wait_until(pilot, lambda: "(live)" in stats_text(app), what="live stats")
-        assert app.turn is not None and "tok/s now" in stats_text(app)
+        assert app.chat.turn is not None and "tok/s now" in stats_text(app)
         await pilot.press("escape")
-        await wait_until(pilot, lambda: app.turn is None, what="the stop")
+        await wait_until(pilot, lambda: app.chat.turn is None, what="the stop")
         assert "(live)" not in stats_text(app)
 
 
@@ -124,7 +125,7 @@ async def test_enter_sends_and_ctrl_j_adds_a_line(options, chat_home):
         await pilot.press("a", "ctrl+j", "b")
         assert app.query_one(PromptInput).text == "a\nb"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.turn is None and answers(app), what="the answer")
+        await wait_until(pilot, lambda: app.chat.turn is None and answers(app), what="the answer")
         assert app.chat.messages[0].content == "a\nb"
 
 
@@ -137,14 +138,14 @@ async def test_escape_stops_and_the_next_message_works(options, chat_home):
         await pilot.press("enter")
         await wait_until(pilot, lambda: streamed_text(app), what="streamed text")
         await pilot.press("escape")
-        await wait_until(pilot, lambda: app.turn is None, what="the stop")
-        stopped = saved(chat_home, app.conversation_id)[-1]
+        await wait_until(pilot, lambda: app.chat.turn is None, what="the stop")
+        stopped = saved(chat_home, app.chat.saved_id)[-1]
         assert stopped.finish_reason == "cancelled" and 0 < stopped.stats["emitted"] < LONG
         assert "stopped" in str(answers(app)[0].query_one(".caption", Static).render())
-        app.settings = dataclasses.replace(app.settings, max_tokens=20)
+        app.chat.settings = dataclasses.replace(app.chat.settings, max_tokens=20)
         await send(pilot, "And now a short one")
-        assert [m.finish_reason for m in saved(chat_home, app.conversation_id)] == [None, "cancelled", None, "length"]
-        app.loaded.engine.check_invariants()
+        assert [m.finish_reason for m in saved(chat_home, app.chat.saved_id)] == [None, "cancelled", None, "length"]
+        app.chat.loaded.engine.check_invariants()
 
 
 @pytest.mark.slow
@@ -168,10 +169,10 @@ async def test_keys_are_answered_while_generating(options, chat_home, record_pro
             latencies.append(time.perf_counter() - start)
         record_property("key_latency_ms", [round(x * 1000) for x in latencies])
         # Every key was handled while the worker was still generating: the UI never waits for the answer.
-        assert app.turn is not None, "the answer ended before the keys were answered"
+        assert app.chat.turn is not None, "the answer ended before the keys were answered"
         assert max(latencies) < KEY_LATENCY_MAX, f"keys took {[round(x * 1000) for x in latencies]} ms"
         await pilot.press("escape")
-        await wait_until(pilot, lambda: app.turn is None, what="the stop")
+        await wait_until(pilot, lambda: app.chat.turn is None, what="the stop")
 
 
 async def test_regenerate_replaces_the_last_answer(options, chat_home):
@@ -182,10 +183,10 @@ async def test_regenerate_replaces_the_last_answer(options, chat_home):
         first = answers(app)[0].text
         before = app.chat.turn_ids
         await pilot.press("ctrl+r")
-        await wait_until(pilot, lambda: app.chat.turn_ids > before and app.turn is None, what="the new answer")
+        await wait_until(pilot, lambda: app.chat.turn_ids > before and app.chat.turn is None, what="the new answer")
         assert [a.text for a in answers(app)] == [first]  # greedy: the same answer, shown once
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
-        assert [m.role for m in saved(chat_home, app.conversation_id)] == ["user", "assistant"]
+        assert [m.role for m in saved(chat_home, app.chat.saved_id)] == ["user", "assistant"]
 
 
 async def test_provenance_colours_draft_tokens(options, chat_home):
@@ -221,9 +222,9 @@ async def test_settings_apply_from_the_next_message(options, chat_home):
         app.screen.query_one("#draft_max", Input).value = "0"
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen), what="the screen to close")
-        assert app.settings.sampling.top_k == 5 and app.settings.spec.draft_max == 0
+        assert app.chat.settings.sampling.top_k == 5 and app.chat.settings.spec.draft_max == 0
         await send(pilot, "Hello")
-        stats = saved(chat_home, app.conversation_id)[-1].stats
+        stats = saved(chat_home, app.chat.saved_id)[-1].stats
         assert stats["drafted"] == 0 and stats["target_passes"] == stats["emitted"]
 
 
@@ -237,11 +238,13 @@ async def test_changing_the_drafter_reloads_and_keeps_the_conversation(options, 
         await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen")
         app.screen.query_one("#drafter").value = "none"
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: app.loaded is not None and app.loaded.drafter == "none", what="reload")
+        await wait_until(
+            pilot, lambda: app.chat.loaded is not None and app.chat.loaded.drafter == "none", what="reload"
+        )
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         await send(pilot, "Again")
         assert "off (no drafter)" in stats_text(app)
-        assert saved(chat_home, app.conversation_id)[-1].stats["drafted"] == 0
+        assert saved(chat_home, app.chat.saved_id)[-1].stats["drafted"] == 0
 
 
 async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
@@ -249,7 +252,7 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "Hello")
-        old_engine = app.loaded.engine
+        old_engine = app.chat.loaded.engine
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
         table = app.screen.query_one(DataTable)
@@ -260,12 +263,12 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
         table.move_cursor(row=names.index("tiny-same"))
         await pilot.press("enter")
         await wait_until(
-            pilot, lambda: app.loaded is not None and app.loaded.pair.name == "tiny-same", what="the switch"
+            pilot, lambda: app.chat.loaded is not None and app.chat.loaded.pair.name == "tiny-same", what="the switch"
         )
-        assert app.loaded.engine is not old_engine and app.sub_title == "tiny-same"
+        assert app.chat.loaded.engine is not old_engine and app.sub_title == "tiny-same"
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         await send(pilot, "Once more")
-        stats = saved(chat_home, app.conversation_id)[-1].stats
+        stats = saved(chat_home, app.chat.saved_id)[-1].stats
         assert stats["drafted"] > 0 and stats["accepted"] == stats["drafted"]  # identical draft, greedy
 
 
@@ -283,10 +286,10 @@ async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the pull offer")
         assert "localspec pull remote" in str(app.screen.query_one(Static).render())
         await pilot.press("y")  # the Hub is offline here: the pull fails with one line, the chat goes on
-        await wait_until(pilot, lambda: not app.pulling, what="the pull to fail")
+        await wait_until(pilot, lambda: app.chat.pulling is None, what="the pull to fail")
         [error] = [n for n in notes if "remote" in n or "offline" in n.lower()]
         assert "\n" not in error and "Traceback" not in error
-        assert app.loaded.pair.name == "tiny" and app.session is not None
+        assert app.chat.loaded.pair.name == "tiny" and app.chat.session is not None
 
 
 @pytest.mark.slow
@@ -296,7 +299,7 @@ async def test_history_is_saved_and_resumed_after_a_restart(options, chat_home):
         await wait_ready(pilot)
         await send(pilot, "Remember me")
         first_answer = answers(app)[0].text
-        cid = app.conversation_id
+        cid = app.chat.saved_id
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
@@ -306,7 +309,7 @@ async def test_history_is_saved_and_resumed_after_a_restart(options, chat_home):
         table = app.screen.query_one(DataTable)
         assert table.row_count == 1 and table.get_row_at(0)[1] == "Remember me"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.conversation_id == cid, what="the resume")
+        await wait_until(pilot, lambda: app.chat.saved_id == cid, what="the resume")
         assert [a.text for a in answers(app)] == [first_answer]
         assert [m.content for m in app.chat.messages] == ["Remember me", first_answer]
         await send(pilot, "Do you?")
@@ -318,7 +321,7 @@ async def test_history_rename_export_and_delete(options, chat_home, tmp_path):
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "Export me")
-        cid = app.conversation_id
+        cid = app.chat.saved_id
         await pilot.press("f4")
         await wait_until(pilot, lambda: isinstance(app.screen, HistoryScreen), what="the saved chats")
         await pilot.press("r")
@@ -335,7 +338,7 @@ async def test_history_rename_export_and_delete(options, chat_home, tmp_path):
         await pilot.press("d")
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the confirmation")
         await pilot.press("y")
-        await wait_until(pilot, lambda: app.conversation_id is None, what="the delete")
+        await wait_until(pilot, lambda: app.chat.saved_id is None, what="the delete")
         assert not answers(app)
         assert ChatStore(chat_home.db_path).conversations() == []
 
@@ -348,12 +351,12 @@ async def test_system_prompt_is_used_and_saved(options, chat_home):
         await wait_until(pilot, lambda: isinstance(app.screen, TextPromptScreen), what="the system prompt")
         app.screen.query_one("#value").text = "You are terse."
         await pilot.press("ctrl+s")
-        await wait_until(pilot, lambda: app.system == "You are terse.", what="the system prompt to be set")
+        await wait_until(pilot, lambda: app.chat.system == "You are terse.", what="the system prompt to be set")
         await send(pilot, "Hi")
         assert app.chat.messages[0].role == "system"
-        assert ChatStore(chat_home.db_path).get(app.conversation_id).system == "You are terse."
+        assert ChatStore(chat_home.db_path).get(app.chat.saved_id).system == "You are terse."
         await pilot.press("ctrl+n")
-        assert not answers(app) and app.conversation_id is None
+        assert not answers(app) and app.chat.saved_id is None
         assert [m.role for m in app.chat.messages] == ["system"]
 
 
@@ -391,14 +394,14 @@ async def test_a_message_that_does_not_fit_is_one_line_and_comes_back(options, c
         assert "does not fit" in error and "\n" not in error
         assert app.query_one(PromptInput).text == long_text.strip()
         assert not app.query(ChatMessage) and app.chat.messages == []
-        assert saved(chat_home, app.conversation_id) == []
+        assert saved(chat_home, app.chat.saved_id) == []
 
 
 async def test_a_bad_model_file_is_a_notification_not_a_traceback(options, chat_home, tiny_models):
     app = make_app(dataclasses.replace(options, pair=None, target=str(tiny_models.not_gguf), draft=None))
     notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: not app.loading, what="the load to fail")
+        await wait_until(pilot, lambda: app.chat.phase is not Phase.LOADING, what="the load to fail")
         [error] = notes
         assert "\n" not in error and "Traceback" not in error
         assert "no model loaded" in str(app.query_one("#status", Static).render())
@@ -418,7 +421,7 @@ async def test_no_pair_downloaded_falls_back_to_the_demo_pair_and_says_so(option
     notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert app.loaded.pair.name == "demo"
+        assert app.chat.loaded.pair.name == "demo"
         assert any("offline demo pair" in n for n in notes)
 
 
@@ -427,12 +430,12 @@ async def test_quit_while_generating_frees_the_engine(options, chat_home):
     app = make_app(dataclasses.replace(options, max_tokens=LONG))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        engine = app.loaded.engine
+        engine = app.chat.loaded.engine
         app.query_one(PromptInput).text = "Go"
         await pilot.press("enter")
         await wait_until(pilot, lambda: streamed_text(app), what="streamed text")
         await pilot.press("ctrl+q")
-    assert app.loaded is None and engine.closed
+    assert app.chat.loaded is None and engine.closed
     assert saved(chat_home, 1)[0].content == "Go"  # the user's message was committed before the answer
 
 
@@ -475,7 +478,7 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
             await pilot.press("y")
             await wait_until(
                 pilot,
-                lambda: app.loaded is not None and app.loaded.pair.name == "pullme",
+                lambda: app.chat.loaded is not None and app.chat.loaded.pair.name == "pullme",
                 what="the pulled pair to load",
             )
             assert any(s.startswith("downloading tiny-Q8_0.gguf") for s in statuses)
