@@ -24,7 +24,7 @@ from localspec.models.resolved import ResolvedPair
 from localspec.paths import get_paths
 
 from . import loading
-from .conversation import Conversation, Phase, Turn
+from .conversation import Conversation, Turn
 from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .messages import (
@@ -261,9 +261,9 @@ class ChatApp(App[int]):
         self.post_message(PullDone(name))
 
     def on_pull_done(self, message: PullDone) -> None:
-        self.chat.pull_ended()
+        load_now = self.chat.pull_ended(pulled=True)
         self.notify(f"pair {message.pair} is downloaded")
-        if self.chat.phase in (Phase.READY, Phase.NO_MODEL):
+        if load_now:
             self._start_load(message.pair)
 
     # --- the conversation ---------------------------------------------------------------------------------------
@@ -325,14 +325,14 @@ class ChatApp(App[int]):
 
             def emit(item: Chunk | Reading | Finished) -> None:
                 if isinstance(item, Chunk):
-                    turn.chunk_taken.clear()
+                    turn.gate.sent()
                     self.post_message(AnswerChunk(turn.id, item))
                 elif isinstance(item, Reading):
                     self.post_message(PromptReading(turn.id, item))
                 else:
                     self.post_message(AnswerDone(turn.id, item))
 
-            stream_generation(generation, emit, ready=turn.chunk_taken.is_set, interval=self.options.stream_interval)
+            stream_generation(generation, emit, ready=turn.gate.ready, interval=self.options.stream_interval)
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
         if self.chat.turn is None or message.turn_id != self.chat.turn.id or self._answer is None:
@@ -342,7 +342,7 @@ class ChatApp(App[int]):
         try:
             await self._answer.append(message.chunk.runs)
         finally:
-            turn.chunk_taken.set()
+            turn.gate.drawn()
         if first:
             self._refresh_stats()
 
@@ -405,15 +405,13 @@ class ChatApp(App[int]):
         """Generate the last answer again."""
         if self._busy("regenerate") or self.chat.session is None:
             return
-        last = self.chat.dialogue[-1:]
-        replaced = bool(last) and last[0].role == "assistant"
         try:
             turn = self.chat.regenerate()
         except ContextError as e:
             self.notify(str(e), severity="warning")
             return
         answers = self._messages.query(ChatMessage).filter(".assistant")
-        if replaced and answers:
+        if turn.replaces_answer and answers:
             await answers.last().remove()
         await self._start_turn(turn)
 
@@ -472,11 +470,12 @@ class ChatApp(App[int]):
     def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
         if name is None or self._busy("switch pairs"):
             return
-        if self.chat.loaded and name == self.chat.loaded.pair.name:
+        row = next(r for r in rows if r.name == name)
+        what = self.chat.pick_pair(name, downloaded=row.ready)
+        if what == "loaded":
             self.notify(f"{name} is already loaded")
             return
-        row = next(r for r in rows if r.name == name)
-        if row.ready:
+        if what == "load":
             self._start_load(name)
             return
 

@@ -20,7 +20,7 @@ from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 
-from .live import Finished
+from .live import ChunkGate, Finished
 from .loading import Loaded
 from .settings import ChatOptions, ChatSettings
 from .store import ChatStore, SavedConversation, StoredMessage
@@ -57,11 +57,11 @@ class Turn:
         self.message_id = message_id  # the saved user message this turn answers (kind "send")
         self.session, self.settings, self.stop = session, settings, stop
         self.messages = messages  # the conversation it answers, as it stood when the turn started
+        self.replaces_answer = False  # a regenerate that dropped the last answer (its widget goes too)
         self._lock = threading.Lock()
         self._cancelled = False
         self._generation: Generation | None = None
-        self.chunk_taken = threading.Event()  # the UI handled the last chunk: the worker may post another
-        self.chunk_taken.set()
+        self.gate = ChunkGate()  # one streamed chunk in flight between the worker and the UI
 
     def begin(self) -> Generation:
         """Start the answer on the engine (in the worker thread that holds it).
@@ -195,9 +195,19 @@ class Conversation:
         """A download of `pair` starts (it runs alongside the chat)."""
         self.pulling = pair
 
-    def pull_ended(self) -> None:
-        """The download finished or failed."""
+    def pull_ended(self, *, pulled: bool = False) -> bool:
+        """The download finished (`pulled`) or failed; returns whether to load the pulled pair now.
+
+        It loads unless an answer or another load is under way (the user can switch to it with F2 later).
+        """
         self.pulling = None
+        return pulled and self.phase in (Phase.READY, Phase.NO_MODEL)
+
+    def pick_pair(self, name: str, *, downloaded: bool) -> str:
+        """What picking pair `name` in the list means: "loaded" (it already is), "load", or "pull" (offer it)."""
+        if self.loaded is not None and name == self.loaded.pair.name:
+            return "loaded"
+        return "load" if downloaded else "pull"
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -226,11 +236,14 @@ class Conversation:
         session = self._session()
         if not self.dialogue:
             raise ContextError("nothing to regenerate: send a message first")
-        if self.messages[-1].role == "assistant":
+        replaces = self.messages[-1].role == "assistant"
+        if replaces:
             self.messages.pop()
         if self.saved_id is not None:
             self.store.delete_last_answer(self.saved_id)
-        return self._start("regenerate", session)
+        turn = self._start("regenerate", session)
+        turn.replaces_answer = replaces
+        return turn
 
     def _session(self) -> ChatSession:
         if self.session is None:

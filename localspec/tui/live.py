@@ -9,6 +9,7 @@ chunk plus a `StatsView` snapshot), then once with the `Finished` answer. `rende
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -112,6 +113,28 @@ def add_run(runs: Runs, text: str, from_draft: bool) -> None:
         runs.append((text, from_draft))
 
 
+class ChunkGate:
+    """Back-pressure between the generating worker and the UI thread: at most one chunk in flight.
+
+    The worker calls `sent()` when it posts a chunk; the UI's handler calls `drawn()` once the chunk is on
+    screen (even if drawing failed). Until then `ready()` is False and `stream_generation` keeps the new text
+    with it, to send in the next chunk: a slow UI never builds a queue of chunk messages in front of the keys.
+    """
+
+    def __init__(self) -> None:
+        self._drawn = threading.Event()
+        self._drawn.set()
+
+    def sent(self) -> None:
+        self._drawn.clear()
+
+    def drawn(self) -> None:
+        self._drawn.set()
+
+    def ready(self) -> bool:
+        return self._drawn.is_set()
+
+
 def stream_generation(
     generation: Generation,
     emit: Callable[[Chunk | Reading | Finished], None],
@@ -122,10 +145,11 @@ def stream_generation(
 ) -> None:
     """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.
 
-    A chunk goes out at most every `interval` seconds and only when `ready()` says the UI has taken the
-    previous one: text piles up here rather than in the UI's message queue, so keys stay responsive however
-    fast the models are. An error raised mid-answer ends the turn with `Finished.error` set (the engine
-    rolls its caches back before it raises or yields). Reading a long prompt reports `Reading` steps.
+    A chunk goes out at most every `interval` seconds and only when `ready()` (a `ChunkGate`'s) says the UI
+    has drawn the previous one: text piles up here rather than in the UI's message queue, so keys stay
+    responsive however fast the models are. An error raised mid-answer ends the turn with `Finished.error`
+    set (the engine rolls its caches back before it raises or yields). Reading a long prompt reports `Reading`
+    steps.
     """
     generation.on_prefill = lambda model, done, total: emit(Reading(model, done, total))
 

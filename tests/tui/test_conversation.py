@@ -254,3 +254,29 @@ def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_mo
         assert alone.apply_settings(dataclasses.replace(alone.settings, drafter="ngram")) is True
     finally:
         alone.detach().close()
+
+
+def test_picking_a_pair_and_a_finished_download_decide_what_loads(conversation):
+    conv = conversation
+    assert conv.pick_pair("tiny", downloaded=True) == "loaded"
+    assert conv.pick_pair("other", downloaded=True) == "load"
+    assert conv.pick_pair("other", downloaded=False) == "pull"
+    conv.begin_pull("other")
+    assert conv.pull_ended(pulled=False) is False and conv.pulling is None  # a failed pull loads nothing
+    conv.begin_pull("other")
+    turn = conv.send("while it downloads")
+    assert conv.pull_ended(pulled=True) is False  # an answer is running: the user switches later
+    conv.finish(run(turn))
+    conv.begin_pull("other")
+    assert conv.pull_ended(pulled=True) is True
+
+
+def test_a_regenerate_says_whether_it_replaces_an_answer(conversation):
+    conv = conversation
+    conv.finish(run(conv.send("Hi")))
+    turn = conv.regenerate()
+    assert turn.replaces_answer and roles(conv) == ["user"]
+    conv.fail(turn)  # as if it could not start: the user message stays, without an answer
+    again = conv.regenerate()
+    assert not again.replaces_answer
+    conv.finish(run(again))
