@@ -6,6 +6,7 @@ Everything Textual is in `localspec.tui`, which never imports the CLI: this modu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from localspec.paths import Paths
 
@@ -26,22 +27,8 @@ def chat_options(run: RunArgs, paths: Paths):
     """The app's `ChatOptions` from the `chat` subcommand's checked flags."""
     from localspec.tui.settings import ChatOptions
 
-    return ChatOptions(
-        pair=run.pair,
-        target=run.target,
-        draft=run.draft,
-        drafter=run.drafter,
-        n_ctx=run.n_ctx,
-        n_gpu_layers=run.n_gpu_layers,
-        threads=run.threads,
-        rpc=run.rpc,
-        chat_template=run.chat_template,
-        system=run.system,
-        max_tokens=run.max_tokens,
-        stop=run.stop,
-        overrides=run.overrides,
-        paths=paths,
-    )
+    # ChatOptions has a field for each checked flag (and more the app alone sets: folders, test knobs).
+    return ChatOptions(**{f.name: getattr(run, f.name) for f in dataclasses.fields(run)}, paths=paths)
 
 
 def _chat(args: argparse.Namespace, paths: Paths) -> int:
