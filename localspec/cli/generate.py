@@ -1,0 +1,159 @@
+"""`localspec generate`: the scripting face of the engine — complete a prompt (or stdin), N times, as text or JSON.
+
+The prompt is read as text (bytes that are not UTF-8 become U+FFFD, with a note), wrapped in the chat template
+with --chat, and fitted to the context (--truncate drops its start). Signals end it between steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from localspec.errors import ContextError
+from localspec.paths import Paths
+from localspec.progress import StatusLine
+
+from .checks import RunArgs, check_run_args
+from .flags import add_model_args, add_sampling_args
+from .interrupts import SignalGuard
+from .textinput import clean, read_stream, replaced_notice
+
+
+def register(sub) -> None:
+    """Add `generate` to the `localspec` command."""
+    gen = sub.add_parser("generate", help="complete a prompt (stdin when PROMPT is absent)")
+    gen.add_argument(
+        "prompt",
+        nargs="?",
+        help="the prompt; read from stdin when absent (bytes that are not UTF-8 become U+FFFD, with a note)",
+    )
+    add_model_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--system", help="system prompt (with --chat)")
+    gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
+    gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
+    gen.add_argument(
+        "--truncate",
+        action="store_true",
+        help="drop the start of a prompt too long for the context (default: an error)",
+    )
+    gen.set_defaults(func=run)
+
+
+def _read_prompt(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The prompt as valid text, and a note when bytes had to be replaced."""
+    if args.prompt is not None:
+        prompt, replaced = clean(args.prompt)
+    else:
+        prompt, replaced = read_stream(getattr(sys.stdin, "buffer", None))
+    return prompt, [replaced_notice(replaced, "the prompt")] if replaced else []
+
+
+def _fit_prompt(
+    tokens: list[int], n_ctx: int, truncate: bool, max_tokens: int, bos: int
+) -> tuple[list[int], list[str]]:
+    """The prompt's tokens if they fit the context; with --truncate, its end (and BOS) made to fit."""
+    if len(tokens) < n_ctx:
+        return tokens, []
+    if not truncate:
+        raise ContextError(
+            f"the prompt is {len(tokens)} tokens but the context holds {n_ctx}: shorten it, raise "
+            "--n-ctx, or pass --truncate to drop its start"
+        )
+    head = tokens[:1] if tokens[0] == bos else []
+    keep = n_ctx - min(max_tokens, n_ctx // 2) - len(head)
+    kept = head + tokens[len(tokens) - keep :]
+    return kept, [
+        f"the prompt was truncated: kept its last {len(kept)} of {len(tokens)} tokens to fit the {n_ctx}-token context"
+    ]
+
+
+def run(args: argparse.Namespace, paths: Paths) -> int:
+    """`localspec generate`: check the flags, load, complete the prompt N times (exit 130 / 143 on a signal)."""
+    run = check_run_args(args)
+    with SignalGuard() as guard:  # SIGINT / SIGTERM: exit 130 / 143, caches consistent
+        return _generate_guarded(args, run, paths, guard)
+
+
+def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guard: SignalGuard) -> int:
+    from localspec.models.loading import open_engine, sampling_params, speculative_params
+
+    prompt, notices = _read_prompt(args)
+    with open_engine(run, paths) as (engine, defaults):
+        guard.check()  # a signal during loading that a llama.cpp log callback swallowed
+        if defaults.notice:
+            print(f"localspec: note: {defaults.notice}", file=sys.stderr)
+        sampling, spec = sampling_params(run.overrides, defaults), speculative_params(run.overrides, defaults)
+        if args.chat:
+            from localspec.core.session import ChatFormat, Message
+
+            messages = ([Message("system", run.system)] if run.system else []) + [Message("user", prompt)]
+            tokens = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template).tokens(messages)
+        else:
+            tokens = engine.tokenize(prompt)
+        tokens, truncated = _fit_prompt(
+            tokens, engine.n_ctx, args.truncate, run.max_tokens, engine.target_model.info.bos
+        )
+        notices += truncated
+        for note in notices:
+            print(f"localspec: note: {note}", file=sys.stderr)
+        rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
+        for i in range(args.n):
+            gen = engine.generate(
+                tokens, sampling=sampling, spec=spec, max_tokens=run.max_tokens, stop=run.stop, rng=rng
+            )
+            gen.notices.extend(notices)
+            gen.on_prefill = _prefill_line(StatusLine())
+            guard.generation = gen  # a signal now ends it between steps
+            _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
+            guard.generation = None
+            guard.check()
+    return 0
+
+
+def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None:
+    """Run one completion: a JSON line, or streamed text, then its new notes and a stats line on stderr.
+
+    `printed`: how many of `gen.notices` (the prompt's) were already shown.
+    """
+    if args.json:
+        for _ in gen:
+            pass
+        print(json.dumps(_completion_json(gen)), flush=True)
+        return
+    for event in gen:
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n" if last else "\n\n")
+    sys.stdout.flush()
+    for note in gen.notices[printed:]:
+        print(f"localspec: note: {note}", file=sys.stderr)
+    print(gen.stats.summary(), file=sys.stderr)
+
+
+def _prefill_line(line: StatusLine):
+    """Progress of reading a long prompt, on one stderr line that the last step erases."""
+
+    def show(model: str, done: int, total: int) -> None:
+        if done < total:
+            line.show(f"localspec: reading the prompt into the {model}: {done:,}/{total:,} tokens")
+        else:
+            line.clear()
+
+    return show
+
+
+def _completion_json(gen) -> dict:
+    return {
+        "text": gen.text,
+        "prompt_tokens": len(gen.prompt),
+        "tokens": gen.tokens,
+        "from_draft": gen.from_draft,
+        "finish_reason": gen.finish_reason,
+        "notices": gen.notices,
+        "stats": gen.stats.to_dict(),
+    }
