@@ -145,8 +145,8 @@ def render(report: BenchReport) -> list[str]:
         for b in report.busy:
             lines.append(
                 f"  {b.setting:<16} quiet {b.quiet:.1f} tok/s, busy {b.busy:.1f} tok/s ({b.busy / b.quiet:.2f}× quiet)"
-                if b["quiet"]
-                else f"  {b['setting']}: no data"
+                if b.quiet
+                else f"  {b.setting}: no data"
             )
     if report.rpc:
         lines += [

@@ -137,3 +137,15 @@ def test_busy_rows_measure_each_setting_quiet_and_busy(capsys, tiny_models):
     busy = json.loads(out)["busy"]
     assert busy and all(set(row) == {"setting", "quiet", "busy"} for row in busy)
     assert all(row["quiet"] > 0 and row["busy"] > 0 for row in busy)
+
+
+def test_the_table_shows_busy_rows_and_a_row_without_data():
+    from localspec.bench.report import BenchReport, BusyRow, render
+
+    report = BenchReport("m", "c", "d", "t", "dr", 1, busy=[BusyRow("plain", 40.0, 30.0), BusyRow("adaptive≤8", 0, 0)])
+    lines = render(report)
+    at = lines.index("one busy core (a busy-loop process on one core):")
+    assert lines[at + 1 : at + 3] == [
+        "  plain            quiet 40.0 tok/s, busy 30.0 tok/s (0.75× quiet)",
+        "  adaptive≤8: no data",
+    ]
