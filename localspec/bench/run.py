@@ -1,16 +1,11 @@
-"""`localspec bench`: speed measured by the product itself, every setting side by side in one run.
+"""`localspec bench`'s measuring: the settings, the order they run in, and what each setting's runs add up to.
 
-Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run interleaved —
-for each round, for each prompt, every setting in a rotating order — so the machine's noise hits all alike.
-Each row reports tok/s, the ratio to plain at the same temperature, acceptance, α̂, tokens per target pass,
-the measured costs c (a drafted token / a plain step) and v(k) (a verifying step's target part / a plain
-step's), the speed-up E(k)/(k·c + v(k)) they predict and measured/predicted efficiency, the Python time per
-step outside llama_decode, and, greedy, where the output left plain decoding (with the target's top-2 logit
-gap there, so near-ties show). `--peer` runs llama-server on the same files, prompt tokens, threads and
-settings and prints localspec / llama-server ratios. `--busy` repeats plain and the best setting while a
-busy-loop process (started and stopped here) holds one core.
-
-The work is in `run_bench` (data in, `BenchReport` out); `report.py` presents it.
+Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run in the order
+`interleaved` gives — for each round, for each prompt, every setting in a rotating order — so the machine's noise
+hits all alike. `run_bench` measures them; `run_rpc_bench` does it behind relays that add a round trip,
+`busy_rows` with one core kept busy, `run_peer` on llama-server. `rows_from` turns the tallies into the report's
+rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
+llama_decode and, greedy, where the output left plain decoding. `report.py` presents them; the flags are the CLI's.
 """
 
 from __future__ import annotations
@@ -32,7 +27,6 @@ from localspec.core.params import SpeculativeParams
 from localspec.core.policy import expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
-from localspec.errors import InvalidParamsError
 
 from .report import BusyRow, Divergence, Row, RpcRow
 
@@ -293,29 +287,6 @@ def rows_from(engine: Engine, prompts: list[list[int]], tallies: dict[Setting, T
             div = _divergences(engine, prompts, plain, tally)
         rows.append(_row(setting, tally, plain, div))
     return rows
-
-
-def parse_list(text: str, kind: type, name: str) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InvalidParamsError(f"--{name} takes a comma-separated list, e.g. 2,4,8 (got {text!r})") from None
-    if not values:
-        raise InvalidParamsError(f"--{name} is empty")
-    return values
-
-
-def read_prompts(path: str | None) -> list[str]:
-    if path is None:
-        return list(DEFAULT_PROMPTS)
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise InvalidParamsError(f"cannot read --prompts {path}: {e.strerror}") from None
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
-    if not prompts:
-        raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")
-    return prompts
 
 
 def busy_rows(

@@ -1,6 +1,7 @@
 """`localspec bench` on the command line: flags in, the engine loaded once, the table (or JSON) out.
 
-The measuring is in `bench`; this module parses, loads, shows progress and prints.
+The measuring is in `localspec.bench`; this module reads the flags (the comma lists, the prompt file), loads,
+shows progress and prints.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 from localspec.bench import run as bench
 from localspec.bench.report import BenchReport, machine_line, now, render, to_json
@@ -56,16 +58,16 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     from .checks import check_run_args
 
     run = check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
-    ks = bench.parse_list(args.ks, int, "k")
-    temperatures = bench.parse_list(args.temperatures, float, "temperature")
-    verifies = bench.parse_list(args.verifies, str, "verify")
+    ks = _parse_list(args.ks, int, "k")
+    temperatures = _parse_list(args.temperatures, float, "temperature")
+    verifies = _parse_list(args.verifies, str, "verify")
     if any(k < 1 or k > 64 for k in ks) or any(t < 0 for t in temperatures):
         raise InvalidParamsError("--k values must be 1..64 and temperatures ≥ 0")
     if any(v not in ("pq", "match") for v in verifies):
         raise InvalidParamsError("--verify takes pq and/or match")
     if args.tokens < 2 or args.rounds < 1:
         raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
-    texts = bench.read_prompts(args.prompts)
+    texts = _read_prompts(args.prompts)
     binary = None
     notes = []
     if args.peer is not None:
@@ -86,7 +88,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         from localspec.bench.relay import DelayRelay
         from localspec.llama.rpc import Endpoint
 
-        rtts = bench.parse_list(args.rtts, float, "rtt")
+        rtts = _parse_list(args.rtts, float, "rtt")
         if any(not 0 <= r <= 1000 for r in rtts):
             raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
         lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
@@ -173,3 +175,28 @@ def _progress():
     """The bench's progress line on stderr ("" erases it)."""
     line = StatusLine("bench: ")
     return lambda text: line.show(text) if text else line.clear()
+
+
+def _parse_list(text: str, kind: type, name: str) -> list:
+    """A comma-separated flag's values (`--k 2,4,8`); one line naming `--name` when it does not parse or is empty."""
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidParamsError(f"--{name} takes a comma-separated list, e.g. 2,4,8 (got {text!r})") from None
+    if not values:
+        raise InvalidParamsError(f"--{name} is empty")
+    return values
+
+
+def _read_prompts(path: str | None) -> list[str]:
+    """The --prompts file's non-empty lines, or the bench's built-in prompts."""
+    if path is None:
+        return list(bench.DEFAULT_PROMPTS)
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise InvalidParamsError(f"cannot read --prompts {path}: {e.strerror}") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")
+    return prompts

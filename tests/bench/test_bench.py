@@ -111,10 +111,14 @@ def test_a_broken_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path
         (["--k", "0"], "--k values must be 1..64"),
         (["--verify", "maybe"], "--verify takes pq and/or match"),
         (["--tokens", "1"], "--tokens must be ≥ 2"),
+        (["--k", ","], "--k is empty"),
+        (["--prompts", "{tmp}/nowhere.txt"], "cannot read --prompts"),
+        (["--prompts", "{tmp}/blank.txt"], "blank.txt has no prompt (one per line)"),
     ],
 )
-def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
-    code, out, err = bench(capsys, tiny_models, *flags)
+def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, tmp_path, flags, message):
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    code, out, err = bench(capsys, tiny_models, *(f.format(tmp=tmp_path) for f in flags))
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1
 
 
