@@ -35,7 +35,10 @@ class Row:
     mean_k: float
     predicted: float  # E(k̄)/(k̄·c + v(k̄))
     efficiency: float  # ratio / predicted
-    python_ms_per_step: float  # outside llama_decode
+    python_ms_per_step: float  # outside llama_decode, everything (the loop, detokenising and stops included)
+    python_us_per_draft_token: float  # outside llama_decode while drafting, per drafted token
+    python_us_per_verify_step: float  # outside llama_decode while verifying, per target pass
+    python_us_per_row: float  # the same per row the target verified (k + 1 a pass)
     divergences: tuple[Divergence, ...] = ()
     peer_tokens_per_second: float | None = None
     peer_acceptance: float | None = None
@@ -115,7 +118,7 @@ def render(report: BenchReport) -> list[str]:
     ]
     head = (
         f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
-        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}"
+        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}{'µs/draft':>9}{'µs/pass':>8}{'µs/row':>7}"
     )
     has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
     if has_peer:
@@ -127,6 +130,8 @@ def render(report: BenchReport) -> list[str]:
             f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
             f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
             f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
+            + (f"{r.python_us_per_draft_token:>9.0f}" if r.mean_k else f"{'–':>9}")
+            + f"{r.python_us_per_verify_step:>8.0f}{r.python_us_per_row:>7.0f}"
         )
         if has_peer:
             if r.peer_tokens_per_second:

@@ -135,6 +135,9 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
         predicted=predicted,
         efficiency=ratio / predicted if predicted else 0.0,
         python_ms_per_step=1e3 * tally.seconds_outside_decode / max(s.target_passes, 1),
+        python_us_per_draft_token=1e6 * s.python_per_drafted_token,
+        python_us_per_verify_step=1e6 * s.python_per_verify_step,
+        python_us_per_row=1e6 * s.python_per_verified_row,
         divergences=divergences,
     )
 

@@ -86,11 +86,13 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     relays = []
     if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
         from localspec.bench.relay import DelayRelay
-        from localspec.llama.rpc import Endpoint
+        from localspec.llama.rpc import Endpoint, probe
 
         rtts = _parse_list(args.rtts, float, "rtt")
         if any(not 0 <= r <= 1000 for r in rtts):
             raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
+        for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
+            probe(Endpoint.parse(e))
         lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
         relays = [DelayRelay(Endpoint.parse(e), max_connections=16, lifetime=lifetime) for e in params.rpc]
         params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))

@@ -7,6 +7,7 @@ its draft stays there. RPC has no authentication, so the worker binds the loopba
 from __future__ import annotations
 
 import argparse
+import errno
 import socket
 import sys
 import threading
@@ -78,12 +79,25 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _check_bind(endpoint: rpc.Endpoint) -> None:
-    """A one-line error now, rather than llama.cpp's 'Failed to create server socket' later."""
+    """A one-line error now, rather than llama.cpp's 'Failed to create server socket' later: it says whether the
+    host or the port is what to change."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((endpoint.host, endpoint.port))
     except OSError as e:
+        reason = e.strerror or type(e).__name__
+        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            raise RpcError(
+                f"cannot listen on --host {endpoint.host} ({reason}): it is not an address of this machine; use "
+                "0.0.0.0 for every network, 127.0.0.1 for this machine only, or one of its own IP addresses"
+            ) from None
+        if e.errno == errno.EACCES:
+            raise RpcError(
+                f"cannot listen on {endpoint} ({reason}): ports below 1024 need privileges; pick --port 50052 or "
+                "another above 1023"
+            ) from None
         raise RpcError(
-            f"cannot listen on {endpoint} ({e.strerror}): pick another --port, or stop what uses it"
+            f"cannot listen on {endpoint} ({reason}): port {endpoint.port} is taken; pick another --port, or stop "
+            "what uses it"
         ) from None

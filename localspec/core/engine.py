@@ -108,12 +108,15 @@ def speculative_step(
         counts and the timings. `Stats` and the draft policy both learn from it.
     """
     verify = "pq" if spec.verify == "auto" else spec.verify
+    draft_caches = drafter.caches if drafter is not None else ()
     draft_decoded = drafter.n_decoded if drafter is not None else 0
+    draft_decoding = _decoding(draft_caches)
     t0 = time.perf_counter()
     drafts = Proposal()
     if drafter is not None and k > 0:
         drafts = drafter.propose(history, k, sampling, sample=verify == "pq", p_min=spec.p_min, rng=rng)
     t1 = time.perf_counter()
+    target_decoding = target.ctx.seconds_decoding
     n = len(history)
     if target.needs_checkpoint and drafts.tokens:
         target.checkpoint()
@@ -141,7 +144,14 @@ def speculative_step(
         seconds_verify=t2 - t1 + time.perf_counter() - t3,
         seconds_sampling=t3 - t2,
         draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded,
+        seconds_draft_decode=_decoding(draft_caches) - draft_decoding,
+        seconds_verify_decode=target.ctx.seconds_decoding - target_decoding,
     )
+
+
+def _decoding(caches: tuple[KVSequence, ...]) -> float:
+    """Seconds these caches' contexts have spent inside llama_decode so far."""
+    return sum(seq.ctx.seconds_decoding for seq in caches)
 
 
 class Generation:

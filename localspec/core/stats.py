@@ -21,6 +21,8 @@ class Step:
     seconds_verify: float = 0.0  # the target's decode and rollback
     seconds_sampling: float = 0.0  # the target's sampling laws and accept/reject
     draft_decoded: int = 0  # tokens the draft model decoded (its drafts and any catch-up)
+    seconds_draft_decode: float = 0.0  # of seconds_draft, inside llama_decode (the rest is Python)
+    seconds_verify_decode: float = 0.0  # of seconds_verify + seconds_sampling, inside llama_decode
 
     @property
     def emitted(self) -> int:
@@ -70,6 +72,8 @@ class Stats:
     seconds_draft: float = 0.0
     seconds_verify: float = 0.0
     seconds_sampling: float = 0.0
+    seconds_draft_decode: float = 0.0  # inside llama_decode while drafting (the rest of seconds_draft is Python)
+    seconds_verify_decode: float = 0.0  # inside llama_decode while verifying (the target's batch, any re-prefill)
     decision: Decision = field(default_factory=Decision)  # the adaptive policy's latest inputs and verdict
 
     def record_choice(self, k: int, reason: str, *, probe: bool = False) -> None:
@@ -92,6 +96,8 @@ class Stats:
         self.seconds_draft += step.seconds_draft
         self.seconds_verify += step.seconds_verify
         self.seconds_sampling += step.seconds_sampling
+        self.seconds_draft_decode += step.seconds_draft_decode
+        self.seconds_verify_decode += step.seconds_verify_decode
         if k > len(self.drafted_by_position):
             grow = k - len(self.drafted_by_position)
             self.drafted_by_position.extend([0] * grow)
@@ -128,6 +134,24 @@ class Stats:
         return max(self.seconds_generating - self.seconds_draft - self.seconds_verify - self.seconds_sampling, 0.0)
 
     @property
+    def python_per_drafted_token(self) -> float:
+        """Seconds of Python (outside llama_decode) per drafted token: sampling the draft, batching its decodes."""
+        return max(self.seconds_draft - self.seconds_draft_decode, 0.0) / self.drafted if self.drafted else 0.0
+
+    @property
+    def python_per_verify_step(self) -> float:
+        """Seconds of Python per target pass: the batch, the target's laws, accept/reject and the rollbacks."""
+        python = self.seconds_verify + self.seconds_sampling - self.seconds_verify_decode
+        return max(python, 0.0) / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def python_per_verified_row(self) -> float:
+        """The same Python time per row the target verified (k + 1 rows a pass)."""
+        rows = self.target_passes + self.drafted
+        python = self.seconds_verify + self.seconds_sampling - self.seconds_verify_decode
+        return max(python, 0.0) / rows if rows else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         """Emitted tokens per second of generation (prefill excluded)."""
         return self.emitted / self.seconds_generating if self.seconds_generating > 0 else 0.0
@@ -148,6 +172,8 @@ class Stats:
             "seconds_draft",
             "seconds_verify",
             "seconds_sampling",
+            "seconds_draft_decode",
+            "seconds_verify_decode",
             "steps_off",
             "probes",
         ):
@@ -173,6 +199,9 @@ class Stats:
             acceptance_by_position=self.acceptance_by_position,
             tokens_per_second=self.tokens_per_second,
             seconds_other=self.seconds_other,
+            python_per_drafted_token=self.python_per_drafted_token,
+            python_per_verify_step=self.python_per_verify_step,
+            python_per_verified_row=self.python_per_verified_row,
         )
         return out
 

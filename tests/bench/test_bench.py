@@ -68,6 +68,9 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
             "predicted",
             "efficiency",
             "python_ms_per_step",
+            "python_us_per_draft_token",
+            "python_us_per_verify_step",
+            "python_us_per_row",
         ):
             assert math.isfinite(r[key]), (name, key, r[key])
         assert r["tokens_per_second"] > 0 and r["ratio"] > 0
@@ -76,6 +79,11 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
         elif not name.startswith("adaptive"):
             assert r["acceptance"] > 0 and r["draft_cost"] > 0 and r["verify_cost"] > 0 and r["predicted"] > 0
             assert r["tokens_per_pass"] > 1
+            # The profile: Python per drafted token and per pass, which the whole step's Python time bounds.
+            assert r["python_us_per_draft_token"] > 0 and r["python_us_per_verify_step"] > 0
+            assert r["python_us_per_row"] == pytest.approx(r["python_us_per_verify_step"] / (1 + r["mean_k"]))
+            parts = r["python_us_per_verify_step"] + r["mean_k"] * r["python_us_per_draft_token"]
+            assert parts <= 1e3 * r["python_ms_per_step"] * 1.01, name
     assert report["threads"] == 1 and report["machine"] and report["date"]
     for r in report["rows"]:  # greedy divergences carry the target's top-2 gap at that token
         for d in r["divergences"]:
@@ -114,6 +122,8 @@ def test_a_broken_peer_is_one_note(tiny_models, capsys, localspec_home, tmp_path
         (["--k", ","], "--k is empty"),
         (["--prompts", "{tmp}/nowhere.txt"], "cannot read --prompts"),
         (["--prompts", "{tmp}/blank.txt"], "blank.txt has no prompt (one per line)"),
+        # the worker the user named, not the relay bench puts in front of it
+        (["--rpc", "127.0.0.1:1"], "cannot reach the RPC worker at 127.0.0.1:1 ("),
     ],
 )
 def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, tmp_path, flags, message):

@@ -208,6 +208,19 @@ def test_worker_on_a_busy_port_is_one_line(worker):
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "cannot listen" in out.stderr
 
 
+@pytest.mark.parametrize("host", ["256.1.1.1", "10.254.254.254"])
+def test_worker_on_a_host_that_is_not_ours_names_the_host(host):
+    out = subprocess.run(
+        [sys.executable, "-m", "localspec", "worker", "--host", host, "--port", "50999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert f"--host {host}" in out.stderr and "not an address of this machine" in out.stderr
+    assert "--port" not in out.stderr  # the port is not what to change
+
+
 # --- the target on a worker ----------------------------------------------------------------------------------
 
 
