@@ -77,6 +77,7 @@ class BenchReport:
     rows: list[Row] = field(default_factory=list)
     busy: list[BusyRow] = field(default_factory=list)
     rpc: list[RpcRow] = field(default_factory=list)
+    logit_noise: float | None = None  # max |Δlogit|, one batched decode vs single-row decodes of the prompt rows
     notes: list[str] = field(default_factory=list)
 
 
@@ -143,8 +144,14 @@ def render(report: BenchReport) -> list[str]:
         for d in r.divergences:
             lines.append(
                 f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
-                f"(target top-2 gap {d.top2_gap:.4f})"
+                f"(target top-2 gap {d.top2_gap:.4f} in plain decoding's own single-row logits"
+                + (", a near-tie)" if report.logit_noise is not None and d.top2_gap <= report.logit_noise else ")")
             )
+    if report.logit_noise is not None:
+        lines.append(
+            f"batch vs single-row logits of the target (prompt rows): max |Δ| {report.logit_noise:.4f} — greedy "
+            "output may leave plain decoding where the top-2 gap is below this"
+        )
     if report.busy:
         lines += ["", "one busy core (a busy-loop process on one core):"]
         for b in report.busy:

@@ -148,12 +148,42 @@ def _expected(alpha: float, k: float) -> float:
     return expected_tokens(alpha, lo) + (k - lo) * (expected_tokens(alpha, lo + 1) - expected_tokens(alpha, lo))
 
 
-def _top2_gap(engine: Engine, context: list[int]) -> float:
-    """The target's logit gap between its two best tokens after `context` (its cache is left holding it)."""
-    engine.target.sync(context, outputs=1)
-    row = engine.target.ctx.logits(-1)
+def plain_logits(engine: Engine, prompt: list[int], before: list[int]) -> np.ndarray:
+    """The target's logits for the token after `prompt + before`, computed the way plain decoding computed them:
+    the prompt prefilled (all but its last token), then one single-row decode per token. A batched decode of the
+    same positions can differ in the last bits (see `logit_noise`), enough to turn a near-tie.
+
+    Returns:
+        A (n_vocab,) copy.
+    """
+    target = engine.target
+    target.sync(prompt[:-1])
+    for token in [prompt[-1], *before]:
+        target.append([token], outputs=1)
+    return target.ctx.logits(-1).copy()
+
+
+def _top2_gap(engine: Engine, prompt: list[int], before: list[int]) -> float:
+    row = plain_logits(engine, prompt, before)
     two = np.partition(row, row.shape[0] - 2)[-2:]
     return float(abs(two[1] - two[0]))
+
+
+def logit_noise(engine: Engine, prompts: list[list[int]]) -> float:
+    """max |Δlogit| between the target's rows of one batched decode of each prompt and single-row decodes of the
+    same positions: how far apart "verify k+1 rows in one pass" and "decode them one by one" can land on this
+    model and build. A greedy answer that leaves plain decoding where the top-2 gap is below it is a near-tie."""
+    target, worst = engine.target, 0.0
+    for prompt in prompts:
+        rows = prompt[: min(512, target.ctx.n_ctx // 2)]  # the output rows of one decode fit in one batch
+        target.rollback_to(0)
+        target.append(rows, outputs=len(rows))
+        batched = target.ctx.logits_block(len(rows)).copy()  # (n, n_vocab)
+        target.rollback_to(0)
+        for i, token in enumerate(rows):
+            target.append([token], outputs=1)
+            worst = max(worst, float(np.abs(target.ctx.logits(-1) - batched[i]).max()))
+    return worst
 
 
 def _divergences(engine: Engine, prompts: list[list[int]], plain: Tally, tally: Tally) -> tuple[Divergence, ...]:
@@ -164,7 +194,7 @@ def _divergences(engine: Engine, prompts: list[list[int]], plain: Tally, tally: 
             continue  # greedy outputs repeat across rounds: the first is enough
         i = next((i for i, (a, b) in enumerate(zip(base, tokens)) if a != b), None)
         if i is not None:
-            found.append(Divergence(p, i, _top2_gap(engine, prompts[p] + base[:i])))
+            found.append(Divergence(p, i, _top2_gap(engine, prompts[p], base[:i])))
     return tuple(found)
 
 

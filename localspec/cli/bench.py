@@ -131,6 +131,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         else:
             tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
             report.rows = bench.rows_from(engine, prompts, tallies)
+            report.logit_noise = bench.logit_noise(engine, prompts)
         if binary is not None:
             from localspec.bench.peer import PeerError
 

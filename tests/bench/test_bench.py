@@ -8,9 +8,12 @@ import json
 import math
 import stat
 
+import numpy as np
 import pytest
 
 from localspec.cli.main import main
+from localspec.core.params import SpeculativeParams
+from localspec.core.sampling import SamplingParams
 
 EXPECTED = {
     (0.0, "plain"),
@@ -85,6 +88,7 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
             parts = r["python_us_per_verify_step"] + r["mean_k"] * r["python_us_per_draft_token"]
             assert parts <= 1e3 * r["python_ms_per_step"] * 1.01, name
     assert report["threads"] == 1 and report["machine"] and report["date"]
+    assert 0 <= report["logit_noise"] < 1  # batch vs single-row logits: last bits, not a different model
     for r in report["rows"]:  # greedy divergences carry the target's top-2 gap at that token
         for d in r["divergences"]:
             assert d["index"] >= 0 and d["top2_gap"] >= 0
@@ -130,6 +134,20 @@ def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, tmp_path, f
     (tmp_path / "blank.txt").write_text("\n  \n")
     code, out, err = bench(capsys, tiny_models, *(f.format(tmp=tmp_path) for f in flags))
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_gap_of_a_divergence_is_read_from_plain_decodings_own_rows(tiny_models):
+    from localspec.bench.run import plain_logits
+    from localspec.core.engine import Engine
+
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_threads=1) as engine:
+        prompt = engine.tokenize("the gap")
+        plain = engine.generate(prompt, sampling=SamplingParams(temperature=0), spec=SpeculativeParams(draft_max=0))
+        tokens = [event.token for event in plain if event.token is not None]
+        assert len(tokens) > 3
+        for i in range(len(tokens)):  # every row is the one plain decoding chose from
+            assert int(np.argmax(plain_logits(engine, prompt, tokens[:i]))) == tokens[i]
+        engine.check_invariants()
 
 
 def test_runs_are_interleaved_each_exactly_once_and_no_setting_always_first():
