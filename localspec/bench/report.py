@@ -179,5 +179,14 @@ def to_json(report: BenchReport) -> str:
     return json.dumps(asdict(report), indent=2, default=str)
 
 
+def from_json(text: str) -> BenchReport:
+    """A report written by `to_json` (so one `bench --json` run can also be shown as the table)."""
+    data = json.loads(text)
+    rows = [Row(**{**r, "divergences": tuple(Divergence(**d) for d in r["divergences"])}) for r in data.pop("rows")]
+    busy = [BusyRow(**b) for b in data.pop("busy")]
+    rpc = [RpcRow(**r) for r in data.pop("rpc")]
+    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc)
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
