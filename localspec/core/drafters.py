@@ -99,15 +99,17 @@ class ModelDrafter:
             seq.checkpoint()
         out = Proposal()
         recent = penalty_window(history, sampling)
+        device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0
         for i in range(k):
-            logits = seq.ctx.logits(-1)  # (n_vocab,) view, valid until the next draft decode
-            context = recent + out.tokens
             if sample and not sampling.greedy:
-                dist = sampling_dist(logits, context, sampling)
+                dist = sampling_dist(seq.ctx.logits(-1), recent + out.tokens, sampling)
                 token, confidence = dist.sample(rng), dist.top()[1]
+            elif device:
+                dist, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
             else:
+                logits = seq.ctx.logits(-1)  # (n_vocab,) view, valid until the next draft decode
                 dist = None  # greedy drafting draws from a one-hot law
-                token = greedy_token(logits, context, sampling)
+                token = greedy_token(logits, recent + out.tokens, sampling)
                 confidence = top_probability(logits) if p_min > 0 else 1.0
             if confidence < p_min:
                 break

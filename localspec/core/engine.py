@@ -70,23 +70,22 @@ class TargetLaws(Sequence):
 
 
 class TargetArgmax(Sequence):
-    """The target's greedy tokens for the k+1 verified rows: one argmax over the whole block of rows when no
-    penalty makes a row depend on the drafts before it, else row by row, lazily."""
+    """The target's greedy tokens for the k+1 verified rows, computed lazily row by row (the rows after a mismatch
+    are never read). Without penalties a row's token is its argmax — taken in the graph where the context has the
+    device sampler (only the token id leaves the device), else from the logits; with penalties each row depends
+    on the drafts before it and is computed from its logits."""
 
     def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
-        self._rows: dict[int, int] = {}
-        if not recent:
-            block = ctx.logits_block(len(drafts) + 1)  # (k+1, n_vocab) view
-            self._rows = dict(enumerate(np.argmax(block, axis=1).tolist()))
+        self._device = ctx.device_greedy and not sampling.penalised
 
     def __len__(self) -> int:
         return len(self._drafts) + 1
 
     def __getitem__(self, i: int) -> int:
-        if i not in self._rows:
-            self._rows[i] = greedy_token(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
-        return self._rows[i]
+        if self._device:
+            return self._ctx.sampled_token(i)
+        return greedy_token(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
 
 
 def speculative_step(

@@ -38,6 +38,7 @@ class Context(Protocol):
     n_ctx: int
     swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
     seconds_decoding: float  # time spent inside decode so far
+    device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
         """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""
@@ -49,6 +50,10 @@ class Context(Protocol):
 
     def logits_block(self, n: int) -> np.ndarray:
         """The first n output rows of the last decode: a (n, n_vocab) view."""
+        ...
+
+    def sampled_token(self, i: int) -> int:
+        """Row i's argmax as the graph took it (only with `device_greedy`)."""
         ...
 
     def remove_from(self, pos: int) -> bool:

@@ -58,6 +58,7 @@ class Context:
         n_threads: int | None = None,
         swa_full: bool = False,
         n_rs_seq: int = 0,
+        device_greedy: bool = False,
     ) -> None:
         """Create a context.
 
@@ -68,6 +69,8 @@ class Context:
             n_threads: CPU threads; None = physical cores.
             swa_full: full-size cache for sliding-window layers, so long rollbacks stay valid.
             n_rs_seq: recurrent-state rollback snapshots per sequence (recurrent/hybrid models).
+            device_greedy: attach llama.cpp's greedy sampler to the graph, so every output row's argmax is taken
+                where the logits are computed (`sampled_token`); the logits are still delivered.
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -101,9 +104,22 @@ class Context:
         params.swa_full = swa_full
         params.n_rs_seq = n_rs_seq
         params.no_perf = True
+        self._sampler = None
+        if device_greedy:
+            # A sampler chain in the graph; llama.cpp refuses more outputs per sequence than it was told to expect.
+            self._sampler = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+            llama_cpp.llama_sampler_chain_add(self._sampler, llama_cpp.llama_sampler_init_greedy())
+            self._sampler_config = (llama_cpp.llama_sampler_seq_config * 1)()
+            self._sampler_config[0].seq_id = 0
+            self._sampler_config[0].sampler = ctypes.cast(self._sampler, ctypes.c_void_p)
+            params.samplers = self._sampler_config
+            params.n_samplers = 1
+            params.n_outputs_max_per_seq = self.n_batch
+        self.device_greedy = device_greedy
         self._call = model._call  # a remote model's contexts make their native calls where it does
         handle = self._call(llama_cpp.llama_init_from_model, model.handle, params)
         if not handle:
+            self._free_sampler()
             raise ContextError(
                 f"could not create a context of {n_ctx} tokens for {model.path.name}{llama_error()}: "
                 "use a smaller --n-ctx"
@@ -119,6 +135,8 @@ class Context:
         self._tok = np.ctypeslib.as_array(self._batch.token, shape=(n,))
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
+        self._positions = np.arange(self.n_ctx + n, dtype=self._pos.dtype)  # copied from, never built per decode
+        self._views: dict[int, np.ndarray] = {}  # logits row address -> (n_vocab,) view over it
         for i in range(n):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
@@ -136,6 +154,12 @@ class Context:
             if self.model.placement is None or not self.model.placement.lost:
                 self._call(llama_cpp.llama_free, self._handle)
             self._handle = None
+            self._free_sampler()
+
+    def _free_sampler(self) -> None:
+        if getattr(self, "_sampler", None) is not None:  # after the context that used it
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
 
     def __enter__(self) -> Context:
         return self
@@ -155,36 +179,40 @@ class Context:
         Raises:
             ContextError: the context is full, or llama.cpp failed.
         """
-        assert 0 <= outputs <= len(tokens) <= self.n_ctx
-        if n_past + len(tokens) > self.n_ctx:
+        n = len(tokens)
+        assert 0 <= outputs <= n <= self.n_ctx
+        if n_past + n > self.n_ctx:
             raise ContextError(f"context full ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
-        start = 0
-        while start < len(tokens):
+        if n <= self.n_batch:  # the usual case (every generation step): one batch, no slicing
+            self._submit(tokens, n_past, n - outputs)
+            return
+        for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            n = len(chunk)
-            first_out = len(tokens) - outputs - start  # rows of this chunk from which logits are wanted
-            assert start + n == len(tokens) or first_out >= n, "output rows must fit in one batch"
-            self._tok[:n] = chunk
-            self._pos[:n] = np.arange(n_past + start, n_past + start + n)
-            self._out[:n] = 0
-            if first_out < n:
-                self._out[max(first_out, 0) : n] = 1
-            self._batch.n_tokens = n
-            t0 = time.perf_counter()
-            rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
-            if rc == 0:
-                # GPU and RPC backends return before the work is done; wait here so the time is the decode's
-                # (stats, the policy's costs, bench) and not the first logits read's.
-                self._call(llama_cpp.llama_synchronize, self.handle)
-            self.seconds_decoding += time.perf_counter() - t0
-            self.decodes += 1
-            if rc != 0:
-                if rc == 1:
-                    raise ContextError(
-                        f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
-                    )
-                raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
-            start += n
+            first_out = n - outputs - start  # rows of this chunk from which logits are wanted
+            assert start + len(chunk) == n or first_out >= len(chunk), "output rows must fit in one batch"
+            self._submit(chunk, n_past + start, first_out)
+
+    def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
+        """One `llama_decode` of at most n_batch tokens; logits for rows first_out.. of them."""
+        n = len(tokens)
+        self._tok[:n] = tokens
+        self._pos[:n] = self._positions[n_past : n_past + n]
+        first_out = min(max(first_out, 0), n)
+        self._out[:first_out] = 0
+        self._out[first_out:n] = 1
+        self._batch.n_tokens = n
+        t0 = time.perf_counter()
+        rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
+        if rc == 0:
+            # GPU and RPC backends return before the work is done; wait here so the time is the decode's
+            # (stats, the policy's costs, bench) and not the first logits read's.
+            self._call(llama_cpp.llama_synchronize, self.handle)
+        self.seconds_decoding += time.perf_counter() - t0
+        self.decodes += 1
+        if rc != 0:
+            if rc == 1:
+                raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+            raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
 
     def logits(self, i: int) -> np.ndarray:
         """Row `i` of the last decode's logits as a float32 view of shape (n_vocab,).
@@ -194,7 +222,21 @@ class Context:
         ptr = self._call(llama_cpp.llama_get_logits_ith, self.handle, i)
         if not ptr:
             raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        # llama.cpp reuses its output buffer, so the same few addresses come back: one view each, not one per call.
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._views.get(address)
+        if view is None:
+            if len(self._views) >= 256:  # the buffer moved (it grew): forget the old addresses
+                self._views.clear()
+            view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return view
+
+    def sampled_token(self, i: int) -> int:
+        """The argmax of row `i` of the last decode, taken in the graph (a context made with `device_greedy`)."""
+        token = self._call(llama_cpp.llama_get_sampled_token_ith, self.handle, i)
+        if token < 0:
+            raise ContextError(f"no sampled token for row {i}: it was not requested in the last decode")
+        return int(token)
 
     def set_threads(self, n: int) -> None:
         """Use n CPU threads from the next decode on (the results do not depend on it)."""

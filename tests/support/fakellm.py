@@ -55,10 +55,12 @@ class FakeModel:
 
 
 class TableContext:
-    """A fake context: holds tokens at positions 0..n-1 and serves the table's logits for output rows."""
+    """A fake context: holds tokens at positions 0..n-1 and serves the table's logits for output rows (and, with
+    `device_greedy`, their argmax as llama.cpp's in-graph sampler would)."""
 
-    def __init__(self, table: LogitTable, model: FakeModel, n_ctx: int = 256) -> None:
-        self.table, self.model, self.n_ctx = table, model, n_ctx
+    def __init__(self, table: LogitTable, model: FakeModel, n_ctx: int = 256, *, device_greedy: bool = False) -> None:
+        self.table, self.model, self.n_ctx, self.device_greedy = table, model, n_ctx, device_greedy
+        self.seconds_decoding = 0.0  # a table lookup is not timed
         self.n_vocab = table.n_vocab
         self.tokens: list[int] = []
         self._rows: list[np.ndarray | None] = []  # batch index -> logits of the last decode
@@ -79,6 +81,10 @@ class TableContext:
 
     def logits_block(self, n: int) -> np.ndarray:
         return np.stack([self.logits(i) for i in range(n)])  # (n, n_vocab)
+
+    def sampled_token(self, i: int) -> int:
+        assert self.device_greedy, "a context without the in-graph sampler"
+        return int(np.argmax(self.logits(i)))
 
     def remove_from(self, pos: int) -> bool:
         del self.tokens[pos:]
