@@ -17,6 +17,7 @@ from localspec.paths import Paths
 
 from .checks import check_run_args
 from .flags import add_model_args, add_sampling_args
+from .interrupts import SignalGuard
 from .textinput import clean
 
 DEFAULT_PORT = 8080
@@ -60,34 +61,41 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     api_key = clean(args.api_key)[0] if args.api_key is not None else None
     if api_key is not None and not api_key.strip():
         raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
-    from localspec.server.app import ServerSettings, is_loopback, serve
+    from localspec.server.app import ServerSettings
     from localspec.server.runner import Runner
 
     settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors))
     _log_to_stderr()
     runner = Runner(flags, paths, pairs=_configured_pairs(paths), no_swap=args.no_swap, max_queue=args.queue)
-    try:
-        served = runner.load()
-        if served.resolved.defaults.notice:
-            print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
-        if not is_loopback(args.host) and api_key is None:
-            print(
-                f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
-                "this server; pass --api-key KEY, or keep the default 127.0.0.1",
-                file=sys.stderr,
-            )
-        print(
-            f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
-            "(OpenAI-compatible); stop with Ctrl+C",
-            file=sys.stderr,
-            flush=True,
-        )
-        if not serve(runner, settings, args.port):
-            raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
-    finally:
-        runner.close()
-    print("localspec serve: stopped", file=sys.stderr)
+    # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
+    with SignalGuard():
+        try:
+            _serve(runner, settings, args)
+        finally:
+            runner.close()
     return 0
+
+
+def _serve(runner, settings, args: argparse.Namespace) -> None:
+    from localspec.server.app import is_loopback, serve
+
+    served = runner.load()
+    if served.resolved.defaults.notice:
+        print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
+    if not is_loopback(args.host) and settings.api_key is None:
+        print(
+            f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
+            "this server; pass --api-key KEY, or keep the default 127.0.0.1",
+            file=sys.stderr,
+        )
+    print(
+        f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
+        "(OpenAI-compatible); stop with Ctrl+C",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not serve(runner, settings, args.port):
+        raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
 
 
 def _url_host(host: str) -> str:

@@ -129,7 +129,14 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("one prompt per request: send a string (or a list of one string)")
+        return value
 
     @property
     def text(self) -> str:
@@ -161,13 +168,18 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
         raise ApiError(400, "the body is nested too deeply", code="invalid_json") from None
 
 
+_TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict")
+
+
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
 def _validation_error(error: ValidationError) -> ApiError:
     first = error.errors(include_url=False)[0]
-    param = ".".join(str(part) for part in first["loc"]) or None
+    # A union's member shows in the location ("stop.list[str].0"): the client named only the field and the index.
+    parts = [str(p) for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    param = ".".join(parts) or None
     if first["type"] == "extra_forbidden":
         return ApiError(400, f"unknown field '{param}'", param=param, code="unsupported_parameter")
     message = first["msg"].removeprefix("Value error, ")

@@ -283,6 +283,8 @@ def complete(
         event: TokenEvent
         for event in gen:
             emit(("token", index, event))
+        if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
+            log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
         generations.append(gen)
         emit(("end", index, gen))
     return Outcome(served, len(prompt), generations)
