@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from localspec.core.drafters import Drafter, make_drafter
 from localspec.core.engine import Engine, Generation, TokenEvent
+from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS, MODEL_DRAFTERS, LoadParams, PairDefaults
+from localspec.core.policy import DraftPolicy
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import ChatTemplateError, LocalspecError
 from localspec.models.loading import (
@@ -52,10 +55,38 @@ class Served:
     params: LoadParams
     chat_template: str | None
     _format: ChatFormat | None = None
+    drafter: str = ""  # the drafter in use now (a request may ask for another)
+    _drafters: dict[str, tuple[Drafter | None, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
+    _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
 
-    @property
-    def drafter(self) -> str:
-        return self.params.drafter
+    def __post_init__(self) -> None:
+        self.drafter = self.drafter or self.params.drafter
+        drafter = self.engine.drafter
+        self._draft_seq = drafter.caches[0] if drafter is not None and drafter.kind in MODEL_DRAFTERS else None
+
+    def use_drafter(self, kind: str) -> None:
+        """Draft with `kind` from the next generation on; each drafter keeps its own draft-length policy.
+
+        Raises:
+            ApiError: a model drafter on a pair loaded without a draft model.
+        """
+        if kind == self.drafter:
+            return
+        if kind in MODEL_DRAFTERS and self._draft_seq is None:
+            raise ApiError(
+                400,
+                f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
+                "'none', or start the server with a pair that has a draft",
+                param="drafter",
+                code="unsupported_value",
+            )
+        engine = self.engine
+        self._drafters[self.drafter] = (engine.drafter, engine.policy)
+        drafter, policy = self._drafters.get(kind, (None, None))
+        if kind not in self._drafters:
+            drafter = make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None)
+        engine.use_drafter(drafter, policy)
+        self.drafter = kind
 
     @property
     def defaults(self) -> PairDefaults:
@@ -331,19 +362,7 @@ def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -
 
 def _params(served: Served, request: Request):
     overrides = dict(request.overrides)
-    drafter = request.drafter
-    if drafter is not None and drafter != served.drafter:
-        if drafter == "none":
-            overrides["draft_max"] = 0  # plain decoding through the same loop
-        else:
-            raise ApiError(
-                400,
-                f"this server drafts with '{served.drafter}': a request may ask for that or 'none'; start the "
-                f"server with --drafter {drafter} for '{drafter}'"
-                + (" (and a pair with a draft model)" if drafter in MODEL_DRAFTERS else ""),
-                param="drafter",
-                code="unsupported_value",
-            )
+    served.use_drafter(request.drafter or served.params.drafter)  # what the request leaves out: the server's
     try:
         sampling = sampling_params(overrides, served.defaults)
         sampling = dataclasses.replace(sampling, **request.penalties)
@@ -359,7 +378,7 @@ def _reload(old: Served) -> Served | None:
     except LocalspecError as e:
         log.error("could not reload %s: %s", old.name, e)
         return None
-    return dataclasses.replace(old, engine=engine, _format=None)
+    return Served(old.name, old.resolved, engine, old.params, old.chat_template)
 
 
 def _log_progress(name: str) -> Callable[[float], None]:

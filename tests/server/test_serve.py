@@ -113,6 +113,17 @@ def test_draft_max_0_and_8_give_the_same_greedy_text(client):
     assert none.choices[0].message.content == plain.choices[0].message.content
 
 
+def test_a_request_picks_its_drafter_and_the_next_gets_the_servers_again(client):
+    reference = chat(client, max_tokens=40, extra_body={"draft_max": 0}).choices[0].message.content
+    for drafter in ("ngram", "model+ngram", "none", "model"):
+        answer = chat(client, max_tokens=40, extra_body={"drafter": drafter, "draft_max": 4, "adaptive": False})
+        assert answer.choices[0].message.content == reference, drafter
+        if drafter == "none":
+            assert answer.model_extra["timings"]["draft_n"] == 0
+    after = chat(client, max_tokens=40, extra_body={"draft_max": 4, "adaptive": False})
+    assert after.model_extra["timings"]["draft_n"] > 0  # the model drafter again
+
+
 def test_usage_and_timings_are_consistent(client):
     response = chat(client, max_tokens=30, extra_body={"draft_max": 4, "adaptive": False})
     usage, timings, ours = response.usage, response.model_extra["timings"], response.model_extra["localspec"]
@@ -229,7 +240,7 @@ ERRORS = [
         "response_format",
         "unsupported_parameter",
     ),
-    ("another drafter", CHAT, {"messages": HI, "drafter": "ngram"}, {}, 400, "drafter", "unsupported_value"),
+    ("an unknown drafter", CHAT, {"messages": HI, "drafter": "magic"}, {}, 400, "drafter", "invalid_value"),
     ("unknown model", CHAT, {"model": "nope", "messages": HI}, {}, 404, "model", "model_not_found"),
     (
         "max_tokens past the context",
