@@ -1,4 +1,4 @@
-"""The one loaded pair behind the server and the one thread that drives it: requests in arrival order.
+"""The one loaded pair behind the server and the one thread that drives it: requests in arrival order (DESIGN §8).
 
 llama.cpp calls block and the caches are one state, so every request is a job on a single worker thread (a
 one-thread executor: first come, first served), which alone touches the `Engine`. Successive requests share the
