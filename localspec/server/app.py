@@ -95,7 +95,7 @@ class Guard:
             return
 
         async def logged(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400:
+            if message["type"] == "http.response.start" and message["status"] < 400 and scope["path"] != "/health":
                 log.info("%s %s -> %d", scope["method"], scope["path"], message["status"])
             await send(message)
 
@@ -183,6 +183,12 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "localspec"} for m in runner.model_ids()]
         return JSONResponse({"object": "list", "data": data})
 
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in runner.model_ids():
+            raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
+        return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
+
     async def chat(request: Request) -> Response:
         parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
         messages = tuple(ChatTurn("system" if m.role == "developer" else m.role, m.text) for m in parsed.messages)
@@ -200,6 +206,7 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     routes = [
         Route("/health", guarded(health), methods=["GET"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{name:path}", guarded(model), methods=["GET"]),
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
     ]

@@ -200,6 +200,9 @@ def test_past_the_queue_bound_a_503_with_retry_after(client, server):
 
 def test_models_lists_the_loaded_pair_first_and_a_request_switches_pairs(client, server):
     assert [m.id for m in client.models.list()][:1] == ["tiny"]
+    assert client.models.retrieve("tiny-same").id == "tiny-same"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
     assert "tiny-same" in [m.id for m in client.models.list()]
     other = client.chat.completions.create(
         model="tiny-same", messages=[{"role": "user", "content": USER}], max_tokens=8, temperature=0
