@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from localspec.errors import InvalidParamsError, LocalspecError
@@ -61,10 +62,17 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     api_key = clean(args.api_key)[0] if args.api_key is not None else None
     if api_key is not None and not api_key.strip():
         raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
-    from localspec.server.app import ServerSettings
+    from localspec.server.app import ServerSettings, is_loopback
     from localspec.server.runner import Runner
 
     settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors))
+    if not is_loopback(args.host) and api_key is None:
+        print(
+            f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
+            "this server; pass --api-key KEY, or keep the default 127.0.0.1",
+            file=sys.stderr,
+        )
+    _check_bind(args.host, args.port)  # before a model loads: a busy port costs no wait
     _log_to_stderr()
     runner = Runner(flags, paths, pairs=_configured_pairs(paths), no_swap=args.no_swap, max_queue=args.queue)
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
@@ -77,17 +85,11 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _serve(runner, settings, args: argparse.Namespace) -> None:
-    from localspec.server.app import is_loopback, serve
+    from localspec.server.app import serve
 
     served = runner.load()
     if served.resolved.defaults.notice:
         print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
-    if not is_loopback(args.host) and settings.api_key is None:
-        print(
-            f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
-            "this server; pass --api-key KEY, or keep the default 127.0.0.1",
-            file=sys.stderr,
-        )
     print(
         f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
         "(OpenAI-compatible); stop with Ctrl+C",
@@ -96,6 +98,20 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     )
     if not serve(runner, settings, args.port):
         raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
+
+
+def _check_bind(host: str, port: int) -> None:
+    """A one-line error now (a busy port, an address not on this machine), rather than after loading."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise LocalspecError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}): pick another --port or --host, or stop what uses it"
+        ) from None
 
 
 def _url_host(host: str) -> str:

@@ -343,5 +343,8 @@ def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
         lifespan="off",
     )
     server = _Server(config, runner)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind (after logging one line)
+        return False
     return server.started

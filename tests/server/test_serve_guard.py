@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 
 import openai
 import pytest
@@ -101,6 +102,18 @@ def test_bad_flags_are_one_line_before_anything_loads(home, monkeypatch, capsys,
     assert main(["serve", "--pair", "tiny", *flags]) == 1
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and "loading" not in err
+
+
+def test_another_address_warns_and_a_busy_port_fails_before_loading(home, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--pair", "tiny", "--host", "0.0.0.0", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert "warning: no authentication" in err and f"cannot listen on 0.0.0.0:{port}" in err
+    assert "loading" not in err and len(err.strip().splitlines()) == 2
 
 
 @pytest.mark.slow
