@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from localspec.core.drafters import Drafter, make_drafter
-from localspec.core.engine import Engine, Generation, TokenEvent
+from localspec.core.engine import Engine, Generation
 from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS, MODEL_DRAFTERS, LoadParams, PairDefaults
 from localspec.core.policy import DraftPolicy
@@ -106,7 +106,7 @@ class Request:
     messages: tuple[Message, ...] | None
     prompt: str | None
     n: int = 1
-    max_tokens: int | None = None  # None: the server's --max-tokens, bounded by the room left in the context
+    max_tokens: int | None = None  # None: the server's --max-tokens (an answer that fills the context ends there)
     stop: tuple[str, ...] = ()
     overrides: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, over the server's flags
     penalties: Mapping[str, float] = field(default_factory=dict)  # presence_penalty / frequency_penalty
@@ -269,7 +269,6 @@ class Runner:
         return dataclasses.replace(
             request,
             overrides={**getattr(flags, "overrides", {}), **request.overrides},
-            max_tokens=request.max_tokens,
             stop=request.stop or tuple(getattr(flags, "stop", ())),
         )
 
@@ -311,7 +310,6 @@ def complete(
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
             gen.cancel()
-        event: TokenEvent
         for event in gen:
             emit(("token", index, event))
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
