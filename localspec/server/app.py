@@ -192,11 +192,11 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     async def chat(request: Request) -> Response:
         parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
         messages = tuple(ChatTurn("system" if m.role == "developer" else m.role, m.text) for m in parsed.messages)
-        return await _answer(runner, parsed, _request(parsed, messages=messages), "chat")
+        return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
 
     async def completions(request: Request) -> Response:
         parsed = parse_body(await _read_body(request, settings.max_body), CompletionRequest)
-        return await _answer(runner, parsed, _request(parsed, prompt=parsed.text), "text")
+        return await _answer(request, runner, parsed, _request(parsed, prompt=parsed.text), "text")
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -252,14 +252,10 @@ def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
     )
 
 
-async def _answer(runner: Runner, parsed, request: runner_mod.Request, kind: str) -> Response:
+async def _answer(http: Request, runner: Runner, parsed, request: runner_mod.Request, kind: str) -> Response:
     if not parsed.stream:
         job, future = runner.submit(parsed.model, request)
-        try:
-            outcome = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            job.cancel()
-            raise
+        outcome = await _watched(asyncio.wrap_future(future), http, job)
         reply = Reply(kind, outcome.served.name)
         return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations))
     loop = asyncio.get_running_loop()
@@ -273,7 +269,7 @@ async def _answer(runner: Runner, parsed, request: runner_mod.Request, kind: str
 
     job, future = runner.submit(parsed.model, request, emit)
     future.add_done_callback(lambda f: emit(("done", f)))
-    first = await queue.get()
+    first = await _watched(queue.get(), http, job)
     if first[0] == "done":  # refused before generating (a prompt too long, a failed switch): a plain error
         first[1].result()
         raise ApiError(499, "the request was cancelled", code="cancelled")
@@ -281,6 +277,26 @@ async def _answer(runner: Runner, parsed, request: runner_mod.Request, kind: str
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
     events = _events(queue, Reply(kind, name), prompt_tokens, parsed.n, include_usage)
     return EventStream(events, on_close=job.cancel)
+
+
+async def _watched(awaitable, http: Request, job: runner_mod.Job, every: float = 0.25):
+    """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
+    cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            if not job.cancelled and await http.is_disconnected():
+                log.info("%s %s: the client went away; its request is cancelled", http.method, http.url.path)
+                job.cancel()
+    except asyncio.CancelledError:  # the server is stopping
+        job.cancel()
+        raise
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 async def _events(

@@ -9,6 +9,7 @@ after each case, and at the end that no traceback reached its stderr or its log.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -20,6 +21,9 @@ from localspec.cli.main import main
 
 SYSTEM = "You are terse."
 USER = "the man said that the water was hot and"
+BIG = "the " * 3000  # more tokens than the 2048-token context
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +166,23 @@ def test_a_client_that_leaves_mid_stream_stops_its_generation(client, server):
     assert chat(client, max_tokens=8).choices[0].finish_reason == "length"  # the next request is answered
 
 
+def test_a_client_that_leaves_before_a_whole_answer_stops_it_too(server):
+    cancelled = server.stderr().count("cancelled after")
+    body = json.dumps({"model": "tiny", "messages": HI, "max_tokens": 1500, "n": 8, "temperature": 0})
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(
+            f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+        )
+        time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while server.stderr().count("cancelled after") == cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "the client went away; its request is cancelled" in server.stderr()
+    assert server.stderr().count("cancelled after") > cancelled
+    assert chat(server.client(), max_tokens=4).choices[0].finish_reason == "length"
+
+
 def test_two_clients_at_once_are_answered_in_order(server):
     done: dict[str, float] = {}
     texts: dict[str, str] = {}
@@ -212,10 +233,6 @@ def test_models_lists_the_loaded_pair_first_and_a_request_switches_pairs(client,
     back = chat(client, max_tokens=8)
     assert back.model == "tiny" and [m.id for m in client.models.list()][0] == "tiny"
 
-
-BIG = "the " * 3000  # more tokens than the 2048-token context
-CHAT = "/v1/chat/completions"
-HI = [{"role": "user", "content": "hi"}]
 
 ERRORS = [
     # (name, path, body, extra request arguments, status, param, code)
