@@ -171,12 +171,9 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         return endpoint
 
     async def health(request: Request) -> Response:
-        served = runner.served
-        body = {
-            "status": "ok" if served else "no model",
-            "model": served.name if served else None,
-            "queue": runner.pending,
-        }
+        served, loading = runner.served, runner.loading
+        status = "ok" if served else "loading" if loading else "no model"
+        body = {"status": status, "model": served.name if served else loading, "queue": runner.pending}
         return JSONResponse(body, status_code=200 if served else 503)
 
     async def models(request: Request) -> Response:

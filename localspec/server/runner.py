@@ -159,6 +159,7 @@ class Runner:
         self.no_swap = no_swap
         self.max_queue = max_queue
         self.served: Served | None = None
+        self.loading: str | None = None  # the pair being loaded (a switch in progress), for /health
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # waiting or running
@@ -172,7 +173,7 @@ class Runner:
         params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
         name = resolved.name or resolved.target.name
         log.info("loading %s (%s) …", name, resolved.label)
-        old, self.served = self.served, None
+        old, self.served, self.loading = self.served, None, name
         if old is not None:
             old.engine.close()
         try:
@@ -182,6 +183,8 @@ class Runner:
                 log.info("reloading %s after the failed switch", old.name)
                 self.served = _reload(old)
             raise
+        finally:
+            self.loading = None
         self.served = Served(name, resolved, engine, params, getattr(flags, "chat_template", None))
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, params.drafter)
         return self.served
