@@ -76,6 +76,27 @@ def test_no_swap_refuses_another_pair_and_unknown_names_are_404(server):
     assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).model == "tiny"
 
 
+def test_files_without_a_chat_template_serve_completions_and_refuse_chats(home, tiny_models):
+    server = start_server(home, "--target", str(tiny_models.no_template), "--drafter", "ngram")
+    try:
+        client = server.client()
+        assert [m.id for m in client.models.list()][0] == "no_template.gguf"
+        text = client.completions.create(model="no_template.gguf", prompt="the man said", max_tokens=8)
+        assert text.choices[0].finish_reason == "length" and text.usage.completion_tokens == 8
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="no_template.gguf", messages=HI, max_tokens=4)
+        assert caught.value.body["code"] == "chat_template_error" and "--chat-template" in caught.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as caught:  # no draft model loaded: the model drafter cannot run
+            client.completions.create(
+                model="no_template.gguf", prompt="x", max_tokens=4, extra_body={"drafter": "model"}
+            )
+        assert caught.value.body["param"] == "drafter"
+        assert server.healthy()
+    finally:
+        assert server.stop() == 143
+    assert "Traceback" not in server.stderr()
+
+
 def test_loopback_names():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST"))
     assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.2", "evil.example", "localhost.evil.example", ""))
