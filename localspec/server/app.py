@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.core.params import OVERRIDE_OPTIONS
 from localspec.core.session import Message as ChatTurn
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, RpcError
 
 from . import runner as runner_mod
 from .api import ApiError, ChatRequest, CompletionRequest, parse_body
@@ -158,6 +158,8 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
                 return await handler(request)
             except ApiError as e:
                 return error_response(e, request.scope)
+            except RpcError as e:  # a lost or busy RPC worker: the server's trouble, not the request's
+                return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
             except LocalspecError as e:
                 return error_response(ApiError(400, str(e)), request.scope)
             except ClientDisconnect:
