@@ -30,7 +30,8 @@ LAYERS: dict[str, set[str]] = {
     "models": {"core", "llama", "errors", "paths", "progress"},
     "bench": {"core", "llama", "models", "errors", "paths", "progress"},
     "tui": {"core", "llama", "models", "errors", "paths"},
-    "cli": {"bench", "tui", "core", "llama", "models", "errors", "paths", "progress"},
+    "server": {"core", "llama", "models", "errors", "paths"},
+    "cli": {"bench", "tui", "server", "core", "llama", "models", "errors", "paths", "progress"},
     "__main__": {"cli"},
 }
 NATIVE = "llama_cpp"  # llama-cpp-python: only `localspec.llama` may import it

@@ -1,6 +1,6 @@
 """The `localspec` command: argument parsing, logging set-up, and one-line errors.
 
-Each subcommand lives in its own module (`generate`, `chat`, `bench`, `pairs`, `worker`), which adds its
+Each subcommand lives in its own module (`generate`, `chat`, `bench`, `pairs`, `worker`, `serve`), which adds its
 parser through `register`; this module builds the parser and dispatches. Every
 `LocalspecError` ends as one line on stderr and exit code 1; llama.cpp's own log goes to the log file,
 never over the user's terminal.
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from localspec.errors import LocalspecError
 from localspec.paths import Paths, get_paths
 
-from . import bench, chat, generate, pairs, worker
+from . import bench, chat, generate, pairs, serve, worker
 from .textinput import one_line
 
 log = logging.getLogger("localspec.cli")
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     chat.register(sub)
     worker.register(sub)
+    serve.register(sub)
     return parser
 
 

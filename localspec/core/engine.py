@@ -391,6 +391,23 @@ class Engine:
                 obj.close()
             raise
 
+    def use_drafter(self, drafter: Drafter | None, policy: DraftPolicy | None = None) -> DraftPolicy:
+        """Draft with `drafter` from the next generation on (the server's per-request drafter); its caches join
+        the engine's. A drafter may share a cache with the one it replaces (`make_drafter` on the same draft
+        sequence): the cache's token list stays its truth.
+
+        Args:
+            drafter: the drafter, or None for plain decoding.
+            policy: the draft-length policy this drafter used before (kept by the caller); None: a fresh one.
+
+        Returns:
+            The policy now in use (keep it to hand back when this drafter is used again).
+        """
+        self.drafter = drafter
+        self.caches = (self.target, *(drafter.caches if drafter is not None else ()))
+        self.policy = policy or DraftPolicy(drafter, draft_size_ratio=size_ratio(self.target_model, drafter))
+        return self.policy
+
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
     ) -> int:

@@ -1,0 +1,144 @@
+"""`localspec serve`: the engine behind an OpenAI-compatible HTTP server (uvicorn), for editors and chat clients.
+
+The model, load and sampling flags are `generate`'s (`flags`, checked by `checks`); the flags' sampling values
+become every request's defaults, over the pair's. It binds 127.0.0.1 unless told otherwise and says so loudly when
+another address serves without `--api-key`. SIGINT / SIGTERM stop it: running generations end after their
+current step, open streams are closed, the engine is freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+
+from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.paths import Paths
+
+from .checks import check_run_args
+from .flags import add_model_args, add_sampling_args
+from .interrupts import SignalGuard
+from .textinput import clean
+
+DEFAULT_PORT = 8080
+DEFAULT_QUEUE = 8
+
+
+def register(sub) -> None:
+    """Add `serve` to the `localspec` command."""
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and completions) on the engine")
+    add_model_args(p)
+    add_sampling_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every request but /health")
+    p.add_argument(
+        "--cors",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let a web page from ORIGIN (e.g. http://localhost:3000) read responses (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--no-swap", action="store_true", help="refuse requests for another pair (default: load it, like Ollama)"
+    )
+    p.add_argument(
+        "--queue",
+        type=int,
+        default=DEFAULT_QUEUE,
+        help=f"most requests waiting or running; past it, 503 with Retry-After (default {DEFAULT_QUEUE})",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, paths: Paths) -> int:
+    """Check the flags, load the pair, serve until SIGINT / SIGTERM."""
+    flags = check_run_args(args)
+    if not 0 < args.port < 65536:
+        raise InvalidParamsError(f"--port {args.port} is not a TCP port: use 1 to 65535")
+    if not 1 <= args.queue <= 10_000:
+        raise InvalidParamsError(f"--queue {args.queue} is out of range: use 1 to 10000")
+    api_key = clean(args.api_key)[0] if args.api_key is not None else None
+    if api_key is not None and not api_key.strip():
+        raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
+    from localspec.server.app import ServerSettings, is_loopback
+    from localspec.server.runner import Runner
+
+    settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors))
+    if not is_loopback(args.host) and api_key is None:
+        print(
+            f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
+            "this server; pass --api-key KEY, or keep the default 127.0.0.1",
+            file=sys.stderr,
+        )
+    _check_bind(args.host, args.port)  # before a model loads: a busy port costs no wait
+    _log_to_stderr()
+    runner = Runner(flags, paths, pairs=_configured_pairs(paths), no_swap=args.no_swap, max_queue=args.queue)
+    # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
+    with SignalGuard():
+        try:
+            _serve(runner, settings, args)
+        finally:
+            runner.close()
+    return 0
+
+
+def _serve(runner, settings, args: argparse.Namespace) -> None:
+    from localspec.server.app import serve
+
+    served = runner.load()
+    if served.resolved.defaults.notice:
+        print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
+    print(
+        f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
+        "(OpenAI-compatible); stop with Ctrl+C",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not serve(runner, settings, args.port):
+        raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
+
+
+def _check_bind(host: str, port: int) -> None:
+    """A one-line error now (a busy port, an address not on this machine), rather than after loading."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as e:
+        raise LocalspecError(
+            f"cannot listen on {host}:{port} ({e.strerror or e}): pick another --port or --host, or stop what uses it"
+        ) from None
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _configured_pairs(paths: Paths) -> list[str]:
+    """The pairs of models.toml a request may ask for (none when it cannot be read: --target files still serve)."""
+    from localspec.models.catalog import load_config
+
+    try:
+        return sorted(load_config(paths).pairs)
+    except LocalspecError as e:
+        logging.getLogger("localspec.server").warning("no pairs to switch to: %s", e)
+        return []
+
+
+def _log_to_stderr() -> None:
+    """The server's lines (requests, errors, pair loads) on stderr too, one line each; uvicorn's own likewise."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    handler.setLevel(logging.INFO)
+    server_log = logging.getLogger("localspec.server")
+    if not any(getattr(h, "_localspec_serve", False) for h in server_log.handlers):
+        handler._localspec_serve = True  # type: ignore[attr-defined]
+        server_log.addHandler(handler)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.handlers = [handler]
+    uvicorn_log.setLevel(logging.WARNING)
+    uvicorn_log.propagate = False

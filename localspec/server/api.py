@@ -1,0 +1,197 @@
+"""What a request may ask, checked before the engine sees it; and OpenAI's error object for what it may not.
+
+A body is JSON; its fields are read strictly (a string is not a number, 1.5 is not an integer). Fields we do not
+support are refused by name unless their value is the one that changes nothing (`logprobs: false`, `tools: []`),
+so no request is silently answered as if it had asked something else. What a request leaves out is None: the
+server's flags, then the pair's defaults, then the engine's decide (`runner.Request`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from localspec.core.params import DRAFTERS
+
+SEED_MAX = 2**64 - 1
+STOP_MAX = 16  # stop strings per request
+N_MAX = 16  # choices per request
+
+# Fields OpenAI defines that we do not implement, with the values that leave the output unchanged.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+}
+# Fields that change nothing here (bookkeeping for OpenAI's own service): accepted and left out.
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+
+
+@dataclass(slots=True)
+class ApiError(Exception):
+    """An error answered with OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+Probability = Annotated[float, Field(ge=0, le=1)]
+
+
+class _Common(_Strict):
+    """The fields both routes share: sampling, speculation, stop, n, streaming."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=100)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+    min_p: Probability | None = None
+    repeat_penalty: Annotated[float, Field(gt=0, le=100)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=STOP_MAX)] | None = None
+    n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
+    draft_max: Annotated[int, Field(ge=0, le=64)] | None = None
+    p_min: Probability | None = None
+    verify: Literal["pq", "match"] | None = None
+    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
+    adaptive: bool | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops_not_empty(cls, value):
+        stops = [value] if isinstance(value, str) else value or []
+        if any(s == "" for s in stops):
+            raise ValueError("a stop string must not be empty")
+        return value
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+
+class ChatRequest(_Common):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("one prompt per request: send a string (or a list of one string)")
+        return value
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def parse_body(body: bytes, model: type[_Common]) -> _Common:
+    """The request read from a JSON body.
+
+    Raises:
+        ApiError: not JSON, not an object, an unsupported field, a wrong type or a value out of range (400, naming
+            the field).
+    """
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ApiError(400, f"the body is not valid JSON: {_one_line(e)}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    for name, harmless in UNSUPPORTED.items():
+        if name in data and data[name] not in harmless:
+            raise ApiError(400, f"'{name}' is not supported by localspec", param=name, code="unsupported_parameter")
+    data = {k: v for k, v in data.items() if k not in IGNORED and k not in UNSUPPORTED}
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+    except RecursionError:
+        raise ApiError(400, "the body is nested too deeply", code="invalid_json") from None
+
+
+_TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict")
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _validation_error(error: ValidationError) -> ApiError:
+    first = error.errors(include_url=False)[0]
+    # A union's member shows in the location ("stop.list[str].0"): the client named only the field and the index.
+    parts = [str(p) for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+    param = ".".join(parts) or None
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field '{param}'", param=param, code="unsupported_parameter")
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "missing":
+        return ApiError(400, f"'{param}' is required", param=param, code="missing_required_parameter")
+    return ApiError(400, f"'{param}': {message}", param=param, code="invalid_value")
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:200]
+
+
+def finite(value: float) -> float:
+    """A JSON-safe float (the rates of an empty generation are 0, never NaN)."""
+    return value if math.isfinite(value) else 0.0

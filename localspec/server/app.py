@@ -1,0 +1,365 @@
+"""The Starlette application: OpenAI's routes over the `Runner`, server-sent events, and the security checks.
+
+`make_app(runner, settings)` is used by `localspec serve` and by the tests alike. Every answer that is not a
+success is OpenAI's error object with one line in the log and no traceback, and the server keeps serving. The
+`Guard` middleware keeps a web page in the user's browser from driving the server: while it serves a loopback
+address only loopback Host names are accepted (DNS rebinding), a POST body must be `application/json` (no simple
+cross-site request), bodies are bounded, `--api-key` is compared in constant time, and CORS headers exist only
+for the origins `--cors` names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localspec.core.params import OVERRIDE_OPTIONS
+from localspec.core.session import Message as ChatTurn
+from localspec.errors import LocalspecError, RpcError
+
+from . import runner as runner_mod
+from .api import ApiError, ChatRequest, CompletionRequest, parse_body
+from .render import Reply, sse, usage_and_timings
+from .runner import Runner
+
+log = logging.getLogger("localspec.server")
+
+MAX_BODY = 4 * 2**20  # bytes; a long chat is far below this
+LOOPBACK_NAMES = ("localhost", "localhost.")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """How the server faces the network (the `serve` flags)."""
+
+    host: str = "127.0.0.1"
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()  # origins allowed to read responses from a browser (empty: no CORS headers)
+    max_body: int = MAX_BODY
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name or an address, IPv6 possibly in brackets) is this machine's loopback."""
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(header: str) -> str:
+    """The name of a Host header without its port ("[::1]:8080" -> "::1")."""
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def error_response(error: ApiError, scope: Scope) -> JSONResponse:
+    """OpenAI's error object, and one line in the log."""
+    log.info("%s %s -> %d %s: %s", scope.get("method"), scope.get("path"), error.status, error.code or "", error)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class Guard:
+    """ASGI middleware: the checks every request passes before any route, and one log line per success."""
+
+    def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
+        self.app, self.settings = app, settings
+        self.loopback = is_loopback(settings.host)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        error = self._check(scope, Headers(scope=scope))
+        if error is not None:
+            await error_response(error, scope)(scope, receive, send)
+            return
+
+        async def logged(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400 and scope["path"] != "/health":
+                log.info("%s %s -> %d", scope["method"], scope["path"], message["status"])
+            await send(message)
+
+        await self.app(scope, receive, logged)
+
+    def _check(self, scope: Scope, headers: Headers) -> ApiError | None:
+        host = headers.get("host")
+        if self.loopback and host is not None and not is_loopback(_host_name(host)):
+            return ApiError(403, f"Host '{host}' is not this machine's loopback name", code="forbidden_host")
+        if scope["method"] == "OPTIONS":  # CORS preflight: answered (or refused) by the CORS layer
+            return None
+        key = self.settings.api_key
+        if key is not None and scope["path"] != "/health":
+            given = headers.get("authorization", "")
+            scheme, _, token = given.partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+                return ApiError(
+                    401, "a valid API key is required: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+                )
+        if scope["method"] == "POST":
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                return ApiError(
+                    415, "the body must be sent as 'Content-Type: application/json'", code="unsupported_media_type"
+                )
+            length = headers.get("content-length")
+            if length is not None and (not length.isdigit() or int(length) > self.settings.max_body):
+                return _too_large(self.settings.max_body)
+        return None
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the body is larger than {limit} bytes", code="body_too_large")
+
+
+class EventStream(StreamingResponse):
+    """A server-sent event stream that calls `on_close` however it ends (finished, client gone, server stopping)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (OSError, ClientDisconnect):
+            log.info("%s %s: the client went away; its generation stops", scope["method"], scope["path"])
+        finally:
+            self._on_close()
+
+
+def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Starlette:
+    """The application serving `runner`'s pair (loaded or not: /health says which)."""
+
+    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ApiError as e:
+                return error_response(e, request.scope)
+            except RpcError as e:  # a lost or busy RPC worker: the server's trouble, not the request's
+                return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
+            except LocalspecError as e:
+                return error_response(ApiError(400, str(e)), request.scope)
+            except ClientDisconnect:
+                return Response(status_code=499)
+            except Exception as e:  # a bug: one line for the client and the log, the server goes on
+                log.debug("internal error", exc_info=True)
+                return error_response(
+                    ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"), request.scope
+                )
+
+        return endpoint
+
+    async def health(request: Request) -> Response:
+        served, loading = runner.served, runner.loading
+        status = "ok" if served else "loading" if loading else "no model"
+        body = {"status": status, "model": served.name if served else loading, "queue": runner.pending}
+        return JSONResponse(body, status_code=200 if served else 503)
+
+    async def models(request: Request) -> Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "localspec"} for m in runner.model_ids()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in runner.model_ids():
+            raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
+        return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
+
+    async def chat(request: Request) -> Response:
+        parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
+        messages = tuple(ChatTurn("system" if m.role == "developer" else m.role, m.text) for m in parsed.messages)
+        return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
+
+    async def completions(request: Request) -> Response:
+        parsed = parse_body(await _read_body(request, settings.max_body), CompletionRequest)
+        return await _answer(request, runner, parsed, _request(parsed, prompt=parsed.text), "text")
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+        return error_response(ApiError(exc.status_code, str(exc.detail), code=code), request.scope)
+
+    routes = [
+        Route("/health", guarded(health), methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{name:path}", guarded(model), methods=["GET"]),
+        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
+        Route("/v1/completions", guarded(completions), methods=["POST"]),
+    ]
+    middleware = [Middleware(Guard, settings=settings)]
+    if settings.cors:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(settings.cors),
+                allow_methods=["GET", "POST"],
+                allow_headers=["Authorization", "Content-Type"],
+            )
+        )
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
+    overrides = {name: getattr(parsed, name) for name in OVERRIDE_OPTIONS if getattr(parsed, name, None) is not None}
+    penalties = {
+        name: getattr(parsed, name)
+        for name in ("presence_penalty", "frequency_penalty")
+        if getattr(parsed, name) is not None
+    }
+    max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
+    return runner_mod.Request(
+        messages=messages,
+        prompt=prompt,
+        n=parsed.n,
+        max_tokens=max_tokens,
+        stop=parsed.stops,
+        overrides=overrides,
+        penalties=penalties,
+        drafter=parsed.drafter,
+    )
+
+
+async def _answer(http: Request, runner: Runner, parsed, request: runner_mod.Request, kind: str) -> Response:
+    if not parsed.stream:
+        job, future = runner.submit(parsed.model, request)
+        outcome = await _watched(asyncio.wrap_future(future), http, job)
+        reply = Reply(kind, outcome.served.name)
+        return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations))
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[tuple] = asyncio.Queue()
+
+    def emit(item: tuple) -> None:  # on the worker thread
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (the server stopped): stop generating
+            job.cancel()
+
+    job, future = runner.submit(parsed.model, request, emit)
+    future.add_done_callback(lambda f: emit(("done", f)))
+    first = await _watched(queue.get(), http, job)
+    if first[0] == "done":  # refused before generating (a prompt too long, a failed switch): a plain error
+        first[1].result()
+        raise ApiError(499, "the request was cancelled", code="cancelled")
+    _, prompt_tokens, name = first
+    include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
+    events = _events(queue, Reply(kind, name), prompt_tokens, parsed.n, include_usage)
+    return EventStream(events, on_close=job.cancel)
+
+
+async def _watched(awaitable, http: Request, job: runner_mod.Job, every: float = 0.25):
+    """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
+    cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return task.result()
+            if not job.cancelled and await http.is_disconnected():
+                log.info("%s %s: the client went away; its request is cancelled", http.method, http.url.path)
+                job.cancel()
+    except asyncio.CancelledError:  # the server is stopping
+        job.cancel()
+        raise
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def _events(
+    queue: asyncio.Queue[tuple], reply: Reply, prompt_tokens: int, n: int, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The chunks of a streamed answer: per choice the role, the text deltas, the finish; then usage; [DONE]."""
+    started: set[int] = set()
+    generations = []
+    while True:
+        item = await queue.get()
+        if item[0] == "token":
+            _, index, event = item
+            if reply.kind == "chat" and index not in started:
+                started.add(index)
+                yield sse(reply.chunk(index, "", first=True))
+            if event.text:
+                yield sse(reply.chunk(index, event.text))
+        elif item[0] == "end":
+            _, index, gen = item
+            generations.append(gen)
+            extra = None
+            if index == n - 1:  # the last chunk of the answer carries the timings and our stats
+                both = usage_and_timings(prompt_tokens, generations)
+                extra = {"timings": both["timings"], "localspec": both["localspec"]}
+            yield sse(reply.chunk(index, "", finish=gen.finish_reason, extra=extra))
+        elif item[0] == "done":
+            future: Future = item[1]
+            error = future.exception()
+            if error is not None:
+                api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
+                log.info("a stream ended on an error: %s", api)
+                yield sse(api.body())
+            break
+    if include_usage and generations:
+        yield sse(reply.usage_chunk(prompt_tokens, generations))
+    yield sse("[DONE]")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also cancels the running generations when told to stop, so open streams end."""
+
+    def __init__(self, config: uvicorn.Config, runner: Runner) -> None:
+        super().__init__(config)
+        self.runner = runner
+
+    def handle_exit(self, sig, frame) -> None:
+        self.runner.cancel_all()
+        super().handle_exit(sig, frame)
+
+
+def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
+    """Serve `runner` on settings.host:port until SIGINT / SIGTERM; False when it could not listen."""
+    config = uvicorn.Config(
+        make_app(runner, settings),
+        host=settings.host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="off",
+    )
+    server = _Server(config, runner)
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind (after logging one line)
+        return False
+    return server.started

@@ -1,0 +1,125 @@
+"""OpenAI's response objects from our generations: whole answers, stream chunks, usage and timings.
+
+`usage` has OpenAI's fields; `timings` beside it uses llama-server's names (`prompt_n`, `cache_n`, `predicted_n`,
+`predicted_per_second`, `draft_n`, `draft_n_accepted`), so tools that read llama-server read us; our own
+speculation stats (DESIGN §5) go under the one extra key `localspec`. A streamed answer carries them in its last
+chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Sequence
+
+from localspec.core.engine import Generation
+from localspec.core.stats import Stats
+
+from .api import finite
+
+
+@dataclasses.dataclass(slots=True)
+class Reply:
+    """What every object of one response shares: its id, creation time, model and kind ("chat" or "text")."""
+
+    kind: str
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = self.id or ("chatcmpl-" if self.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = self.created or int(time.time())
+
+    def _head(self, chunk: bool) -> dict:
+        obj = "chat.completion" if self.kind == "chat" else "text_completion"
+        obj += ".chunk" if chunk and self.kind == "chat" else ""
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": None}
+
+    def whole(self, prompt_tokens: int, generations: Sequence[Generation]) -> dict:
+        """The non-streaming response."""
+        choices = [self._choice(i, gen.text, _finish(gen)) for i, gen in enumerate(generations)]
+        return {**self._head(False), "choices": choices, **usage_and_timings(prompt_tokens, generations)}
+
+    def _choice(self, index: int, text: str, finish: str | None) -> dict:
+        if self.kind == "chat":
+            message = {"role": "assistant", "content": text, "refusal": None}
+            return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+    def chunk(self, index: int, text: str, *, first: bool = False, finish: str | None = None, extra=None) -> dict:
+        """One stream chunk: the role first (chat), then text deltas, then the finish reason."""
+        if self.kind == "chat":
+            delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self._head(True), "choices": [choice], **(extra or {})}
+
+    def usage_chunk(self, prompt_tokens: int, generations: Sequence[Generation]) -> dict:
+        """The chunk `stream_options.include_usage` asks for: no choices, the usage (and our timings)."""
+        return {**self._head(True), "choices": [], **usage_and_timings(prompt_tokens, generations)}
+
+
+def _finish(gen: Generation) -> str | None:
+    return gen.finish_reason
+
+
+def usage_and_timings(prompt_tokens: int, generations: Sequence[Generation]) -> dict:
+    """`usage`, `timings` and `localspec` for a response's choices (which share one prompt)."""
+    total = Stats()
+    for gen in generations:
+        total.merge(gen.stats)
+    completion = sum(len(gen.tokens) for gen in generations)
+    first = generations[0].stats if generations else Stats(prompt_tokens=prompt_tokens)
+    # The target reads prompt[:-1] in the prefill (what it decodes there is prefill_decoded); the last prompt
+    # token goes with the first step. The rest of the prompt was already in the cache.
+    cache_n = max(prompt_tokens - 1 - first.prefill_decoded, 0) if generations else 0
+    prompt_ms = first.seconds_prefill * 1000
+    predicted_ms = total.seconds_generating * 1000
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": cache_n},
+    }
+    timings = {
+        "cache_n": cache_n,
+        "prompt_n": prompt_tokens - cache_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_second": finite((prompt_tokens - cache_n) / (prompt_ms / 1000)) if prompt_ms > 0 else 0.0,
+        "predicted_n": completion,
+        "predicted_ms": predicted_ms,
+        "predicted_per_second": finite(completion / (predicted_ms / 1000)) if predicted_ms > 0 else 0.0,
+        "draft_n": total.drafted,
+        "draft_n_accepted": total.accepted,
+    }
+    return {"usage": usage, "timings": timings, "localspec": speculation(total, prompt_tokens, cache_n)}
+
+
+def speculation(stats: Stats, prompt_tokens: int, cache_n: int) -> dict:
+    """Our own stats of a response: acceptance, tokens per target pass, the adaptive policy's latest decision."""
+    return {
+        "acceptance_rate": finite(stats.acceptance_rate),
+        "alpha": finite(stats.alpha),
+        "tokens_per_target_pass": finite(stats.mean_tokens_per_pass),
+        "target_passes": stats.target_passes,
+        "acceptance_by_position": [finite(a) for a in stats.acceptance_by_position],
+        "draft_length": stats.draft_length,
+        "speculation_off": stats.speculation_off,
+        "steps_off": stats.steps_off,
+        "probes": stats.probes,
+        "decision": {k: finite(v) for k, v in dataclasses.asdict(stats.decision).items()},
+        "prompt_reused": finite(cache_n / prompt_tokens) if prompt_tokens else 0.0,
+        "seconds_draft": stats.seconds_draft,
+        "seconds_verify": stats.seconds_verify,
+        "seconds_sampling": stats.seconds_sampling,
+    }
+
+
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event: `data: <json>` (or `data: [DONE]`)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()

@@ -1,0 +1,179 @@
+"""`localspec serve` locked down and stopped: --api-key, --cors, --no-swap, the flag checks, SIGTERM mid-stream,
+and a fuzz of request bodies — each against a real server subprocess, each case leaving it healthy."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.server import error_of, raw, start_server, write_home
+
+from localspec.cli.main import main
+from localspec.server.app import _host_name, is_loopback
+
+KEY = "s3cret-key"
+ORIGIN = "http://localhost:3000"
+HI = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def home(tiny_models, tmp_path_factory):
+    return write_home(
+        tmp_path_factory.mktemp("guard-home"), tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same
+    )
+
+
+@pytest.fixture(scope="module")
+def server(home):
+    running = start_server(home, "--pair", "tiny", "--api-key", KEY, "--cors", ORIGIN, "--no-swap")
+    yield running
+    assert running.stop(signal.SIGINT) == 130, running.stderr()
+    assert "Traceback" not in running.stderr() and "Traceback" not in running.log()
+
+
+def test_the_api_key_is_required_except_for_health(server):
+    body = {"messages": HI, "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}, {"Authorization": "Basic " + KEY}):
+        status, _, data = raw(server.port, "POST", CHAT, body, headers=headers)
+        assert status == 401 and error_of(data)["code"] == "invalid_api_key"
+    status, _, _ = raw(server.port, "POST", CHAT, body, headers={"Authorization": f"Bearer {KEY}"})
+    assert status == 200
+    assert raw(server.port, "GET", "/v1/models")[0] == 401
+    assert server.healthy()
+    with pytest.raises(openai.AuthenticationError):
+        server.client().models.list()
+    assert [m.id for m in server.client(api_key=KEY).models.list()][0] == "tiny"
+
+
+def test_cors_headers_only_for_the_named_origin(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    _, headers, _ = raw(server.port, "GET", "/v1/models", headers={**auth, "Origin": ORIGIN})
+    assert headers.get("access-control-allow-origin") == ORIGIN
+    _, headers, _ = raw(server.port, "GET", "/v1/models", headers={**auth, "Origin": "http://evil.example"})
+    assert "access-control-allow-origin" not in headers
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type",
+    }
+    status, headers, _ = raw(server.port, "OPTIONS", CHAT, headers=preflight)
+    assert status == 200 and headers.get("access-control-allow-origin") == ORIGIN
+
+
+def test_no_swap_refuses_another_pair_and_unknown_names_are_404(server):
+    client = server.client(api_key=KEY)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="tiny-same", messages=HI, max_tokens=2)
+    assert caught.value.body["code"] == "model_not_loaded" and caught.value.body["param"] == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=HI, max_tokens=2)
+    assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).model == "tiny"
+
+
+def test_files_without_a_chat_template_serve_completions_and_refuse_chats(home, tiny_models):
+    server = start_server(home, "--target", str(tiny_models.no_template), "--drafter", "ngram")
+    try:
+        client = server.client()
+        assert [m.id for m in client.models.list()][0] == "no_template.gguf"
+        text = client.completions.create(model="no_template.gguf", prompt="the man said", max_tokens=8)
+        assert text.choices[0].finish_reason == "length" and text.usage.completion_tokens == 8
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="no_template.gguf", messages=HI, max_tokens=4)
+        assert caught.value.body["code"] == "chat_template_error" and "--chat-template" in caught.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as caught:  # no draft model loaded: the model drafter cannot run
+            client.completions.create(
+                model="no_template.gguf", prompt="x", max_tokens=4, extra_body={"drafter": "model"}
+            )
+        assert caught.value.body["param"] == "drafter"
+        assert server.healthy()
+    finally:
+        assert server.stop() == 143
+    assert "Traceback" not in server.stderr()
+
+
+def test_loopback_names():
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost", "LOCALHOST"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "192.168.1.2", "evil.example", "localhost.evil.example", ""))
+    assert [_host_name(h) for h in ("[::1]:8080", "localhost:80", "127.0.0.1", "::1")] == [
+        "::1",
+        "localhost",
+        "127.0.0.1",
+        "::1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "0"], "--port 0 is not a TCP port"),
+        (["--port", "70000"], "--port 70000 is not a TCP port"),
+        (["--queue", "0"], "--queue 0 is out of range"),
+        (["--api-key", " "], "--api-key is empty"),
+        (["--temperature", "-1"], "temperature must be"),
+    ],
+)
+def test_bad_flags_are_one_line_before_anything_loads(home, monkeypatch, capsys, flags, message):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    assert main(["serve", "--pair", "tiny", *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "loading" not in err
+
+
+def test_another_address_warns_and_a_busy_port_fails_before_loading(home, monkeypatch, capsys):
+    monkeypatch.setenv("LOCALSPEC_HOME", str(home))
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["serve", "--pair", "tiny", "--host", "0.0.0.0", "--port", str(port)]) == 1
+    err = capsys.readouterr().err
+    assert "warning: no authentication" in err and f"cannot listen on 0.0.0.0:{port}" in err
+    assert "loading" not in err and len(err.strip().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_sigterm_closes_the_open_stream_and_exits_143(home):
+    server = start_server(home, "--pair", "tiny")
+    client = server.client()
+    stream = client.chat.completions.create(model="tiny", messages=HI, max_tokens=1500, n=8, stream=True)
+    next(iter(stream))
+    server.process.send_signal(signal.SIGTERM)
+    chunks = list(stream)  # ends: the generation was cancelled and the stream closed with [DONE]
+    assert chunks and chunks[-1].choices[0].finish_reason == "cancelled"
+    assert server.process.wait(30) == 143
+    assert "Traceback" not in server.stderr() and "localspec: terminated" in server.stderr()
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+FIELDS = ["model", "messages", "prompt", "stream", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+          "stop", "n", "draft_max", "verify", "drafter", "adaptive", "logprobs", "tools", "stream_options",
+          "presence_penalty", "frequency_penalty", "repeat_penalty", "max_completion_tokens", "p_min"]  # fmt: skip
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool"]), "content": JSON})
+BODY = st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=5).flatmap(
+    lambda body: st.fixed_dictionaries(
+        {"messages": st.lists(MESSAGE, max_size=2) | JSON, "max_tokens": st.integers(-1, 4) | JSON}
+    ).map(lambda base: {**body, **base})
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=BODY, path=st.sampled_from([CHAT, "/v1/completions"]))
+def test_fuzzed_bodies_get_an_answer_or_an_error_object_never_a_500(server, body, path):
+    status, _, data = raw(server.port, "POST", path, body, headers={"Authorization": f"Bearer {KEY}"})
+    assert status < 500 or status == 503, data
+    if status != 200:
+        error_of(data)
+    elif not body.get("stream"):
+        assert "choices" in json.loads(data)
+    assert server.healthy()
