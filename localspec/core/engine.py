@@ -483,5 +483,11 @@ def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, specula
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
-    ctx = _own(owned, LlamaContext(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads))
+    # Greedy tokens from the graph: on a GPU only a token id leaves the device. On a CPU the logits are read here
+    # anyway, and a numpy argmax measured as fast (README, "Where sampling runs").
+    device = params.device_sampling == "on" or (params.device_sampling == "auto" and model.on_local_gpu)
+    ctx = _own(
+        owned,
+        LlamaContext(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads, device_greedy=device),
+    )
     return KVSequence(ctx, rollback=params.rollback)

@@ -66,6 +66,9 @@ SPECULATIVE_OPTIONS = tuple(o.name for o in options_of(SpeculativeParams))
 OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that override a pair's defaults
 
 
+DEVICE_SAMPLING = ("auto", "on", "off")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadParams:
     """How `Engine.load` loads the models and creates their contexts."""
@@ -78,6 +81,9 @@ class LoadParams:
     swa_full: bool | None = None  # full sliding-window caches; None: on when speculating on such a model
     compat_hint: str = ""  # appended to an incompatible-draft error (e.g. the curated drafts that fit)
     rpc: tuple[str, ...] = ()  # llama.cpp RPC workers ("host:port") that take the target's layers
+    # Greedy tokens from llama.cpp's in-graph sampler: "auto" where the layers run on a local GPU (the argmax stays
+    # on the device), "on", "off" (the argmax over the logits, here).
+    device_sampling: str = "auto"
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -88,6 +94,10 @@ class LoadParams:
             raise InvalidParamsError("invalid load setting: n-gpu-layers must be -1 (all) or more")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParamsError("invalid load setting: threads must be at least 1")
+        if self.device_sampling not in DEVICE_SAMPLING:
+            raise InvalidParamsError(
+                f"invalid load setting: device sampling must be one of {', '.join(DEVICE_SAMPLING)}"
+            )
         if isinstance(self.rpc, str):
             raise InvalidParamsError("invalid load setting: rpc must be a list of host:port endpoints")
         object.__setattr__(self, "rpc", tuple(self.rpc))  # a list from a caller or models.toml, kept hashable

@@ -35,7 +35,7 @@ class PolicyTuning:
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
     explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
     retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
-    start_probe_steps: int = 2  # speculative steps that open each generation while off (a fresh look)
+    start_probe_steps: int = 2  # speculative steps that open a generation while off, when the credit pays for them
     window: int = 12  # timings per kind of step that the medians look at
     keep_on_start: int = 1  # newest timings kept when a generation starts (the probe's own soon outvote them)
 
@@ -241,6 +241,9 @@ class DraftPolicy:
         self.reason = ""  # and why, in the words stats show
         self.decision = Decision()
         self._start_probes = 0  # speculative steps still owed to the probe that opens a generation
+        self._probed = False  # drafts were verified since the costs and α̂ were last weighed
+        self._recheck = False  # speculation went off during this generation: the next one opens with a probe
+        self._probe_price = 0.0  # plain steps the latest probe was expected to lose (without catching up)
         self._steps_on = 0
         self._unmeasured = 0
         self._last = Choice(0)
@@ -261,17 +264,22 @@ class DraftPolicy:
         return max(((k, self.speedup(k, costs)) for k in range(1, limit + 1)), key=lambda pair: pair[1])
 
     def start(self) -> None:
-        """A new generation begins: if speculation is off, it opens with a probe (the draft follows its prompt,
-        batched, as part of the prefill) and old timings give way to the probe's (conditions may have changed:
-        the caches are warm now, or the other process on the cores is gone)."""
+        """A new generation begins: if speculation is off and the probe credit pays for it, the generation opens
+        with a probe (the draft follows its prompt, batched, as part of the prefill), and old timings give way to
+        the probe's (conditions may have changed: the caches are warm now, or the other process on the cores is
+        gone). A draft as costly as the target is re-checked rarely; a cheap one at nearly every generation."""
         if not self.off:
             return  # speculation is on: nothing to re-check
-        self._start_probes = self.tuning.start_probe_steps
         self.lag = 0
-        self.credit = 0.0  # the in-answer budget starts again from nothing
-        for estimator in (self._plain_rate, self._spec_rate):
-            estimator.keep_newest(self.tuning.keep_on_start)
-        self.costs.keep_newest(self.tuning.keep_on_start)
+        # The generation after the one that turned speculation off re-checks for free (that verdict may have come
+        # from one bad moment: cold caches, another process on the cores); later ones when the credit pays.
+        affordable = self._recheck or self.credit >= self.tuning.start_probe_steps * self._probe_price
+        self._recheck = False
+        self._start_probes = self.tuning.start_probe_steps if affordable else 0
+        if affordable:
+            for estimator in (self._plain_rate, self._spec_rate):
+                estimator.keep_newest(self.tuning.keep_on_start)
+            self.costs.keep_newest(self.tuning.keep_on_start)
 
     def wants_draft(self, adaptive: bool) -> bool:
         """Whether the drafter should follow the prompt now (not while adaptive speculation is off)."""
@@ -301,23 +309,29 @@ class DraftPolicy:
             if self._unmeasured <= 16 or self._unmeasured % 64 == 0:
                 return Choice(min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]))
             return Choice(0, "adaptive: the drafter has proposed nothing to time yet")
+        cheap = self.off and not (self._start_probes or self._probed)
+        if cheap and self.credit < self._probe_price + self.lag * costs.catch_up_ratio():
+            return Choice(0, self.reason)  # off, nothing new learnt, no probe affordable yet: nothing to weigh
+        self._probed = False
         k, speedup = self.best(limit, costs)
         self._record_decision(k, speedup, costs)
+        was_off = self.off
         self.off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
+        self._recheck = self._recheck or (self.off and not was_off)
         if not self.off:
-            self.credit = 0.0
             self._start_probes = 0
             self._steps_on += 1
             if timed and self._steps_on % tuning.retime_every == 0:
                 return Choice(0, "adaptive: timing a plain step")
             return Choice(k)
-        if self._start_probes > 0:
-            self._start_probes -= 1
-            return Choice(k, probe=True)
+        self._probe_price = max(self.probe_cost(k, costs, lag=0), 0.0)
         cost = self.probe_cost(k, costs)
-        if self.credit >= cost:
+        if self.credit >= cost or self._start_probes:  # a probe, paid from the credit (a start probe, once judged
+            # affordable, runs its course: what it costs beyond the credit is repaid before the next one)
             self.credit -= cost
+            self._start_probes = max(self._start_probes - 1, 0)
             return Choice(k, probe=True)
+        self._start_probes = 0
         self.reason = (
             f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
             f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)"
@@ -335,13 +349,13 @@ class DraftPolicy:
             measured_speedup=measured,
         )
 
-    def probe_cost(self, k: int, costs: Costs) -> float:
+    def probe_cost(self, k: int, costs: Costs, *, lag: int | None = None) -> float:
         """Plain steps a probe with k drafts is expected to lose, catching up on the lag included.
 
         Probes are paid from `credit`, so their total cost stays within the probe budget.
         """
         return (
-            self.lag * costs.catch_up_ratio()
+            (self.lag if lag is None else lag) * costs.catch_up_ratio()
             + k * costs.draft_ratio()
             + costs.batch_ratio(k)
             - expected_tokens(self.alpha, k)
@@ -361,5 +375,9 @@ class DraftPolicy:
         if step.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
             (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / step.seconds)
         self.lag = 0 if last.k else self.lag + step.emitted
+        self._probed = self._probed or step.drafted > 0  # the next choice weighs what the drafts showed
         if last.reason and self.off:
-            self.credit += self.tuning.probe_budget
+            # Credit carries from one generation to the next, up to what the probe that opens one costs: probes
+            # come spread out, never in a burst paid by a long quiet spell.
+            cap = max(self.tuning.start_probe_steps * self._probe_price, self.tuning.probe_budget)
+            self.credit = min(self.credit + self.tuning.probe_budget, cap)

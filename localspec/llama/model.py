@@ -114,6 +114,8 @@ class Model:
         if n_gpu_layers is None:
             n_gpu_layers = -1 if placement is not None or llama_cpp.llama_supports_gpu_offload() else 0
         params.n_gpu_layers = n_gpu_layers
+        # Layers on a GPU of this machine (not only on RPC workers): where sampling in the graph pays.
+        self.on_local_gpu = n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for _, d in device_handles())
         params.vocab_only = vocab_only
         if placement is not None:
             local_gpus = [h for h, d in device_handles() if d.kind in ("gpu", "igpu")]

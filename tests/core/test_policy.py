@@ -237,3 +237,26 @@ def test_a_useless_draft_stays_off_and_costs_under_five_percent():
             tokens += 1  # nothing is ever accepted: one token per step
     assert policy.off
     assert (tokens * plain) / spent >= 0.95
+
+
+def test_a_draft_as_costly_as_the_target_costs_under_five_percent():
+    """A draft as costly as the target that is always right (a model drafting for itself, c = 1, α = 1): no k
+    pays, and over many 64-token answers the probes, paid from a credit at their measured price, cost about the
+    3% budget (with the first answer's exploration: under 3%; opening every answer with a probe cost 3.3% here).
+    Verification as costly as on CPU for a small quantized model: a k-row pass costs 1 + k plain steps."""
+    policy = DraftPolicy(costs=InjectedCosts(), tuning=PolicyTuning())
+    plain, slope = 0.010, 1.0
+    spent = tokens = probes = 0
+    for _ in range(40):
+        emitted = 0
+        policy.start()
+        while emitted < 64:
+            choice = policy.choose(True, min(8, 63 - emitted))
+            step = timed_step(choice.k, choice.k, plain=plain, draft_token=plain, slope=slope)
+            policy.observe(step)
+            spent += step.seconds
+            emitted += step.emitted
+            probes += choice.probe
+        tokens += emitted
+    assert policy.off and probes > 0  # it keeps looking, rarely
+    assert (tokens * plain) / spent >= 0.97
