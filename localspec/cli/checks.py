@@ -50,6 +50,7 @@ class RunArgs:
     n_gpu_layers: int | None
     threads: int | None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
     rpc: tuple[str, ...]  # parsed "host:port" endpoints
+    device_sampling: str | None
     chat_template: str | None
     system: str | None
     max_tokens: int
@@ -104,6 +105,7 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
         n_gpu_layers=args.n_gpu_layers,
         threads=threads,
         rpc=tuple(rpc),
+        device_sampling=getattr(args, "device_sampling", None),
         chat_template=chat_template,
         system=system,
         max_tokens=getattr(args, "max_tokens", DEFAULT_MAX_TOKENS),  # bench has no --max-tokens

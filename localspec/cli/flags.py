@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
+from localspec.core.params import DEFAULT_MAX_TOKENS, DEVICE_SAMPLING, DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -34,6 +34,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--threads",
         type=int,
         help="CPU threads, 1 to the CPU count (default: $LOCALSPEC_THREADS, else one per physical core)",
+    )
+    p.add_argument(
+        "--device-sampling",
+        choices=DEVICE_SAMPLING,
+        help="take greedy tokens with llama.cpp's in-graph sampler: auto (default: where the layers run on a GPU "
+        "of this machine, so only a token id leaves it), on, off (the argmax over the logits, in numpy)",
     )
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
     p.add_argument(

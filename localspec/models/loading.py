@@ -59,6 +59,7 @@ class ModelFlags(Protocol):
     n_gpu_layers: int | None
     threads: int | None
     rpc: tuple[str, ...]
+    device_sampling: str | None
 
 
 def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
@@ -80,6 +81,7 @@ def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -
         n_threads=flags.threads,
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,
+        device_sampling=flags.device_sampling or "auto",
     )
 
 

@@ -44,6 +44,7 @@ class ChatOptions:
     n_gpu_layers: int | None = None
     threads: int | None = None
     rpc: tuple[str, ...] = ()  # llama.cpp RPC workers for the target (empty: the pair's, else none)
+    device_sampling: str | None = None  # greedy tokens from llama.cpp's in-graph sampler (None: auto)
     chat_template: str | None = None
     system: str | None = None  # system prompt of new conversations
     max_tokens: int = DEFAULT_MAX_TOKENS

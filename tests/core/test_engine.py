@@ -17,6 +17,7 @@ from localspec.core.engine import Engine, TargetArgmax, TargetLaws
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import Dist, SamplingParams, penalty_window
+from localspec.errors import ContextError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
@@ -33,6 +34,44 @@ def test_greedy_speculative_equals_plain(tiny_models, k, record_property):
     assert spec.stats.target_passes < plain.stats.target_passes
     assert_identical(tiny_models.target, prompt, plain.tokens, spec.tokens)
     assert any(spec.from_draft) and not any(plain.from_draft)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_with_the_in_graph_sampler_equals_plain_on_the_host(tiny_models, k):
+    """The device path (llama.cpp's greedy sampler in the graph, read back as a token id) drafts and verifies
+    the same tokens as the host argmax: speculative on the device equals plain on the host."""
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="off") as host:
+        prompt = host.tokenize(PROMPT)
+        plain = run_greedy(host, prompt, k=0)
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="on") as device:
+        assert all(seq.ctx.device_greedy for seq in device.caches)
+        spec = run_greedy(device, prompt, k=k)
+    assert spec.stats.drafted > 0 and 0 < spec.stats.accepted < spec.stats.drafted
+    assert_identical(tiny_models.target, prompt, plain.tokens, spec.tokens)
+
+
+def test_a_wrong_in_graph_token_is_caught(tiny_models, monkeypatch):
+    """The negative control: a device path that reads the wrong row gives other tokens than plain decoding."""
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="off") as host:
+        prompt = host.tokenize(PROMPT)
+        plain = run_greedy(host, prompt, k=0)
+    monkeypatch.setattr(Context, "sampled_token", lambda self, i: int(np.argsort(self.logits(i))[-2]))
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="on") as device:
+        broken = run_greedy(device, prompt, k=4)
+    with pytest.raises(AssertionError, match="greedy runs differ"):
+        assert_identical(tiny_models.target, prompt, plain.tokens, broken.tokens)
+
+
+def test_the_in_graph_argmax_of_every_verified_row_is_the_logits_argmax(tiny_models):
+    with Model(tiny_models.target) as model, Context(model, n_ctx=256, device_greedy=True) as ctx:
+        tokens = model.tokenize(PROMPT, add_special=True, parse_special=False)
+        assert len(tokens) > 9
+        ctx.decode(tokens, 0, outputs=9)  # nine output rows in one batch, as a k = 8 verification
+        for i in range(-9, 0):
+            assert ctx.sampled_token(i) == int(np.argmax(ctx.logits(i)))
+        with pytest.raises(ContextError, match="no sampled token for row 0"):
+            ctx.decode(tokens[:2], len(tokens), outputs=1)
+            ctx.sampled_token(0)
 
 
 def test_identical_draft_is_always_accepted(tiny_models):
