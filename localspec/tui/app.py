@@ -42,7 +42,7 @@ from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, T
 from .settings import ChatOptions, ChatSettings
 from .slot import EngineSlot
 from .store import ChatStore, StoredMessage
-from .styles import CSS
+from .styles import CSS, HORIZONTAL_BREAKPOINTS, STATS_WIDTH, TOO_SMALL, VERTICAL_BREAKPOINTS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger("localspec.tui")
@@ -53,6 +53,10 @@ class ChatApp(App[int]):
 
     TITLE = "localspec"
     CSS = CSS
+    # Any window size: the screens get a width and a height class (see `styles`), so a narrow window hides the
+    # stats panel and one below the minimum shows a single line instead of a chat squeezed to no width.
+    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS
+    VERTICAL_BREAKPOINTS = VERTICAL_BREAKPOINTS
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
@@ -62,8 +66,9 @@ class ChatApp(App[int]):
         Binding("f3", "settings", "Settings"),
         Binding("f4", "history", "Chats"),
         Binding("f5", "system_prompt", "System prompt"),
+        # priority: the prompt box (a TextArea) binds F6 and F7 itself (select line, select all)
         Binding("f6", "copy_answer", "Copy answer"),
-        Binding("f7", "toggle_stats", "Stats panel", show=False),
+        Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True),
     ]
 
     def __init__(self, options: ChatOptions, store: ChatStore) -> None:
@@ -87,6 +92,7 @@ class ChatApp(App[int]):
                     id="prompt", soft_wrap=True, placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)"
                 )
             yield StatsPanel(id="stats")
+        yield Static(TOO_SMALL, id="too-small", markup=False)
         yield Footer()
 
     async def on_mount(self) -> None:
@@ -437,6 +443,8 @@ class ChatApp(App[int]):
     def action_toggle_stats(self) -> None:
         """Show or hide the stats panel."""
         self.query_one(StatsPanel).toggle_class("-hidden")
+        if not self.screen.has_class("-wide"):
+            self.notify(f"the stats panel shows in a window {STATS_WIDTH} columns wide or more", severity="warning")
 
     def action_copy_answer(self) -> None:
         """Copy the last answer."""
