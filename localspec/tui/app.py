@@ -88,6 +88,15 @@ class ChatApp(App[int]):
         self._signals: list[int] = []  # the signals whose handlers this app installed
         self._hung_up = False  # SIGHUP came with the terminal gone: the output goes to /dev/null
 
+    def get_driver_class(self):
+        """Textual's terminal driver for this platform; on Linux and macOS the one whose Esc never types "^"."""
+        driver = super().get_driver_class()
+        if driver.__module__ != "textual.drivers.linux_driver":  # Windows, or a driver chosen by TEXTUAL_DRIVER
+            return driver
+        from .keys import ChatDriver  # imports termios: not on Windows
+
+        return ChatDriver
+
     # --- layout ---------------------------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
