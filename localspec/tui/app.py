@@ -71,8 +71,8 @@ class ChatApp(App[int]):
         Binding("f3", "settings", "Settings"),
         Binding("f4", "history", "Chats"),
         Binding("f5", "system_prompt", "System prompt"),
-        # priority: the prompt box (a TextArea) binds F6 and F7 itself (select line, select all)
         Binding("f6", "copy_answer", "Copy answer"),
+        # priority: the prompt box (a TextArea) binds F7 itself (select all), and it has the focus
         Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True),
     ]
 
