@@ -86,6 +86,7 @@ async def test_the_prompt_box_draws_with_no_room_for_its_placeholder(width):
     assert app.return_code is None
 
 
+@pytest.mark.slow
 async def test_the_layout_follows_the_window_size(options, chat_home):
     app = make_app(options)
     notes = record_notifications(app)
@@ -116,6 +117,7 @@ async def test_the_layout_follows_the_window_size(options, chat_home):
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
 
 
+@pytest.mark.slow
 async def test_resizing_mid_answer_keeps_the_answer(options, chat_home):
     app = make_app(dataclasses.replace(options, max_tokens=LONG))
     async with app.run_test(size=SIZE) as pilot:
