@@ -44,4 +44,15 @@ class RpcError(LocalspecError):
 
 
 class WorkerLostError(RpcError):
-    """An RPC worker stopped answering while the target was on it (the pair must be reloaded)."""
+    """An RPC worker stopped answering while the target was on it (the model must be loaded again).
+
+    `then` says what to do once the worker runs again, in the words of whoever shows it (`instead`).
+    """
+
+    def __init__(self, where: str, detail: str, then: str = "load the model again") -> None:
+        super().__init__(f"lost the RPC worker {where} ({detail}): restart `localspec worker` there and {then}")
+        self.where, self.detail = where, detail
+
+    def instead(self, then: str) -> WorkerLostError:
+        """The same loss, with another next step (the CLI's, the chat's)."""
+        return WorkerLostError(self.where, self.detail, then)

@@ -18,6 +18,7 @@ from localspec.paths import Paths
 from localspec.progress import StatusLine
 
 from .flags import add_model_args
+from .textinput import replaced_notice, to_text
 
 
 def register(subparsers) -> None:
@@ -99,6 +100,10 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         if args.peer is not None or busy:
             notes.append("--peer and --busy are not run with --rpc")
             binary, busy = None, False
+    chosen = bench.settings_for(ks, temperatures, verifies)
+    groups = len(rtts) if relays else 1
+    runs = args.rounds * groups * len(texts) * len(chosen)
+    print(f"localspec: note: {_runs_line(runs, len(texts), len(chosen), args.rounds, groups)}", file=sys.stderr)
     show = _progress()
     try:
         engine = load_engine(target, draft, params, weights_progress(params, show))
@@ -110,11 +115,10 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
         threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
         try:
             fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
-            prompts = [fmt.tokens([Message("user", t)]) for t in texts]
+            prompts = _tokenize(texts, lambda t: fmt.tokens([Message("user", t)]), show)
         except LocalspecError:
-            prompts = [engine.tokenize(t) for t in texts]  # a base model: the plain text
+            prompts = _tokenize(texts, engine.tokenize, show)  # a base model: the plain text
             notes.append("the target has no chat template: prompts are plain text")
-        chosen = bench.settings_for(ks, temperatures, verifies)
         report = BenchReport(
             machine=machine_line(threads),
             command="localspec " + " ".join(sys.argv[1:]),
@@ -174,21 +178,48 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+PROGRESS_EVERY = 30.0  # seconds between the progress lines a log or a pipe gets
+
+
 def _progress():
-    """The bench's progress line on stderr ("" erases it)."""
-    line = StatusLine("bench: ")
+    """The bench's progress line on stderr ("" erases it); not on a terminal, a line every PROGRESS_EVERY s."""
+    line = StatusLine("bench: ", every=PROGRESS_EVERY)
     return lambda text: line.show(text) if text else line.clear()
+
+
+def _runs_line(runs: int, prompts: int, settings: int, rounds: int, groups: int) -> str:
+    """What the bench is about to do, said before loading (a long --prompts file can take hours)."""
+
+    def n(count: int, what: str) -> str:
+        return f"{count:,} {what}{'' if count == 1 else 's'}"
+
+    parts = [n(prompts, "prompt"), n(settings, "setting"), n(rounds, "round")]
+    if groups > 1:
+        parts.append(n(groups, "round trip"))
+    return f"bench: {n(runs, 'run')} ({' × '.join(parts)})"
+
+
+def _tokenize(texts: list[str], tokenize, show) -> list[list[int]]:
+    """The prompts' tokens, with progress (a --prompts file may hold many thousands)."""
+    prompts = []
+    for i, text in enumerate(texts, 1):
+        prompts.append(tokenize(text))
+        if i % 1000 == 0:
+            show(f"preparing the prompts: {i:,}/{len(texts):,}")
+    return prompts
 
 
 def _parse_list(text: str, kind: type, name: str) -> list:
     """A comma-separated flag's values (`--k 2,4,8`); one line naming `--name` when it does not parse or is empty."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise InvalidParamsError(f"--{name} is empty")
+    if not all(items):
+        raise InvalidParamsError(f"--{name} {text!r} has an empty value: separate the values with single commas")
     try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
+        return [kind(x) for x in items]
     except ValueError:
         raise InvalidParamsError(f"--{name} takes a comma-separated list, e.g. 2,4,8 (got {text!r})") from None
-    if not values:
-        raise InvalidParamsError(f"--{name} is empty")
-    return values
 
 
 def _read_prompts(path: str | None) -> list[str]:
@@ -196,9 +227,11 @@ def _read_prompts(path: str | None) -> list[str]:
     if path is None:
         return list(bench.DEFAULT_PROMPTS)
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        text, replaced = to_text(Path(path).read_bytes())
     except OSError as e:
         raise InvalidParamsError(f"cannot read --prompts {path}: {e.strerror}") from None
+    if replaced:
+        print(f"localspec: note: {replaced_notice(replaced, f'--prompts {path}')}", file=sys.stderr)
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")

@@ -6,12 +6,18 @@ Everything Textual is in `localspec.tui`, which never imports the CLI: this modu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import logging
+import signal
+import sys
 
 from localspec.paths import Paths
 
 from .checks import RunArgs, check_run_args
 from .flags import add_model_args, add_sampling_args
+
+log = logging.getLogger("localspec.cli")
 
 
 def register(subparsers) -> None:
@@ -36,4 +42,8 @@ def _chat(args: argparse.Namespace, paths: Paths) -> int:
 
     app = make_app(chat_options(check_run_args(args), paths))
     app.run()
+    if app.signalled is not None:  # the answer was saved as stopped and the terminal restored (SIGHUP: no terminal)
+        log.info("chat ended by %s", signal.Signals(app.signalled).name)
+        with contextlib.suppress(OSError):
+            print(f"localspec: {'terminated' if app.signalled == signal.SIGTERM else 'hung up'}", file=sys.stderr)
     return app.return_code or 0

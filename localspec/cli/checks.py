@@ -88,6 +88,11 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
     if system is not None and getattr(args, "chat", True) is False:
         raise InvalidParamsError("--system only applies with --chat: add --chat or drop --system")
     pair, chat_template = _text(args.pair), _text(args.chat_template)
+    if chat_template is not None and getattr(args, "chat", True) is False:  # generate wraps only with --chat
+        raise InvalidParamsError("--chat-template only applies with --chat: add --chat or drop --chat-template")
+    stop = tuple(clean(s)[0] for s in (getattr(args, "stop", None) or []))
+    if "" in stop:
+        raise InvalidParamsError('--stop "" is empty and would never stop anything: give the text to stop at')
     _check_files(args)
     if chat_template:
         from localspec.errors import ChatTemplateError
@@ -109,7 +114,7 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
         chat_template=chat_template,
         system=system,
         max_tokens=getattr(args, "max_tokens", DEFAULT_MAX_TOKENS),  # bench has no --max-tokens
-        stop=tuple(clean(s)[0] for s in (getattr(args, "stop", None) or [])),
+        stop=stop,
         overrides=MappingProxyType(overrides),
     )
 

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from localspec.errors import ContextError
+from localspec.errors import ContextError, WorkerLostError
 from localspec.paths import Paths
 from localspec.progress import StatusLine
 
@@ -109,7 +109,10 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
             gen.notices.extend(notices)
             gen.on_prefill = _prefill_line(StatusLine())
             guard.generation = gen  # a signal now ends it between steps
-            _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
+            try:
+                _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
+            except WorkerLostError as e:
+                raise e.instead(_after_loss(args, i)) from None
             guard.generation = None
             guard.check()
     return 0
@@ -133,6 +136,16 @@ def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None
     for note in gen.notices[printed:]:
         print(f"localspec: note: {note}", file=sys.stderr)
     print(gen.stats.summary(), file=sys.stderr)
+
+
+def _after_loss(args: argparse.Namespace, i: int) -> str:
+    """What to do after a worker was lost in completion `i`, and what was printed of it."""
+    which = f"completion {i + 1} of {args.n}" if args.n > 1 else "the completion"
+    if args.json:
+        return f"run the command again ({which} was cut short: --json printed nothing for it)"
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return f"run the command again ({which} was cut short: its text so far is printed above)"
 
 
 def _prefill_line(line: StatusLine):

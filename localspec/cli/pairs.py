@@ -107,7 +107,7 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
     if args.all == bool(args.pair):
         raise ConfigError(f"name one pair to pull ({', '.join(config.pairs)}) or use --all, not both")
     names = list(config.pairs) if args.all else [config.get(args.pair).name]
-    failed = 0
+    failed, unchecked = 0, []
     for name in names:
         print(f"{'dry run: ' if args.dry_run else ''}pull {name}")
         try:
@@ -119,6 +119,10 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
                 notify=lambda line: print(f"  {line}", flush=True),
             )
         except LocalspecError as e:
+            if args.dry_run:  # a dry run reports what it could not check, among its other lines
+                print(f"  could not check: {e}")
+                unchecked.append(name)
+                continue
             if not args.all:
                 raise
             print(f"localspec: error: {e}", file=sys.stderr)
@@ -128,6 +132,12 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
             print(_describe(item))
         if not args.dry_run:
             print("  ok: the draft fits the target")
+    if unchecked:
+        print(
+            f"localspec: note: dry run: {len(unchecked)} of {len(names)} pair(s) could not be checked "
+            f"({', '.join(unchecked)}): see the lines above",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 

@@ -49,10 +49,14 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     cache = None
     if args.cache is not None:
         folder = paths.rpc_cache_dir if args.cache == "" else args.cache
+        if Path(folder).exists() and not Path(folder).is_dir():
+            raise InvalidParamsError(f"--cache {folder} is a file, not a folder: give a folder (made if missing)")
         try:
             Path(folder).mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise InvalidParamsError(f"cannot use --cache {folder}: {e.strerror}") from None
+            raise InvalidParamsError(
+                f"cannot use --cache {folder} ({e.strerror}): give a folder you can write (made if missing)"
+            ) from None
         cache = str(folder)
     if not endpoint.is_local:
         print(

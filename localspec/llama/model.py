@@ -7,6 +7,7 @@ every native call that may reach those devices through its `Placement` (see `con
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: 
 def check_gguf_file(path: Path) -> None:
     """Raise `ModelFileError` unless `path` is an existing file that starts with the GGUF magic."""
     if not path.exists():
+        if _is_link_loop(path):
+            raise ModelFileError(f"{path} is a symbolic link loop: point the link at a .gguf file")
         raise ModelFileError(f"model file not found: {path} (check the path, or run `localspec pull PAIR`)")
     if not path.is_file():
         raise ModelFileError(f"not a file: {path} (give the path of a .gguf file)")
@@ -34,6 +37,14 @@ def check_gguf_file(path: Path) -> None:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
         raise ModelFileError(f"not a GGUF file: {path} (llama.cpp needs a .gguf model; convert or re-download it)")
+
+
+def _is_link_loop(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno == errno.ELOOP
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,10 +273,7 @@ class Remote:
     def _error(self) -> WorkerLostError:
         where = ", ".join(map(str, self.endpoints))
         detail = _losses.messages[-1].rpartition(": ")[2] if _losses.messages else "connection lost"
-        return WorkerLostError(
-            f"lost the RPC worker {where} ({detail}): the chat is kept — restart `localspec worker` there and "
-            "reload the pair"
-        )
+        return WorkerLostError(where, detail)
 
 
 def attach(endpoints: tuple[Endpoint, ...], *, timeout: float = 5.0) -> Remote:

@@ -5,11 +5,14 @@ belong to its `Conversation` (`conversation`, no Textual there), which the handl
 draw. Loading, pulling and generating run in Textual thread workers that only post messages (see
 `messages`); the handlers are the only code that changes widgets. One lock is held by whichever worker
 uses the engine, so the engine is closed (on quit or on a pair switch) only when nothing is running on it.
+Quitting — Ctrl+Q, or SIGTERM / SIGHUP (a `kill`, a closed terminal) — stops an answer as Esc does and
+waits for it to be saved as stopped before the app exits through Textual, which restores the terminal.
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 from textual import work
@@ -23,7 +26,7 @@ from localspec.errors import ContextError, LocalspecError
 from localspec.models.resolved import ResolvedPair
 from localspec.paths import get_paths
 
-from . import loading
+from . import loading, signals
 from .conversation import Conversation, Turn
 from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
@@ -42,10 +45,12 @@ from .screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, T
 from .settings import ChatOptions, ChatSettings
 from .slot import EngineSlot
 from .store import ChatStore, StoredMessage
-from .styles import CSS
+from .styles import CSS, HORIZONTAL_BREAKPOINTS, STATS_WIDTH, TOO_SMALL, VERTICAL_BREAKPOINTS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger("localspec.tui")
+
+STOP_WAIT = 10.0  # seconds a quit waits for the stopped answer to come back and be saved
 
 
 class ChatApp(App[int]):
@@ -53,6 +58,10 @@ class ChatApp(App[int]):
 
     TITLE = "localspec"
     CSS = CSS
+    # Any window size: the screens get a width and a height class (see `styles`), so a narrow window hides the
+    # stats panel and one below the minimum shows a single line instead of a chat squeezed to no width.
+    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS
+    VERTICAL_BREAKPOINTS = VERTICAL_BREAKPOINTS
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+r", "regenerate", "Regenerate"),
@@ -63,7 +72,8 @@ class ChatApp(App[int]):
         Binding("f4", "history", "Chats"),
         Binding("f5", "system_prompt", "System prompt"),
         Binding("f6", "copy_answer", "Copy answer"),
-        Binding("f7", "toggle_stats", "Stats panel", show=False),
+        # priority: the prompt box (a TextArea) binds F7 itself (select all), and it has the focus
+        Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True),
     ]
 
     def __init__(self, options: ChatOptions, store: ChatStore) -> None:
@@ -73,6 +83,19 @@ class ChatApp(App[int]):
         self._live: Chunk | None = None  # the last chunk of the answer being generated
         self._answer: ChatMessage | None = None  # its widget
         self.slot = EngineSlot()
+        self.signalled: int | None = None  # SIGTERM or SIGHUP, once one asked the app to quit
+        self._quit_code: int | None = None  # the exit code of a quit that waits for the answer to stop
+        self._signals: list[int] = []  # the signals whose handlers this app installed
+        self._hung_up = False  # SIGHUP came with the terminal gone: the output goes to /dev/null
+
+    def get_driver_class(self):
+        """Textual's terminal driver for this platform; on Linux and macOS the one whose Esc never types "^"."""
+        driver = super().get_driver_class()
+        if driver.__module__ != "textual.drivers.linux_driver":  # Windows, or a driver chosen by TEXTUAL_DRIVER
+            return driver
+        from .keys import ChatDriver  # imports termios: not on Windows
+
+        return ChatDriver
 
     # --- layout ---------------------------------------------------------------------------------------------
 
@@ -87,9 +110,11 @@ class ChatApp(App[int]):
                     id="prompt", soft_wrap=True, placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)"
                 )
             yield StatsPanel(id="stats")
+        yield Static(TOO_SMALL, id="too-small", markup=False)
         yield Footer()
 
     async def on_mount(self) -> None:
+        self._signals = signals.watch(self._signalled)
         self.slot.open()
         prompt = self.query_one(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
@@ -373,6 +398,8 @@ class ChatApp(App[int]):
             self.notify(notice, severity="warning", timeout=10)
         if finished.error:
             self._error(finished.error)
+        if self._quit_code is not None:  # the answer a quit stopped is saved: now quit
+            self.exit(return_code=self._quit_code)
 
     async def on_turn_failed(self, message: TurnFailed) -> None:
         turn = self.chat.turn
@@ -391,6 +418,8 @@ class ChatApp(App[int]):
             self.query_one(PromptInput).text = turn.text
         self._set_status(self._ready_text())
         self._error(message.error)
+        if self._quit_code is not None:
+            self.exit(return_code=self._quit_code)
 
     # --- actions --------------------------------------------------------------------------------------------
 
@@ -437,6 +466,8 @@ class ChatApp(App[int]):
     def action_toggle_stats(self) -> None:
         """Show or hide the stats panel."""
         self.query_one(StatsPanel).toggle_class("-hidden")
+        if not self.screen.has_class("-wide"):
+            self.notify(f"the stats panel shows in a window {STATS_WIDTH} columns wide or more", severity="warning")
 
     def action_copy_answer(self) -> None:
         """Copy the last answer."""
@@ -564,8 +595,43 @@ class ChatApp(App[int]):
 
     # --- shutdown -------------------------------------------------------------------------------------------
 
+    async def action_quit(self) -> None:
+        """Quit (Ctrl+Q): an answer being generated is stopped first and saved, as Esc would."""
+        self.quit_saving(0)
+
+    def quit_saving(self, code: int) -> None:
+        """Exit with `code` once the answer being generated (if any) is stopped and saved as stopped.
+
+        A worker that does not hand the answer back within `STOP_WAIT` is not waited for any longer.
+        """
+        if self._quit_code is not None:  # asked twice: quit now
+            self.exit(return_code=code)
+            return
+        self._quit_code = code
+        if not self.chat.stop():
+            self.exit(return_code=code)
+            return
+        self._set_status("stopping the answer, then quitting…")
+        self.set_timer(STOP_WAIT, lambda: self.exit(return_code=code))
+
+    def _signalled(self, signum: int) -> None:
+        """SIGTERM or SIGHUP: quit as Ctrl+Q does, with the shell's exit code (143, 129)."""
+        log.info("%s: stopping the answer, then quitting", signal.Signals(signum).name)
+        self.signalled = self.signalled or signum
+        if signum == signal.SIGHUP and signals.terminal_gone():
+            self._hung_up = True
+            signals.discard_output(self._driver)
+        self.quit_saving(128 + self.signalled)
+
+    def exit(self, *args, **kwargs) -> None:
+        if self._hung_up:  # an output thread may have died since the signal (Textual starts one on SIGCONT)
+            signals.discard_output(self._driver)
+        super().exit(*args, **kwargs)
+
     async def on_unmount(self) -> None:
         """Stop the answer, wait for the worker that holds the engine, then free the models and the store."""
+        if self.signalled is None:  # after a signal they stay (a second one then quits at once) till the loop ends
+            signals.unwatch(self._signals)
         try:
             await self.slot.close(self.chat.stop, self.chat.detach)
         finally:

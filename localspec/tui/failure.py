@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from localspec.errors import LocalspecError
+from localspec.errors import LocalspecError, WorkerLostError
 from localspec.paths import get_paths
 
 log = logging.getLogger("localspec.tui")
@@ -16,6 +16,8 @@ log = logging.getLogger("localspec.tui")
 
 def error_text(error: Exception, doing: str) -> str:
     """What to show for `error`, raised while `doing` (e.g. "loading"); an unexpected one is logged in full."""
+    if isinstance(error, WorkerLostError):
+        return str(error.instead("reload the pair (F2): the chat is kept"))
     if isinstance(error, LocalspecError):
         return str(error)
     log.error("%s failed", doing, exc_info=error)

@@ -1,12 +1,31 @@
-"""The chat app's stylesheet (Textual CSS), kept out of the app's logic.
+"""The chat app's stylesheet (Textual CSS) and the window sizes it lays itself out for.
 
 Layout: messages and the prompt on the left, the stats panel on the right. The `-provenance` class on
-the screen swaps every answer's Markdown for its draft-coloured text.
+the screen swaps every answer's Markdown for its draft-coloured text. The app's breakpoints put one width
+and one height class on each screen: below `STATS_WIDTH` columns the stats panel is hidden, below
+`TALL_HEIGHT` rows the header goes and the prompt box shrinks, and below `MIN_WIDTH` × `MIN_HEIGHT` the whole
+chat gives way to one line that says how big the window must be (the chat goes on underneath, nothing is lost).
 """
 
+MIN_WIDTH = 20  # columns: the least the chat is drawn in (the prompt box keeps a few columns to type in)
+MIN_HEIGHT = 8  # rows: footer, status, a 3-row prompt box and two rows of messages
+STATS_WIDTH = 80  # columns: the stats panel (40) shows only when the chat keeps as much beside it
+TALL_HEIGHT = 16  # rows: the header shows, and the prompt box may grow to 10 rows
+
+HORIZONTAL_BREAKPOINTS = [(0, "-too-narrow"), (MIN_WIDTH, "-narrow"), (STATS_WIDTH, "-wide")]
+VERTICAL_BREAKPOINTS = [(0, "-too-short"), (MIN_HEIGHT, "-short"), (TALL_HEIGHT, "-tall")]
+TOO_SMALL = f"Make this window at least {MIN_WIDTH}×{MIN_HEIGHT}"
+
 CSS = """
+#too-small { display: none; width: 1fr; height: 1fr; content-align: center middle; text-align: center; }
+Screen.-too-narrow #too-small, Screen.-too-short #too-small { display: block; }
+Screen.-too-narrow #main, Screen.-too-short #main { display: none; }
+Screen.-too-narrow Header, Screen.-too-short Header, Screen.-short Header { display: none; }
+Screen.-too-narrow Footer, Screen.-too-short Footer { display: none; }
+Screen.-too-narrow #stats, Screen.-narrow #stats { display: none; }
+Screen.-short PromptInput { max-height: 3; }
 #main { height: 1fr; }
-#chat { width: 1fr; }
+#chat { width: 1fr; min-width: 20; }
 #messages { height: 1fr; padding: 0 1; }
 #stats { width: 40; height: 1fr; padding: 0 1; border-left: vkey $panel-lighten-2; overflow-y: auto; }
 #stats.-hidden { display: none; }

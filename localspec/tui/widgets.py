@@ -13,6 +13,7 @@ from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
@@ -57,6 +58,20 @@ class PromptInput(TextArea):
         def __init__(self, text: str) -> None:
             super().__init__()
             self.text = text
+
+    def render_line(self, y: int) -> Strip:
+        # Textual 8.2's TextArea wraps its placeholder to the content width, and rich's `chop_cells` steps by
+        # that width: a box squeezed to no columns (a window resized narrower than the layout has caught up
+        # with) raised "range() arg 3 must not be zero" and ended the app. Nothing can be drawn there anyway.
+        if self.content_size.width < 1:
+            return Strip.blank(0)
+        return super().render_line(y)
+
+    def on_show(self) -> None:
+        # A window below the app's minimum size hides the chat, and the hidden box loses the focus: take it back
+        # when the window grows again, or the next keys would go nowhere.
+        if self.screen.focused is None:
+            self.focus()
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -376,3 +377,83 @@ def test_signals(world, sig, code, moment):
         outcome, code, "localspec: terminated" if code == 143 else "localspec: interrupted", log_file=world.log_file
     )
     assert outcome.err.splitlines()[-1] in ("localspec: interrupted", "localspec: terminated")
+
+
+# --- issue #21: flags accepted without a word, a dry run offline, paths that loop ----------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, code, match",
+    [
+        (["--chat-template", "chatml"], 1, "--chat-template only applies with --chat: add --chat or drop"),
+        (["--chat-template", "chatml", "--chat"], 0, None),
+        (["--stop", ""], 1, '--stop "" is empty and would never stop anything: give the text to stop at'),
+        (["--stop", "x", "--stop", ""], 1, '--stop "" is empty'),
+    ],
+    ids=["template-without-chat", "template-with-chat", "empty-stop", "one-empty-stop"],
+)
+def test_generate_flags_that_did_nothing(world, capsys, flags, code, match):
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
+    assert_outcome(outcome, code, match, log_file=world.log_file)
+
+
+def test_a_symlink_loop_is_named_a_loop(world, capsys, tmp_path):
+    (tmp_path / "a.gguf").symlink_to(tmp_path / "b.gguf")
+    (tmp_path / "b.gguf").symlink_to(tmp_path / "a.gguf")
+    outcome = run_main(["generate", "hi", "--target", tmp_path / "a.gguf"], capsys)
+    assert_outcome(outcome, 1, "a.gguf is a symbolic link loop: point the link at a .gguf file")
+
+
+BENCH = ["bench", "--temperature", "0", "--tokens", "2", "--rounds", "1"]
+
+
+@pytest.mark.parametrize("ks", ["2,,4", "2,4,", ",2"])
+def test_bench_k_with_an_empty_value(world, capsys, ks):
+    outcome = run_main([*BENCH, "--k", ks], capsys)
+    assert_outcome(outcome, 1, f"--k {ks!r} has an empty value: separate the values with single commas")
+
+
+def test_bench_prompts_with_binary_bytes_say_so_and_the_runs_up_front(world, capsys, tmp_path):
+    prompts = tmp_path / "prompts.bin"
+    prompts.write_bytes(b"hello \xff\xfe there\nsecond \x00 line \xc3\x28\n")
+    outcome = run_main([*BENCH, "--k", "2", "--prompts", prompts], capsys)
+    assert outcome.code == 0 and "Traceback" not in outcome.out + outcome.err
+    notes = [line for line in outcome.err.splitlines() if line.startswith("localspec: note: ")]
+    assert notes[0] == f"localspec: note: --prompts {prompts} had 3 bytes that are not UTF-8: each became U+FFFD"
+    # plain, k=2 and adaptive at T 0: 3 settings on 2 prompts, once
+    assert notes[1] == "localspec: note: bench: 6 runs (2 prompts × 3 settings × 1 round)"
+    # stderr is not a terminal here: progress comes as whole lines now and then (the first at once)
+    assert any(line.startswith("bench: ") for line in outcome.err.splitlines())
+
+
+def test_pull_all_dry_run_offline_reports_what_it_could_not_check(world, capsys, monkeypatch):
+    from huggingface_hub import constants
+
+    from localspec.models.catalog import load_config
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_pairs = [p.name for p in load_config(world).pairs.values() if p.source != "user" and p.name != "demo"]
+    outcome = run_main(["pull", "--all", "--dry-run"], capsys)
+    assert outcome.code == 0 and "Traceback" not in outcome.out + outcome.err
+    unchecked = [line for line in outcome.out.splitlines() if line.startswith("  could not check: ")]
+    assert len(unchecked) >= len(hub_pairs) >= 1 and all("HF_HUB_OFFLINE" in line for line in unchecked)
+    [summary] = outcome.err.splitlines()
+    assert summary.startswith(f"localspec: note: dry run: {len(unchecked)} of ") and "could not be checked" in summary
+
+
+@pytest.mark.parametrize("make", ["file", "under-a-file"])
+def test_worker_cache_that_is_not_a_folder(world, capsys, tmp_path, make):
+    from localspec.llama import rpc
+
+    if rpc.support():
+        pytest.skip(f"no RPC in this build: {rpc.support()}")
+    blocker = tmp_path / "weights"
+    blocker.write_text("not a folder")
+    cache = blocker if make == "file" else blocker / "cache"
+    with socket.socket() as s:  # a free port: the port is checked (bound) before the cache
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outcome = run_main(["worker", "--port", port, "--cache", cache], capsys)
+    match = "is a file, not a folder: give a folder" if make == "file" else "give a folder you can write"
+    assert_outcome(outcome, 1, match)
+    assert "File exists" not in outcome.err

@@ -162,6 +162,31 @@ def test_generate_with_an_unreachable_worker_prints_one_line(tiny_models):
     assert len(lines) == 1 and "cannot reach the RPC worker" in lines[0], out.stderr
 
 
+@pytest.mark.rpc
+def test_generate_says_what_it_printed_when_the_worker_dies_mid_answer(tiny_models):
+    """Issue #21: it said "the chat is kept … reload the pair", the chat's words, in the CLI."""
+    first = Worker()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "generate", "the man said", "--target", str(tiny_models.target)]
+        + ["--draft", str(tiny_models.draft_noisy), "--rpc", str(first.endpoint), "--max-tokens", "100000"]
+        + ["--n-ctx", "2048", "--seed", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout.read(64), "no text before the worker was killed"  # mid-answer
+        first.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        first.stop()
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, err
+    assert lines[0].startswith("localspec: error: lost the RPC worker") and "chat" not in lines[0]
+    assert "run the command again (the completion was cut short: its text so far is printed above)" in lines[0]
+    assert out.endswith(b"\n")  # the partial text ends its line before the error
+
+
 # --- the worker ----------------------------------------------------------------------------------------------
 
 
@@ -258,7 +283,7 @@ def test_a_worker_killed_mid_answer_is_one_error_and_a_reload_answers_again(tiny
             pass
     assert time.monotonic() - started < 30
     message = str(e.value)
-    assert "\n" not in message and str(first.endpoint) in message and "reload" in message
+    assert "\n" not in message and str(first.endpoint) in message and "restart `localspec worker` there" in message
     engine.close()  # abandons the lost target's native memory instead of calling into a dead connection
 
     second = Worker()
@@ -357,6 +382,7 @@ def test_the_chat_keeps_its_history_when_the_worker_dies_and_answers_after_a_rel
     conv.finish(_run(conv.send("Hello there"), stream_generation, Finished, Chunk))
     done = _run(conv.send("And then?"), stream_generation, Finished, Chunk, kill=first)
     assert done.error and "lost the RPC worker" in done.error and "\n" not in done.error
+    assert "reload the pair (F2): the chat is kept" in done.error
     conv.finish(done)
     assert roles(conv) == ["user", "assistant", "user", "assistant"]  # the partial answer is kept
     assert [r for r, _ in saved(conv)] == roles(conv)  # and saved

@@ -1,8 +1,10 @@
-"""Fixtures of the chat app's tests: a real SQLite chat store in a folder that does not exist yet."""
+"""Fixtures of the chat app's tests: a real SQLite chat store in a folder that does not exist yet, and the chat
+in a real pseudo-terminal (`chat_in_terminal`)."""
 
 from __future__ import annotations
 
 import pytest
+from support.terminal import ChatInTerminal
 
 from localspec.tui.store import ChatStore
 
@@ -13,3 +15,17 @@ def store(tmp_path):
     s = ChatStore(tmp_path / "data" / "chats.sqlite3")
     yield s
     s.close()
+
+
+@pytest.fixture
+def chat_in_terminal(chat_home):
+    """`chat_in_terminal(*args)` starts `localspec chat --pair tiny ARGS…` in a pty; killed after the test."""
+    started: list[ChatInTerminal] = []
+
+    def start(*args: str) -> ChatInTerminal:
+        started.append(ChatInTerminal(*args))
+        return started[-1]
+
+    yield start
+    for chat in started:
+        chat.end()

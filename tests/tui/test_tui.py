@@ -435,8 +435,11 @@ async def test_quit_while_generating_frees_the_engine(options, chat_home):
         await pilot.press("enter")
         await wait_until(pilot, lambda: streamed_text(app), what="streamed text")
         await pilot.press("ctrl+q")
+        await wait_until(pilot, lambda: app.return_code is not None, what="the quit")
     assert app.chat.loaded is None and engine.closed
-    assert saved(chat_home, 1)[0].content == "Go"  # the user's message was committed before the answer
+    rows = saved(chat_home, 1)
+    assert rows[0].content == "Go"  # the user's message was committed before the answer
+    assert rows[1].finish_reason == "cancelled" and rows[1].content  # quitting stops the answer as Esc does
 
 
 @pytest.mark.slow

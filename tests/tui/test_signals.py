@@ -1,0 +1,74 @@
+"""SIGTERM, SIGHUP and a closed terminal while the chat app streams an answer (issue #21).
+
+Before, either signal killed `localspec chat` mid-answer: the database kept only the user's message, and after
+SIGTERM the terminal stayed in the alternate screen with the mouse on and the cursor hidden. Here the real
+`localspec chat` runs on the tiny pair in a subprocess whose controlling terminal is a pseudo-terminal; the test
+reads what the app writes to it, types a message, signals the process (or closes the terminal) once the answer
+streams, then checks the exit code, the restore sequences after the signal, and the saved answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from support.terminal import LEAVE_ALT_SCREEN, MOUSE_OFF, SHOW_CURSOR, WAIT, ChatInTerminal
+
+from localspec.tui.store import ChatStore
+
+pytestmark = pytest.mark.slow
+
+
+def saved_rows(chat_home) -> list[tuple[str, str | None, str]]:
+    store = ChatStore(chat_home.db_path)
+    try:
+        [conversation] = store.conversations()
+        return [(m.role, m.finish_reason, m.content) for m in store.messages(conversation.id)]
+    finally:
+        store.close()
+
+
+def streaming(chat: ChatInTerminal) -> int:
+    """Send a long request and wait until its answer streams; returns where the output stood then."""
+    chat.wait_for("ready ·".encode(), "ready (models loaded)")
+    chat.type("Tell me a long story\r")
+    chat.wait_for(b"(live)", "the answer streaming")
+    return len(chat.output)
+
+
+@pytest.mark.parametrize(
+    ("signum", "code", "line"), [(signal.SIGTERM, 143, b"terminated"), (signal.SIGHUP, 129, b"hung up")]
+)
+def test_a_signal_mid_answer_saves_it_and_restores_the_terminal(chat_in_terminal, chat_home, signum, code, line):
+    chat = chat_in_terminal("--max-tokens", "1800")
+    mark = streaming(chat)
+    os.kill(chat.process.pid, signum)
+    assert chat.process.wait(timeout=WAIT) == code
+    chat._reader.join(timeout=5)
+    after = bytes(chat.output[mark:])
+    for sequence in (LEAVE_ALT_SCREEN, SHOW_CURSOR, MOUSE_OFF):
+        assert sequence in after, f"{sequence!r} was not written: the terminal is left as the app had it"
+    assert b"localspec: " + line in after and b"Traceback" not in chat.output
+    [(user, _, _), (assistant, reason, text)] = saved_rows(chat_home)
+    assert (user, assistant, reason) == ("user", "assistant", "cancelled") and text
+
+
+def test_closing_the_terminal_mid_answer_saves_it_and_ends_the_app(chat_in_terminal, chat_home):
+    chat = chat_in_terminal("--max-tokens", "1800")
+    streaming(chat)
+    chat.close_terminal()
+    # Textual's output thread died on the first write to the hung-up terminal, and the app then hung at exit.
+    assert chat.process.wait(timeout=WAIT) == 129
+    [(user, _, _), (assistant, reason, text)] = saved_rows(chat_home)
+    assert (user, assistant, reason) == ("user", "assistant", "cancelled") and text
+
+
+def test_a_signal_while_idle_quits_at_once(chat_in_terminal, chat_home):
+    chat = chat_in_terminal()
+    chat.wait_for("ready ·".encode(), "ready (models loaded)")
+    mark = len(chat.output)
+    os.kill(chat.process.pid, signal.SIGTERM)
+    assert chat.process.wait(timeout=WAIT) == 143
+    chat._reader.join(timeout=5)
+    assert LEAVE_ALT_SCREEN in chat.output[mark:] and SHOW_CURSOR in chat.output[mark:]
