@@ -13,11 +13,6 @@ from localspec.tui.widgets import PromptInput
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
 async def test_a_message_rejected_for_length_does_not_become_a_title(chat_home, tmp_path):
     options = ChatOptions(
         pair="tiny",

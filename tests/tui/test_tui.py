@@ -22,7 +22,6 @@ from localspec.tui.app import make_app
 from localspec.tui.conversation import Phase
 from localspec.tui.live import DRAFT_STYLE
 from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
-from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import ChatMessage, PromptInput, StatsPanel
 
@@ -34,24 +33,6 @@ LONG = 1800  # tokens: long enough (about a second on the tiny pair) to press ke
 # ms). The bound is loose for noisy machines but far below a UI thread that waits for steps or for the answer.
 KEY_LATENCY_MAX = 0.5
 KEY_DEADLINE = 10.0  # a lost key fails the test instead of hanging the suite
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def options(chat_home, tmp_path):
-    """Options of a chat on the tiny pair; tests replace fields with dataclasses.replace."""
-    return ChatOptions(
-        pair="tiny",
-        max_tokens=24,
-        cursor_blink=False,
-        export_dir=tmp_path / "exports",
-        overrides={"seed": 1, "adaptive": False},
-        stats_interval=0.05,
-    )
 
 
 def answers(app) -> list[ChatMessage]:

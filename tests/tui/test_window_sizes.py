@@ -18,7 +18,6 @@ from textual.geometry import Size
 from textual.widgets import Static
 
 from localspec.tui.app import make_app
-from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
 from localspec.tui.styles import MIN_HEIGHT, MIN_WIDTH, STATS_WIDTH
 from localspec.tui.widgets import ChatMessage, PromptInput, StatsPanel
@@ -28,23 +27,6 @@ pytestmark = pytest.mark.anyio
 SIZE = (110, 36)
 LONG = 1800  # tokens: an answer that is still streaming while the window is resized a few times
 NAMED = [(40, 12), (30, 10), (20, 8), (20, 30), (45, 12), (10, 5)]  # the sizes the issue names, and a tiny one
-
-
-@pytest.fixture
-def anyio_backend():
-    return "asyncio"
-
-
-@pytest.fixture
-def options(chat_home, tmp_path):
-    return ChatOptions(
-        pair="tiny",
-        max_tokens=24,
-        cursor_blink=False,
-        export_dir=tmp_path / "exports",
-        overrides={"seed": 1, "adaptive": False},
-        stats_interval=0.05,
-    )
 
 
 def shown(app, selector: str) -> bool:
