@@ -51,6 +51,7 @@ class RunArgs:
     threads: int | None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
     rpc: tuple[str, ...]  # parsed "host:port" endpoints
     device_sampling: str | None
+    bridge: str | None
     chat_template: str | None
     system: str | None
     max_tokens: int
@@ -111,6 +112,7 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
         threads=threads,
         rpc=tuple(rpc),
         device_sampling=getattr(args, "device_sampling", None),
+        bridge=getattr(args, "bridge", None),
         chat_template=chat_template,
         system=system,
         max_tokens=getattr(args, "max_tokens", DEFAULT_MAX_TOKENS),  # bench has no --max-tokens

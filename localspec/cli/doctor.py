@@ -20,7 +20,7 @@ from localspec.llama import devices, rpc, threads
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
-from localspec.models.pairs import pair_status
+from localspec.models.pairs import pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
@@ -214,6 +214,9 @@ def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
             f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
             for s in (status.target, status.draft)
         ]
+        verdict = vocabulary_verdict(status)
+        if verdict is not None:
+            parts.append("same vocabulary" if verdict.kind == "same" else f"bridged ({verdict.reason})")
         mark = " [default]" if name == config.default else ""
         advice = None
         if not status.downloaded:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from localspec.core.params import DEFAULT_MAX_TOKENS, DEVICE_SAMPLING, DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
+from localspec.core.params import BRIDGES, DEFAULT_MAX_TOKENS, DEVICE_SAMPLING, DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -40,6 +40,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=DEVICE_SAMPLING,
         help="take greedy tokens with llama.cpp's in-graph sampler: auto (default: where the layers run on a GPU "
         "of this machine, so only a token id leaves it), on, off (the argmax over the logits, in numpy)",
+    )
+    p.add_argument(
+        "--bridge",
+        choices=BRIDGES,
+        help="a draft whose vocabulary differs from the target's: auto (default: on the shared tokens when the two "
+        "share 90%% of the draft's, else through text), text (re-tokenise its text), shared (its shared tokens only)",
     )
     p.add_argument("--chat-template", help="a llama.cpp built-in template name, for models without one")
     p.add_argument(

@@ -85,8 +85,9 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
     prompt, notices = _read_prompt(args)
     with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
-        if defaults.notice:
-            print(f"localspec: note: {defaults.notice}", file=sys.stderr)
+        for note in (defaults.notice, engine.drafting_note):
+            if note:
+                print(f"localspec: note: {note}", file=sys.stderr)
         sampling, spec = sampling_params(run.overrides, defaults), speculative_params(run.overrides, defaults)
         if args.chat:
             from localspec.core.session import ChatFormat, Message

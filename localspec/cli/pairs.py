@@ -13,7 +13,7 @@ import sys
 
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models.catalog import ModelsConfig, load_config
-from localspec.models.pairs import PairStatus, PulledFile, pair_status, pull_pair
+from localspec.models.pairs import PairStatus, PulledFile, pair_status, pull_pair, vocabulary_verdict
 from localspec.paths import Paths
 
 
@@ -48,6 +48,7 @@ def _gib(n: int | None) -> str:
 
 def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
     pair = status.pair
+    verdict = vocabulary_verdict(status)
     files = {
         s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None, "size": s.size}
         for s in (status.target, status.draft)
@@ -60,6 +61,7 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "target": status.target.ref,
         "draft": status.draft.ref,
         "downloaded": status.downloaded,
+        "vocabulary": verdict.kind if verdict else None,  # "same" or "bridged" (None: not downloaded)
         "files": files,
         "settings": {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides()},
         "defined_in": str(pair.file),
@@ -80,6 +82,9 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         for s in (status.target, status.draft):
             state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
             print(f"    {s.role:<7} {s.ref}  [{state}]")
+        verdict = vocabulary_verdict(status)
+        if verdict is not None and verdict.kind != "same":
+            print(f"    vocab   {verdict.describe()} (the draft drafts through text)")
     missing = [s.pair.name for s in statuses if not s.downloaded]
     if missing:
         print(f"\nDownload a pair with `localspec pull NAME`. Your own pairs go in {paths.config_file}.")
@@ -131,7 +136,7 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
         for item in done:
             print(_describe(item))
         if not args.dry_run:
-            print("  ok: the draft fits the target")
+            print("  ok: the draft can draft for the target")
     if unchecked:
         print(
             f"localspec: note: dry run: {len(unchecked)} of {len(names)} pair(s) could not be checked "

@@ -3,7 +3,8 @@
 `ModelDrafter` runs a small model that shares the target's vocabulary in its own context.
 `NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
 tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
-`LookupModelDrafter` tries the lookup first and the model when the history has no match.
+`LookupModelDrafter` tries the lookup first and the model when the history has no match. A draft with
+another vocabulary drafts through core/bridge.py, which `make_drafter` is handed.
 Every drafter states what it needs and owns through the `Drafter` protocol (`needs_model`, `caches`), so
 the engine never asks which class it holds.
 """
@@ -182,18 +183,14 @@ def lookup(history: list[int], k: int, *, n_max: int, n_min: int) -> list[int]:
     return []
 
 
-class LookupModelDrafter(ModelDrafter):
-    """`--drafter model+ngram`: the n-gram lookup when the history has a match, the draft model otherwise.
+class LookupFirst:
+    """Mixed into a model drafter: the n-gram lookup when the history has a match, the model otherwise.
 
     Which drafter runs depends only on the history, so each step's draft law is still the one its
     tokens were drawn from (one-hot for a lookup) and verification stays exact.
     """
 
-    kind = "model+ngram"
-
-    def __init__(self, seq: KVSequence, ngram: NgramDrafter | None = None) -> None:
-        super().__init__(seq)
-        self.ngram = ngram or NgramDrafter()
+    ngram: NgramDrafter
 
     def propose(
         self,
@@ -211,6 +208,16 @@ class LookupModelDrafter(ModelDrafter):
         return super().propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
 
 
+class LookupModelDrafter(LookupFirst, ModelDrafter):
+    """`--drafter model+ngram`: the n-gram lookup when the history has a match, the draft model otherwise."""
+
+    kind = "model+ngram"
+
+    def __init__(self, seq: KVSequence, ngram: NgramDrafter | None = None) -> None:
+        super().__init__(seq)
+        self.ngram = ngram or NgramDrafter()
+
+
 _CLASSES: dict[str, type[ModelDrafter] | type[NgramDrafter] | None] = {
     "model": ModelDrafter,
     "ngram": NgramDrafter,
@@ -226,10 +233,26 @@ def needs_draft_model(kind: str) -> bool:
     return kind in MODEL_DRAFTERS
 
 
-def make_drafter(kind: str, draft: KVSequence | None) -> Drafter | None:
-    """The drafter named by `kind` (one of DRAFTERS); `draft` is the draft model's sequence when it needs one."""
+class Bridge(Protocol):
+    """A way for a draft with another vocabulary to draft (core/bridge.py's `VocabBridge`)."""
+
+    def make(self, kind: str, seq: KVSequence) -> Drafter:
+        """The bridged drafter for a model drafter name."""
+        ...
+
+
+def make_drafter(kind: str, draft: KVSequence | None, bridge: Bridge | None = None) -> Drafter | None:
+    """The drafter named by `kind` (one of DRAFTERS).
+
+    Args:
+        kind: the drafter's name.
+        draft: the draft model's sequence when it needs one.
+        bridge: how that draft drafts when its vocabulary is not the target's (None: it is the same).
+    """
     assert kind in DRAFTERS and (draft is not None) == needs_draft_model(kind)
     cls = _CLASSES[kind]
     if cls is None:
         return None
-    return cls(draft) if cls.needs_model else cls()
+    if not cls.needs_model:
+        return cls()
+    return bridge.make(kind, draft) if bridge is not None else cls(draft)

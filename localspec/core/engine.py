@@ -26,6 +26,7 @@ from localspec.llama.compat import check_pair
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.model import Model
 
+from .bridge import VocabBridge
 from .drafters import Drafter, Proposal, make_drafter
 from .kv import Context, KVSequence, PrefillStopped
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
@@ -318,6 +319,7 @@ class Engine:
         *,
         owned: Sequence = (),
         auto_threads: bool = False,
+        bridge: VocabBridge | None = None,
     ) -> None:
         self.target_model = target_model
         self.target = target
@@ -331,6 +333,7 @@ class Engine:
         self.threads = threads.ThreadTuner([seq.ctx for seq in self.caches]) if auto_threads else None
         self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
+        self.bridge = bridge  # how the draft drafts when its vocabulary is not the target's (None: same vocabulary)
         for seq in self.caches:
             if seq.mode == "refill" and seq.probed:
                 self.cannot_roll_back = f"{seq.ctx.model.path.name} can neither drop a KV tail nor restore a state"
@@ -370,10 +373,11 @@ class Engine:
                 owned,
                 Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
             )
-            draft_model = None
+            draft_model = bridge = None
             if params.uses_draft_model:
                 draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
-                check_pair(target_model, draft_model, hint=params.compat_hint)
+                if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
+                    bridge = VocabBridge(target_model, draft_model, params.bridge)
             speculating = params.drafter != "none"
             n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
             target = _sequence(owned, target_model, n_ctx, params, speculating)
@@ -384,8 +388,9 @@ class Engine:
             for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
                 if seq is not None:
                     seq.warm()
-            drafter = make_drafter(params.drafter, draft)
-            return cls(target_model, target, drafter, owned=owned, auto_threads=params.n_threads is None)
+            drafter = make_drafter(params.drafter, draft, bridge)
+            auto_threads = params.n_threads is None
+            return cls(target_model, target, drafter, owned=owned, auto_threads=auto_threads, bridge=bridge)
         except BaseException:
             for obj in reversed(owned):
                 obj.close()
@@ -407,6 +412,12 @@ class Engine:
         self.caches = (self.target, *(drafter.caches if drafter is not None else ()))
         self.policy = policy or DraftPolicy(drafter, draft_size_ratio=size_ratio(self.target_model, drafter))
         return self.policy
+
+    @property
+    def drafting_note(self) -> str:
+        """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary)."""
+        drafts_with_model = self.drafter is not None and self.drafter.needs_model
+        return self.bridge.describe() if self.bridge is not None and drafts_with_model else ""
 
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True

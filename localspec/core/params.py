@@ -67,6 +67,7 @@ OVERRIDE_OPTIONS = SAMPLING_OPTIONS + SPECULATIVE_OPTIONS  # the flags that over
 
 
 DEVICE_SAMPLING = ("auto", "on", "off")
+BRIDGES = ("auto", "text", "shared")  # how a draft with another vocabulary drafts (core/bridge.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ class LoadParams:
     # Greedy tokens from llama.cpp's in-graph sampler: "auto" where the layers run on a local GPU (the argmax stays
     # on the device), "on", "off" (the argmax over the logits, here).
     device_sampling: str = "auto"
+    # A draft whose vocabulary differs: "auto" picks by the share of tokens the two vocabularies have in common,
+    # "text" re-tokenises its text, "shared" drafts on the shared tokens only.
+    bridge: str = "auto"
 
     def __post_init__(self) -> None:
         if self.drafter not in DRAFTERS:
@@ -98,6 +102,8 @@ class LoadParams:
             raise InvalidParamsError(
                 f"invalid load setting: device sampling must be one of {', '.join(DEVICE_SAMPLING)}"
             )
+        if self.bridge not in BRIDGES:
+            raise InvalidParamsError(f"invalid load setting: bridge must be one of {', '.join(BRIDGES)}")
         if isinstance(self.rpc, str):
             raise InvalidParamsError("invalid load setting: rpc must be a list of host:port endpoints")
         object.__setattr__(self, "rpc", tuple(self.rpc))  # a list from a caller or models.toml, kept hashable

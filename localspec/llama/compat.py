@@ -1,10 +1,14 @@
-"""Can this draft model speak for this target? llama.cpp's pairing rules, with a readable verdict.
+"""Can this draft model speak for this target, and how? The pre-flight verdict: same vocabulary, bridged, unusable.
 
-Same vocabulary type, same BOS/EOS, sizes within 128, identical token text from id 5 on (over the shared
-range). A mismatch names the first differing token so the user sees *why* the pair does not fit.
+"same" is llama.cpp's pairing rule — same vocabulary type, same BOS/EOS, identical token text from id 5 on — where
+the larger vocabulary's extra ids are padding (unused or control tokens). Any other difference is "bridged": the
+draft drafts through text (core/bridge.py), and the verdict names the first difference so the user sees why. A
+vocabulary that cannot write text at all is "unusable".
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from localspec.errors import IncompatibleDraftError
 
@@ -12,26 +16,64 @@ from .model import Model
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
 FIRST_CHECKED_TOKEN = 5
+VERDICTS = ("same", "bridged", "unusable")
 
 
-def check_pair(target: Model, draft: Model, *, hint: str = "") -> None:
-    """Raise `IncompatibleDraftError` unless `draft` can draft for `target`.
+@dataclass(frozen=True, slots=True)
+class PairVerdict:
+    """How a draft can serve a target: `kind` is one of VERDICTS; `reason` says why it is not "same"."""
+
+    kind: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One line for `doctor` and `models`."""
+        if self.kind == "same":
+            return "same vocabulary"
+        return f"{self.kind}: {self.reason}"
+
+
+def pair_verdict(target: Model, draft: Model) -> PairVerdict:
+    """Whether `draft` shares `target`'s vocabulary, drafts for it through text, or cannot draft for it."""
+    for role, model in (("target", target), ("draft", draft)):
+        if model.info.vocab_type == "none" or model.n_vocab == 0:
+            return PairVerdict("unusable", f"the {role} {model.path.name} has no tokenizer to write text with")
+    problem = pair_problem(target, draft) or _extra_text_token(target, draft)
+    return PairVerdict("bridged", problem) if problem else PairVerdict("same")
+
+
+def _extra_text_token(target: Model, draft: Model) -> str | None:
+    """The first id one vocabulary has beyond the other's size that is a real token (not padding)."""
+    larger, smaller, role = (target, draft, "target") if target.n_vocab > draft.n_vocab else (draft, target, "draft")
+    for token in range(smaller.n_vocab, larger.n_vocab):
+        if not larger.is_padding(token):
+            other = "draft" if role == "target" else "target"
+            return f"{role} token {token} ({larger.token_text(token)!r}) is missing from the {other}'s vocabulary"
+    return None
+
+
+def check_pair(target: Model, draft: Model, *, hint: str = "") -> PairVerdict:
+    """The pre-flight: how `draft` drafts for `target` ("same" or "bridged").
 
     Args:
         target: the loaded target model.
         draft: the loaded draft model.
         hint: appended to the message, e.g. which curated drafts fit this target.
+
+    Raises:
+        IncompatibleDraftError: the verdict is "unusable".
     """
-    problem = pair_problem(target, draft)
-    if problem:
-        suffix = f"; {hint}" if hint else "; choose a draft from the same model family (same tokenizer)"
+    verdict = pair_verdict(target, draft)
+    if verdict.kind == "unusable":
+        suffix = f"; {hint}" if hint else "; choose a draft with a text tokenizer"
         raise IncompatibleDraftError(
-            f"draft {draft.path.name} does not fit target {target.path.name}: {problem}{suffix}"
+            f"draft {draft.path.name} cannot draft for target {target.path.name}: {verdict.reason}{suffix}"
         )
+    return verdict
 
 
 def pair_problem(target: Model, draft: Model) -> str | None:
-    """The first reason the two vocabularies differ, or None when they are compatible."""
+    """The first difference llama.cpp's pairing rule sees between the two vocabularies, or None."""
     t, d = target.info, draft.info
     if t.vocab_type != d.vocab_type:
         return f"vocabulary types differ (target {t.vocab_type}, draft {d.vocab_type})"
@@ -40,10 +82,7 @@ def pair_problem(target: Model, draft: Model) -> str | None:
     if t.eos != d.eos:
         return f"EOS tokens differ (target {t.eos}, draft {d.eos})"
     if abs(t.n_vocab - d.n_vocab) > MAX_VOCAB_SIZE_DIFFERENCE:
-        return (
-            f"vocabulary sizes differ by {abs(t.n_vocab - d.n_vocab)} (target {t.n_vocab}, draft {d.n_vocab}; "
-            f"at most {MAX_VOCAB_SIZE_DIFFERENCE} allowed)"
-        )
+        return f"vocabulary sizes differ by {abs(t.n_vocab - d.n_vocab)} (target {t.n_vocab}, draft {d.n_vocab})"
     for token in range(FIRST_CHECKED_TOKEN, min(t.n_vocab, d.n_vocab)):
         target_text, draft_text = target.token_text(token), draft.token_text(token)
         if target_text != draft_text:

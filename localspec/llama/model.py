@@ -267,6 +267,13 @@ class Model:
             }
         return self._control
 
+    def is_padding(self, token: int) -> bool:
+        """True for ids that are no real token (unused, or control with no text): a vocabulary's padding."""
+        attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)
+        if attr & llama_cpp.LLAMA_TOKEN_ATTR_UNUSED:
+            return True
+        return bool(attr & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL) and not self.token_text(token)
+
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, `<|im_end|>`, …)."""
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))

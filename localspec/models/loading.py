@@ -60,6 +60,7 @@ class ModelFlags(Protocol):
     threads: int | None
     rpc: tuple[str, ...]
     device_sampling: str | None
+    bridge: str | None
 
 
 def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
@@ -82,6 +83,7 @@ def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,
         device_sampling=flags.device_sampling or "auto",
+        bridge=flags.bridge or "auto",
     )
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from localspec.errors import ModelFileError
-from localspec.llama.compat import check_pair
+from localspec.errors import LocalspecError, ModelFileError
+from localspec.llama.compat import PairVerdict, check_pair, pair_verdict
 from localspec.llama.model import Model, check_gguf_file
 from localspec.paths import Paths
 
@@ -200,8 +200,21 @@ def pull_pair(
         for role, ref in (("target", pair.target), ("draft", pair.draft))
     ]
     if not dry_run:
-        check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
+        verdict = check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
+        if verdict.kind == "bridged":
+            say(f"the vocabularies differ ({verdict.reason}): the draft will draft through text")
     return done
+
+
+def vocabulary_verdict(status: PairStatus) -> PairVerdict | None:
+    """How the draft of a downloaded pair drafts for its target (None when a file is missing or unreadable)."""
+    if not status.downloaded:
+        return None
+    try:
+        with _load_vocab(status.target.path) as target, _load_vocab(status.draft.path) as draft:
+            return pair_verdict(target, draft)
+    except LocalspecError:
+        return None
 
 
 def _pull_one(
@@ -242,8 +255,8 @@ def _load_vocab(path: Path) -> Model:
     return Model(path, n_gpu_layers=0, vocab_only=True)
 
 
-def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str = "") -> None:
-    """Run llama.cpp's pairing rules on two model files.
+def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str = "") -> PairVerdict:
+    """The pre-flight on two model files: same vocabulary, or bridged (the draft drafts through text).
 
     Raises:
         IncompatibleDraftError: names the first difference and `hint`.
@@ -251,5 +264,6 @@ def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str 
     """
     assert target_path is not None and draft_path is not None
     with _load_vocab(target_path) as target, _load_vocab(draft_path) as draft:
-        check_pair(target, draft, hint=hint)
-    log.info("%s fits %s", draft_path.name, target_path.name)
+        verdict = check_pair(target, draft, hint=hint)
+    log.info("%s drafts for %s: %s", draft_path.name, target_path.name, verdict.describe())
+    return verdict

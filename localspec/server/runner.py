@@ -84,7 +84,7 @@ class Served:
         self._drafters[self.drafter] = (engine.drafter, engine.policy)
         drafter, policy = self._drafters.get(kind, (None, None))
         if kind not in self._drafters:
-            drafter = make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None)
+            drafter = make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None, engine.bridge)
         engine.use_drafter(drafter, policy)
         self.drafter = kind
 

@@ -188,6 +188,7 @@ class ChatApp(App[int]):
             draft_max=self.chat.settings.spec.draft_max,
             adaptive=self.chat.settings.spec.adaptive,
             provenance=self.screen.has_class("-provenance"),
+            drafting_note=self.chat.loaded.engine.drafting_note if self.chat.loaded else "",
         )
 
     def draw_stats(self, view: StatsView | None = None) -> None:

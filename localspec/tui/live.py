@@ -43,6 +43,7 @@ class StatsView:
     draft_max: int = 0
     adaptive: bool = True  # the engine picks k ≤ draft_max each step (and may turn speculation off)
     provenance: bool = False  # draft tokens are coloured: show the legend
+    drafting_note: str = ""  # how a draft with another vocabulary drafts (`Engine.drafting_note`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +238,8 @@ def render_stats(view: StatsView) -> Text:
     else:
         _row(text, "speculation", f"{verdict} ({why})" if why else verdict, style)
     _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
+    if view.drafting_note and view.drafter != "none":
+        text.append(f"  {view.drafting_note}\n", "dim")
     turn = view.turn or Stats()
     if turn.drafted:
         _row(text, "acceptance", f"{turn.acceptance_rate:.0%} ({turn.accepted}/{turn.drafted})", "bold")

@@ -45,6 +45,7 @@ class ChatOptions:
     threads: int | None = None
     rpc: tuple[str, ...] = ()  # llama.cpp RPC workers for the target (empty: the pair's, else none)
     device_sampling: str | None = None  # greedy tokens from llama.cpp's in-graph sampler (None: auto)
+    bridge: str | None = None  # how a draft with another vocabulary drafts (None: auto)
     chat_template: str | None = None
     system: str | None = None  # system prompt of new conversations
     max_tokens: int = DEFAULT_MAX_TOKENS

@@ -95,7 +95,7 @@ def test_pair_defaults_come_from_the_pair_and_flags_win(localspec_home, tiny_mod
     assert defaults == PairDefaults(temperature=0.2, n_gpu_layers=0, rpc=("h:9",), compat_hint="hint", notice="note")
 
     class Flags:
-        drafter, n_ctx, n_gpu_layers, threads, rpc, device_sampling = None, None, None, None, (), None
+        drafter, n_ctx, n_gpu_layers, threads, rpc, device_sampling, bridge = None, None, None, None, (), None, None
 
     assert load_params(Flags(), defaults, has_draft=True) == LoadParams(
         drafter="model", n_gpu_layers=0, compat_hint="hint", rpc=("h:9",)

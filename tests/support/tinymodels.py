@@ -89,11 +89,13 @@ class TinyModels:
     draft_noisy: Path  # target + DRAFT_NOISE relative noise: ~75% greedy agreement
     draft_unrelated: Path  # another seed: ~0% agreement
     no_template: Path  # the target without tokenizer.chat_template
-    vocab_bpe: Path  # "gpt2" (BPE) vocabulary type: incompatible
-    vocab_other_specials: Path  # BOS/EOS ids swapped (2/1): incompatible
-    vocab_far_size: Path  # +200 tokens appended: incompatible (llama.cpp tolerates 128)
-    vocab_near_size: Path  # +64 tokens appended, target tensors: compatible, 100% agreement
-    vocab_renamed: Path  # token VARIANT_RENAMED_ID renamed, same size: incompatible
+    vocab_bpe: Path  # "gpt2" (BPE) vocabulary type, another seed: bridged, little agreement
+    vocab_other_specials: Path  # BOS/EOS ids swapped (2/1): bridged
+    vocab_far_size: Path  # +200 tokens appended: bridged
+    vocab_near_size: Path  # +64 tokens appended, target tensors: bridged (real extra tokens), 100% agreement
+    vocab_renamed: Path  # token VARIANT_RENAMED_ID renamed, same size: bridged
+    vocab_prefix: Path  # the last VARIANT_FEWER tokens missing (ids below identical): bridged
+    vocab_shuffled: Path  # the target's pieces under other ids, its weights + DRAFT_NOISE: bridged, partial agreement
     recurrent: Path  # mamba, 2 layers: partial seq_rm fails
     swa: Path  # gemma3, sliding window 8 on layer 0: see write_swa_model
     not_gguf: Path  # a text file
@@ -184,6 +186,29 @@ def with_extra_tokens(vocab: Vocab, n_extra: int) -> Vocab:
         scores=vocab.scores + tuple(low - i for i in range(n_extra)),
         types=vocab.types + (int(gguf.TokenType.NORMAL),) * n_extra,
     )
+
+
+def with_fewer_tokens(vocab: Vocab, n_fewer: int) -> Vocab:
+    """Return `vocab` without its last `n_fewer` tokens (a prefix of it: the same ids below the cut)."""
+    keep = len(vocab.tokens) - n_fewer
+    return dataclasses.replace(vocab, tokens=vocab.tokens[:keep], scores=vocab.scores[:keep], types=vocab.types[:keep])
+
+
+def shuffled(vocab: Vocab, tensors: Mapping[str, np.ndarray], seed: int) -> tuple[Vocab, dict[str, np.ndarray]]:
+    """The same tokenizer and model under other ids: the normal pieces permuted (each keeps its score), and the
+    embedding/output rows permuted with them, so the model writes the same text through different token ids."""
+    first = next(i for i, t in enumerate(vocab.types) if t == int(gguf.TokenType.NORMAL))
+    order = np.arange(vocab.n_vocab)  # new id -> old id
+    order[first:] = first + np.random.default_rng(seed).permutation(vocab.n_vocab - first)
+    pick = order.tolist()
+    moved = dataclasses.replace(
+        vocab,
+        tokens=tuple(vocab.tokens[i] for i in pick),
+        scores=tuple(vocab.scores[i] for i in pick),
+        types=tuple(vocab.types[i] for i in pick),
+    )
+    rows = {name: np.ascontiguousarray(tensors[name][order]) for name in ("token_embd.weight", "output.weight")}
+    return moved, {**tensors, **rows}
 
 
 def with_renamed_token(vocab: Vocab, token_id: int, text: str) -> Vocab:
@@ -573,6 +598,7 @@ def write_truncated(src: Path, dst: Path) -> Path:
 TARGET_SEED = 0
 DRAFT_NOISE = 0.025  # measured: 75% greedy agreement; 77/65/52% of drafts accepted at k = 1/2/4
 VARIANT_RENAMED_ID = 300
+VARIANT_FEWER = 100
 
 
 def write_tiny_models(directory: Path) -> TinyModels:
@@ -583,7 +609,8 @@ def write_tiny_models(directory: Path) -> TinyModels:
     relative noise: partial greedy agreement), `draft_unrelated` (another seed: near-zero agreement),
     `no_template`, `vocab_bpe` (gpt2/BPE type), `vocab_other_specials` (BOS/EOS ids swapped),
     `vocab_far_size` (+200 tokens), `vocab_near_size` (+64 tokens, within llama.cpp's tolerance of 128),
-    `vocab_renamed` (token `VARIANT_RENAMED_ID` renamed). Plus `recurrent` (mamba), `swa` (gemma3 with
+    `vocab_renamed` (token `VARIANT_RENAMED_ID` renamed), `vocab_prefix` (its last `VARIANT_FEWER` tokens cut),
+    `vocab_shuffled` (the same pieces under other ids, with noise). Plus `recurrent` (mamba), `swa` (gemma3 with
     sliding window 8), `not_gguf` and `truncated`.
 
     Args:
@@ -597,6 +624,7 @@ def write_tiny_models(directory: Path) -> TinyModels:
     target_tensors = make_llama_tensors(TARGET_SEED, vocab=vocab)
     target = write_llama_model(d / "target.gguf", base=target_tensors)
     bpe = make_bpe_vocab()
+    shuffled_vocab, shuffled_tensors = shuffled(vocab, target_tensors, seed=6)
     return TinyModels(
         target=target,
         draft_same=write_llama_model(d / "draft_same.gguf", base=target_tensors),
@@ -619,6 +647,12 @@ def write_tiny_models(directory: Path) -> TinyModels:
             d / "vocab_renamed.gguf",
             base=target_tensors,
             vocab=with_renamed_token(vocab, VARIANT_RENAMED_ID, f"{SPIECE_SPACE}renamed"),
+        ),
+        vocab_prefix=write_llama_model(
+            d / "vocab_prefix.gguf", base=target_tensors, vocab=with_fewer_tokens(vocab, VARIANT_FEWER)
+        ),
+        vocab_shuffled=write_llama_model(
+            d / "vocab_shuffled.gguf", base=shuffled_tensors, vocab=shuffled_vocab, noise=DRAFT_NOISE, seed=6
         ),
         recurrent=write_mamba_model(d / "recurrent.gguf", seed=4, vocab=vocab),
         swa=write_swa_model(d / "swa.gguf", seed=5, vocab=vocab, sliding_window=8),
