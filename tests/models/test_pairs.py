@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from localspec.cli.doctor import run_doctor
-from localspec.errors import IncompatibleDraftError, ModelFileError
+from localspec.errors import ModelFileError
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelSource, load_config
 from localspec.models.pairs import (
@@ -158,12 +158,14 @@ def test_missing_local_file_says_which_file(localspec_home, tiny_models, tmp_pat
         pull_pair(config.get("local"), config, localspec_home)
 
 
-def test_check_files_names_the_first_differing_token(tiny_models):
-    with pytest.raises(IncompatibleDraftError, match="token 300 differs.*use another draft"):
-        check_files(tiny_models.target, tiny_models.vocab_renamed, hint="use another draft")
-    with pytest.raises(IncompatibleDraftError, match="vocabulary sizes differ"):
-        check_files(tiny_models.target, tiny_models.vocab_far_size)
-    check_files(tiny_models.target, tiny_models.vocab_near_size)
+def test_check_files_tells_same_from_bridged_and_names_the_first_difference(tiny_models):
+    assert check_files(tiny_models.target, tiny_models.draft_noisy).kind == "same"
+    renamed = check_files(tiny_models.target, tiny_models.vocab_renamed, hint="use another draft")
+    assert renamed.kind == "bridged" and renamed.reason.startswith("token 300 differs (target 'M', draft '▁renamed')")
+    far = check_files(tiny_models.target, tiny_models.vocab_far_size)
+    assert far.kind == "bridged" and "vocabulary sizes differ by 200" in far.reason
+    near = check_files(tiny_models.target, tiny_models.vocab_near_size)
+    assert near.kind == "bridged" and "draft token 869 ('▁extra0000') is missing from the target's" in near.reason
 
 
 # --- which pair when none is named --------------------------------------------------------------------------
