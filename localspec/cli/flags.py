@@ -17,7 +17,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """Model selection flags shared by `generate` and `chat`."""
     p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
     p.add_argument("--target", help="target model GGUF path")
-    p.add_argument("--draft", help="draft model GGUF path (same tokenizer as the target)")
+    p.add_argument("--draft", help="draft model GGUF path (another tokenizer drafts through text: see --bridge)")
     p.add_argument(
         "--drafter",
         choices=DRAFTERS,

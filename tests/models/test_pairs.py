@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -216,3 +217,27 @@ def test_doctor_command_prints_the_report(localspec_home):
     result = subprocess.run([sys.executable, "-m", "localspec", "doctor"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "Compute:" in result.stdout and "GPU offload:" in result.stdout and "Offline demo:" in result.stdout
+
+
+def test_doctor_and_models_say_which_pairs_are_bridged(localspec_home, tiny_models, capsys, monkeypatch):
+    from localspec.cli.main import main
+
+    localspec_home.config_dir.mkdir(parents=True, exist_ok=True)
+    localspec_home.config_file.write_text(
+        f'[pairs.bridged]\ntarget = {{ path = "{tiny_models.target}" }}\n'
+        f'draft = {{ path = "{tiny_models.vocab_shuffled}" }}\n'
+        f'[pairs.same]\ntarget = {{ path = "{tiny_models.target}" }}\n'
+        f'draft = {{ path = "{tiny_models.draft_noisy}" }}\n',
+        encoding="utf-8",
+    )
+    report = run_doctor(localspec_home)
+    findings = {f.label.split()[0]: f.value for title, found in report.sections if title == "Pairs" for f in found}
+    assert "bridged (token 261 differs" in findings["bridged"] and "same vocabulary" in findings["same"]
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    bridged_block = out[out.index("bridged (") : out.index("same (")]
+    assert "vocab   bridged: token 261 differs" in bridged_block and "drafts through text" in bridged_block
+    assert "vocab" not in out[out.index("same (") :].split("\n\n")[0]
+    assert main(["models", "--json"]) == 0
+    listed = {p["name"]: p["vocabulary"] for p in json.loads(capsys.readouterr().out)}
+    assert listed["bridged"] == "bridged" and listed["same"] == "same"

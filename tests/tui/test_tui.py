@@ -85,6 +85,23 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
         assert "acceptance" in text and "tok/s" in text and "acceptance by draft position" in text
 
 
+async def test_a_bridged_draft_is_named_in_the_stats_panel(options, chat_home, tiny_models):
+    """A draft with another vocabulary (the target's pieces under other ids) chats like any pair, and the panel
+    says once how it drafts."""
+    bridged = dataclasses.replace(
+        options, pair=None, target=str(tiny_models.target), draft=str(tiny_models.vocab_shuffled)
+    )
+    app = make_app(bridged)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert "draft tokenizer differs: drafting on the" in stats_text(app)
+        await send(pilot, "Hello there")
+        text = stats_text(app)
+        assert text.count("draft tokenizer differs") == 1 and "acceptance" in text
+        assert app.chat.last_turn.drafted > 0
+        app.chat.loaded.engine.check_invariants()
+
+
 @pytest.mark.slow
 async def test_stats_are_live_while_generating(options, chat_home):
     app = make_app(dataclasses.replace(options, max_tokens=LONG))
