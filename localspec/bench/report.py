@@ -39,6 +39,7 @@ class Row:
     python_us_per_draft_token: float  # outside llama_decode while drafting, per drafted token
     python_us_per_verify_step: float  # outside llama_decode while verifying, per target pass
     python_us_per_row: float  # the same per row the target verified (k + 1 a pass)
+    bridge_us_per_draft_token: float = 0.0  # of python_us_per_draft_token, a bridged draft's work between vocabularies
     divergences: tuple[Divergence, ...] = ()
     peer_tokens_per_second: float | None = None
     peer_acceptance: float | None = None
@@ -147,6 +148,13 @@ def render(report: BenchReport) -> list[str]:
                 f"(target top-2 gap {d.top2_gap:.4f} in plain decoding's own single-row logits"
                 + (", a near-tie)" if report.logit_noise is not None and d.top2_gap <= report.logit_noise else ")")
             )
+    bridged = [r for r in report.rows if r.bridge_us_per_draft_token]
+    if bridged:
+        lines.append(
+            "bridge (the draft's other vocabulary), of µs/draft: "
+            + ", ".join(f"{r.setting} T{r.temperature:g} {r.bridge_us_per_draft_token:.0f}" for r in bridged)
+            + " µs per drafted token"
+        )
     if report.logit_noise is not None:
         lines.append(
             f"batch vs single-row logits of the target (prompt rows): max |Δ| {report.logit_noise:.4f} — greedy "

@@ -138,6 +138,7 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
         python_us_per_draft_token=1e6 * s.python_per_drafted_token,
         python_us_per_verify_step=1e6 * s.python_per_verify_step,
         python_us_per_row=1e6 * s.python_per_verified_row,
+        bridge_us_per_draft_token=1e6 * s.bridging_per_drafted_token,
         divergences=divergences,
     )
 

@@ -17,6 +17,7 @@ import bisect
 import codecs
 import logging
 import math
+import time
 
 import numpy as np
 
@@ -218,6 +219,7 @@ class BridgedDrafter(ModelDrafter):
         super().__init__(seq)
         self.bridge = bridge
         self.mirror = HistoryMirror(bridge)
+        self.seconds_bridging = 0.0  # spelling the history for the draft, its drafts for the target
 
     def propose(
         self,
@@ -229,7 +231,10 @@ class BridgedDrafter(ModelDrafter):
         p_min: float,
         rng: np.random.Generator,
     ) -> Proposal:
-        if not self.mirror.translate(history):
+        t0 = time.perf_counter()
+        complete = self.mirror.translate(history)
+        self.seconds_bridging += time.perf_counter() - t0
+        if not complete:
             return Proposal()  # the target is inside a character: draft after it, next step
         n_draft = k if self.bridge.mode == "shared" else self._text_budget(k)
         if len(self.mirror.draft) + n_draft >= self.n_ctx:
@@ -276,12 +281,14 @@ class BridgedDrafter(ModelDrafter):
 
     def _propose_text(self, k: int, n_draft: int, *, p_min: float) -> Proposal:
         drafted, ended = self._draft_tokens(n_draft, p_min)
+        t0 = time.perf_counter()
         data = b"".join(self.bridge.draft.token_bytes(t) for t in drafted)
         data = data[: _complete_utf8(data)]
         tokens = self.bridge.target_encoder.encode(data.decode("utf-8", errors="replace"))
         if not ended and len(tokens) <= k:
             tokens = tokens[:-1]  # the draft stopped inside the last target token's text: it may be cut short
         tokens = tokens[:k]
+        self.seconds_bridging += time.perf_counter() - t0
         return Proposal(tokens, [None] * len(tokens))
 
     def _propose_shared(

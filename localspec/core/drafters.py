@@ -38,6 +38,7 @@ class Drafter(Protocol):
     caches: tuple[KVSequence, ...]  # the caches it owns (the engine checks, repairs and times them); () for lookup
     n_ctx: int  # longest history it can draft after
     n_decoded: int  # tokens its model has decoded so far (0 without a model): drafting and catch-up cost
+    seconds_bridging: float  # time spent moving between two vocabularies so far (0 unless bridged)
 
     def propose(
         self,
@@ -70,6 +71,7 @@ class ModelDrafter:
 
     kind = "model"
     needs_model = True
+    seconds_bridging = 0.0
 
     def __init__(self, seq: KVSequence) -> None:
         self.seq = seq
@@ -142,6 +144,7 @@ class NgramDrafter:
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30  # the lookup works on any history length
     n_decoded = 0
+    seconds_bridging = 0.0
 
     def __init__(self, n_max: int = 3, n_min: int = 2) -> None:
         assert 1 <= n_min <= n_max

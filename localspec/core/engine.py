@@ -111,6 +111,7 @@ def speculative_step(
     draft_caches = drafter.caches if drafter is not None else ()
     draft_decoded = drafter.n_decoded if drafter is not None else 0
     draft_decoding = _decoding(draft_caches)
+    bridging = drafter.seconds_bridging if drafter is not None else 0.0
     t0 = time.perf_counter()
     drafts = Proposal()
     if drafter is not None and k > 0:
@@ -146,6 +147,7 @@ def speculative_step(
         draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded,
         seconds_draft_decode=_decoding(draft_caches) - draft_decoding,
         seconds_verify_decode=target.ctx.seconds_decoding - target_decoding,
+        seconds_bridging=(drafter.seconds_bridging if drafter is not None else 0.0) - bridging,
     )
 
 

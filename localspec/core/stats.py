@@ -23,6 +23,7 @@ class Step:
     draft_decoded: int = 0  # tokens the draft model decoded (its drafts and any catch-up)
     seconds_draft_decode: float = 0.0  # of seconds_draft, inside llama_decode (the rest is Python)
     seconds_verify_decode: float = 0.0  # of seconds_verify + seconds_sampling, inside llama_decode
+    seconds_bridging: float = 0.0  # of seconds_draft, moving between two vocabularies (a bridged draft)
 
     @property
     def emitted(self) -> int:
@@ -74,6 +75,7 @@ class Stats:
     seconds_sampling: float = 0.0
     seconds_draft_decode: float = 0.0  # inside llama_decode while drafting (the rest of seconds_draft is Python)
     seconds_verify_decode: float = 0.0  # inside llama_decode while verifying (the target's batch, any re-prefill)
+    seconds_bridging: float = 0.0  # of seconds_draft, a bridged draft's own work between the two vocabularies
     decision: Decision = field(default_factory=Decision)  # the adaptive policy's latest inputs and verdict
 
     def record_choice(self, k: int, reason: str, *, probe: bool = False) -> None:
@@ -98,6 +100,7 @@ class Stats:
         self.seconds_sampling += step.seconds_sampling
         self.seconds_draft_decode += step.seconds_draft_decode
         self.seconds_verify_decode += step.seconds_verify_decode
+        self.seconds_bridging += step.seconds_bridging
         if k > len(self.drafted_by_position):
             grow = k - len(self.drafted_by_position)
             self.drafted_by_position.extend([0] * grow)
@@ -139,6 +142,11 @@ class Stats:
         return max(self.seconds_draft - self.seconds_draft_decode, 0.0) / self.drafted if self.drafted else 0.0
 
     @property
+    def bridging_per_drafted_token(self) -> float:
+        """Of `python_per_drafted_token`, the seconds a bridged draft spends between the two vocabularies."""
+        return self.seconds_bridging / self.drafted if self.drafted else 0.0
+
+    @property
     def python_per_verify_step(self) -> float:
         """Seconds of Python per target pass: the batch, the target's laws, accept/reject and the rollbacks."""
         python = self.seconds_verify + self.seconds_sampling - self.seconds_verify_decode
@@ -174,6 +182,7 @@ class Stats:
             "seconds_sampling",
             "seconds_draft_decode",
             "seconds_verify_decode",
+            "seconds_bridging",
             "steps_off",
             "probes",
         ):
@@ -202,6 +211,7 @@ class Stats:
             python_per_drafted_token=self.python_per_drafted_token,
             python_per_verify_step=self.python_per_verify_step,
             python_per_verified_row=self.python_per_verified_row,
+            bridging_per_drafted_token=self.bridging_per_drafted_token,
         )
         return out
 

@@ -181,3 +181,17 @@ def test_the_table_shows_busy_rows_and_a_row_without_data():
         "  plain            quiet 40.0 tok/s, busy 30.0 tok/s (0.75× quiet)",
         "  adaptive≤8: no data",
     ]
+
+
+def test_a_bridged_pair_is_benched_like_any_pair_with_the_bridges_own_time(tiny_models, capsys, localspec_home):
+    args = ["bench", "--target", str(tiny_models.target), "--draft", str(tiny_models.vocab_shuffled)]
+    args += ["--tokens", "12", "--rounds", "1", "--k", "3", "--temperature", "0,1", "--verify", "pq", "--threads", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "bridge (the draft's other vocabulary), of µs/draft: k=3 T0 " in out
+    assert main([*args, "--json"]) == 0
+    rows = {(r["setting"], r["temperature"]): r for r in json.loads(capsys.readouterr().out)["rows"]}
+    spec = rows[("k=3", 0.0)]
+    assert spec["acceptance"] > 0 and spec["tokens_per_pass"] > 1
+    assert 0 < spec["bridge_us_per_draft_token"] < spec["python_us_per_draft_token"]
+    assert rows[("plain", 0.0)]["bridge_us_per_draft_token"] == 0

@@ -219,7 +219,7 @@ def test_doctor_command_prints_the_report(localspec_home):
     assert "Compute:" in result.stdout and "GPU offload:" in result.stdout and "Offline demo:" in result.stdout
 
 
-def test_doctor_and_models_say_which_pairs_are_bridged(localspec_home, tiny_models, capsys, monkeypatch):
+def test_a_bridged_pair_in_models_toml_generates_and_doctor_and_models_name_it(localspec_home, tiny_models, capsys):
     from localspec.cli.main import main
 
     localspec_home.config_dir.mkdir(parents=True, exist_ok=True)
@@ -241,3 +241,5 @@ def test_doctor_and_models_say_which_pairs_are_bridged(localspec_home, tiny_mode
     assert main(["models", "--json"]) == 0
     listed = {p["name"]: p["vocabulary"] for p in json.loads(capsys.readouterr().out)}
     assert listed["bridged"] == "bridged" and listed["same"] == "same"
+    assert main(["generate", "hi", "--pair", "bridged", "--max-tokens", "6", "--temperature", "0"]) == 0
+    assert capsys.readouterr().err.count("localspec: note: draft tokenizer differs: drafting on the") == 1
