@@ -92,8 +92,12 @@ class VocabBridge:
         self.draft_text = draft_vocab.is_text  # (n_draft_vocab,) bool
         self.target_encoder, self.draft_encoder = Encoder(target, target_vocab), Encoder(draft, draft_vocab)
         self.draft_to_target = np.full(draft.n_vocab, -1, dtype=np.int64)  # (n_draft_vocab,) target id or -1
+        self.target_to_draft: dict[int, int] = {}  # target tokens of whole characters that are one draft token
         for piece, token in draft_vocab.by_bytes.items():
-            self.draft_to_target[token] = target_vocab.by_bytes.get(piece, -1)
+            target_token = target_vocab.by_bytes.get(piece, -1)
+            self.draft_to_target[token] = target_token
+            if target_token >= 0 and _complete_utf8(piece) == len(piece):
+                self.target_to_draft[target_token] = token
         self.n_shared = int((self.draft_to_target >= 0).sum())
         self.overlap = self.n_shared / max(1, draft_vocab.n_text)
         if mode == "auto":
@@ -167,9 +171,12 @@ class HistoryMirror:
         return end == len(history)
 
     def _tokenize(self, history: list[int], start: int, n_draft: int) -> tuple[list[int], list[tuple[int, int]], int]:
-        """Draft tokens for history[start:], the anchors past `start`, and how far into `history` they reach."""
+        """Draft tokens for history[start:], the anchors past `start`, and how far into `history` they reach.
+
+        A target token that is one draft token by its bytes crosses as that token (most do: a step costs no
+        tokenizer call); runs of the others are re-tokenised by the draft."""
         bridge = self.bridge
-        target_text, token_bytes = bridge.target_text, bridge.target.token_bytes
+        target_text, token_bytes, to_draft = bridge.target_text, bridge.target.token_bytes, bridge.target_to_draft
         out: list[int] = []
         anchors: list[tuple[int, int]] = []
         run = bytearray()
@@ -177,6 +184,14 @@ class HistoryMirror:
         for i in range(start, len(history)):
             token = history[i]
             if target_text[token]:
+                mapped = to_draft.get(token)
+                if mapped is not None and (not run or _complete_utf8(bytes(run)) == len(run)):
+                    self._spell(bytes(run), ends, n_draft, out, anchors)
+                    run.clear()
+                    ends.clear()
+                    out.append(mapped)
+                    anchors.append((i + 1, n_draft + len(out)))
+                    continue
                 run += token_bytes(token)
                 ends.append((i + 1, len(run)))
                 continue
