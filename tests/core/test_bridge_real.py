@@ -5,10 +5,13 @@ SmolLM2 → Gemma runs on the shared tokens (94 % of SmolLM2's tokens are one Ge
 SmolLM2 runs through text (18 % of Gemma's are SmolLM2 tokens). Greedy output must equal the target alone except at a
 near-tie, judged against the batched-vs-single-row logit noise measured at that very point (Gemma's Q4_K_M rows
 move by up to ~1.7 between a 5-row batch and single rows: README, "exactness"); texts that stress token boundaries
-must draft and verify without error, with both caches consistent.
+must draft and verify without error, with both caches consistent; at T = 1 the first two tokens follow Gemma's own
+law (the negative control of that check runs on the tiny models, in test_bridge.py).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -101,3 +104,46 @@ def test_boundary_texts_draft_and_verify(pair, text):
         # the draft's history spells the target's text (up to the last whole character)
         mirror, draft_model = bridged.drafter.mirror, bridged.bridge.draft
         assert draft_model.detokenize(mirror.draft) == bridged.target_model.detokenize(mirror.target)
+
+
+LAW_TEXT = "My favourite colour is"
+LAW_TOP_K = 3
+LAW_RUNS = 600
+
+
+@pytest.mark.slow
+def test_the_t1_law_of_gemma_drafted_by_smollm2_on_the_shared_tokens(gemma_path, smollm2_path):
+    """The first two tokens at T = 1, top-k 3 (9 outcomes), against Gemma's own single-row law. 600 draws see a
+    misstated law of the size the tiny models' negative control makes (test_bridge.py), not Gemma's batch noise."""
+    from support.lawcheck import check_law
+
+    with Model(gemma_path) as model, Context(model, n_ctx=128) as ctx:
+        prompt = model.tokenize(LAW_TEXT, add_special=True)
+        law: dict[tuple[int, ...], float] = {}
+        first = single_row_logits(ctx, prompt)
+        for a in np.argsort(-first)[:LAW_TOP_K].tolist():
+            second = single_row_logits(ctx, prompt + [a])
+            for b in np.argsort(-second)[:LAW_TOP_K].tolist():
+                law[(a, b)] = _top_k_prob(first, a) * _top_k_prob(second, b)
+    sampling = SamplingParams(temperature=1.0, top_k=LAW_TOP_K, top_p=1.0, min_p=0.0)
+    rng = np.random.default_rng(11)
+    counts: Counter[tuple[int, ...]] = Counter()
+    accepted = 0
+    with Engine.load(gemma_path, smollm2_path, n_ctx=128) as engine:
+        assert engine.bridge.mode == "shared"
+        for _ in range(LAW_RUNS):  # two tokens: one drafted, verified with the bonus row
+            spec = SpeculativeParams(draft_max=2, adaptive=False)
+            gen = run_to_end(engine, prompt, sampling=sampling, spec=spec, max_tokens=2, rng=rng)
+            counts[tuple(gen.tokens[:2])] += 1
+            accepted += gen.stats.accepted
+    keys = sorted(law)
+    outside = sum(n for key, n in counts.items() if key not in law)
+    verdict = check_law(np.array([counts[k] for k in keys] + [outside]), np.array([law[k] for k in keys] + [0.0]))
+    assert verdict.ok, verdict
+    assert 0.2 * LAW_RUNS < accepted < LAW_RUNS  # both the accept and the reject path produced tokens
+
+
+def _top_k_prob(logits: np.ndarray, token: int) -> float:
+    top = np.sort(logits)[-LAW_TOP_K:]
+    weights = np.exp(top - top.max())
+    return float(np.exp(logits[token] - top.max()) / weights.sum())
