@@ -254,6 +254,8 @@ class BridgedDrafter(ModelDrafter):
         n_draft = k if self.bridge.mode == "shared" else self._text_budget(k)
         if len(self.mirror.draft) + n_draft >= self.n_ctx:
             return Proposal()  # the draft's spelling of the history fills its context
+        if self.seq.ctx.device_greedy:
+            self.seq.ctx.device_law(0)  # the greedy chain: its logits reach the host (the shared mode maps them)
         self.seq.sync(self.mirror.draft, outputs=1)
         if self.seq.needs_checkpoint:
             self.seq.checkpoint()

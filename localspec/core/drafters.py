@@ -97,6 +97,10 @@ class ModelDrafter:
         rng: np.random.Generator,
     ) -> Proposal:
         seq = self.seq
+        sampled = sample and not sampling.greedy
+        device_law = seq.ctx.device_greedy and sampled and not sampling.penalised
+        if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
+            seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
         seq.sync(history, outputs=1)
         if seq.needs_checkpoint:
             seq.checkpoint()
@@ -104,7 +108,10 @@ class ModelDrafter:
         recent = penalty_window(history, sampling)
         device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0
         for i in range(k):
-            if sample and not sampling.greedy:
+            if device_law:
+                dist = Dist.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
+                token, confidence = dist.sample(rng), dist.top()[1]
+            elif sampled:
                 dist = sampling_dist(seq.ctx.logits(-1), recent + out.tokens, sampling)
                 token, confidence = dist.sample(rng), dist.top()[1]
             elif device:
@@ -130,6 +137,15 @@ class ModelDrafter:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the
         # target by that token (and the bonus token); the next `sync` decodes both.
         self.seq.rollback_to(min(n, self.seq.n_past))
+
+
+DEVICE_TOP_K = 40  # candidates of the draft's in-graph law when the sampling settings have no top-k
+
+
+def draft_top_k(sampling: SamplingParams) -> int:
+    """How many candidates the draft's in-graph law keeps. Any law is exact for the draft as long as verification
+    is told it (DESIGN §1): top-k and temperature, which llama.cpp samples in the graph, without top-p or min-p."""
+    return sampling.top_k or DEVICE_TOP_K
 
 
 class NgramDrafter:

@@ -56,6 +56,14 @@ class Context(Protocol):
         """Row i's argmax as the graph took it (only with `device_greedy`)."""
         ...
 
+    def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
+        """Sample in the graph with top-k and temperature from the next decode on (0: greedy again)."""
+        ...
+
+    def sampled_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row i's top-k candidates and their logits / temperature, from the graph's top-k chain."""
+        ...
+
     def remove_from(self, pos: int) -> bool:
         """Drop positions pos.. ; False when the memory cannot drop a partial tail."""
         ...

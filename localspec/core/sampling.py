@@ -111,6 +111,11 @@ class Dist:
         return out
 
     @classmethod
+    def from_logits(cls, ids: np.ndarray, logits: np.ndarray) -> Dist:
+        """The softmax of `logits` (already divided by the temperature) over distinct `ids`, in float64."""
+        return cls.from_weights(ids, np.exp(np.asarray(logits, dtype=np.float64) - np.max(logits)))
+
+    @classmethod
     def from_weights(cls, ids: np.ndarray, weights: np.ndarray) -> Dist:
         """A `Dist` from non-negative weights on distinct `ids` (zeros dropped, normalised here)."""
         keep = weights > 0

@@ -70,7 +70,8 @@ class Context:
             swa_full: full-size cache for sliding-window layers, so long rollbacks stay valid.
             n_rs_seq: recurrent-state rollback snapshots per sequence (recurrent/hybrid models).
             device_greedy: attach llama.cpp's greedy sampler to the graph, so every output row's argmax is taken
-                where the logits are computed (`sampled_token`); the logits are still delivered.
+                where the logits are computed (`sampled_token`); the logits are still delivered. `device_law`
+                swaps in a top-k chain instead (only k candidates leave the graph).
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -116,6 +117,8 @@ class Context:
             params.n_samplers = 1
             params.n_outputs_max_per_seq = self.n_batch
         self.device_greedy = device_greedy
+        self._retired: list = []  # chains swapped out by `device_law`, freed with the context
+        self._law: tuple[int, float] = (0, 0.0)  # the chain attached now: (top_k, temperature); (0, 0.0) is greedy
         self._call = model._call  # a remote model's contexts make their native calls where it does
         handle = self._call(llama_cpp.llama_init_from_model, model.handle, params)
         if not handle:
@@ -160,6 +163,41 @@ class Context:
         if getattr(self, "_sampler", None) is not None:  # after the context that used it
             llama_cpp.llama_sampler_free(self._sampler)
             self._sampler = None
+        for chain in getattr(self, "_retired", ()):
+            llama_cpp.llama_sampler_free(chain)
+        self._retired = []
+
+    def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
+        """From the next decode on, sample in the graph with top-k then temperature (`sampled_candidates`), or with
+        the greedy chain again (top_k 0). Only for a context made with `device_greedy`. While a top-k chain is
+        attached the full logits stay in the graph: `logits` refuses to read them."""
+        assert self.device_greedy
+        law = (top_k, float(temperature)) if top_k else (0, 0.0)
+        if law == self._law:
+            return
+        # llama.cpp sets a chain up in the graph once: each switch attaches a new chain (a few per session), and
+        # the one it replaces may still be referenced until the next decode, so it is freed with the context.
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if top_k:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(top_k))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(float(temperature)))
+        else:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        if not self._call(llama_cpp.llama_set_sampler, self.handle, 0, chain):
+            llama_cpp.llama_sampler_free(chain)
+            raise ContextError(f"llama.cpp could not attach a sampler to {self.model.path.name}'s context")
+        self._retired.append(self._sampler)
+        self._sampler, self._law = chain, law
+
+    def sampled_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row `i`'s top-k candidates and their logits divided by the temperature, as the graph's top-k chain left
+        them (see `device_law`): ((k,) int64 ids, (k,) float64)."""
+        n = self._call(llama_cpp.llama_get_sampled_candidates_count_ith, self.handle, i)
+        if not n:
+            raise ContextError(f"no sampled candidates for row {i}: no top-k chain, or the row was not requested")
+        ids = np.ctypeslib.as_array(self._call(llama_cpp.llama_get_sampled_candidates_ith, self.handle, i), (n,))
+        logits = np.ctypeslib.as_array(self._call(llama_cpp.llama_get_sampled_logits_ith, self.handle, i), (n,))
+        return ids.astype(np.int64), logits.astype(np.float64)
 
     def __enter__(self) -> Context:
         return self
@@ -219,6 +257,7 @@ class Context:
 
         The view is valid until this context's next `decode`; copy it to keep it.
         """
+        assert not self._law[0], "the logits stay in the graph while a top-k chain is attached (device_law)"
         ptr = self._call(llama_cpp.llama_get_logits_ith, self.handle, i)
         if not ptr:
             raise ContextError(f"no logits for row {i}: it was not requested in the last decode")

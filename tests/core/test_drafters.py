@@ -130,6 +130,7 @@ class Wrapped:
 
     kind = "wrapped"
     needs_model = True
+    seconds_bridging = 0.0
 
     def __init__(self, inner: ModelDrafter) -> None:
         self.inner, self.caches, self.n_ctx = inner, inner.caches, inner.n_ctx

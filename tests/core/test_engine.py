@@ -16,7 +16,7 @@ from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 from localspec.core.engine import Engine, TargetArgmax, TargetLaws
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
-from localspec.core.sampling import Dist, SamplingParams, penalty_window
+from localspec.core.sampling import Dist, SamplingParams, penalty_window, sampling_dist
 from localspec.errors import ContextError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
@@ -72,6 +72,33 @@ def test_the_in_graph_argmax_of_every_verified_row_is_the_logits_argmax(tiny_mod
         with pytest.raises(ContextError, match="no sampled token for row 0"):
             ctx.decode(tokens[:2], len(tokens), outputs=1)
             ctx.sampled_token(0)
+
+
+def test_the_in_graph_top_k_law_is_the_hosts_top_k_law(tiny_models):
+    """The draft's law at T > 0 on a device: llama.cpp's top-k + temperature chain hands over k candidates and their
+    scaled logits; their softmax is the host's law with the same top-k and temperature (and nothing else), and the
+    full logits stay in the graph meanwhile."""
+    sampling = SamplingParams(temperature=0.7, top_k=6, top_p=1.0, min_p=0.0)
+    with (
+        Model(tiny_models.target) as model,
+        Context(model, n_ctx=256) as host,
+        Context(model, n_ctx=256, device_greedy=True) as device,
+    ):
+        tokens = model.tokenize(PROMPT, add_special=True, parse_special=False)
+        device.device_law(6, 0.7)
+        for n in range(4, len(tokens)):
+            for ctx in (host, device):
+                ctx.clear()
+                ctx.decode(tokens[:n], 0, outputs=1)
+            law = Dist.from_logits(*device.sampled_candidates(-1))
+            reference = sampling_dist(host.logits(-1), [], sampling)
+            assert law.ids.tolist() == reference.ids.tolist()
+            np.testing.assert_allclose(law.probs, reference.probs, rtol=1e-5)
+        with pytest.raises(AssertionError, match="logits stay in the graph"):
+            device.logits(-1)
+        device.device_law(0)  # the greedy chain again: the logits come back
+        device.decode(tokens[n : n + 1], n, outputs=1)
+        assert device.sampled_token(-1) == int(np.argmax(device.logits(-1)))
 
 
 def test_identical_draft_is_always_accepted(tiny_models):

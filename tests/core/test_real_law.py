@@ -12,9 +12,10 @@ import json
 
 import numpy as np
 import pytest
-from support.lawcheck import check_law, expected_tv
+from support.lawcheck import LawCheck, check_law, expected_tv
 
 from localspec.cli.main import main
+from localspec.core.sampling import Dist
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
@@ -22,9 +23,11 @@ PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at t
 TOP_K = 4
 N_CTX = 64
 THREADS = 1  # these 0.3 MB models decode 10-100× slower on two threads when the cores are shared
-RUNS = {"pq": 6000, "match": 4000, "none": 3000}
+RUNS = {"pq": 6000, "pq-device": 6000, "match": 4000, "none": 3000}
 MODES = {
     "pq": ["--verify", "pq"],
+    # the draft's law sampled in llama.cpp's graph (top-k + temperature; only k candidates leave it)
+    "pq-device": ["--verify", "pq", "--device-sampling", "on"],
     "match": ["--verify", "match"],
     "none": ["--drafter", "none"],
 }
@@ -99,6 +102,41 @@ def test_the_reference_is_honest(reference):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys, localspec_home):
+    verdict, expected, drafted, accepted = sample_law(tiny_models, reference, mode, capsys)
+    assert verdict.ok, verdict
+    assert verdict.tv < 1.5 * expected, verdict
+    if mode == "none":
+        assert drafted == 0
+    else:
+        assert 0 < accepted < drafted  # both the accept and the reject path produced tokens
+
+
+@pytest.mark.slow
+def test_a_device_law_that_misstates_the_draws_fails(tiny_models, reference, capsys, localspec_home, monkeypatch):
+    """Negative control of "pq-device": drafts drawn from the in-graph candidates' law while verification is told
+    a sharper one (their logits doubled) — the bug a wrong temperature in the hand-over would be — fail the check."""
+    real = Dist.from_logits
+
+    class Misstated(Dist):
+        __slots__ = ("drawn",)
+
+        def sample(self, rng):
+            return self.drawn.sample(rng)
+
+    def misstated(ids, logits):
+        told = real(ids, 2 * np.asarray(logits))
+        out = Misstated(told.ids, told.probs)
+        out.drawn = real(ids, logits)
+        return out
+
+    monkeypatch.setattr(Dist, "from_logits", staticmethod(misstated))
+    verdict, *_ = sample_law(tiny_models, reference, "pq-device", capsys)
+    assert not verdict.ok, verdict
+
+
+def sample_law(tiny_models, reference, mode: str, capsys) -> tuple[LawCheck, float, int, int]:
+    """N completions of `generate --n N` in `mode`: the law check of their first three tokens, the TV distance
+    sampling noise alone would give, and the drafted and accepted counts."""
     n = RUNS[mode]
     draft = [] if mode == "none" else ["--draft", str(tiny_models.draft_noisy), "--draft-max", "2", "--no-adaptive"]
     code = main(
@@ -137,12 +175,6 @@ def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys,
     for run in runs:
         counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
     probs = np.append(reference.probs, 0.0)
-    verdict = check_law(counts, probs)
-    assert verdict.ok, verdict
-    assert verdict.tv < 1.5 * expected_tv(probs, n), verdict
     drafted = sum(r["stats"]["drafted"] for r in runs)
     accepted = sum(r["stats"]["accepted"] for r in runs)
-    if mode == "none":
-        assert drafted == 0
-    else:
-        assert 0 < accepted < drafted  # both the accept and the reject path produced tokens
+    return check_law(counts, probs), expected_tv(probs, n), drafted, accepted

@@ -86,6 +86,16 @@ class TableContext:
         assert self.device_greedy, "a context without the in-graph sampler"
         return int(np.argmax(self.logits(i)))
 
+    def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
+        assert self.device_greedy, "a context without the in-graph sampler"
+        self.law = (top_k, temperature)
+
+    def sampled_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """The top-k rows and logits / T, as llama.cpp's top-k + temperature chain leaves them."""
+        top_k, temperature = self.law
+        ids = np.argsort(-self.logits(i), kind="stable")[:top_k]
+        return ids.astype(np.int64), self.logits(i)[ids].astype(np.float64) / temperature
+
     def remove_from(self, pos: int) -> bool:
         del self.tokens[pos:]
         return True
