@@ -276,17 +276,20 @@ class BridgedDrafter(ModelDrafter):
     def _text_budget(self, k: int) -> int:
         return max(1, min(math.ceil((k + 1) * self.mirror.draft_per_target) + 1, round(TEXT_DRAFT_MAX_RATIO * k)))
 
+    def _argmax(self, p_min: float) -> tuple[int, float]:
+        """The draft's greedy token after its last decode (from the graph where it samples there), and its
+        probability when `p_min` asks for it (else 1)."""
+        ctx = self.seq.ctx
+        if ctx.device_greedy and p_min == 0:
+            return ctx.sampled_token(-1), 1.0
+        logits = ctx.logits(-1)  # (n_draft_vocab,)
+        return greedy_token(logits, [], _GREEDY), top_probability(logits) if p_min > 0 else 1.0
+
     def _draft_tokens(self, n: int, p_min: float) -> tuple[list[int], bool]:
         """Greedy draft tokens (at most n); whether the draft ended its text itself (a control token)."""
         seq, out = self.seq, []
-        device = seq.ctx.device_greedy and p_min == 0
         for i in range(n):
-            if device:
-                token, confidence = seq.ctx.sampled_token(-1), 1.0
-            else:
-                logits = seq.ctx.logits(-1)  # (n_draft_vocab,)
-                token = greedy_token(logits, [], _GREEDY)
-                confidence = top_probability(logits) if p_min > 0 else 1.0
+            token, confidence = self._argmax(p_min)
             if not self.bridge.draft_text[token]:
                 return out, True
             if confidence < p_min:
@@ -312,7 +315,6 @@ class BridgedDrafter(ModelDrafter):
         self, k: int, sampling: SamplingParams, *, sample: bool, p_min: float, rng: np.random.Generator
     ) -> Proposal:
         seq, to_target, out = self.seq, self.bridge.draft_to_target, Proposal()
-        device = seq.ctx.device_greedy and p_min == 0
         for i in range(k):
             law: Dist | None = None
             if sample and not sampling.greedy:
@@ -322,12 +324,8 @@ class BridgedDrafter(ModelDrafter):
                 shared = ids >= 0
                 if to_target[token] >= 0:  # conditioned on going on: renormalised on the shared tokens
                     law = Dist.from_weights(ids[shared], dist.probs[shared])
-            elif device:
-                token, confidence = seq.ctx.sampled_token(-1), 1.0
             else:
-                logits = seq.ctx.logits(-1)  # (n_draft_vocab,)
-                token = greedy_token(logits, [], _GREEDY)
-                confidence = top_probability(logits) if p_min > 0 else 1.0
+                token, confidence = self._argmax(p_min)
             target_token = int(to_target[token])
             if target_token < 0 or confidence < p_min:
                 break  # no single target token (or the draft's end of turn): the draft ends here
