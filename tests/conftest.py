@@ -90,6 +90,27 @@ def chat_home(localspec_home, tiny_models, tmp_path: Path, monkeypatch: pytest.M
     return localspec_home
 
 
+@pytest.fixture
+def thinking_home(chat_home, thinking_models):
+    """chat_home plus pairs of the tiny thinking models: "thinking" (target + draft, greedy), "thinking-off"
+    (the same with `thinking = false`), "always" (thinks, no switch in its ChatML template) and "always-off" (that
+    one with `thinking = false`, which it cannot follow). Returns the Paths."""
+    m = thinking_models
+    pairs = {
+        "thinking": (m.target, m.draft, ""),
+        "thinking-off": (m.target, m.draft, "thinking = false\n"),
+        "always": (m.no_switch, m.no_switch, ""),
+        "always-off": (m.no_switch, m.no_switch, "thinking = false\n"),
+    }
+    with chat_home.config_file.open("a", encoding="utf-8") as f:
+        for name, (target, draft, extra) in pairs.items():
+            f.write(
+                f'[pairs."{name}"]\ndescription = "a tiny model that thinks"\ntarget = {{ path = "{target}" }}\n'
+                f'draft = {{ path = "{draft}" }}\ntemperature = 0.0\nn_ctx = 1024\n{extra}'
+            )
+    return chat_home
+
+
 REAL_MODEL_FIXTURES = {"smollm2_path"}
 
 

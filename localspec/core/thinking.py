@@ -70,25 +70,29 @@ class ThinkingSupport:
             return "always on: this model's chat template has no switch"
         return "none: this model does not think"
 
-    def check(self, think: bool | None, model: str) -> None:
+    def check(self, think: bool | None, model: str, setting: str = "") -> None:
         """Refuse a thinking choice the model cannot follow.
 
         Args:
             think: True, False, or None (the model's default: always fine).
             model: the model's name, for the message.
+            setting: how the user asked for it, for the message (default "--think on" / "--think off").
 
         Raises:
             InvalidParamsError: "off" for a template without a switch; "on" for a model that does not think.
         """
         if think is None or self.can_switch:
             return
+        setting = setting or f"--think {'on' if think else 'off'}"
         if not think and self.thinks:
             raise InvalidParamsError(
-                f"{model} always thinks: its chat template has no thinking switch ({SWITCHES[0]}); drop --think off"
+                f"{model} always thinks: its chat template has no thinking switch ({SWITCHES[0]}), "
+                f"so {setting} cannot be followed; remove it"
             )
         if not self.thinks:
             raise InvalidParamsError(
-                f"{model} does not think (no <think> markers in its vocabulary or chat template): drop --think"
+                f"{model} does not think (no <think> markers in its vocabulary or chat template), "
+                f"so {setting} cannot be followed; remove it"
             )
 
     def variables(self, think: bool | None) -> dict[str, bool]:
@@ -260,6 +264,7 @@ class ThinkingSplit:
         self._token_bytes = token_bytes
         self._reasoning: list[str] = []
         self._answer: list[str] = []
+        self._begun: set[str] = set()  # the parts whose text has begun (leading whitespace is dropped before)
         self._closed = {part: PartStats() for part in PARTS}  # steps that ended
         self._step: tuple[int, int, list[str]] | None = None  # (drafted, accepted, parts of its tokens so far)
         # Ended steps with tokens not placed yet: leading whitespace or a start marker still arriving (UNDECIDED).
@@ -273,9 +278,8 @@ class ThinkingSplit:
 
     @property
     def answer(self) -> str:
-        """The answer text so far: after a thinking span its leading whitespace goes; otherwise it is unchanged."""
-        text = "".join(self._answer)
-        return text.lstrip() if self.thought else text
+        """The answer text so far (a reasoning model's without its leading whitespace; otherwise unchanged)."""
+        return "".join(self._answer)
 
     @property
     def thought(self) -> bool:
@@ -296,12 +300,25 @@ class ThinkingSplit:
             pieces = self._text.push(event.text, event.from_draft)
             if event.finish_reason is not None:
                 pieces += self._text.flush()
+            pieces = self._trim(pieces)
         for part, text, _ in pieces:
             (self._reasoning if part == THINKING else self._answer).append(text)
         if event.finish_reason is not None:
             self._close_step()
             self._place(ANSWER)  # only whitespace came, or a start marker that never ended
         return pieces
+
+    def _trim(self, pieces: list[Piece]) -> list[Piece]:
+        """Each part's text without its leading whitespace (a reasoning model writes "\n" after `<think>`, "\n\n"
+        after `</think>`)."""
+        out: list[Piece] = []
+        for part, text, tag in pieces:
+            if part not in self._begun:
+                text = text.lstrip()
+            if text:
+                out.append((part, text, tag))
+                self._begun.add(part)
+        return out
 
     def parts(self) -> dict[str, PartStats]:
         """Each part's numbers so far (the step under way counted with the tokens it has emitted; tokens not placed
@@ -382,4 +399,4 @@ def split_text(markers: Markers | None, text: str, *, opened: bool = False) -> t
     pieces = scanner.push(text) + scanner.flush()
     reasoning = "".join(t for part, t, _ in pieces if part == THINKING)
     answer = "".join(t for part, t, _ in pieces if part == ANSWER)
-    return reasoning.strip(), answer.lstrip() if scanner.thought else answer
+    return reasoning.strip(), answer.lstrip()

@@ -50,6 +50,7 @@ class ChatOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()  # stop strings
     overrides: Mapping[str, Any] = field(default_factory=dict)  # flags given on the command line
+    think: bool | None = None  # --think on / off (None: the pair's `thinking`, else the model's default)
     paths: Paths = field(default_factory=get_paths)  # localspec's folders (the CLI passes main's)
     bundled_config: Path | None = None  # another bundled models.toml (tests); None: the package's
     db_path: Path | None = None  # None: paths.db_path

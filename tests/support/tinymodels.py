@@ -740,6 +740,7 @@ class ThinkingModels:
     draft: Path  # the target's chain in the thinking span, another word after "▁Hello" in the answer
     split_markers: Path  # the markers are two tokens each ("</th" + "ink>"): found in the template's text
     opened: Path  # DeepSeek-R1's template, whose generation prompt writes "<think>\n": the model goes on thinking
+    no_switch: Path  # the target with ChatML: it thinks (markers in the vocabulary), its template cannot switch
 
 
 def write_thinking_models(directory: Path) -> ThinkingModels:
@@ -769,4 +770,5 @@ def write_thinking_models(directory: Path) -> ThinkingModels:
             chat_template=qwen3_template(),
         ),
         opened=write_echo_model(d / "thinking_opened.gguf", opened, vocab=vocab, chat_template=deepseek_r1_template()),
+        no_switch=write_echo_model(d / "thinking_chatml.gguf", successors, vocab=vocab, chat_template=True),
     )
