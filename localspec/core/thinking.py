@@ -63,12 +63,12 @@ class ThinkingSupport:
         return self.switch is not None
 
     def describe(self) -> str:
-        """One line for the settings screen: what this model's thinking does and whether it can be switched."""
+        """A few words for the settings screen: what this model's thinking does and whether it can be switched."""
         if self.can_switch:
-            return f"on or off (the chat template's {self.switch})"
+            return f"on or off ({self.switch})"
         if self.thinks:
-            return "always on: this model's chat template has no switch"
-        return "none: this model does not think"
+            return "always on (no switch in its template)"
+        return "none (this model does not think)"
 
     def check(self, think: bool | None, model: str, setting: str = "") -> None:
         """Refuse a thinking choice the model cannot follow.
