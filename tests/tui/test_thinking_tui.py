@@ -187,3 +187,13 @@ async def test_regenerate_keeps_the_split(thinking_options):
         await pilot.pause()
         [answer] = answers(app)
         assert answer.text == ANSWER_TEXT and body(answer.thinking) == REASONING_TEXT
+
+
+async def test_think_off_from_the_command_line(thinking_options):
+    app = make_app(dataclasses.replace(thinking_options, think=False))  # `localspec chat --think off`
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        assert app.chat.default_think is False and app.chat.think is False
+        await send(pilot, "Hi")
+        [answer] = answers(app)
+        assert answer.text == ANSWER_TEXT and answer.thinking.has_class("-empty")
