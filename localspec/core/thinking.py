@@ -241,11 +241,6 @@ class PartStats:
     def to_dict(self) -> dict:
         return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tokens_per_pass": self.tokens_per_pass}
 
-    @classmethod
-    def from_dict(cls, data: dict) -> PartStats:
-        """Read `to_dict`'s output back (unknown keys ignored, missing ones 0)."""
-        return cls(**{k: data.get(k, 0) for k in ("tokens", "drafted", "accepted", "passes")})
-
 
 class ThinkingSplit:
     """One generation's events split into thinking and answer as they stream; `feed` each event in order.
@@ -305,12 +300,12 @@ class ThinkingSplit:
             (self._reasoning if part == THINKING else self._answer).append(text)
         if event.finish_reason is not None:
             self._close_step()
-            self._place(ANSWER)  # only whitespace came, or a start marker that never ended
+            self._place(ANSWER)  # only whitespace came, or the start of a marker that never came whole
         return pieces
 
     def _trim(self, pieces: list[Piece]) -> list[Piece]:
-        """Each part's text without its leading whitespace (a reasoning model writes "\n" after `<think>`, "\n\n"
-        after `</think>`)."""
+        """Each part's text without its leading whitespace (a reasoning model writes a line break after `<think>`,
+        two after `</think>`)."""
         out: list[Piece] = []
         for part, text, tag in pieces:
             if part not in self._begun:
