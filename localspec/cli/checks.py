@@ -57,6 +57,7 @@ class RunArgs:
     max_tokens: int
     stop: tuple[str, ...]
     overrides: Mapping[str, Any]  # the sampling and speculation flags given (they override the pair's defaults)
+    think: bool | None = None  # --think on / off (None: the pair's `thinking`, else the model's default)
 
 
 def check_run_args(args: argparse.Namespace) -> RunArgs:
@@ -91,6 +92,9 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
     pair, chat_template = _text(args.pair), _text(args.chat_template)
     if chat_template is not None and getattr(args, "chat", True) is False:  # generate wraps only with --chat
         raise InvalidParamsError("--chat-template only applies with --chat: add --chat or drop --chat-template")
+    think = {"on": True, "off": False, None: None}[getattr(args, "think", None)]
+    if think is not None and getattr(args, "chat", True) is False:
+        raise InvalidParamsError("--think only applies with --chat (it goes to the chat template): add --chat")
     stop = tuple(clean(s)[0] for s in (getattr(args, "stop", None) or []))
     if "" in stop:
         raise InvalidParamsError('--stop "" is empty and would never stop anything: give the text to stop at')
@@ -118,6 +122,7 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
         max_tokens=getattr(args, "max_tokens", DEFAULT_MAX_TOKENS),  # bench has no --max-tokens
         stop=stop,
         overrides=MappingProxyType(overrides),
+        think=think,
     )
 
 

@@ -70,6 +70,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
             shown = "" if opt.default is None else f" (default {opt.default})"
             p.add_argument(opt.flag, type=opt.kind, choices=opt.choices or None, help=opt.help + shown)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--think",
+        choices=("on", "off"),
+        help="a reasoning model thinks before it answers, or not, through its chat template's switch (Qwen3's "
+        "enable_thinking; default: the pair's `thinking`, else the model's own)",
+    )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

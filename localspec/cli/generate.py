@@ -1,7 +1,8 @@
 """`localspec generate`: the scripting face of the engine — complete a prompt (or stdin), N times, as text or JSON.
 
 The prompt is read as text (bytes that are not UTF-8 become U+FFFD, with a note), wrapped in the chat template
-with --chat, and fitted to the context (--truncate drops its start). Signals end it between steps.
+with --chat, and fitted to the context (--truncate drops its start). Signals end it between steps. With --chat, a
+reasoning model's thinking is split from its answer (DESIGN §10): it streams to stderr, and --json has it apart.
 """
 
 from __future__ import annotations
@@ -89,11 +90,15 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
             if note:
                 print(f"localspec: note: {note}", file=sys.stderr)
         sampling, spec = sampling_params(run.overrides, defaults), speculative_params(run.overrides, defaults)
+        splitter = None
         if args.chat:
             from localspec.core.session import ChatFormat, Message
 
             messages = ([Message("system", run.system)] if run.system else []) + [Message("user", prompt)]
-            tokens = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template).tokens(messages)
+            fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
+            think = _think(fmt, run, defaults, args)
+            tokens = fmt.tokens(messages, think=think)
+            splitter = _splitter(engine, fmt, think)
         else:
             tokens = engine.tokenize(prompt)
         tokens, truncated = _fit_prompt(
@@ -110,8 +115,9 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
             gen.notices.extend(notices)
             gen.on_prefill = _prefill_line(StatusLine())
             guard.generation = gen  # a signal now ends it between steps
+            split = splitter() if splitter is not None else None
             try:
-                _run_one(gen, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
+                _run_one(gen, split, args, last=i == args.n - 1 or guard.signum is not None, printed=len(notices))
             except WorkerLostError as e:
                 raise e.instead(_after_loss(args, i)) from None
             guard.generation = None
@@ -119,24 +125,78 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
     return 0
 
 
-def _run_one(gen, args: argparse.Namespace, *, last: bool, printed: int) -> None:
+def _think(fmt, run: RunArgs, defaults, args: argparse.Namespace) -> bool | None:
+    """The thinking switch for this run: --think, else the pair's `thinking`; refused where the model cannot follow it.
+
+    Raises:
+        InvalidParamsError: the model's template has no switch (or the model does not think).
+    """
+    name = fmt.model.path.name
+    if run.think is not None:
+        fmt.thinking.check(run.think, name)
+        return run.think
+    if defaults.thinking is not None:
+        setting = f"`thinking = {str(defaults.thinking).lower()}` of pair {args.pair!r} in models.toml"
+        fmt.thinking.check(defaults.thinking, name, setting)
+    return defaults.thinking
+
+
+def _splitter(engine, fmt, think: bool | None):
+    """A factory of fresh thinking/answer splits, one per completion."""
+    from localspec.core.thinking import ThinkingSplit
+
+    markers, opened = fmt.thinking.markers, fmt.opens_thinking(think)
+    return lambda: ThinkingSplit(markers, opened=opened, token_bytes=engine.target_model.token_bytes)
+
+
+def _run_one(gen, split, args: argparse.Namespace, *, last: bool, printed: int) -> None:
     """Run one completion: a JSON line, or streamed text, then its new notes and a stats line on stderr.
 
+    `split`: the thinking/answer split (None without --chat): thinking streams to stderr, the answer to stdout.
     `printed`: how many of `gen.notices` (the prompt's) were already shown.
     """
     if args.json:
-        for _ in gen:
-            pass
-        print(json.dumps(_completion_json(gen)), flush=True)
+        for event in gen:
+            if split is not None:
+                split.feed(event, gen.stats)
+        print(json.dumps(_completion_json(gen, split)), flush=True)
         return
+    thinking = False
     for event in gen:
-        sys.stdout.write(event.text)
-        sys.stdout.flush()
+        pieces = split.feed(event, gen.stats) if split is not None else [("answer", event.text, False)]
+        for part, text, _ in pieces:
+            if part == "thinking":
+                thinking = True
+                sys.stderr.write(text)
+                sys.stderr.flush()
+                continue
+            if thinking:  # the thinking ended: its own line on stderr
+                thinking = False
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    if thinking:
+        sys.stderr.write("\n")
     sys.stdout.write("\n" if last else "\n\n")
     sys.stdout.flush()
     for note in gen.notices[printed:]:
         print(f"localspec: note: {note}", file=sys.stderr)
     print(gen.stats.summary(), file=sys.stderr)
+    if split is not None and split.thought:
+        print(_parts_summary(split.parts()), file=sys.stderr)
+
+
+def _parts_summary(parts) -> str:
+    """One stderr line with the thinking and answer numbers."""
+
+    def one(name: str, part) -> str:
+        line = f"{name} {part.tokens} tokens"
+        if part.drafted:
+            line += f" (acceptance {part.acceptance_rate:.0%}, {part.tokens_per_pass:.2f} tokens/pass)"
+        return line
+
+    return ", ".join(one(name, part) for name, part in parts.items())
 
 
 def _after_loss(args: argparse.Namespace, i: int) -> str:
@@ -161,13 +221,16 @@ def _prefill_line(line: StatusLine):
     return show
 
 
-def _completion_json(gen) -> dict:
+def _completion_json(gen, split) -> dict:
+    """One completion as JSON: with --chat, `text` is the answer and `reasoning` the thinking (markers out)."""
     return {
-        "text": gen.text,
+        "text": split.answer if split is not None else gen.text,
+        "reasoning": split.reasoning if split is not None else "",
         "prompt_tokens": len(gen.prompt),
         "tokens": gen.tokens,
         "from_draft": gen.from_draft,
         "finish_reason": gen.finish_reason,
         "notices": gen.notices,
         "stats": gen.stats.to_dict(),
+        "parts": {name: part.to_dict() for name, part in split.parts().items()} if split is not None else None,
     }

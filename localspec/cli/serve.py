@@ -88,6 +88,8 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
     served = runner.load()
+    if served.think_flag is not None:  # a --think the model cannot follow: one line now, not a 400 per request
+        served.chat_format().thinking.check(served.think_flag, served.name)
     if served.resolved.defaults.notice:
         print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
     print(

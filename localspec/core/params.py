@@ -130,6 +130,7 @@ class PairDefaults:
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
     chat_template: str | None = None
+    thinking: bool | None = None  # a reasoning model thinks (True) or not (False) through its template's switch
     rpc: tuple[str, ...] = ()
     compat_hint: str = ""  # the curated drafts of the target's family, for an incompatible-draft error
     notice: str = ""  # what the user must be told (e.g. that the demo pair stands in); "" when nothing

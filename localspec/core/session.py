@@ -6,7 +6,8 @@ Message text is tokenized with special-token parsing off, so typing `<|im_end|>`
 the template's own markup yields control tokens. When the conversation outgrows n_ctx, the oldest
 turns are left out of the rendering (the system prompt stays) and the turn says so; the caches are
 shifted to the shorter window where the memory allows it (`window`), so the turn still decodes only
-its new tokens.
+its new tokens. Reasoning models (DESIGN §10): an answer's thinking is kept apart (`Message.reasoning`) and handed
+back to the template the way it reads it, so its own rule decides what a later turn keeps (Qwen3's drops it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from localspec.errors import ChatTemplateError, ContextError
 from localspec.llama.model import Model
 from localspec.llama.templates import render_builtin_chat, render_jinja_chat
 
-from . import window
+from . import thinking, window
 from .engine import Engine, Generation
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .sampling import SamplingParams
@@ -37,11 +38,17 @@ CUT_TO = 0.5
 @dataclass(frozen=True, slots=True)
 class Message:
     role: str  # "system", "user" or "assistant"
-    content: str
+    content: str  # an answer's text without its thinking
+    reasoning: str = ""  # an answer's thinking (markers out)
 
 
 class ChatFormat:
-    """Renders messages to token ids with the GGUF's Jinja template or a named llama.cpp template."""
+    """Renders messages to token ids with the GGUF's Jinja template or a named llama.cpp template.
+
+    `thinking` says what the model does about thinking; `tokens(messages, think=…)` passes the switch to the
+    template, and an answer's thinking goes to it as `reasoning_content` where the template reads that field,
+    else inside the content between the markers (a template that splits content at `</think>` drops it itself).
+    """
 
     def __init__(self, model: Model, template_name: str | None = None) -> None:
         self.model = model
@@ -56,27 +63,72 @@ class ChatFormat:
             render_builtin_chat(template_name, [])  # fail early on an unknown name
         control = sorted(model.control_tokens(), key=len, reverse=True)
         self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
+        self.thinking = thinking.detect(model, self.template)
 
-    def tokens(self, messages: Sequence[Message]) -> list[int]:
-        """Token ids of the conversation followed by the assistant's generation prompt."""
-        marks = [f"\u27e6{uuid.uuid4().hex}\u27e7" for _ in messages]
-        rendered = self._render([{"role": m.role, "content": mark} for m, mark in zip(messages, marks)])
+    def tokens(self, messages: Sequence[Message], *, think: bool | None = None) -> list[int]:
+        """Token ids of the conversation followed by the assistant's generation prompt.
+
+        Args:
+            messages: the conversation.
+            think: turn thinking on or off through the template's switch (None: the model's default; ignored by a
+                template without a switch — `ThinkingSupport.check` is the callers' refusal).
+        """
+        entries, texts = self._marked(messages)
+        rendered = self._render(entries, think)
         pieces: list[tuple[str, bool]] = []  # (text, is_markup)
         rest = rendered
-        for message, mark in zip(messages, marks):
-            before, found, rest = rest.partition(mark)
+        for mark, text, required in texts:
+            before, found, after = rest.partition(mark)
             if not found:
-                raise ChatTemplateError("the chat template dropped a message; choose another --chat-template")
-            pieces += [(before, True), (message.content, False)]
+                if required:
+                    raise ChatTemplateError("the chat template dropped a message; choose another --chat-template")
+                continue  # the template left this thinking out (its rule for past turns)
+            pieces += [(before, True), (text, False)]
+            rest = after
         pieces.append((rest, True))
         return self._tokenize(pieces)
 
-    def _render(self, messages: list[dict[str, str]]) -> str:
+    def opens_thinking(self, think: bool | None = None) -> bool:
+        """Whether the generation prompt leaves thinking open (the template wrote the start marker)."""
+        if not self.thinking.thinks:
+            return False
+        mark = f"\u27e6{uuid.uuid4().hex}\u27e7"
+        tail = self._render([{"role": "user", "content": mark}], think).rpartition(mark)[2]
+        return thinking.opened_by(self.thinking.markers, tail)
+
+    def _marked(self, messages: Sequence[Message]) -> tuple[list[dict[str, str]], list[tuple[str, str, bool]]]:
+        """The messages with a mark for each text, and (mark, text, required) in rendering order.
+
+        The template renders marks, which are then replaced by the texts tokenized as text: its markup alone may
+        yield control tokens. An answer's thinking is an optional mark: the template may leave it out.
+        """
+        entries: list[dict[str, str]] = []
+        texts: list[tuple[str, str, bool]] = []
+        markers = self.thinking.markers
+        for message in messages:
+            mark = f"\u27e6{uuid.uuid4().hex}\u27e7"
+            entry = {"role": message.role, "content": mark}
+            if message.reasoning and markers is not None:
+                thought = f"\u27e6{uuid.uuid4().hex}\u27e7"
+                if self.thinking.reasoning_field:
+                    entry["reasoning_content"] = thought
+                else:  # the model's own form; a template that splits content at the end marker drops the thought
+                    entry["content"] = f"{markers.start}\n{thought}\n{markers.end}\n\n{mark}"
+                texts.append((thought, message.reasoning, False))
+            entries.append(entry)
+            texts.append((mark, message.content, True))
+        return entries, texts
+
+    def _render(self, messages: list[dict[str, str]], think: bool | None = None) -> str:
         if self.template_name:
             return render_builtin_chat(self.template_name, messages)
         m = self.model
         return render_jinja_chat(
-            self.template, messages, bos=m.token_piece_text(m.info.bos), eos=m.token_piece_text(m.info.eos)
+            self.template,
+            messages,
+            bos=m.token_piece_text(m.info.bos),
+            eos=m.token_piece_text(m.info.eos),
+            variables=self.thinking.variables(think),
         )
 
     def _tokenize(self, pieces: list[tuple[str, bool]]) -> list[int]:
@@ -145,13 +197,14 @@ class ChatSession:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
+        think: bool | None = None,
     ) -> Generation:
         """Add a user message and start the assistant's answer; iterate the result to stream it.
 
-        The answer (partial if stopped early) joins the conversation when the iteration ends.
+        The answer (partial if stopped early) joins the conversation when the iteration ends, its thinking apart.
         """
         self.messages.append(Message("user", text))
-        return self.reply(sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
+        return self.reply(sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng, think=think)
 
     def regenerate(self, **kwargs) -> Generation:
         """Drop the last answer and generate it again."""
@@ -169,14 +222,23 @@ class ChatSession:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
+        think: bool | None = None,
     ) -> Generation:
         """Start the answer to `messages` as they stand (ending with a user message); it joins them at the end.
 
         Raises:
             ContextError: the conversation does not end with a user message, or it does not fit n_ctx.
         """
-        generation = self.answer(self.messages, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
-        generation.on_finish = lambda g: self.messages.append(Message("assistant", g.text))
+        generation = self.answer(
+            self.messages, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng, think=think
+        )
+        opened = self.format.opens_thinking(think)
+
+        def join(g: Generation) -> None:
+            reasoning, content = thinking.split_text(self.format.thinking.markers, g.text, opened=opened)
+            self.messages.append(Message("assistant", content, reasoning))
+
+        generation.on_finish = join
         return generation
 
     def answer(
@@ -188,17 +250,20 @@ class ChatSession:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng=None,
+        think: bool | None = None,
     ) -> Generation:
         """Start the assistant's answer to `messages`, a conversation its caller keeps (and adds the answer to).
 
         The caches stay warm from one call to the next as long as each conversation continues the last one.
+        `think` is passed to the template's thinking switch (None: the model's default); `splitter(think)`
+        separates the answer's thinking as it streams.
 
         Raises:
             ContextError: `messages` does not end with a user message, or it does not fit n_ctx.
         """
         if not messages or messages[-1].role != "user":
             raise ContextError("nothing to answer: send a message first")
-        prompt = self._fit(messages, max_tokens)
+        prompt = self._fit(messages, max_tokens, think)
         generation = self.engine.generate(
             prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng
         )
@@ -208,7 +273,16 @@ class ChatSession:
             )
         return generation
 
-    def _fit(self, messages: Sequence[Message], max_tokens: int) -> list[int]:
+    def splitter(self, think: bool | None = None) -> thinking.ThinkingSplit:
+        """A fresh split of one answer into thinking and answer (everything is answer for a model that does not
+        think); feed it the answer's events."""
+        return thinking.ThinkingSplit(
+            self.format.thinking.markers,
+            opened=self.format.opens_thinking(think),
+            token_bytes=self.engine.target_model.token_bytes,
+        )
+
+    def _fit(self, messages: Sequence[Message], max_tokens: int, think: bool | None = None) -> list[int]:
         """Tokens of the longest recent window of the conversation that leaves room for an answer.
 
         The window starts where the last one did (one rendering per turn while it fits). When it no
@@ -223,18 +297,18 @@ class ChatSession:
         start = self.dropped
         if not (start < len(turns) and turns[start] is self._cut):
             start = 0  # the messages were replaced (a resumed or edited chat): search from the beginning
-        tokens = self.format.tokens(system + turns[start:])
+        tokens = self.format.tokens(system + turns[start:], think=think)
         if len(tokens) > room:
-            start, tokens = self._cut_window(system, turns, start, tokens, room)
+            start, tokens = self._cut_window(system, turns, start, tokens, room, think)
         self.dropped, self._cut = start, turns[start] if turns else None
         return tokens
 
-    def _cut_window(self, system, turns, start, tokens, room) -> tuple[int, list[int]]:
+    def _cut_window(self, system, turns, start, tokens, room, think) -> tuple[int, list[int]]:
         starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
         seqs = list(self.engine.caches)
         if window.can_shift(seqs) and self.shift_fallback is None:
-            found = self._first_fit(system, turns, starts, int(room * CUT_TO)) or self._first_fit(
-                system, turns, starts, room
+            found = self._first_fit(system, turns, starts, int(room * CUT_TO), think) or self._first_fit(
+                system, turns, starts, room, think
             )
             if found is not None:
                 new_start, new_tokens = found
@@ -248,8 +322,8 @@ class ChatSession:
                     self.shifts += 1
                     return new_start, new_tokens
         # A block drop (the caches will re-read the window): the next re-read is many turns away.
-        found = self._first_fit(system, turns, starts, int(room * CUT_TO)) or self._first_fit(
-            system, turns, starts, room
+        found = self._first_fit(system, turns, starts, int(room * CUT_TO), think) or self._first_fit(
+            system, turns, starts, room, think
         )
         if found is None:
             raise ContextError(
@@ -259,12 +333,12 @@ class ChatSession:
         self.block_drops += 1
         return found
 
-    def _first_fit(self, system, turns, starts, budget) -> tuple[int, list[int]] | None:
+    def _first_fit(self, system, turns, starts, budget, think) -> tuple[int, list[int]] | None:
         """The earliest start in `starts` whose window fits `budget` (binary search: O(log n) renderings)."""
         lo, hi, best = 0, len(starts), None
         while lo < hi:
             mid = (lo + hi) // 2
-            tokens = self.format.tokens(system + turns[starts[mid] :])
+            tokens = self.format.tokens(system + turns[starts[mid] :], think=think)
             if len(tokens) <= budget:
                 best, hi = (starts[mid], tokens), mid
             else:

@@ -1,11 +1,17 @@
 """Chat templates: a GGUF's own Jinja template (through llama-cpp-python's formatter) or one of llama.cpp's
 built-in templates by name. Which one a conversation uses is `core.session.ChatFormat`'s decision.
+Templates may read variables besides the messages (Qwen3's `enable_thinking`): `template_variables` says which.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping
+from typing import Any
 
+import jinja2
+import jinja2.ext
+import jinja2.meta
 import llama_cpp
 from llama_cpp import llama_chat_format
 
@@ -15,9 +21,23 @@ from .log import init
 
 
 def render_jinja_chat(
-    template: str, messages: list[dict[str, str]], *, bos: str, eos: str, add_generation_prompt: bool = True
+    template: str,
+    messages: list[dict[str, str]],
+    *,
+    bos: str,
+    eos: str,
+    add_generation_prompt: bool = True,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """Render a conversation with a GGUF/Hugging Face Jinja chat template.
+
+    Args:
+        template: the Jinja source.
+        messages: role/content dicts (an assistant's may carry `reasoning_content`).
+        bos: the text of the BOS token, for templates that write it.
+        eos: the text of the EOS token.
+        add_generation_prompt: end with the assistant's turn opened.
+        variables: more template variables (e.g. `enable_thinking`).
 
     Raises:
         ChatTemplateError: the template does not render.
@@ -26,9 +46,24 @@ def render_jinja_chat(
         template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt
     )
     try:
-        return formatter(messages=messages).prompt
+        return formatter(messages=messages, **dict(variables or {})).prompt
     except Exception as e:  # Jinja raises many types; a template bug must not crash the app
         raise ChatTemplateError(f"the chat template failed to render: {e} — pass --chat-template NAME") from e
+
+
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a Jinja template reads without setting them (`messages`, `enable_thinking`, …).
+
+    A template that does not parse reads nothing: rendering it reports the error.
+    """
+    # the formatter's own extensions, so that a template it renders also parses here
+    extensions = [llama_chat_format.Jinja2ChatFormatter.IgnoreGenerationTags, jinja2.ext.loopcontrols]
+    try:
+        return frozenset(
+            jinja2.meta.find_undeclared_variables(jinja2.Environment(extensions=extensions).parse(template))
+        )
+    except jinja2.TemplateError:
+        return frozenset()
 
 
 def builtin_chat_templates() -> list[str]:

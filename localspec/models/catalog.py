@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from localspec.core.options import options_of
 from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
@@ -173,6 +182,10 @@ class PairSpec(BaseModel):
     chat_template: str | None = None
     """A llama.cpp built-in chat template name to use instead of the GGUF's own template."""
 
+    thinking: StrictBool | None = None
+    """A reasoning model thinks before it answers (true) or not (false), through its chat template's switch
+    (Qwen3's `enable_thinking`); unset: the model's own default. `--think on|off` and the chat's F3 settings win."""
+
     # The ranges are the engine's: each value is checked by building the parameter object it goes to.
     @field_validator(*PAIR_SAMPLING)
     @classmethod
@@ -250,8 +263,8 @@ class Pair:
         return self._set_fields(*PAIR_SPECULATIVE)
 
     def model_overrides(self) -> dict[str, Any]:
-        """Per-pair loading defaults that were set: n_ctx, n_gpu_layers, chat_template, rpc."""
-        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "rpc")
+        """Per-pair loading and template defaults that were set: n_ctx, n_gpu_layers, chat_template, thinking, rpc."""
+        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "thinking", "rpc")
 
     def defaults(self, *, compat_hint: str = "", notice: str = "") -> PairDefaults:
         """The pair's defaults as the engine's callers take them, with what loading it must say."""

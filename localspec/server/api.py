@@ -74,6 +74,7 @@ class TextPart(_Strict):
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
+    reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
 
     @property
     def text(self) -> str:
@@ -123,9 +124,20 @@ class _Common(_Strict):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
+class TemplateKwargs(_Strict):
+    """llama-server's and vLLM's `chat_template_kwargs`: the template variables a request may set."""
+
+    enable_thinking: bool | None = None  # a reasoning model thinks or not (its template's switch)
+
+
 class ChatRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
+
+    @property
+    def think(self) -> bool | None:
+        return self.chat_template_kwargs.enable_thinking if self.chat_template_kwargs else None
 
 
 class CompletionRequest(_Common):

@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localspec.core.params import OVERRIDE_OPTIONS
 from localspec.core.session import Message as ChatTurn
+from localspec.core.thinking import THINKING
 from localspec.errors import LocalspecError, RpcError
 
 from . import runner as runner_mod
@@ -190,7 +191,10 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
 
     async def chat(request: Request) -> Response:
         parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
-        messages = tuple(ChatTurn("system" if m.role == "developer" else m.role, m.text) for m in parsed.messages)
+        messages = tuple(
+            ChatTurn("system" if m.role == "developer" else m.role, m.text, m.reasoning_content or "")
+            for m in parsed.messages
+        )
         return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
 
     async def completions(request: Request) -> Response:
@@ -248,6 +252,7 @@ def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
         overrides=overrides,
         penalties=penalties,
         drafter=parsed.drafter,
+        think=getattr(parsed, "think", None),
     )
 
 
@@ -256,7 +261,7 @@ async def _answer(http: Request, runner: Runner, parsed, request: runner_mod.Req
         job, future = runner.submit(parsed.model, request)
         outcome = await _watched(asyncio.wrap_future(future), http, job)
         reply = Reply(kind, outcome.served.name)
-        return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations))
+        return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple] = asyncio.Queue()
 
@@ -303,22 +308,23 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     """The chunks of a streamed answer: per choice the role, the text deltas, the finish; then usage; [DONE]."""
     started: set[int] = set()
-    generations = []
+    generations, splits = [], []
     while True:
         item = await queue.get()
         if item[0] == "token":
-            _, index, event = item
+            _, index, _event, pieces = item
             if reply.kind == "chat" and index not in started:
                 started.add(index)
                 yield sse(reply.chunk(index, "", first=True))
-            if event.text:
-                yield sse(reply.chunk(index, event.text))
+            for part, text, _ in pieces:  # a reasoning model's thinking goes in `reasoning_content` deltas
+                yield sse(reply.chunk(index, text, reasoning=part == THINKING))
         elif item[0] == "end":
-            _, index, gen = item
+            _, index, gen, split = item
             generations.append(gen)
+            splits.append(split)
             extra = None
             if index == n - 1:  # the last chunk of the answer carries the timings and our stats
-                both = usage_and_timings(prompt_tokens, generations)
+                both = usage_and_timings(prompt_tokens, generations, splits)
                 extra = {"timings": both["timings"], "localspec": both["localspec"]}
             yield sse(reply.chunk(index, "", finish=gen.finish_reason, extra=extra))
         elif item[0] == "done":
@@ -330,7 +336,7 @@ async def _events(
                 yield sse(api.body())
             break
     if include_usage and generations:
-        yield sse(reply.usage_chunk(prompt_tokens, generations))
+        yield sse(reply.usage_chunk(prompt_tokens, generations, splits))
     yield sse("[DONE]")
 
 

@@ -3,7 +3,8 @@
 `usage` has OpenAI's fields; `timings` beside it uses llama-server's names (`prompt_n`, `cache_n`, `predicted_n`,
 `predicted_per_second`, `draft_n`, `draft_n_accepted`), so tools that read llama-server read us; our own
 speculation stats (DESIGN §5) go under the one extra key `localspec`. A streamed answer carries them in its last
-chunk.
+chunk. A reasoning model's thinking goes in `reasoning_content` (the message, or the stream's deltas), as
+llama-server and DeepSeek's API put it, and its tokens in `usage.completion_tokens_details.reasoning_tokens`.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from collections.abc import Sequence
 
 from localspec.core.engine import Generation
 from localspec.core.stats import Stats
+from localspec.core.thinking import THINKING, PartStats, ThinkingSplit
 
 from .api import finite
+
+Splits = Sequence[ThinkingSplit | None]  # each choice's thinking/answer split (None: no split, a raw completion)
 
 
 @dataclasses.dataclass(slots=True)
@@ -38,40 +42,56 @@ class Reply:
         obj += ".chunk" if chunk and self.kind == "chat" else ""
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": None}
 
-    def whole(self, prompt_tokens: int, generations: Sequence[Generation]) -> dict:
-        """The non-streaming response."""
-        choices = [self._choice(i, gen.text, _finish(gen)) for i, gen in enumerate(generations)]
-        return {**self._head(False), "choices": choices, **usage_and_timings(prompt_tokens, generations)}
+    def whole(self, prompt_tokens: int, generations: Sequence[Generation], splits: Splits = ()) -> dict:
+        """The non-streaming response (`splits`: each choice's thinking/answer split, for a chat)."""
+        splits = list(splits) or [None] * len(generations)
+        choices = [self._choice(i, gen, split) for i, (gen, split) in enumerate(zip(generations, splits))]
+        return {**self._head(False), "choices": choices, **usage_and_timings(prompt_tokens, generations, splits)}
 
-    def _choice(self, index: int, text: str, finish: str | None) -> dict:
+    def _choice(self, index: int, gen: Generation, split: ThinkingSplit | None) -> dict:
+        finish = _finish(gen)
+        text = split.answer if split is not None else gen.text
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, "refusal": None}
+            if split is not None and split.reasoning:
+                message["reasoning_content"] = split.reasoning
             return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
 
-    def chunk(self, index: int, text: str, *, first: bool = False, finish: str | None = None, extra=None) -> dict:
-        """One stream chunk: the role first (chat), then text deltas, then the finish reason."""
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        *,
+        first: bool = False,
+        finish: str | None = None,
+        extra=None,
+        reasoning: bool = False,
+    ) -> dict:
+        """One stream chunk: the role first (chat), then text deltas (`reasoning`: of the thinking), then the finish."""
         if self.kind == "chat":
-            delta: dict = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            key = "reasoning_content" if reasoning else "content"
+            delta: dict = {"role": "assistant", "content": ""} if first else ({key: text} if text else {})
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
         return {**self._head(True), "choices": [choice], **(extra or {})}
 
-    def usage_chunk(self, prompt_tokens: int, generations: Sequence[Generation]) -> dict:
+    def usage_chunk(self, prompt_tokens: int, generations: Sequence[Generation], splits: Splits = ()) -> dict:
         """The chunk `stream_options.include_usage` asks for: no choices, the usage (and our timings)."""
-        return {**self._head(True), "choices": [], **usage_and_timings(prompt_tokens, generations)}
+        return {**self._head(True), "choices": [], **usage_and_timings(prompt_tokens, generations, splits)}
 
 
 def _finish(gen: Generation) -> str | None:
     return gen.finish_reason
 
 
-def usage_and_timings(prompt_tokens: int, generations: Sequence[Generation]) -> dict:
+def usage_and_timings(prompt_tokens: int, generations: Sequence[Generation], splits: Splits = ()) -> dict:
     """`usage`, `timings` and `localspec` for a response's choices (which share one prompt)."""
     total = Stats()
     for gen in generations:
         total.merge(gen.stats)
+    parts = _parts(splits)
     completion = sum(len(gen.tokens) for gen in generations)
     first = generations[0].stats if generations else Stats(prompt_tokens=prompt_tokens)
     # The target reads prompt[:-1] in the prefill (what it decodes there is prefill_decoded); the last prompt
@@ -85,6 +105,8 @@ def usage_and_timings(prompt_tokens: int, generations: Sequence[Generation]) -> 
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": cache_n},
     }
+    if parts is not None:  # OpenAI's count of the thinking tokens (part of completion_tokens)
+        usage["completion_tokens_details"] = {"reasoning_tokens": parts[THINKING].tokens}
     timings = {
         "cache_n": cache_n,
         "prompt_n": prompt_tokens - cache_n,
@@ -96,7 +118,22 @@ def usage_and_timings(prompt_tokens: int, generations: Sequence[Generation]) -> 
         "draft_n": total.drafted,
         "draft_n_accepted": total.accepted,
     }
-    return {"usage": usage, "timings": timings, "localspec": speculation(total, prompt_tokens, cache_n)}
+    ours = speculation(total, prompt_tokens, cache_n)
+    if parts is not None:
+        ours["parts"] = {name: {k: finite(v) for k, v in part.to_dict().items()} for name, part in parts.items()}
+    return {"usage": usage, "timings": timings, "localspec": ours}
+
+
+def _parts(splits: Splits) -> dict[str, PartStats] | None:
+    """The choices' thinking and answer numbers summed (None unless the model thinks)."""
+    found = [s for s in splits if s is not None and s.markers is not None]
+    if not found:
+        return None
+    total = {name: PartStats() for name in found[0].parts()}
+    for split in found:
+        for name, part in split.parts().items():
+            total[name].add(part)
+    return total
 
 
 def speculation(stats: Stats, prompt_tokens: int, cache_n: int) -> dict:

@@ -26,6 +26,7 @@ from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS, MODEL_DRAFTERS, LoadParams, PairDefaults
 from localspec.core.policy import DraftPolicy
 from localspec.core.session import ChatFormat, Message
+from localspec.core.thinking import ANSWER, ThinkingSplit
 from localspec.errors import ChatTemplateError, LocalspecError
 from localspec.models.loading import (
     ModelFlags,
@@ -56,6 +57,7 @@ class Served:
     chat_template: str | None
     _format: ChatFormat | None = None
     drafter: str = ""  # the drafter in use now (a request may ask for another)
+    think_flag: bool | None = None  # `serve --think on|off`
     _drafters: dict[str, tuple[Drafter | None, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
     _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
 
@@ -92,6 +94,11 @@ class Served:
     def defaults(self) -> PairDefaults:
         return self.resolved.defaults
 
+    @property
+    def think(self) -> bool | None:
+        """The thinking switch when a request sets none: `serve --think`, else the pair's `thinking`."""
+        return self.think_flag if self.think_flag is not None else self.defaults.thinking
+
     def chat_format(self) -> ChatFormat:
         """The chat template, read once (raises ChatTemplateError for a model without one)."""
         if self._format is None:
@@ -111,6 +118,7 @@ class Request:
     overrides: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, over the server's flags
     penalties: Mapping[str, float] = field(default_factory=dict)  # presence_penalty / frequency_penalty
     drafter: str | None = None
+    think: bool | None = None  # chat_template_kwargs.enable_thinking (None: --think, the pair's, the model's)
 
 
 @dataclass(slots=True)
@@ -120,6 +128,7 @@ class Outcome:
     served: Served
     prompt_tokens: int
     generations: list[Generation]
+    splits: list[ThinkingSplit | None] = field(default_factory=list)  # each choice's thinking split (chat)
 
 
 class Job:
@@ -185,7 +194,14 @@ class Runner:
             raise
         finally:
             self.loading = None
-        self.served = Served(name, resolved, engine, params, getattr(flags, "chat_template", None))
+        self.served = Served(
+            name,
+            resolved,
+            engine,
+            params,
+            getattr(flags, "chat_template", None),
+            think_flag=getattr(flags, "think", None),
+        )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, params.drafter)
         return self.served
 
@@ -232,7 +248,8 @@ class Runner:
         """Queue `request` (for the pair `model` names); the future gives its `Outcome`.
 
         `emit` (called on the worker thread) receives ("start", prompt_tokens, model name), then
-        ("token", index, TokenEvent) for each token and ("end", index, Generation) for each choice.
+        ("token", index, TokenEvent, pieces) for each token — pieces: its text as (part, text, from_draft), a
+        reasoning model's thinking apart — and ("end", index, Generation, ThinkingSplit or None) for each choice.
 
         Raises:
             ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full.
@@ -300,33 +317,72 @@ def complete(
         ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
     """
     engine = served.engine
-    prompt = _prompt_tokens(served, request)
+    think = _think(served, request) if request.messages is not None else None
+    prompt = _prompt_tokens(served, request, think)
     max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
     sampling, spec = _params(served, request)
     rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
     emit(("start", len(prompt), served.name))
     generations: list[Generation] = []
+    splits: list[ThinkingSplit | None] = []
     for index in range(request.n):
         if job.cancelled:
             break
         gen = engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng)
+        split = _splitter(served, think) if request.messages is not None else None
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
             gen.cancel()
         for event in gen:
-            emit(("token", index, event))
+            pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
+            emit(("token", index, event, [p for p in pieces if p[1]]))
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
             log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
         generations.append(gen)
-        emit(("end", index, gen))
-    return Outcome(served, len(prompt), generations)
+        splits.append(split)
+        emit(("end", index, gen, split))
+    return Outcome(served, len(prompt), generations, splits)
 
 
-def _prompt_tokens(served: Served, request: Request) -> list[int]:
+def _think(served: Served, request: Request) -> bool | None:
+    """The thinking switch of a chat request: its own, else the server's --think, else the pair's `thinking`.
+
+    Raises:
+        ApiError: the model cannot follow it (400).
+    """
+    think = request.think if request.think is not None else served.think
+    if think is None:
+        return None
+    try:
+        support = served.chat_format().thinking
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
+    if request.think is not None:
+        setting = f"chat_template_kwargs.enable_thinking = {str(think).lower()}"
+    elif served.think_flag is not None:
+        setting = f"serve --think {'on' if think else 'off'}"
+    else:
+        setting = f"`thinking = {str(think).lower()}` of pair {served.name!r} in models.toml"
+    try:
+        support.check(think, served.name, setting)
+    except LocalspecError as e:
+        param = "chat_template_kwargs.enable_thinking" if request.think is not None else None
+        raise ApiError(400, str(e), param=param, code="unsupported_value") from None
+    return think
+
+
+def _splitter(served: Served, think: bool | None) -> ThinkingSplit:
+    fmt = served.chat_format()
+    return ThinkingSplit(
+        fmt.thinking.markers, opened=fmt.opens_thinking(think), token_bytes=served.engine.target_model.token_bytes
+    )
+
+
+def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:
     engine = served.engine
     if request.messages is not None:
         try:
-            tokens = served.chat_format().tokens(request.messages)
+            tokens = served.chat_format().tokens(request.messages, think=think)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
         what = "messages"
@@ -379,7 +435,7 @@ def _reload(old: Served) -> Served | None:
     except LocalspecError as e:
         log.error("could not reload %s: %s", old.name, e)
         return None
-    return Served(old.name, old.resolved, engine, old.params, old.chat_template)
+    return Served(old.name, old.resolved, engine, old.params, old.chat_template, think_flag=old.think_flag)
 
 
 def _log_progress(name: str) -> Callable[[float], None]:

@@ -7,6 +7,8 @@ draw. Loading, pulling and generating run in Textual thread workers that only po
 uses the engine, so the engine is closed (on quit or on a pair switch) only when nothing is running on it.
 Quitting — Ctrl+Q, or SIGTERM / SIGHUP (a `kill`, a closed terminal) — stops an answer as Esc does and
 waits for it to be saved as stopped before the app exits through Textual, which restores the terminal.
+A reasoning model's thinking streams into its own folded block; F8 folds or unfolds them all, remembered in the
+chat database's preferences.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 log = logging.getLogger("localspec.tui")
 
 STOP_WAIT = 10.0  # seconds a quit waits for the stopped answer to come back and be saved
+THINKING_PREFERENCE = "thinking_expanded"  # the chat database's preference: thinking blocks stay unfolded
+
+
+def _thinking_tokens(stats: dict | None) -> int | None:
+    """A saved answer's thinking tokens, from its stats (None when it did not think or was saved without them)."""
+    parts = (stats or {}).get("parts") or {}
+    tokens = (parts.get("thinking") or {}).get("tokens")
+    return tokens if isinstance(tokens, int) else None
 
 
 class ChatApp(App[int]):
@@ -74,6 +84,7 @@ class ChatApp(App[int]):
         Binding("f6", "copy_answer", "Copy answer"),
         # priority: the prompt box (a TextArea) binds F7 itself (select all), and it has the focus
         Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True),
+        Binding("f8", "toggle_thinking", "Thinking", show=False),  # each thinking block's title names it
     ]
 
     def __init__(self, options: ChatOptions, store: ChatStore) -> None:
@@ -87,6 +98,7 @@ class ChatApp(App[int]):
         self._quit_code: int | None = None  # the exit code of a quit that waits for the answer to stop
         self._signals: list[int] = []  # the signals whose handlers this app installed
         self._hung_up = False  # SIGHUP came with the terminal gone: the output goes to /dev/null
+        self.thinking_expanded = False  # thinking blocks stay unfolded after the answer starts (F8; a preference)
 
     def get_driver_class(self):
         """Textual's terminal driver for this platform; on Linux and macOS the one whose Esc never types "^"."""
@@ -120,6 +132,7 @@ class ChatApp(App[int]):
         prompt.cursor_blink = self.options.cursor_blink
         prompt.focus()
         self.query_one("#messages", VerticalScroll).anchor()
+        self.thinking_expanded = self.chat.store.preference(THINKING_PREFERENCE, False) is True
         self._stats_timer = self.set_interval(self.options.stats_interval, self._refresh_stats, pause=True)
         await self._show_conversation()
         self.draw_stats()
@@ -138,6 +151,7 @@ class ChatApp(App[int]):
             ("Copy answer", "Copy the last answer", self.action_copy_answer),
             ("Copy code block", "Copy the last code block of the last answer", self.action_copy_code),
             ("Draft colours", "Colour the tokens that came from the draft", self.action_toggle_provenance),
+            ("Thinking", "Fold or unfold reasoning models' thinking (F8)", self.action_toggle_thinking),
         ):
             yield SystemCommand(title, help_text, action)
 
@@ -189,6 +203,7 @@ class ChatApp(App[int]):
             adaptive=self.chat.settings.spec.adaptive,
             provenance=self.screen.has_class("-provenance"),
             drafting_note=self.chat.loaded.engine.drafting_note if self.chat.loaded else "",
+            parts=live.parts if live else self.chat.last_parts,
         )
 
     def draw_stats(self, view: StatsView | None = None) -> None:
@@ -247,7 +262,7 @@ class ChatApp(App[int]):
             return
         self._progress(False)
         try:
-            self.chat.attach(loaded)  # on failure the pair stays loaded, so that a switch unloads it
+            notices = self.chat.attach(loaded)  # on failure the pair stays loaded, so that a switch unloads it
         except LocalspecError as e:
             self._set_status("no chat possible with this model: pick another pair (F2)")
             self._error(str(e))
@@ -257,6 +272,8 @@ class ChatApp(App[int]):
         self.draw_stats()
         if loaded.pair.defaults.notice:
             self.notify(loaded.pair.defaults.notice, severity="warning", timeout=12)
+        for notice in notices:
+            self.notify(notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
         if message.pulled:
@@ -299,6 +316,7 @@ class ChatApp(App[int]):
         await self._messages.remove_children()
         system = self.chat.system
         widgets = [ChatMessage("system", system)] if system else []
+        expanded = self.thinking_expanded
         if stored is not None:
             widgets += [
                 ChatMessage(
@@ -306,11 +324,22 @@ class ChatApp(App[int]):
                     m.content,
                     m.provenance,
                     caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "",
+                    reasoning_runs=m.reasoning_provenance or ([(m.reasoning, False)] if m.reasoning else []),
+                    thinking_tokens=_thinking_tokens(m.stats),
+                    thinking_expanded=expanded,
                 )
                 for m in stored
             ]
         else:
-            widgets += [ChatMessage(m.role, m.content) for m in self.chat.dialogue]
+            widgets += [
+                ChatMessage(
+                    m.role,
+                    m.content,
+                    reasoning_runs=[(m.reasoning, False)] if m.reasoning else [],
+                    thinking_expanded=expanded,
+                )
+                for m in self.chat.dialogue
+            ]
         if widgets:
             await self._messages.mount_all(widgets)
         self._messages.scroll_end(animate=False)
@@ -332,7 +361,7 @@ class ChatApp(App[int]):
         await self._start_turn(turn)
 
     async def _start_turn(self, turn: Turn) -> None:
-        self._answer = ChatMessage("assistant")
+        self._answer = ChatMessage("assistant", thinking_expanded=self.thinking_expanded)
         await self._messages.mount(self._answer)
         self._messages.scroll_end(animate=False)
         self._live = None
@@ -358,15 +387,19 @@ class ChatApp(App[int]):
                 else:
                     self.post_message(AnswerDone(turn.id, item))
 
-            stream_generation(generation, emit, ready=turn.gate.ready, interval=self.options.stream_interval)
+            stream_generation(
+                generation, emit, split=turn.split, ready=turn.gate.ready, interval=self.options.stream_interval
+            )
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
         if self.chat.turn is None or message.turn_id != self.chat.turn.id or self._answer is None:
             return
         turn, first = self.chat.turn, self._live is None
         self._live = message.chunk
+        chunk = message.chunk
+        thinking_tokens = chunk.parts["thinking"].tokens if chunk.parts else None
         try:
-            await self._answer.append(message.chunk.runs)
+            await self._answer.append(chunk.runs, chunk.thinking_runs, thinking_tokens)
         finally:
             turn.gate.drawn()
         if first:
@@ -382,7 +415,11 @@ class ChatApp(App[int]):
         finished = message.finished
         if self._answer is not None:
             await self._answer.finish(
-                finished.text, finished.runs, answer_caption(finished.stats.to_dict(), finished.reason)
+                finished.text,
+                finished.runs,
+                answer_caption(finished.stats.to_dict(), finished.reason),
+                finished.reasoning_runs,
+                finished.parts["thinking"].tokens if finished.parts else None,
             )
         self._answer, self._live = None, None
         self._stats_timer.pause()
@@ -464,6 +501,17 @@ class ChatApp(App[int]):
         self.draw_stats(self._view(generating=self.chat.turn is not None and self._live is not None))
         self.notify("draft tokens in green, target tokens plain" if on else "answers shown as Markdown")
 
+    def action_toggle_thinking(self) -> None:
+        """Fold or unfold every thinking block, and keep them so for the answers to come (F8; remembered)."""
+        self.thinking_expanded = not self.thinking_expanded
+        for message in self._messages.query(ChatMessage).filter(".assistant"):
+            message.set_thinking_expanded(self.thinking_expanded)
+        try:
+            self.chat.store.set_preference(THINKING_PREFERENCE, self.thinking_expanded)
+        except LocalspecError as e:
+            self._error(str(e))
+        self.notify("thinking stays unfolded" if self.thinking_expanded else "thinking folds when the answer starts")
+
     def action_toggle_stats(self) -> None:
         """Show or hide the stats panel."""
         self.query_one(StatsPanel).toggle_class("-hidden")
@@ -524,9 +572,13 @@ class ChatApp(App[int]):
 
     def action_settings(self) -> None:
         """Open the settings form."""
-        self.push_screen(
-            SettingsScreen(self.chat.settings, cursor_blink=self.options.cursor_blink), self._settings_saved
+        screen = SettingsScreen(
+            self.chat.settings,
+            cursor_blink=self.options.cursor_blink,
+            thinking=self.chat.thinking if self.chat.loaded else None,
+            default_think=self.chat.default_think,
         )
+        self.push_screen(screen, self._settings_saved)
 
     def _settings_saved(self, settings: ChatSettings | None) -> None:
         if settings is None:

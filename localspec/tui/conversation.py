@@ -10,6 +10,7 @@ holds the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -18,6 +19,7 @@ from localspec.core.engine import Engine, Generation
 from localspec.core.params import MODEL_DRAFTERS
 from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
+from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 
 from .live import ChunkGate, Finished
@@ -52,8 +54,10 @@ class Turn:
         stop: tuple[str, ...] = (),
         text: str = "",
         message_id: int | None = None,
+        think: bool | None = None,
     ) -> None:
         self.id, self.kind, self.text = turn_id, kind, text
+        self.think = think  # the thinking switch this answer is generated with (None: the model's default)
         self.message_id = message_id  # the saved user message this turn answers (kind "send")
         self.session, self.settings, self.stop = session, settings, stop
         self.messages = messages  # the conversation it answers, as it stood when the turn started
@@ -62,9 +66,10 @@ class Turn:
         self._cancelled = False
         self._generation: Generation | None = None
         self.gate = ChunkGate()  # one streamed chunk in flight between the worker and the UI
+        self.split: ThinkingSplit | None = None  # its thinking/answer split, once begun
 
     def begin(self) -> Generation:
-        """Start the answer on the engine (in the worker thread that holds it).
+        """Start the answer on the engine (in the worker thread that holds it); `split` separates its thinking.
 
         Raises:
             LocalspecError: e.g. the conversation does not fit the context.
@@ -76,7 +81,9 @@ class Turn:
             spec=settings.spec,
             max_tokens=settings.max_tokens,
             stop=self.stop,
+            think=self.think,
         )
+        self.split = self.session.splitter(self.think)
         with self._lock:
             self._generation = generation
             if self._cancelled:  # Esc came before the worker got here
@@ -115,6 +122,9 @@ class Conversation:
         self.session_stats = Stats()  # every answer since the pair was loaded or the chat changed
         self.answers = 0
         self.last_turn: Stats | None = None
+        self.last_parts: dict[str, PartStats] | None = None  # the last answer's thinking and answer numbers
+        self.thinking = ThinkingSupport()  # what the loaded model does about thinking
+        self.default_think: bool | None = None  # --think, else the pair's `thinking` (None: the model's own)
         self._pending_settings: ChatSettings | None = None  # applied when the reload they asked for is done
 
     # --- what is there ---------------------------------------------------------------------------------------
@@ -159,8 +169,12 @@ class Conversation:
         self.reset_stats()  # the numbers belong to the models that made them
         return old
 
-    def attach(self, loaded: Loaded) -> None:
+    def attach(self, loaded: Loaded) -> list[str]:
         """The pair is loaded: a session continues the conversation on it.
+
+        Returns:
+            What the user must be told: a thinking choice (--think, the pair's `thinking`, the chat's) that this
+            model cannot follow, which is then left to the model.
 
         Raises:
             LocalspecError: the target has no usable chat template (the pair stays loaded, to be unloaded).
@@ -173,12 +187,37 @@ class Conversation:
             self.phase = Phase.NO_MODEL
             raise
         self.phase = Phase.READY
+        # the chat's own switch outlives a reload and a pair switch, when the new model has one
+        kept = (self._pending_settings or self.settings).think
         self.settings = self._pending_settings or ChatSettings.initial(
             self.options, loaded.pair.defaults, loaded.drafter
         )
         self._pending_settings = None
         if self.saved_id is not None and loaded.pair.name:
             self.store.set_pair(self.saved_id, loaded.pair.name)
+        return self._attach_thinking(loaded, kept)
+
+    def _attach_thinking(self, loaded: Loaded, kept: bool | None) -> list[str]:
+        """The loaded model's thinking support and the default switch; what cannot be followed is said and dropped."""
+        assert self.session is not None
+        self.thinking = self.session.format.thinking
+        name = loaded.pair.name or loaded.pair.label
+        notices = []
+        flag, pair = self.options.think, loaded.pair.defaults.thinking
+        self.default_think = flag if flag is not None else pair
+        if flag is not None:
+            setting = f"--think {'on' if flag else 'off'}"
+        else:
+            setting = f"`thinking = {str(pair).lower()}` of pair {name!r} in models.toml"
+        try:
+            self.thinking.check(self.default_think, name, setting)
+        except LocalspecError as e:
+            notices.append(f"{e} (meanwhile the model decides)")
+            self.default_think = None
+        if not self.thinking.can_switch:
+            kept = None  # the settings say what this model does instead of offering a switch
+        self.settings = dataclasses.replace(self.settings, think=kept)
+        return notices
 
     def load_failed(self) -> None:
         """The load ended without a pair."""
@@ -223,6 +262,8 @@ class Conversation:
             title = " ".join(text.split())[:TITLE_LENGTH]
             pair = (self.loaded.pair.name or self.loaded.pair.label) if self.loaded else ""
             self.saved_id = self.store.create_conversation(title, pair=pair, system=self.system)
+            if self.settings.think is not None:
+                self.store.set_think(self.saved_id, self.settings.think)
         message_id = self.store.add_message(self.saved_id, "user", text)  # committed before generating
         self.messages.append(Message("user", text))
         return self._start("send", session, text, message_id)
@@ -253,7 +294,15 @@ class Conversation:
     def _start(self, kind: str, session: ChatSession, text: str = "", message_id: int | None = None) -> Turn:
         self.turn_ids += 1
         self.turn = Turn(
-            self.turn_ids, kind, session, tuple(self.messages), self.settings, self.options.stop, text, message_id
+            self.turn_ids,
+            kind,
+            session,
+            tuple(self.messages),
+            self.settings,
+            self.options.stop,
+            text,
+            message_id,
+            think=self.think,
         )
         self.phase = Phase.GENERATING
         return self.turn
@@ -261,6 +310,11 @@ class Conversation:
     def _end_turn(self) -> None:
         self.turn = None
         self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
+
+    @property
+    def think(self) -> bool | None:
+        """The thinking switch the next answer uses: this chat's, else --think or the pair's (None: the model's)."""
+        return self.settings.think if self.settings.think is not None else self.default_think
 
     def stop(self) -> bool:
         """Ask the answer being generated to stop; False when there is none."""
@@ -276,18 +330,24 @@ class Conversation:
             LocalspecError: the answer cannot be saved (it stays in the conversation).
         """
         self._end_turn()
-        self.messages.append(Message("assistant", finished.text))
+        self.messages.append(Message("assistant", finished.text, finished.reasoning))
         self.session_stats.merge(finished.stats)
         self.answers += 1
         self.last_turn = finished.stats
+        self.last_parts = finished.parts
         if self.saved_id is not None:
+            stats = finished.stats.to_dict()
+            if finished.parts is not None:
+                stats["parts"] = {name: part.to_dict() for name, part in finished.parts.items()}
             self.store.add_message(
                 self.saved_id,
                 "assistant",
                 finished.text,
                 finish_reason=finished.reason,
-                stats=finished.stats.to_dict(),
+                stats=stats,
                 provenance=finished.runs,
+                reasoning=finished.reasoning,
+                reasoning_provenance=finished.reasoning_runs or None,
             )
 
     def fail(self, turn: Turn) -> None:
@@ -312,6 +372,7 @@ class Conversation:
         if self.session is not None:
             self.session.clear()  # forgets the window it kept of the old conversation
         self.saved_id = None
+        self.settings = dataclasses.replace(self.settings, think=None)  # a new chat starts at the default switch
         self.reset_stats()
 
     def forget(self, saved_id: int) -> None:
@@ -331,8 +392,10 @@ class Conversation:
         saved = self.store.get(saved_id)
         stored = self.store.messages(saved_id)
         system = [Message("system", saved.system)] if saved.system.strip() else []
-        self.messages[:] = system + [Message(m.role, m.content) for m in stored]
+        self.messages[:] = system + [Message(m.role, m.content, m.reasoning) for m in stored]
         self.saved_id = saved_id
+        think = saved.think if self.thinking.can_switch else None  # its own switch, where this model has one
+        self.settings = dataclasses.replace(self.settings, think=think)
         self.reset_stats()
         return saved, stored
 
@@ -353,6 +416,8 @@ class Conversation:
         Raises:
             InvalidParamsError: the drafter needs a draft model and the loaded pair has none.
         """
+        if settings.think != self.settings.think and self.saved_id is not None:
+            self.store.set_think(self.saved_id, settings.think)
         if self.loaded is None or settings.drafter == self.loaded.drafter:
             self.settings = settings
             return False
@@ -365,7 +430,7 @@ class Conversation:
 
     def reset_stats(self) -> None:
         """Forget the numbers of the answers so far."""
-        self.session_stats, self.answers, self.last_turn = Stats(), 0, None
+        self.session_stats, self.answers, self.last_turn, self.last_parts = Stats(), 0, None, None
 
     def close(self) -> None:
         """Close the chat database (the engine is the caller's: see `detach`)."""

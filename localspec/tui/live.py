@@ -1,9 +1,10 @@
 """Live numbers for the stats panel, and the loop that turns a `Generation` into batched UI updates.
 
-`stream_generation` runs in the app's thread worker: it iterates the engine, gathers released text as
-provenance runs, and calls `emit` at most every `interval` seconds with a `Chunk` (text since the last
-chunk plus a `StatsView` snapshot), then once with the `Finished` answer. `render_stats` draws a
-`StatsView` as Rich text. Nothing here touches a widget, so the loop is safe off the UI thread.
+`stream_generation` runs in the app's thread worker: it iterates the engine, splits a reasoning model's thinking
+from its answer (`ThinkingSplit`), gathers released text as provenance runs of each, and calls `emit` at most
+every `interval` seconds with a `Chunk` (text since the last chunk plus a `StatsView` snapshot), then once with the
+`Finished` answer. `render_stats` draws a `StatsView` as Rich text. Nothing here touches a widget, so the loop is
+safe off the UI thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rich.text import Text
 
 from localspec.core.engine import Generation
 from localspec.core.stats import Stats
+from localspec.core.thinking import ANSWER, THINKING, PartStats, ThinkingSplit
 
 from .failure import error_text
 
@@ -44,16 +46,19 @@ class StatsView:
     adaptive: bool = True  # the engine picks k ≤ draft_max each step (and may turn speculation off)
     provenance: bool = False  # draft tokens are coloured: show the legend
     drafting_note: str = ""  # how a draft with another vocabulary drafts (`Engine.drafting_note`)
+    parts: dict[str, PartStats] | None = None  # the turn's thinking and answer numbers (shown when it thought)
 
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Text released since the last chunk, with a snapshot of the turn's stats."""
+    """Text released since the last chunk (the answer's and the thinking's), with a snapshot of the turn's stats."""
 
     runs: Runs
     stats: Stats
     tokens_per_second_now: float
     tokens_per_second_turn: float
+    thinking_runs: Runs = field(default_factory=list)
+    parts: dict[str, PartStats] | None = None  # each part's numbers so far
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +78,7 @@ class Reading:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """The end of a turn: the whole answer, how it ended, and its final stats."""
+    """The end of a turn: the whole answer (its thinking apart), how it ended, and its final stats."""
 
     text: str
     runs: Runs
@@ -81,6 +86,9 @@ class Finished:
     stats: Stats
     notices: list[str]
     error: str | None = None  # a one-line error that ended the turn early
+    reasoning: str = ""  # the thinking, markers out
+    reasoning_runs: Runs = field(default_factory=list)
+    parts: dict[str, PartStats] | None = None  # each part's numbers (None: the model does not think)
 
     @property
     def reason(self) -> str:
@@ -140,6 +148,7 @@ def stream_generation(
     generation: Generation,
     emit: Callable[[Chunk | Reading | Finished], None],
     *,
+    split: ThinkingSplit | None = None,
     ready: Callable[[], bool] = lambda: True,
     interval: float = 1 / 20,
     clock: Callable[[], float] = time.perf_counter,
@@ -150,38 +159,62 @@ def stream_generation(
     has drawn the previous one: text piles up here rather than in the UI's message queue, so keys stay
     responsive however fast the models are. An error raised mid-answer ends the turn with `Finished.error`
     set (the engine rolls its caches back before it raises or yields). Reading a long prompt reports `Reading`
-    steps.
+    steps. `split` (the session's `splitter`) separates a reasoning model's thinking; without it all is answer.
     """
     generation.on_prefill = lambda model, done, total: emit(Reading(model, done, total))
+    split = split or ThinkingSplit(None, opened=False, token_bytes=lambda token: b"")
 
     start = last = clock()
     meter = RateMeter()
-    pending: Runs = []
-    runs: Runs = []
+    pending: dict[str, Runs] = {THINKING: [], ANSWER: []}
+    runs: dict[str, Runs] = {THINKING: [], ANSWER: []}
     error = None
     try:
         for event in generation:
-            add_run(pending, event.text, event.from_draft)
+            for part, text, from_draft in split.feed(event, generation.stats):
+                add_run(pending[part], text, from_draft)
             now = clock()
-            if pending and now - last >= interval and ready():
-                emit(_chunk(generation.stats, pending, meter, now, now - start))
-                for text, from_draft in pending:
-                    add_run(runs, text, from_draft)
-                pending, last = [], now
+            if (pending[THINKING] or pending[ANSWER]) and now - last >= interval and ready():
+                emit(_chunk(generation.stats, pending, split, meter, now, now - start))
+                _keep(runs, pending)
+                pending, last = {THINKING: [], ANSWER: []}, now
     except Exception as e:  # keep the partial answer, show one line
         error = error_text(e, "generation")
-    for text, from_draft in pending:
-        add_run(runs, text, from_draft)
+    _keep(runs, pending)
     stats = copy.deepcopy(generation.stats)
-    emit(
-        Finished(generation.text, runs, generation.finish_reason or "cancelled", stats, list(generation.notices), error)
+    finished = Finished(
+        split.answer if split.markers else generation.text,
+        runs[ANSWER],
+        generation.finish_reason or "cancelled",
+        stats,
+        list(generation.notices),
+        error,
+        reasoning=split.reasoning,
+        reasoning_runs=runs[THINKING],
+        parts=split.parts() if split.markers else None,
     )
+    emit(finished)
 
 
-def _chunk(stats: Stats, pending: Runs, meter: RateMeter, now: float, elapsed: float) -> Chunk:
+def _keep(runs: dict[str, Runs], pending: dict[str, Runs]) -> None:
+    for part, part_runs in pending.items():
+        for text, from_draft in part_runs:
+            add_run(runs[part], text, from_draft)
+
+
+def _chunk(
+    stats: Stats, pending: dict[str, Runs], split: ThinkingSplit, meter: RateMeter, now: float, elapsed: float
+) -> Chunk:
     generating = elapsed - stats.seconds_prefill
     turn_rate = stats.emitted / generating if generating > 0 else 0.0
-    return Chunk(list(pending), copy.deepcopy(stats), meter.update(now, stats.emitted), turn_rate)
+    return Chunk(
+        list(pending[ANSWER]),
+        copy.deepcopy(stats),
+        meter.update(now, stats.emitted),
+        turn_rate,
+        thinking_runs=list(pending[THINKING]),
+        parts=split.parts() if split.markers else None,
+    )
 
 
 # --- drawing -------------------------------------------------------------------------------------------------
@@ -250,6 +283,7 @@ def render_stats(view: StatsView) -> Text:
     _row(text, "tok/s now", f"{view.tokens_per_second_now:.1f}" if view.generating else "–")
     _row(text, "tok/s turn", f"{view.tokens_per_second_turn:.1f}" if turn.emitted else "–")
     _row(text, "tokens", f"{turn.emitted} in {turn.target_passes} passes")
+    _parts_lines(text, view.parts)
     decision = turn.decision
     if view.adaptive and decision.predicted_speedup > 0:  # what the adaptive policy decides from
         _row(text, "c · v(k) · α̂", f"{decision.draft_cost:.2f} · {decision.verify_cost:.2f} · {decision.alpha:.2f}")
@@ -269,6 +303,21 @@ def render_stats(view: StatsView) -> Text:
         text.append("\n■ draft token", DRAFT_STYLE)
         text.append("  ■ target token\n")
     return text
+
+
+def _parts_lines(text: Text, parts: dict[str, PartStats] | None) -> None:
+    """Thinking and answer side by side, for an answer that thought (DESIGN §10)."""
+    if not parts or not parts[THINKING].tokens:
+        return
+    thinking, answer = parts[THINKING], parts[ANSWER]
+
+    def both(value) -> str:
+        return f"{value(thinking):>8} {value(answer):>8}"
+
+    text.append("\n" + " " * 14 + f"{'thinking':>8} {'answer':>8}\n", "bold")
+    _row(text, "tokens", both(lambda p: str(p.tokens)))
+    _row(text, "acceptance", both(lambda p: f"{p.acceptance_rate:.0%}" if p.drafted else "–"))
+    _row(text, "tokens/pass", both(lambda p: f"{p.tokens_per_pass:.2f}" if p.passes else "–"))
 
 
 def _time_split(text: Text, turn: Stats) -> None:

@@ -16,6 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
 
 from localspec.core.params import VERIFY_MODES
+from localspec.core.thinking import ThinkingSupport
 from localspec.errors import LocalspecError
 
 from .loading import PairRow
@@ -111,7 +112,10 @@ class PairScreen(ModalScreen[str | None]):
 
 
 class SettingsScreen(ModalScreen[ChatSettings | None]):
-    """Sampling, speculation and drafter settings, applied from the next message."""
+    """Sampling, speculation and drafter settings and this chat's thinking switch, applied from the next message.
+
+    The switch is offered only for a model whose template has one; otherwise the row says what the model does.
+    """
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
     FIELDS = FORM_FIELDS  # (name, label): the option table's form fields, and max tokens
@@ -121,9 +125,17 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         ("drafter", "drafter", DRAFTERS),
     )
 
-    def __init__(self, settings: ChatSettings, *, cursor_blink: bool = True) -> None:
+    def __init__(
+        self,
+        settings: ChatSettings,
+        *,
+        cursor_blink: bool = True,
+        thinking: ThinkingSupport | None = None,
+        default_think: bool | None = None,
+    ) -> None:
         super().__init__()
         self.settings, self.cursor_blink = settings, cursor_blink
+        self.thinking, self.default_think = thinking, default_think
 
     def compose(self) -> ComposeResult:
         values = self.settings.form_values()
@@ -140,10 +152,21 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
                     yield Select(
                         [(o, o) for o in options], value=values[name], allow_blank=False, id=name, compact=True
                     )
+                yield Label("thinking")
+                yield self._thinking_field(values["think"])
             yield Static("", id="error", markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Save (Ctrl+S)", id="save", variant="primary")
                 yield Button("Cancel (Esc)", id="cancel")
+
+    def _thinking_field(self, value: str):
+        """A switch for a model whose template has one; otherwise a line saying what the model does."""
+        if self.thinking is None or not self.thinking.can_switch:
+            what = self.thinking.describe() if self.thinking is not None else "no model loaded"
+            return Static(what, id="think-note", classes="hint", markup=False)
+        default = {None: "the model's", True: "on", False: "off"}[self.default_think]
+        options = [(f"default ({default})", "default"), ("on", "on"), ("off", "off")]
+        return Select(options, value=value, allow_blank=False, id="think", compact=True)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "save":
@@ -159,6 +182,8 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         values = {name: self.query_one(f"#{name}", Input).value for name, _ in self.FIELDS}
         for name, _, _ in self.CHOICES:
             values[name] = str(self.query_one(f"#{name}", Select).value)
+        if self.query("#think"):
+            values["think"] = str(self.query_one("#think", Select).value)
         try:
             settings = self.settings.with_values(values)
         except LocalspecError as e:

@@ -1,8 +1,8 @@
 """What the chat app was asked to load, and the generation settings a user can change while chatting.
 
 `ChatOptions` is built once from the command line (or by a test) and names the models and the files the
-app uses. `ChatSettings` holds the sampling, speculation and drafter choices; the settings screen edits
-it and the app applies it from the next message. Neither knows about Textual.
+app uses. `ChatSettings` holds the sampling, speculation and drafter choices and the chat's thinking switch; the
+settings screen edits it and the app applies it from the next message. Neither knows about Textual.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from localspec.errors import InvalidParamsError
 from localspec.models.loading import sampling_params, speculative_params
 from localspec.paths import Paths, get_paths
 
-__all__ = ["DRAFTERS", "FORM_FIELDS", "MODEL_DRAFTERS", "ChatOptions", "ChatSettings"]
+__all__ = ["DRAFTERS", "FORM_FIELDS", "MODEL_DRAFTERS", "THINK_CHOICES", "ChatOptions", "ChatSettings"]
+
+THINK_CHOICES = {"default": None, "on": True, "off": False}  # the settings form's thinking values
 
 # The settings form's text fields: the option table's form fields (sampling, then speculation), and max tokens.
 _SAMPLING_FORM = tuple(o for o in options_of(SamplingParams) if o.form)
@@ -51,6 +53,7 @@ class ChatOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()  # stop strings
     overrides: Mapping[str, Any] = field(default_factory=dict)  # flags given on the command line
+    think: bool | None = None  # --think on / off (None: the pair's `thinking`, else the model's default)
     paths: Paths = field(default_factory=get_paths)  # localspec's folders (the CLI passes main's)
     bundled_config: Path | None = None  # another bundled models.toml (tests); None: the package's
     db_path: Path | None = None  # None: paths.db_path
@@ -68,6 +71,7 @@ class ChatSettings:
     spec: SpeculativeParams = SpeculativeParams()
     drafter: str = "model"  # one of DRAFTERS; "model" and "model+ngram" need a draft file
     max_tokens: int = DEFAULT_MAX_TOKENS
+    think: bool | None = None  # this chat's thinking switch; None: the pair's (or --think), else the model's own
 
     @classmethod
     def initial(cls, options: ChatOptions, defaults: PairDefaults, drafter: str) -> ChatSettings:
@@ -100,7 +104,12 @@ class ChatSettings:
         max_tokens = _number(values, "max_tokens", int)
         if max_tokens < 1:
             raise InvalidParamsError("invalid setting: max tokens must be at least 1")
-        return ChatSettings(sampling=sampling, spec=spec, drafter=drafter, max_tokens=max_tokens)
+        think = self.think  # a model whose template cannot switch has no such field in the form
+        if "think" in values:
+            if values["think"] not in THINK_CHOICES:
+                raise InvalidParamsError(f"invalid setting: thinking must be one of {', '.join(THINK_CHOICES)}")
+            think = THINK_CHOICES[values["think"]]
+        return ChatSettings(sampling=sampling, spec=spec, drafter=drafter, max_tokens=max_tokens, think=think)
 
     def form_values(self) -> dict[str, str]:
         """The fields the settings form shows, as text."""
@@ -112,6 +121,7 @@ class ChatSettings:
             "adaptive": "on" if self.spec.adaptive else "off",
             "drafter": self.drafter,
             "max_tokens": str(self.max_tokens),
+            "think": next(name for name, value in THINK_CHOICES.items() if value is self.think),
         }
 
 

@@ -1,8 +1,10 @@
 """Saved conversations: one SQLite file (stdlib sqlite3, WAL) at `Paths.db_path`.
 
 The schema is versioned by `PRAGMA user_version` and built by `MIGRATIONS`, a list of small functions
-applied in order, each in its own transaction. The app commits the user's message before the answer is
-generated and the answer when it ends, so a crash or a kill mid-answer loses at most that answer.
+applied in order, each in its own transaction. A reasoning model's thinking is kept apart from the answer it
+preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too. The
+app commits the user's message before the answer is generated and the answer when it ends, so a crash or a
+kill mid-answer loses at most that answer.
 Export to Markdown and JSON lives here too: both read only what the database holds.
 """
 
@@ -53,7 +55,14 @@ def _m001_conversations(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_m001_conversations,)
+def _m002_thinking(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")  # an answer's thinking
+    db.execute("ALTER TABLE messages ADD COLUMN reasoning_provenance TEXT")  # JSON: its [[text, from_draft], ...]
+    db.execute("ALTER TABLE conversations ADD COLUMN think INTEGER")  # the chat's thinking switch; NULL: the pair's
+    db.execute("CREATE TABLE preferences (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # the app's, as JSON
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_m001_conversations, _m002_thinking)
 """Schema steps; the database's user_version is how many have run. Append, never edit."""
 
 
@@ -68,6 +77,7 @@ class SavedConversation:
     created: str
     updated: str
     n_messages: int = 0
+    think: bool | None = None  # the chat's thinking switch (None: the pair's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,8 @@ class StoredMessage:
     finish_reason: str | None = None
     stats: dict | None = None
     provenance: Provenance | None = None
+    reasoning: str = ""  # an answer's thinking, apart from its content
+    reasoning_provenance: Provenance | None = None
 
 
 def _now() -> str:
@@ -179,6 +191,8 @@ class ChatStore:
         finish_reason: str | None = None,
         stats: dict | None = None,
         provenance: Provenance | None = None,
+        reasoning: str = "",
+        reasoning_provenance: Provenance | None = None,
     ) -> int:
         """Append a message and commit it; returns its id."""
         now = _now()
@@ -186,8 +200,8 @@ class ChatStore:
             with self.db:
                 self.db.execute("BEGIN")
                 cur = self.db.execute(
-                    "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
+                    " reasoning, reasoning_provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         conversation_id,
                         role,
@@ -196,6 +210,8 @@ class ChatStore:
                         finish_reason,
                         _json_or_none(stats),
                         _json_or_none(provenance),
+                        reasoning,
+                        _json_or_none(reasoning_provenance),
                     ),
                 )
                 self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
@@ -229,6 +245,23 @@ class ChatStore:
         """Record which pair the conversation now runs on."""
         self._write("UPDATE conversations SET pair = ? WHERE id = ?", (pair, conversation_id))
 
+    def set_think(self, conversation_id: int, think: bool | None) -> None:
+        """Record the conversation's thinking switch (None: the pair's default)."""
+        self._write("UPDATE conversations SET think = ? WHERE id = ?", (think, conversation_id))
+
+    def preference(self, key: str, default=None):
+        """One of the app's preferences (a JSON value), or `default` when it was never set or is unreadable."""
+        row = self.db.execute("SELECT value FROM preferences WHERE key = ?", (key,)).fetchone()
+        value = _loads(row[0]) if row else None
+        return default if value is None else value
+
+    def set_preference(self, key: str, value) -> None:
+        """Remember one of the app's preferences (a JSON value)."""
+        self._write(
+            "INSERT INTO preferences (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, _json_or_none(value)),
+        )
+
     def delete(self, conversation_id: int) -> None:
         """Delete a conversation and its messages."""
         self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
@@ -236,10 +269,10 @@ class ChatStore:
     def conversations(self) -> list[SavedConversation]:
         """Every conversation, most recently updated first."""
         rows = self.db.execute(
-            "SELECT c.id, c.title, c.pair, c.system, c.created, c.updated, COUNT(m.id) FROM conversations c"
+            "SELECT c.id, c.title, c.pair, c.system, c.created, c.updated, COUNT(m.id), c.think FROM conversations c"
             " LEFT JOIN messages m ON m.conversation_id = c.id GROUP BY c.id ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
-        return [SavedConversation(*row) for row in rows]
+        return [SavedConversation(*row[:7], think=None if row[7] is None else bool(row[7])) for row in rows]
 
     def get(self, conversation_id: int) -> SavedConversation:
         """One conversation.
@@ -255,8 +288,8 @@ class ChatStore:
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         """A conversation's messages in order."""
         rows = self.db.execute(
-            "SELECT id, role, content, created, finish_reason, stats, provenance FROM messages"
-            " WHERE conversation_id = ? ORDER BY id",
+            "SELECT id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance"
+            " FROM messages WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         ).fetchall()
         return [
@@ -268,6 +301,8 @@ class ChatStore:
                 finish_reason=r[4],
                 stats=_loads(r[5]),
                 provenance=_provenance(_loads(r[6])),
+                reasoning=r[7],
+                reasoning_provenance=_provenance(_loads(r[8])),
             )
             for r in rows
         ]
@@ -305,7 +340,10 @@ def export_markdown(conversation: SavedConversation, messages: Sequence[StoredMe
         heading = "You" if message.role == "user" else "Assistant"
         if message.role == "assistant" and message.finish_reason == "cancelled":
             heading += " (stopped)"
-        lines += [f"## {heading}", "", message.content, ""]
+        lines += [f"## {heading}", ""]
+        if message.reasoning:  # the thinking, labelled and quoted, before the answer it led to
+            lines += ["> **Thinking**", ">", *[f"> {line}".rstrip() for line in message.reasoning.splitlines()], ""]
+        lines += [message.content, ""]
     return "\n".join(lines)
 
 
@@ -322,6 +360,7 @@ def export_json(conversation: SavedConversation, messages: Sequence[StoredMessag
             {
                 "role": m.role,
                 "content": m.content,
+                "reasoning": m.reasoning,
                 "created": m.created,
                 "finish_reason": m.finish_reason,
                 "stats": m.stats,

@@ -1,7 +1,8 @@
 """The chat app's stylesheet (Textual CSS) and the window sizes it lays itself out for.
 
 Layout: messages and the prompt on the left, the stats panel on the right. The `-provenance` class on
-the screen swaps every answer's Markdown for its draft-coloured text. The app's breakpoints put one width
+the screen swaps every answer's Markdown (and its thinking) for its draft-coloured text; a reasoning model's
+thinking is a dimmed, foldable block above the answer. The app's breakpoints put one width
 and one height class on each screen: below `STATS_WIDTH` columns the stats panel is hidden, below
 `TALL_HEIGHT` rows the header goes and the prompt box shrinks, and below `MIN_WIDTH` × `MIN_HEIGHT` the whole
 chat gives way to one line that says how big the window must be (the chat goes on underneath, nothing is lost).
@@ -43,6 +44,14 @@ ChatMessage Markdown { margin: 0; padding: 0; }
 ChatMessage .prov-body { display: none; }
 Screen.-provenance ChatMessage.assistant .md-body { display: none; }
 Screen.-provenance ChatMessage.assistant .prov-body { display: block; }
+ChatMessage .thinking { background: transparent; border-top: none; padding: 0; margin: 0 0 1 0; }
+ChatMessage .thinking.-empty { display: none; }
+ChatMessage .thinking CollapsibleTitle { padding: 0; color: $text-muted; }
+ChatMessage .thinking Contents { padding: 0 0 0 2; }
+ChatMessage .think-body { color: $text-muted; text-style: italic; }
+ChatMessage .think-prov { display: none; color: $text-muted; }
+Screen.-provenance ChatMessage .think-body { display: none; }
+Screen.-provenance ChatMessage .think-prov { display: block; }
 ConfirmScreen, TextPromptScreen, PairScreen, SettingsScreen, HistoryScreen { align: center middle; }
 .dialog { width: 72; max-width: 95%; height: auto; max-height: 95%; padding: 1 2; border: thick $primary;
           background: $surface; }

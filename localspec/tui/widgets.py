@@ -2,8 +2,9 @@
 
 A `ChatMessage` streams its answer through Textual's `MarkdownStream` (fragments are batched, blocks
 already parsed are not re-rendered) and re-renders once when the answer ends so code fences come out
-right; with token provenance on it shows the raw text with draft tokens coloured instead. Widgets only
-draw what handlers hand them; none of them knows about the engine.
+right; with token provenance on it shows the raw text with draft tokens coloured instead. A reasoning model's
+thinking streams into a dimmed `ThinkingBlock` above the answer, folded once the answer starts (unless the user
+keeps thinking unfolded). Widgets only draw what handlers hand them; none of them knows about the engine.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.strip import Strip
-from textual.widgets import Markdown, Static, TextArea
+from textual.widgets import Collapsible, Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
 from .live import Runs, StatsView, add_run, provenance_text, render_stats
 
 ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt"}
+THINKING_KEY = "F8"  # the app's binding that folds and unfolds every thinking block
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -86,20 +88,80 @@ class PromptInput(TextArea):
         self.insert("\n")
 
 
+class ThinkingBlock(Collapsible):
+    """A reasoning model's thinking: dimmed text (draft tokens coloured with the answer's), folded on request."""
+
+    def __init__(self, runs: Runs, *, tokens: int | None = None, collapsed: bool = True) -> None:
+        self.runs: Runs = list(runs)
+        self.tokens = tokens
+        self.live = False  # thinking is streaming into it
+        super().__init__(
+            Static(self._plain(), classes="think-body", markup=False),
+            Static(provenance_text(self.runs), classes="think-prov"),
+            title=self._heading(),
+            collapsed=collapsed,
+            classes="thinking" + ("" if self.runs else " -empty"),
+        )
+
+    def _plain(self) -> str:
+        return "".join(text for text, _ in self.runs).strip()
+
+    def _heading(self) -> str:
+        if self.live:
+            return f"thinking… ({THINKING_KEY} folds)"
+        count = f" · {self.tokens} tokens" if self.tokens else ""
+        return f"thought{count} ({THINKING_KEY})"
+
+    def add(self, runs: Runs, *, provenance: bool) -> None:
+        """Stream more thinking in (shown unfolded while it streams)."""
+        for text, from_draft in runs:
+            add_run(self.runs, text, from_draft)
+        self.live = True
+        self.remove_class("-empty")
+        self.refresh_text(provenance=provenance)
+
+    def done(self, runs: Runs, tokens: int | None) -> None:
+        """The thinking ended (the answer began, or the turn ended): its final text and token count."""
+        self.runs, self.tokens, self.live = list(runs), tokens, False
+        self.set_class(not self.runs, "-empty")
+        self.refresh_text(provenance=True)
+
+    def refresh_text(self, *, provenance: bool) -> None:
+        """Redraw the text, the coloured text (when shown) and the title."""
+        self.query_one(".think-body", Static).update(self._plain())
+        if provenance:
+            self.query_one(".think-prov", Static).update(provenance_text(self.runs))
+        self.title = self._heading()
+
+
 class ChatMessage(Vertical, can_focus=True):
-    """One message: its role, a caption, and the text (answers as Markdown, or coloured by provenance)."""
+    """One message: its role, a caption, a reasoning model's thinking, and the text (answers as Markdown, or coloured
+    by provenance)."""
 
     BINDINGS = [
         Binding("c", "copy", "Copy message"),
         Binding("k", "copy_code", "Copy code block"),
     ]
 
-    def __init__(self, role: str, text: str = "", runs: Runs | None = None, *, caption: str = "") -> None:
+    def __init__(
+        self,
+        role: str,
+        text: str = "",
+        runs: Runs | None = None,
+        *,
+        caption: str = "",
+        reasoning_runs: Runs | None = None,
+        thinking_tokens: int | None = None,
+        thinking_expanded: bool = False,
+    ) -> None:
         super().__init__(classes=role)
         self.role = role
         self.text = text
         self.runs: Runs = list(runs) if runs else ([(text, False)] if text else [])
         self.caption = caption
+        self.reasoning_runs: Runs = list(reasoning_runs or [])
+        self.thinking_tokens = thinking_tokens
+        self.thinking_expanded = thinking_expanded  # the user keeps thinking unfolded (the app's preference)
         self._stream: MarkdownStream | None = None
         self._next_code = 0
 
@@ -108,6 +170,7 @@ class ChatMessage(Vertical, can_focus=True):
         if self.role != "assistant":  # what the user typed, line breaks and all
             yield Static(self.text, classes="plain-body", markup=False)
             return
+        yield ThinkingBlock(self.reasoning_runs, tokens=self.thinking_tokens, collapsed=not self.thinking_expanded)
         yield Markdown(self.text, classes="md-body")
         yield Static(provenance_text(self.runs), classes="prov-body")
 
@@ -118,11 +181,31 @@ class ChatMessage(Vertical, can_focus=True):
     def _markdown(self) -> Markdown:
         return self.query_one(".md-body", Markdown)
 
+    @property
+    def thinking(self) -> ThinkingBlock | None:
+        """The thinking block (assistant messages only)."""
+        blocks = self.query(ThinkingBlock)
+        return blocks.first() if blocks else None
+
     def _provenance_on(self) -> bool:
         return self.role == "assistant" and self.screen.has_class("-provenance")
 
-    async def append(self, runs: Runs) -> None:
-        """Add streamed text (a chunk's provenance runs)."""
+    async def append(self, runs: Runs, thinking_runs: Runs | None = None, thinking_tokens: int | None = None) -> None:
+        """Add streamed text (a chunk's provenance runs): thinking into the block, the answer below it.
+
+        The block shows unfolded while thinking streams and folds when the answer starts (unless the user keeps
+        thinking unfolded).
+        """
+        block = self.thinking
+        if thinking_runs and block is not None:
+            if not block.live:
+                block.collapsed = False
+            block.add(thinking_runs, provenance=self._provenance_on())
+        if not runs:
+            return
+        if block is not None and block.live:  # the answer starts: the thinking is done
+            block.done(block.runs, thinking_tokens)
+            block.collapsed = not self.thinking_expanded
         fragment = "".join(text for text, _ in runs)
         self.text += fragment
         for text, from_draft in runs:
@@ -133,7 +216,14 @@ class ChatMessage(Vertical, can_focus=True):
         if self._provenance_on():
             self.refresh_provenance()
 
-    async def finish(self, text: str, runs: Runs, caption: str) -> None:
+    async def finish(
+        self,
+        text: str,
+        runs: Runs,
+        caption: str,
+        reasoning_runs: Runs | None = None,
+        thinking_tokens: int | None = None,
+    ) -> None:
         """The answer ended: stop streaming and render the whole text once (code fences included)."""
         if self._stream is not None:
             await self._stream.stop()
@@ -141,12 +231,28 @@ class ChatMessage(Vertical, can_focus=True):
         self.text, self.runs, self.caption = text, list(runs), caption
         await self._markdown.update(text)
         self.query_one(".caption", Static).update(self._title())
+        block = self.thinking
+        if block is not None:
+            was_live = block.live
+            block.done(list(reasoning_runs or []), thinking_tokens)
+            if was_live and text:  # thinking then an answer in the last chunk
+                block.collapsed = not self.thinking_expanded
         self.refresh_provenance()
+
+    def set_thinking_expanded(self, expanded: bool) -> None:
+        """Fold or unfold the thinking block (the app's key, for every message)."""
+        self.thinking_expanded = expanded
+        block = self.thinking
+        if block is not None and not block.live:
+            block.collapsed = not expanded
 
     def refresh_provenance(self) -> None:
         """Redraw the coloured view (after a toggle, or as text streams while it is shown)."""
         if self.role == "assistant":
             self.query_one(".prov-body", Static).update(provenance_text(self.runs))
+            block = self.thinking
+            if block is not None:
+                block.refresh_text(provenance=True)
 
     def action_copy(self) -> None:
         """Copy the whole message to the clipboard."""

@@ -216,7 +216,7 @@ def test_chat_options_come_from_the_checked_flags(localspec_home):
     from localspec.cli.main import build_parser
 
     argv = ["chat", "--pair", "demo", "--system", "be brief", "--max-tokens", "10", "--stop", "END"]
-    argv += ["--temperature", "0", "--seed", "3", "--no-adaptive", "--rpc", "h:1,h:2"]
+    argv += ["--temperature", "0", "--seed", "3", "--no-adaptive", "--rpc", "h:1,h:2", "--think", "off"]
     args = build_parser().parse_args(argv)
     given = vars(args).copy()
     run = check_run_args(args)
@@ -227,3 +227,4 @@ def test_chat_options_come_from_the_checked_flags(localspec_home):
     assert options.overrides == {"temperature": 0.0, "seed": 3, "adaptive": False}
     assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
     assert options.max_tokens == 10 and options.rpc == ("h:1", "h:2") and options.paths == localspec_home
+    assert options.think is False

@@ -193,7 +193,9 @@ def test_fitting_renders_the_conversation_a_logarithmic_number_of_times(tiny_mod
         session = ChatSession(engine, system="Be brief.")
         renders = []
         real = session.format.tokens
-        monkeypatch.setattr(session.format, "tokens", lambda messages: renders.append(len(messages)) or real(messages))
+        monkeypatch.setattr(
+            session.format, "tokens", lambda messages, **kw: renders.append(len(messages)) or real(messages, **kw)
+        )
         for i in range(60):
             before = len(renders)
             chat(session, range(i, i + 1), spec=PLAIN, max_tokens=8, check=False)

@@ -659,3 +659,150 @@ def write_tiny_models(directory: Path) -> TinyModels:
         not_gguf=write_not_gguf(d / "not_gguf.gguf"),
         truncated=write_truncated(target, d / "truncated.gguf"),
     )
+
+
+# --- the thinking model: an "echo" model whose greedy output is fixed -----------------------------------------
+
+THINK_START, THINK_END = "<think>", "</think>"
+# The split-marker variant writes its markers in two tokens each (text markers, found in the chat template).
+SPLIT_MARKER_PIECES = ("<thin", "k>", "</th", "ink>")
+THINKING_WORDS = ("▁We", "▁must", "▁give", "▁them", "▁a", "▁kind", "▁word", "▁first", ".")
+ANSWER_WORDS = ("▁Hello", "▁world", "!")
+REASONING_TEXT = "We must give them a kind word first."
+ANSWER_TEXT = "Hello world!"
+
+
+def make_thinking_vocab(*, marker_tokens: bool = True) -> Vocab:
+    """The shared vocabulary plus what a reasoning model adds: the markers and a "\\n\\n" piece.
+
+    With `marker_tokens` the markers are one USER_DEFINED token each (as in Qwen3's vocabulary); without, they are
+    ordinary pieces that a marker is written with in two tokens (`SPLIT_MARKER_PIECES`).
+    """
+    base = make_vocab()
+    if marker_tokens:
+        extra = (THINK_START, THINK_END)
+        extra_types = (int(gguf.TokenType.USER_DEFINED),) * 2
+    else:
+        extra, extra_types = SPLIT_MARKER_PIECES, (int(gguf.TokenType.NORMAL),) * len(SPLIT_MARKER_PIECES)
+    extra += ("\n\n",)
+    extra_types += (int(gguf.TokenType.NORMAL),)
+    low = base.scores[-1] - 1.0
+    return dataclasses.replace(
+        base,
+        tokens=base.tokens + extra,
+        scores=base.scores + tuple(low - i for i in range(len(extra))),
+        types=base.types + extra_types,
+    )
+
+
+def thinking_chain(vocab: Vocab, *, marker_tokens: bool = True) -> list[str]:
+    """The pieces the thinking model writes after a prompt that leaves thinking open: the thinking span, then
+    the answer, then `<|im_end|>`. After a prompt that closed thinking ("…</think>\\n\\n") it writes only the
+    answer: the chain from "\\n\\n" on."""
+    start = [THINK_START] if marker_tokens else list(SPLIT_MARKER_PIECES[:2])
+    end = [THINK_END] if marker_tokens else list(SPLIT_MARKER_PIECES[2:])
+    return [*start, *THINKING_WORDS, *end, "\n\n", *ANSWER_WORDS, "<|im_end|>"]
+
+
+def write_echo_model(
+    path: Path,
+    successors: Mapping[str, str],
+    *,
+    vocab: Vocab,
+    chat_template: bool | str = True,
+    seed: int = 0,
+    alpha: float = 8.0,
+    shape: LlamaShape = LlamaShape(),
+) -> Path:
+    """Write a llama model whose greedy next token depends only on the current token: `successors[piece]`.
+
+    Every layer runs but adds nothing to the residual stream (attn_output and ffn_down are zero), so the last
+    hidden state is the current token's embedding u_t (a random unit vector times sqrt(n_embd)); the output row
+    of `successors[t]` is alpha·u_t, so its logit is alpha·n_embd^½ (64 here) against ~N(0, 8) for the other
+    rows that have a source, and 0 for the rest. The greedy continuation is fixed whatever came before.
+
+    Args:
+        path: Destination file.
+        successors: piece → the piece that follows it (each target piece has one source).
+        vocab: the vocabulary (the pieces are looked up by text).
+        chat_template: True for ChatML, False for none, or a Jinja template string.
+        seed: Seed for the embeddings and the unused weights.
+        alpha: Logit scale of the chosen successor.
+        shape: Layer sizes.
+
+    Returns:
+        `path`.
+    """
+    ids = {piece: i for i, piece in enumerate(vocab.tokens)}
+    sources = [ids[s] for s in successors]
+    targets = [ids[t] for t in successors.values()]
+    if len(set(targets)) != len(targets):
+        raise ValueError("two pieces share a successor: an echo model gives each output row one source")
+    tensors = make_llama_tensors(seed, vocab=vocab, shape=shape)
+    d = shape.n_embd
+    rng = np.random.default_rng(seed + 7)
+    units = rng.standard_normal((vocab.n_vocab, d))
+    units /= np.linalg.norm(units, axis=1, keepdims=True)  # (n_vocab, n_embd), unit rows
+    output = np.zeros((vocab.n_vocab, d))
+    output[targets] = alpha * units[sources]
+    tensors["token_embd.weight"] = (units * np.sqrt(d)).astype(np.float32)
+    tensors["output.weight"] = output.astype(np.float32)
+    for il in range(shape.n_layer):
+        tensors[f"blk.{il}.attn_output.weight"][:] = 0.0
+        tensors[f"blk.{il}.ffn_down.weight"][:] = 0.0
+    return write_llama_model(path, base=tensors, vocab=vocab, chat_template=chat_template, shape=shape)
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+def qwen3_template() -> str:
+    """Qwen3's real chat template (llama.cpp's models/templates copy: see the file's first lines)."""
+    return (TEMPLATES / "qwen3.jinja").read_text(encoding="utf-8")
+
+
+def deepseek_r1_template() -> str:
+    """The DeepSeek-R1 distill template as llama.cpp tests it: its generation prompt opens <think> itself."""
+    return (TEMPLATES / "deepseek_r1_distill.jinja").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class ThinkingModels:
+    """Echo models that think before they answer, with Qwen3's real template (see `write_thinking_models`)."""
+
+    target: Path  # `<think>` and `</think>` are tokens; thinks unless the prompt closed thinking
+    draft: Path  # the target's chain in the thinking span, another word after "▁Hello" in the answer
+    split_markers: Path  # the markers are two tokens each ("</th" + "ink>"): found in the template's text
+    opened: Path  # DeepSeek-R1's template, whose generation prompt writes "<think>\n": the model goes on thinking
+    no_switch: Path  # the target with ChatML: it thinks (markers in the vocabulary), its template cannot switch
+
+
+def write_thinking_models(directory: Path) -> ThinkingModels:
+    """Write the thinking models into `directory`.
+
+    After "assistant\\n" (Qwen3's generation prompt with thinking on) the target writes
+    "<think> We must give them a kind word first.</think>\\n\\n Hello world!<|im_end|>"; after "</think>\\n\\n"
+    (the prompt with `enable_thinking` false) only " Hello world!<|im_end|>". The draft agrees on every token but
+    proposes "▁there" after "▁Hello": all its thinking drafts are accepted, one answer draft is not.
+    """
+    d = Path(directory)
+    vocab = make_thinking_vocab()
+    chain = thinking_chain(vocab)
+    successors = {"<0x0A>": chain[0], **dict(zip(chain, chain[1:]))}
+    draft = {**successors, "▁Hello": "▁there", "▁there": "!"}
+    del draft["▁world"]  # "!" has one source in the draft: "▁there"
+    split_vocab = make_thinking_vocab(marker_tokens=False)
+    split_chain = thinking_chain(split_vocab, marker_tokens=False)
+    opened = {**{k: v for k, v in successors.items() if k != THINK_START}, "<0x0A>": chain[1]}
+    return ThinkingModels(
+        target=write_echo_model(d / "thinking.gguf", successors, vocab=vocab, chat_template=qwen3_template()),
+        draft=write_echo_model(d / "thinking_draft.gguf", draft, vocab=vocab, chat_template=qwen3_template()),
+        split_markers=write_echo_model(
+            d / "thinking_split.gguf",
+            {"<0x0A>": split_chain[0], **dict(zip(split_chain, split_chain[1:]))},
+            vocab=split_vocab,
+            chat_template=qwen3_template(),
+        ),
+        opened=write_echo_model(d / "thinking_opened.gguf", opened, vocab=vocab, chat_template=deepseek_r1_template()),
+        no_switch=write_echo_model(d / "thinking_chatml.gguf", successors, vocab=vocab, chat_template=True),
+    )

@@ -137,3 +137,80 @@ def test_migrate_is_idempotent(tmp_path):
     db = sqlite3.connect(tmp_path / "x.sqlite3", isolation_level=None)
     assert migrate(db) == len(MIGRATIONS)
     assert migrate(db) == len(MIGRATIONS)
+
+
+def test_the_thinking_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    old = ChatStore(path, migrations=MIGRATIONS[:1])  # the schema as it was before reasoning models
+    assert old.db.execute("PRAGMA user_version").fetchone()[0] == 1
+    first = old.create_conversation("first", pair="demo", system="be brief")
+    second = old.create_conversation("second")
+    insert = (  # what the code of that schema wrote (add_message now writes the new columns too)
+        "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance)"
+        " VALUES (?, ?, ?, '2025-01-01T00:00:00+00:00', ?, ?, ?)"
+    )
+    with old.db:
+        old.db.execute(insert, (first, "user", "hi", None, None, None))
+        old.db.execute(
+            insert, (first, "assistant", "hello", "stop", '{"emitted": 2}', '[["hel", true], ["lo", false]]')
+        )
+        old.db.execute(insert, (second, "user", "<think>typed</think> by the user", None, None, None))
+    chats_before = old.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
+    rows_before = old.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+    old.close()
+
+    store = ChatStore(path)  # migrates
+    try:
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
+        chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
+        assert [row[: len(chats_before[0])] for row in chats_after] == chats_before
+        assert [(c.title, c.n_messages, c.think) for c in store.conversations()] == [
+            ("second", 1, None),
+            ("first", 2, None),
+        ]
+        rows_after = store.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+        assert [row[: len(rows_before[0])] for row in rows_after] == rows_before  # every old column as it was
+        hello = store.messages(first)[1]
+        assert (hello.content, hello.reasoning, hello.reasoning_provenance) == ("hello", "", None)
+        assert hello.stats == {"emitted": 2} and hello.provenance == [("hel", True), ("lo", False)]
+        assert store.messages(second)[0].content == "<think>typed</think> by the user"  # user text is not split
+        assert store.preference("thinking_expanded", False) is False
+    finally:
+        store.close()
+
+
+def test_thinking_is_stored_apart_and_preferences_and_the_chats_switch_are_kept(store):
+    cid = store.create_conversation("reasoning")
+    store.add_message(cid, "user", "hi")
+    store.add_message(
+        cid,
+        "assistant",
+        "Hello world!",
+        reasoning="We must give them\na kind word first.",
+        reasoning_provenance=[("We must", True), (" give them", False)],
+    )
+    answer = store.messages(cid)[1]
+    assert (answer.content, answer.reasoning) == ("Hello world!", "We must give them\na kind word first.")
+    assert answer.reasoning_provenance == [("We must", True), (" give them", False)]
+    store.set_think(cid, False)
+    assert store.get(cid).think is False
+    store.set_think(cid, None)
+    assert store.get(cid).think is None
+    store.set_preference("thinking_expanded", True)
+    store.set_preference("thinking_expanded", False)
+    assert store.preference("thinking_expanded") is False
+    assert store.preference("never set", "default") == "default"
+
+
+def test_exports_label_the_thinking(store, tmp_path):
+    cid = store.create_conversation("Think")
+    store.add_message(cid, "user", "hi")
+    store.add_message(cid, "assistant", "Hello world!", reasoning="We must give them\na kind word first.")
+    store.add_message(cid, "user", "again")
+    store.add_message(cid, "assistant", "no thinking here")
+    text = export_conversation(store, cid, "md", tmp_path).read_text()
+    assert "## Assistant\n\n> **Thinking**\n>\n> We must give them\n> a kind word first.\n\nHello world!\n" in text
+    assert text.count("**Thinking**") == 1
+    data = json.loads(export_conversation(store, cid, "json", tmp_path).read_text())
+    assert [m["reasoning"] for m in data["messages"]] == ["", "We must give them\na kind word first.", "", ""]
+    assert data["messages"][1]["content"] == "Hello world!"

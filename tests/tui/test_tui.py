@@ -61,9 +61,9 @@ async def test_send_streams_the_answer_and_saves_both_messages(options, chat_hom
     appended: list[str] = []
     real_append = ChatMessage.append
 
-    async def append(self, runs):
+    async def append(self, runs, *thinking):
         appended.append("".join(text for text, _ in runs))
-        await real_append(self, runs)
+        await real_append(self, runs, *thinking)
 
     monkeypatch.setattr(ChatMessage, "append", append)
     app = make_app(dataclasses.replace(options, max_tokens=120, stream_interval=0.005))

@@ -123,3 +123,73 @@ def test_saved_chats(snap_compare, snapshot_home, tmp_path):
         await pilot.pause()
 
     assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+THINKING = "The user greets me.\nWe must give them a kind word first, then the answer."
+
+
+@pytest.fixture
+def thinking_snapshot_home(thinking_home, tmp_path):
+    """thinking_home with no bundled pairs and one saved chat on the thinking pair whose answer thought first."""
+    (tmp_path / "bundled.toml").write_text("", encoding="utf-8")
+    store = ChatStore(thinking_home.db_path)
+    cid = store.create_conversation("Hi", pair="thinking")
+    store.add_message(cid, "user", "Hi")
+    parts = fixed_parts()
+    store.add_message(
+        cid,
+        "assistant",
+        "Hello world! How can I help?",
+        finish_reason="stop",
+        provenance=[("Hello", True), (" world!", False), (" How can I help?", True)],
+        stats={**fixed_stats().to_dict(), "parts": {k: v.to_dict() for k, v in parts.items()}},
+        reasoning=THINKING,
+        reasoning_provenance=[(THINKING[:30], True), (THINKING[30:], False)],
+    )
+    with store.db:
+        store.db.execute("UPDATE conversations SET created = '2025-05-01T09:00:00+00:00', updated = created")
+    store.close()
+    return cid
+
+
+def fixed_parts():
+    from localspec.core.thinking import PartStats
+
+    return {
+        "thinking": PartStats(tokens=96, drafted=90, accepted=72, passes=30.0),
+        "answer": PartStats(tokens=33, drafted=30, accepted=12, passes=15.0),
+    }
+
+
+def thinking_resumed(cid: int, *keys: str):
+    async def run_before(pilot) -> None:
+        await resumed(cid)(pilot)
+        pilot.app.chat.last_parts = fixed_parts()
+        pilot.app.draw_stats()
+        for key in keys:
+            await pilot.press(key)
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    return run_before
+
+
+def thinking_app(tmp_path):
+    options = ChatOptions(
+        pair="thinking",
+        cursor_blink=False,
+        export_dir=tmp_path,
+        max_tokens=64,
+        bundled_config=tmp_path / "bundled.toml",
+    )
+    return make_app(options)
+
+
+def test_chat_screen_with_folded_thinking(snap_compare, thinking_snapshot_home, tmp_path):
+    run_before = thinking_resumed(thinking_snapshot_home)
+    assert snap_compare(thinking_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_settings_screen_with_the_thinking_switch(snap_compare, thinking_snapshot_home, tmp_path):
+    run_before = thinking_resumed(thinking_snapshot_home, "f3")
+    assert snap_compare(thinking_app(tmp_path), terminal_size=SIZE, run_before=run_before)
