@@ -2,7 +2,7 @@
 
 The prompt is read as text (bytes that are not UTF-8 become U+FFFD, with a note), wrapped in the chat template
 with --chat, and fitted to the context (--truncate drops its start). Signals end it between steps. With --chat, a
-reasoning model's thinking is split from its answer (DESIGN §9): it streams to stderr, and --json has it apart.
+reasoning model's thinking is split from its answer (DESIGN §10): it streams to stderr, and --json has it apart.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Message text is tokenized with special-token parsing off, so typing `<|im_end|>`
 the template's own markup yields control tokens. When the conversation outgrows n_ctx, the oldest
 turns are left out of the rendering (the system prompt stays) and the turn says so; the caches are
 shifted to the shorter window where the memory allows it (`window`), so the turn still decodes only
-its new tokens. Reasoning models (DESIGN §9): an answer's thinking is kept apart (`Message.reasoning`) and handed
+its new tokens. Reasoning models (DESIGN §10): an answer's thinking is kept apart (`Message.reasoning`) and handed
 back to the template the way it reads it, so its own rule decides what a later turn keeps (Qwen3's drops it).
 """
 

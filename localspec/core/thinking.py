@@ -1,4 +1,4 @@
-"""Reasoning models (DESIGN §9): where a model's thinking starts and ends, the switch its chat template offers,
+"""Reasoning models (DESIGN §10): where a model's thinking starts and ends, the switch its chat template offers,
 and the split of a streamed answer into thinking and answer.
 
 `detect` reads the markers from the loaded model (one vocabulary token each, as Qwen3's `<think>`, or the chat
@@ -216,7 +216,7 @@ def _prefix_kept(text: str, marker: str) -> int:
 
 @dataclass(slots=True)
 class PartStats:
-    """The speculation numbers of one part of an answer (DESIGN §5, per part; DESIGN §9 for the attribution)."""
+    """The speculation numbers of one part of an answer (DESIGN §5, per part; DESIGN §10 for the attribution)."""
 
     tokens: int = 0
     drafted: int = 0

@@ -303,7 +303,7 @@ def render_stats(view: StatsView) -> Text:
 
 
 def _parts_lines(text: Text, parts: dict[str, PartStats] | None) -> None:
-    """Thinking and answer side by side, for an answer that thought (DESIGN §9)."""
+    """Thinking and answer side by side, for an answer that thought (DESIGN §10)."""
     if not parts or not parts[THINKING].tokens:
         return
     thinking, answer = parts[THINKING], parts[ANSWER]
