@@ -132,6 +132,7 @@ class PairDefaults:
     chat_template: str | None = None
     thinking: bool | None = None  # a reasoning model thinks (True) or not (False) through its template's switch
     rpc: tuple[str, ...] = ()
+    bridge: str | None = None  # how a draft with another tokenizer drafts (BRIDGES)
     compat_hint: str = ""  # the curated drafts of the target's family, for an incompatible-draft error
     notice: str = ""  # what the user must be told (e.g. that the demo pair stands in); "" when nothing
 

@@ -182,6 +182,9 @@ class PairSpec(BaseModel):
     chat_template: str | None = None
     """A llama.cpp built-in chat template name to use instead of the GGUF's own template."""
 
+    bridge: str | None = None
+    """A draft with another tokenizer: "auto" (by the shared tokens), "text" or "shared"; `--bridge` wins."""
+
     thinking: StrictBool | None = None
     """A reasoning model thinks before it answers (true) or not (false), through its chat template's switch
     (Qwen3's `enable_thinking`); unset: the model's own default. `--think on|off` and the chat's F3 settings win."""
@@ -197,7 +200,7 @@ class PairSpec(BaseModel):
     def _check_speculative(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(SpeculativeParams, info.field_name, value)
 
-    @field_validator("n_ctx", "n_gpu_layers", "rpc")
+    @field_validator("n_ctx", "n_gpu_layers", "rpc", "bridge")
     @classmethod
     def _check_load(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(LoadParams, info.field_name, value)
@@ -263,8 +266,9 @@ class Pair:
         return self._set_fields(*PAIR_SPECULATIVE)
 
     def model_overrides(self) -> dict[str, Any]:
-        """Per-pair loading and template defaults that were set: n_ctx, n_gpu_layers, chat_template, thinking, rpc."""
-        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "thinking", "rpc")
+        """Per-pair loading and template defaults that were set: n_ctx, n_gpu_layers, chat_template, thinking, rpc,
+        bridge."""
+        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "thinking", "rpc", "bridge")
 
     def defaults(self, *, compat_hint: str = "", notice: str = "") -> PairDefaults:
         """The pair's defaults as the engine's callers take them, with what loading it must say."""

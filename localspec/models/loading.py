@@ -83,7 +83,7 @@ def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,
         device_sampling=flags.device_sampling or "auto",
-        bridge=flags.bridge or "auto",
+        bridge=flags.bridge or defaults.bridge or "auto",
     )
 
 

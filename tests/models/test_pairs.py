@@ -243,3 +243,10 @@ def test_a_bridged_pair_in_models_toml_generates_and_doctor_and_models_name_it(l
     assert listed["bridged"] == "bridged" and listed["same"] == "same"
     assert main(["generate", "hi", "--pair", "bridged", "--max-tokens", "6", "--temperature", "0"]) == 0
     assert capsys.readouterr().err.count("localspec: note: draft tokenizer differs: drafting on the") == 1
+    with localspec_home.config_file.open("a", encoding="utf-8") as f:  # the pair's own mode; the flag wins
+        f.write(f'[pairs.text]\ntarget = {{ path = "{tiny_models.target}" }}\n')
+        f.write(f'draft = {{ path = "{tiny_models.vocab_shuffled}" }}\nbridge = "text"\n')
+    assert main(["generate", "hi", "--pair", "text", "--max-tokens", "6"]) == 0
+    assert "draft tokenizer differs: drafting through text" in capsys.readouterr().err
+    assert main(["generate", "hi", "--pair", "text", "--max-tokens", "6", "--bridge", "shared"]) == 0
+    assert "draft tokenizer differs: drafting on the" in capsys.readouterr().err
