@@ -90,8 +90,9 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     served = runner.load()
     if served.think_flag is not None:  # a --think the model cannot follow: one line now, not a 400 per request
         served.chat_format().thinking.check(served.think_flag, served.name)
-    if served.resolved.defaults.notice:
-        print(f"localspec: note: {served.resolved.defaults.notice}", file=sys.stderr)
+    for note in (served.resolved.defaults.notice, served.engine.drafting_note):
+        if note:
+            print(f"localspec: note: {note}", file=sys.stderr)
     print(
         f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
         "(OpenAI-compatible); stop with Ctrl+C",

@@ -315,3 +315,20 @@ def test_no_cors_headers_unless_asked(server):
         headers={"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"},
     )
     assert status >= 400 and not any(h.startswith("access-control-") for h in headers)
+
+
+def test_a_bridged_draft_serves_and_says_how_it_drafts(tiny_models, tmp_path):
+    """A draft with another tokenizer (the target's pieces under other ids): the server says once how it drafts,
+    and both the default drafter and a per-request `model+ngram` draft through the bridge."""
+    home = write_home(tmp_path, tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same)
+    running = start_server(home, "--target", str(tiny_models.target), "--draft", str(tiny_models.vocab_shuffled))
+    try:
+        client = running.client()
+        for drafter in ("model", "model+ngram"):
+            settings = {"max_tokens": 12, "temperature": 0, "extra_body": {"drafter": drafter}}
+            response = client.completions.create(model="target.gguf", prompt="the man said", **settings)
+            timings = response.model_extra["timings"]
+            assert timings["draft_n"] > 0 and timings["draft_n_accepted"] > 0, timings
+    finally:
+        assert running.stop() == 143
+    assert running.stderr().count("localspec: note: draft tokenizer differs: drafting on the") == 1
