@@ -24,7 +24,7 @@ import numpy as np
 from localspec.llama.model import Model
 from localspec.llama.vocab import TextVocab
 
-from .drafters import LookupFirst, ModelDrafter, NgramDrafter, Proposal
+from .drafters import LookupFirst, ModelDrafter, Proposal
 from .kv import KVSequence
 from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
 
@@ -340,7 +340,3 @@ class LookupBridgedDrafter(LookupFirst, BridgedDrafter):
     """`--drafter model+ngram` with a bridged draft: the lookup when the history has a match, the bridge otherwise."""
 
     kind = "model+ngram"
-
-    def __init__(self, seq: KVSequence, bridge: VocabBridge, ngram: NgramDrafter | None = None) -> None:
-        super().__init__(seq, bridge)
-        self.ngram = ngram or NgramDrafter()

@@ -209,7 +209,9 @@ class LookupFirst:
     tokens were drawn from (one-hot for a lookup) and verification stays exact.
     """
 
-    ngram: NgramDrafter
+    def __init__(self, *args, ngram: NgramDrafter | None = None) -> None:
+        super().__init__(*args)  # the model drafter's own arguments
+        self.ngram = ngram or NgramDrafter()
 
     def propose(
         self,
@@ -231,10 +233,6 @@ class LookupModelDrafter(LookupFirst, ModelDrafter):
     """`--drafter model+ngram`: the n-gram lookup when the history has a match, the draft model otherwise."""
 
     kind = "model+ngram"
-
-    def __init__(self, seq: KVSequence, ngram: NgramDrafter | None = None) -> None:
-        super().__init__(seq)
-        self.ngram = ngram or NgramDrafter()
 
 
 _CLASSES: dict[str, type[ModelDrafter] | type[NgramDrafter] | None] = {

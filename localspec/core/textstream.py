@@ -35,7 +35,7 @@ class TextStream:
                 pending = pending[:cut]
                 self._held = ""
                 return self._release(pending)
-        keep = self._stop_prefix_length(pending)
+        keep = prefix_held(pending, self._stop)
         self._held = pending[len(pending) - keep :] if keep else ""
         return self._release(pending[: len(pending) - keep])
 
@@ -49,12 +49,14 @@ class TextStream:
         self.text += text
         return text
 
-    def _stop_prefix_length(self, text: str) -> int:
-        """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
-        best = 0
-        for stop in self._stop:
-            for n in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:n]):
-                    best = n
-                    break
-        return best
+
+def prefix_held(text: str, strings: Sequence[str]) -> int:
+    """Length of the longest end of `text` that is a proper start of one of `strings` (it may yet become that string,
+    so it is held back: a stop string here, a thinking marker in thinking.py)."""
+    best = 0
+    for string in strings:
+        for n in range(min(len(string) - 1, len(text)), best, -1):
+            if text.endswith(string[:n]):
+                best = n
+                break
+    return best

@@ -20,6 +20,7 @@ from localspec.llama.templates import template_variables
 
 from .engine import TokenEvent
 from .stats import Stats
+from .textstream import prefix_held
 
 THINKING, ANSWER = "thinking", "answer"
 PARTS = (THINKING, ANSWER)
@@ -177,7 +178,7 @@ class MarkerScanner:
             else:
                 cut = held.find(self.markers.end)
                 if cut < 0:
-                    out += self._take(len(held) - _prefix_kept(held, self.markers.end), THINKING)
+                    out += self._take(len(held) - prefix_held(held, (self.markers.end,)), THINKING)
                     break
                 out += self._take(cut, THINKING)
                 self._drop(len(self.markers.end))
@@ -204,14 +205,6 @@ class MarkerScanner:
 
     def _drop(self, n: int) -> None:
         self._take(n, "")
-
-
-def _prefix_kept(text: str, marker: str) -> int:
-    """Length of the longest end of `text` that is a proper start of `marker` (it may yet become the marker)."""
-    for n in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:n]):
-            return n
-    return 0
 
 
 @dataclass(slots=True)
