@@ -51,6 +51,19 @@ def find_llama_server(path: str | None) -> Path:
     return Path(found)
 
 
+def has_draft_sampling(binary: Path) -> bool:
+    """Whether this llama-server has `--spec-draft-sampling` (newer builds: greedy or probabilistic verification).
+
+    Older builds lack it and refuse to start when given it; they draft greedily and keep a draft token when the
+    target samples the same one, which is localspec's greedy (T 0) and `match` settings.
+    """
+    try:
+        out = subprocess.run([str(binary), "--help"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PeerError(f"llama-server did not start: {e}") from e
+    return b"--spec-draft-sampling" in out.stdout + out.stderr
+
+
 @dataclass(frozen=True, slots=True)
 class PeerResult:
     """One completion as llama-server reports it."""
@@ -76,7 +89,7 @@ class LlamaServer:
         draft: the draft GGUF, or None for plain decoding.
         k: most drafts per step (`--spec-draft-n-max`).
         probabilistic: rejection-sampling verification (`--spec-draft-sampling probabilistic`) instead of greedy
-            drafting with exact-match verification.
+            drafting with exact-match verification; None for a build without the option (`has_draft_sampling`).
         threads: CPU threads for both models.
         n_ctx: context length.
         startup_seconds: how long to wait for the model to load.
@@ -89,7 +102,7 @@ class LlamaServer:
         draft: str | None,
         *,
         k: int = 0,
-        probabilistic: bool = False,
+        probabilistic: bool | None = False,
         threads: int,
         n_ctx: int,
         n_gpu_layers: int | None = None,
@@ -130,9 +143,9 @@ class LlamaServer:
                 str(threads),
                 "-tbd",
                 str(threads),
-                "--spec-draft-sampling",
-                "probabilistic" if probabilistic else "greedy",
             ]
+            if probabilistic is not None:
+                args += ["--spec-draft-sampling", "probabilistic" if probabilistic else "greedy"]
             if n_gpu_layers is not None:
                 args += ["-ngld", str(n_gpu_layers)]
         self.args = args

@@ -339,10 +339,14 @@ def busy_rows(
     return [BusyRow(s.name, rate[(s, False)], rate[(s, True)]) for s in settings]
 
 
-def peer_settings(settings: list[Setting]) -> list[Setting]:
+def peer_settings(settings: list[Setting], *, draft_sampling: bool = True) -> list[Setting]:
     """The settings llama-server can run too: plain and each fixed k (greedy drafting for T 0 and `match`,
-    its probabilistic mode for `pq`)."""
-    return [s for s in settings if s.k is not None]
+    its probabilistic mode for `pq` where the build has `--spec-draft-sampling`)."""
+    return [s for s in settings if s.k is not None and (draft_sampling or not _probabilistic(s))]
+
+
+def _probabilistic(setting: Setting) -> bool:
+    return bool(setting.k) and setting.temperature > 0 and setting.verify == "pq"
 
 
 def run_peer(
@@ -358,8 +362,10 @@ def run_peer(
     n_ctx: int,
     n_gpu_layers: int | None,
     progress: Callable[[str], None],
+    draft_sampling: bool = True,
 ) -> dict[Setting, tuple[float, float]]:
-    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt."""
+    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt.
+    `draft_sampling`: the build has `--spec-draft-sampling` (`peer.has_draft_sampling`)."""
     from .peer import LlamaServer
 
     rates: dict[Setting, list[float]] = {s: [] for s in settings}
@@ -372,7 +378,7 @@ def run_peer(
                 target,
                 draft if setting.k else None,
                 k=setting.k or 0,
-                probabilistic=setting.temperature > 0 and setting.verify == "pq",
+                probabilistic=_probabilistic(setting) if draft_sampling else None,
                 threads=threads,
                 n_ctx=n_ctx,
                 n_gpu_layers=n_gpu_layers,

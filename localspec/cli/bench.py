@@ -137,21 +137,29 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             report.rows = bench.rows_from(engine, prompts, tallies)
             report.logit_noise = bench.logit_noise(engine, prompts)
         if binary is not None:
-            from localspec.bench.peer import PeerError
+            from localspec.bench.peer import PeerError, has_draft_sampling
 
             try:
+                draft_sampling = has_draft_sampling(binary)
+                peer_chosen = bench.peer_settings(chosen, draft_sampling=draft_sampling)
+                if len(peer_chosen) < len(bench.peer_settings(chosen)):
+                    report.notes.append(
+                        "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
+                        "the target and keeping an equal draft, so it has no pq rows"
+                    )
                 peer = bench.run_peer(
                     binary,
                     target,
                     draft,
                     prompts,
-                    bench.peer_settings(chosen),
+                    peer_chosen,
                     tokens=args.tokens,
                     rounds=args.rounds,
                     threads=threads,
                     n_ctx=engine.n_ctx,
                     n_gpu_layers=run.n_gpu_layers,
                     progress=show,
+                    draft_sampling=draft_sampling,
                 )
                 by_name = {(s.name, s.temperature): v for s, v in peer.items()}
                 report.rows = [

@@ -39,7 +39,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--device-sampling",
         choices=DEVICE_SAMPLING,
         help="take greedy tokens with llama.cpp's in-graph sampler: auto (default: where the layers run on a GPU "
-        "of this machine, so only a token id leaves it), on, off (the argmax over the logits, in numpy)",
+        "of this machine, so only a token id leaves it), on (also the draft's top-k law at T > 0), off (the argmax "
+        "over the logits, in numpy)",
     )
     p.add_argument(
         "--bridge",

@@ -98,7 +98,7 @@ class ModelDrafter:
     ) -> Proposal:
         seq = self.seq
         sampled = sample and not sampling.greedy
-        device_law = seq.ctx.device_greedy and sampled and not sampling.penalised
+        device_law = seq.ctx.device_topk and sampled and not sampling.penalised
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
         seq.sync(history, outputs=1)

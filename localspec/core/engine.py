@@ -498,9 +498,18 @@ def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, specula
         swa_full = speculating and model.info.n_swa > 0
     # Greedy tokens from the graph: on a GPU only a token id leaves the device. On a CPU the logits are read here
     # anyway, and a numpy argmax measured as fast (README, "Where sampling runs").
+    # The draft's law at T > 0 from the graph (top-k candidates only) is for `on` alone: on this CPU and on an H100
+    # (8B/1B shapes) the in-graph top-k cost more than the Python it saved.
     device = params.device_sampling == "on" or (params.device_sampling == "auto" and model.on_local_gpu)
     ctx = _own(
         owned,
-        LlamaContext(model, n_ctx=n_ctx, swa_full=swa_full, n_threads=params.n_threads, device_greedy=device),
+        LlamaContext(
+            model,
+            n_ctx=n_ctx,
+            swa_full=swa_full,
+            n_threads=params.n_threads,
+            device_greedy=device,
+            device_topk=params.device_sampling == "on",
+        ),
     )
     return KVSequence(ctx, rollback=params.rollback)

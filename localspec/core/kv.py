@@ -39,6 +39,7 @@ class Context(Protocol):
     swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
     seconds_decoding: float  # time spent inside decode so far
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
+    device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
         """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""

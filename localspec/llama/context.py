@@ -59,6 +59,7 @@ class Context:
         swa_full: bool = False,
         n_rs_seq: int = 0,
         device_greedy: bool = False,
+        device_topk: bool = False,
     ) -> None:
         """Create a context.
 
@@ -72,6 +73,8 @@ class Context:
             device_greedy: attach llama.cpp's greedy sampler to the graph, so every output row's argmax is taken
                 where the logits are computed (`sampled_token`); the logits are still delivered. `device_law`
                 swaps in a top-k chain instead (only k candidates leave the graph).
+            device_topk: drafting at T > 0 may use `device_law` (set by `--device-sampling on` only: measured
+                slower than the host on a CPU and on an H100, README "Where sampling runs").
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -117,6 +120,7 @@ class Context:
             params.n_samplers = 1
             params.n_outputs_max_per_seq = self.n_batch
         self.device_greedy = device_greedy
+        self.device_topk = device_greedy and device_topk
         self._retired: list = []  # chains swapped out by `device_law`, freed with the context
         self._law: tuple[int, float] = (0, 0.0)  # the chain attached now: (top_k, temperature); (0, 0.0) is greedy
         self._call = model._call  # a remote model's contexts make their native calls where it does

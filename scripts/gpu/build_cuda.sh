@@ -40,7 +40,7 @@ cmake -S "$S/vendor/llama.cpp" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$NVCC" -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
   -DGGML_CUDA_FA_QUANTS="$FA_QUANTS" -DGGML_CUDA_NCCL=OFF -DGGML_NATIVE=OFF -DGGML_CCACHE=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=$ON -DLLAMA_BUILD_TOOLS=$ON -DLLAMA_BUILD_SERVER=$ON \
-  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_COMMON=$ON -DLLAMA_OPENSSL=OFF \
+  -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_COMMON=$ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   -DCMAKE_BUILD_RPATH_USE_ORIGIN=ON -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
   "-DCMAKE_LIBRARY_PATH=$X/lib" "-DCMAKE_CUDA_FLAGS=-I$X/include" $EXTRA_CMAKE > "$W/configure.log" 2>&1 \
   || { tail -40 "$W/configure.log"; exit 1; }
@@ -59,7 +59,7 @@ fi
 L=$W/libs; rm -rf "$L"; mkdir -p "$L"
 cp -L "$B/bin/libllama.so" "$L/"; ln -s libllama.so "$L/libllama.so.0"   # python opens libllama.so, tools need .so.0
 for f in "$B"/bin/libggml*.so.0 "$B"/bin/libllama-common.so.0 "$B"/bin/libllama-quantize-impl.so \
-         "$B"/bin/libllama-bench-impl.so "$B"/bin/libmtmd.so* "$B"/bin/llama-server "$B"/bin/llama-bench "$B"/bin/llama-speculative-simple \
+         "$B"/bin/libllama-bench-impl.so "$B"/bin/libllama-server-impl.so "$B"/bin/libmtmd.so* "$B"/bin/llama-server "$B"/bin/llama-bench "$B"/bin/llama-speculative-simple \
          "$B"/bin/llama-quantize; do
   if [ -e "$f" ]; then cp -L "$f" "$L/"; fi; done
 ls -la "$L"

@@ -17,4 +17,7 @@ rm -rf "$HERE/whl"; mkdir -p "$HERE/whl"
 "$PIP" download -q -d "$HERE/whl" --only-binary :all: --python-version "$PYVER" --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   numpy textual huggingface-hub platformdirs pydantic gguf diskcache typing-extensions jinja2
+# the GPU image has numpy, and hf_xet only speeds up Hub downloads: leaving both out keeps the carried tree
+# (these wheels, the source and the built libraries) under the device's 64 MiB
+rm -f "$HERE"/whl/numpy-*.whl "$HERE"/whl/hf_xet-*.whl
 ls -la "$HERE/src.tar.gz"; du -sh "$HERE/whl"

@@ -21,7 +21,12 @@ cp -a "$V/ggml/src"/{ggml-cpu,ggml-cuda} "$D/ggml/src"/
 # llama-server (the peer of `localspec bench --peer`) is kept too, with tools/mtmd, which it links.
 mkdir -p "$D/tools" "$D/examples" "$D/pocs"
 cp -a "$V/tools/quantize" "$V/tools/llama-bench" "$V/tools/server" "$V/tools/mtmd" "$D/tools"/
-printf 'add_subdirectory(quantize)\nadd_subdirectory(llama-bench)\nadd_subdirectory(mtmd)\nadd_subdirectory(server)\n' \
+# llama-server links llama-ui: keep only its build files (no npm sources); with LLAMA_BUILD_UI=OFF and
+# LLAMA_USE_PREBUILT_UI=OFF scripts/ui-assets.cmake embeds an empty asset table (no web UI, no download).
+mkdir -p "$D/tools/ui" "$D/scripts"
+cp -a "$V/tools/ui"/{CMakeLists.txt,ui.cpp.in,ui.h.in,sources.cmake} "$D/tools/ui"/
+cp -a "$V/scripts/ui-assets.cmake" "$D/scripts"/
+printf 'add_subdirectory(quantize)\nadd_subdirectory(llama-bench)\nadd_subdirectory(mtmd)\nadd_subdirectory(ui)\nadd_subdirectory(server)\n' \
   > "$D/tools/CMakeLists.txt"
 cp -a "$V/examples/speculative" "$V/examples/speculative-simple" "$D/examples"/
 printf 'add_subdirectory(speculative)\nadd_subdirectory(speculative-simple)\n' > "$D/examples/CMakeLists.txt"

@@ -195,3 +195,27 @@ def test_a_bridged_pair_is_benched_like_any_pair_with_the_bridges_own_time(tiny_
     assert spec["acceptance"] > 0 and spec["tokens_per_pass"] > 1
     assert 0 < spec["bridge_us_per_draft_token"] < spec["python_us_per_draft_token"]
     assert rows[("plain", 0.0)]["bridge_us_per_draft_token"] == 0
+
+
+def test_an_older_llama_server_without_draft_sampling_runs_its_greedy_rows_only(tmp_path):
+    """llama-server builds before `--spec-draft-sampling` refuse the option (the CUDA build of the pinned
+    source did): bench asks `--help` first, leaves the option out and runs no pq rows on such a build."""
+    from localspec.bench.peer import LlamaServer, has_draft_sampling
+    from localspec.bench.run import peer_settings, settings_for
+
+    old, new = tmp_path / "old-server", tmp_path / "new-server"
+    old.write_text("#!/bin/sh\necho '--spec-draft-n-max N   most draft tokens'\n")
+    new.write_text("#!/bin/sh\necho '--spec-draft-sampling {greedy,probabilistic}'\n")
+    for fake in (old, new):
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert not has_draft_sampling(old) and has_draft_sampling(new)
+
+    chosen = settings_for([4], [0.0, 0.8], ["pq", "match"])
+    kept = {(s.name, s.temperature) for s in peer_settings(chosen, draft_sampling=False)}
+    assert kept == {("plain", 0.0), ("k=4", 0.0), ("plain", 0.8), ("k=4 match", 0.8)}
+    assert ("k=4 pq", 0.8) in {(s.name, s.temperature) for s in peer_settings(chosen)}
+
+    args = LlamaServer(old, "t.gguf", "d.gguf", k=4, probabilistic=None, threads=1, n_ctx=64).args
+    assert "--spec-draft-n-max" in args and "--spec-draft-sampling" not in args
+    args = LlamaServer(new, "t.gguf", "d.gguf", k=4, probabilistic=True, threads=1, n_ctx=64).args
+    assert args[args.index("--spec-draft-sampling") + 1] == "probabilistic"

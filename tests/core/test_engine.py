@@ -50,6 +50,16 @@ def test_greedy_with_the_in_graph_sampler_equals_plain_on_the_host(tiny_models, 
     assert_identical(tiny_models.target, prompt, plain.tokens, spec.tokens)
 
 
+@pytest.mark.parametrize(
+    ("choice", "greedy", "topk"), [("off", False, False), ("auto", False, False), ("on", True, True)]
+)
+def test_which_sampling_runs_in_the_graph(tiny_models, choice, greedy, topk):
+    """`auto` on this CPU keeps everything on the host; the draft's top-k law in the graph is for `on` alone (it
+    measured slower on a CPU and on an H100), while `on` also takes greedy tokens in the graph."""
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling=choice) as engine:
+        assert [(seq.ctx.device_greedy, seq.ctx.device_topk) for seq in engine.caches] == [(greedy, topk)] * 2
+
+
 def test_a_wrong_in_graph_token_is_caught(tiny_models, monkeypatch):
     """The negative control: a device path that reads the wrong row gives other tokens than plain decoding."""
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="off") as host:
