@@ -95,10 +95,13 @@ class RecentMedian:
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
-    The target part of a step with k drafts is fitted by a line a + b·k over every k seen, plain steps
-    (k = 0) included, so c = draft token / a and v(k) = (a + b·k) / a use all the data and extrapolate
-    to k never tried. Steps on which the draft caught up on many tokens (its prompt, or tokens decoded
-    plainly) time the catch-up, not the drafting.
+    The target part of a step with k drafts is fitted by a line a + b·k over the k ≥ 1 seen, so c = draft token /
+    plain step and v(k) = (a + b·k) / plain step extrapolate to k never tried; the unit is the plain steps' own
+    median. The line leaves plain steps (k = 0) out once two draft lengths were timed: on a GPU, going from one row
+    to two costs a jump (v(1) ≈ 1.5 on an H100, 8B shape) and each further row little (v(8) ≈ 2.2). A line through
+    k = 0 there misses every point, and measuring against its intercept instead of the plain steps made every
+    predicted speed-up some 17 % too high. With one draft length timed, the line runs through plain steps. Steps on which the draft
+    caught up on many tokens (its prompt, or tokens decoded plainly) time the catch-up, not the drafting.
     """
 
     def __init__(self, min_samples: int = 4) -> None:
@@ -106,7 +109,7 @@ class MeasuredCosts:
         self.target: dict[int, RecentMedian] = {}  # k -> seconds, target part of a step verifying k drafts
         self.draft = RecentMedian()  # seconds per drafted token
         self.catch_up = RecentMedian()  # seconds per token the draft decoded in a catch-up
-        self._ratios: tuple[float, float, float] | None = None  # (c, b/a, catch-up), refitted lazily
+        self._ratios: tuple[float, float, float, float] | None = None  # (c, a, b, catch-up) / plain, refitted lazily
 
     def missing(self) -> str | None:
         if 0 not in self.target or self.target[0].n < self.min_samples:
@@ -114,33 +117,37 @@ class MeasuredCosts:
         batches = sum(e.n for k, e in self.target.items() if k)
         return None if min(self.draft.n, batches) >= self.min_samples else "speculative"
 
-    def _line(self) -> tuple[float, float]:
-        """(a, b) of the weighted least-squares line seconds ≈ a + b·k, with b ≥ 0 (a handful of points)."""
-        points = [(k, e.value, min(e.n, 8)) for k, e in self.target.items()]
+    def _line(self) -> tuple[float, float, float]:
+        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0."""
+        plain = self.target[0].value
+        drafted = [k for k in self.target if k]
+        ks = drafted if len(drafted) >= 2 else list(self.target)
+        points = [(k, self.target[k].value, min(self.target[k].n, 8)) for k in ks]
         total = sum(w for _, _, w in points)
         k_mean = sum(w * k for k, _, w in points) / total
         t_mean = sum(w * t for _, t, w in points) / total
         spread = sum(w * (k - k_mean) ** 2 for k, _, w in points)
         b = max(sum(w * (k - k_mean) * (t - t_mean) for k, t, w in points) / spread, 0.0) if spread else 0.0
         a = t_mean - b * k_mean
-        return (a, b) if a > 0 else (self.target[0].value, b)
+        return plain, (a if a > 0 else plain), b
 
-    def _fit(self) -> tuple[float, float, float]:
+    def _fit(self) -> tuple[float, float, float, float]:
         if self._ratios is None:
-            a, b = self._line()
+            plain, a, b = self._line()
             # Unmeasured catch-up: assume a batched token costs as much as a drafted one (an upper bound).
             catch_up = self.catch_up.value if self.catch_up.n else self.draft.value
-            self._ratios = (self.draft.value / a, b / a, catch_up / a)
+            self._ratios = (self.draft.value / plain, a / plain, b / plain, catch_up / plain)
         return self._ratios
 
     def draft_ratio(self) -> float:
         return self._fit()[0]
 
     def batch_ratio(self, k: int) -> float:
-        return 1.0 + self._fit()[1] * k
+        _, a, b, _ = self._fit()
+        return max(a + b * k, 1.0)  # never cheaper than one row
 
     def catch_up_ratio(self) -> float:
-        return self._fit()[2]
+        return self._fit()[3]
 
     def keep_newest(self, n: int) -> None:
         self._ratios = None

@@ -117,6 +117,22 @@ def test_measured_costs_fit_the_batch_line_and_skip_catch_up_steps():
     assert costs.batch_ratio(8) == pytest.approx(3.0)  # extrapolated
 
 
+def test_measured_costs_see_the_jump_from_one_row_to_two_on_a_gpu():
+    """H100-like timings (8B shape): 4 ms plain, 6 ms with one draft, then +0.3 ms a row. A line through plain
+    steps (intercept 4.7 ms) misses them all; the line over the draft lengths, against the plain steps' 4 ms, says
+    v(1) = 1.5 and v(8) = 2.0."""
+    costs = MeasuredCosts(min_samples=1)
+    for k, seconds in ((0, 0.004), (1, 0.006), (2, 0.0063), (4, 0.0069)):
+        costs.observe(k, seconds, k * 0.0015, k)
+    assert costs.batch_ratio(1) == pytest.approx(1.5, abs=0.01)
+    assert costs.batch_ratio(8) == pytest.approx(2.03, abs=0.01)
+    assert costs.draft_ratio() == pytest.approx(0.375)
+    one = MeasuredCosts(min_samples=1)  # one draft length timed: the line runs through plain steps
+    one.observe(0, 0.004, 0.0, 0)
+    one.observe(2, 0.006, 0.003, 2)
+    assert one.batch_ratio(4) == pytest.approx(2.0)
+
+
 TARGET = LogitTable(5, seed=0)
 USELESS = LogitTable(5, seed=99, scale=8.0)  # unrelated to the target, and sure of itself
 
