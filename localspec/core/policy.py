@@ -100,8 +100,9 @@ class MeasuredCosts:
     median. The line leaves plain steps (k = 0) out once two draft lengths were timed: on a GPU, going from one row
     to two costs a jump (v(1) ≈ 1.5 on an H100, 8B shape) and each further row little (v(8) ≈ 2.2). A line through
     k = 0 there misses every point, and measuring against its intercept instead of the plain steps made every
-    predicted speed-up some 17 % too high. With one draft length timed, the line runs through plain steps. Steps on which the draft
-    caught up on many tokens (its prompt, or tokens decoded plainly) time the catch-up, not the drafting.
+    predicted speed-up some 17 % too high. With one draft length timed, the line runs through plain steps.
+    Steps on which the draft caught up on many tokens (its prompt, or tokens decoded plainly) time the catch-up,
+    not the drafting.
     """
 
     def __init__(self, min_samples: int = 4) -> None:
