@@ -4,8 +4,8 @@ logits → repetition/frequency/presence penalties → temperature → softmax �
 renormalise. The result is a `Dist`: the exact law a token is drawn from, which speculative
 verification needs for both models. Randomness comes only from an injected numpy Generator.
 
-Nothing here sorts the vocabulary. A row of 262,144 logits is read once, as block maxima (`_Blocks`);
-the blocks whose maximum can reach the cut — the k-th largest value for top-k, max + T·ln(min_p) for
+Nothing here sorts the vocabulary. A row of 262,144 logits is read once, as column maxima of a 64-row grid
+(`_Blocks`); the columns whose maximum can reach the cut — the k-th largest value for top-k, max + T·ln(min_p) for
 min-p — give a small candidate set, and only the candidates are sorted and exponentiated in float64.
 The penalties touch at most `repeat_last_n` tokens, so they are applied to those alone (the candidate
 set is widened by that many so it stays exact). Top-p without top-k needs the softmax mass of the whole
@@ -129,7 +129,7 @@ def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
     return history[-params.repeat_last_n :] if params.penalised else []
 
 
-_BLOCK = 1024  # most logits per block: a 262,144-token row is 256 block maxima (faster than 256 or 512)
+_ROWS = 64  # most rows of the grid a logits row is seen as (`_Blocks`): 4,096 column maxima at 262,144 tokens
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_VALUES = np.zeros(0, dtype=np.float32)
 _CUT_MARGIN = 1e-4  # logits: a candidate threshold is lowered by this, so float rounding never loses a survivor
@@ -138,25 +138,28 @@ _WINDOWS = (7.0, 14.0, 28.0)  # top-p without top-k or min-p: candidates within 
 
 
 class _Blocks:
-    """One logits row seen as blocks of `_BLOCK` values and their maxima (one pass over the row)."""
+    """One logits row seen as a grid of `rows` × n_cols (row-major, as it lies in memory) and its column maxima.
 
-    __slots__ = ("row", "size", "head", "tail", "maxima")
+    A "block" is a column: the entries j, j + n_cols, j + 2·n_cols, …. Its maxima are one reduction across the
+    grid's rows (elementwise, the fast direction for numpy: 29 µs for a 262,144-entry row against 43 µs for
+    maxima of 1,024-entry runs), and a column that can reach a cut gathers only its `rows` entries.
+    """
+
+    __slots__ = ("row", "grid", "tail", "maxima")
 
     def __init__(self, row: np.ndarray, need: int = 1) -> None:
-        # Blocks small enough that the `need` best values hit few of them (at least 4·need blocks), large enough
-        # that the pass over the row stays one fast reduction.
-        fit = row.shape[0] // (4 * need)
-        self.size = size = max(64, min(_BLOCK, 1 << max(fit.bit_length() - 1, 0)))
-        n_head = row.shape[0] // size * size
+        # At least 4·need columns, so the `need` best values hit few of them; at most _ROWS rows.
+        rows = max(1, min(_ROWS, row.shape[0] // (4 * need)))
+        n_cols = row.shape[0] // rows
         self.row = row
-        self.head = row[:n_head].reshape(-1, size)  # (n_blocks, size) view
-        self.tail = row[n_head:]  # (< _BLOCK,) the rest
-        maxima = self.head.max(axis=1)
+        self.grid = row[: rows * n_cols].reshape(rows, n_cols)  # a view
+        self.tail = row[rows * n_cols :]  # (< rows,) the rest
+        maxima = self.grid.max(axis=0)
         self.maxima = np.append(maxima, self.tail.max()) if self.tail.size else maxima
 
     def lower_bound(self, need: int) -> float:
-        """A value t with at least `need` entries ≥ t: the need-th largest block maximum (or, past the number
-        of blocks, the exact need-th largest value)."""
+        """A value t with at least `need` entries ≥ t: the need-th largest column maximum (or, past the number
+        of columns, the exact need-th largest value)."""
         n_max = self.maxima.shape[0]
         if need <= n_max:
             return float(np.partition(self.maxima, n_max - need)[n_max - need])
@@ -164,15 +167,14 @@ class _Blocks:
         return float(np.partition(self.row, n - min(need, n))[n - min(need, n)])
 
     def above(self, threshold: float) -> np.ndarray:
-        """Ascending ids of every entry ≥ threshold, reading only the blocks whose maximum reaches it."""
+        """Ascending ids of every entry ≥ threshold, reading only the columns whose maximum reaches it."""
         hit = np.flatnonzero(self.maxima >= threshold)
-        n_head = self.head.shape[0]
-        full = hit[hit < n_head]
-        size = self.size
-        flat = np.flatnonzero(self.head[full] >= threshold)  # into the (len(full), size) gathered blocks
-        ids = full[flat // size] * size + flat % size
-        if hit.size and hit[-1] == n_head:  # the tail block
-            ids = np.concatenate([ids, n_head * size + np.flatnonzero(self.tail >= threshold)])
+        n_cols = self.grid.shape[1]
+        cols = hit[hit < n_cols]
+        r, c = np.nonzero(self.grid[:, cols] >= threshold)  # row-major: by grid row, then column: ascending ids
+        ids = r * n_cols + cols[c]
+        if hit.size and hit[-1] == n_cols:  # the tail
+            ids = np.concatenate([ids, self.grid.size + np.flatnonzero(self.tail >= threshold)])
         return ids.astype(np.int64, copy=False)
 
 

@@ -81,7 +81,7 @@ def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
     ids=["default", "topk0-minp", "topk0-topp", "all-off", "topk0-wide-topp-penalty", "topk2000"],
 )
 def test_same_law_at_a_real_vocabulary(params: SamplingParams) -> None:
-    """262,144 tokens (Gemma 3): 256 blocks of maxima; a flat row makes top-p reach far."""
+    """262,144 tokens (Gemma 3): 4,096 column maxima; a flat row makes top-p reach far."""
     rng = np.random.default_rng(7)
     for row in (random_row(rng, 262_144, ties=False), (rng.standard_normal(262_144) * 0.5).astype(np.float32)):
         history = history_for(rng, row)
