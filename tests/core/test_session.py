@@ -9,6 +9,7 @@ from support.tinymodels import IM_END_ID, IM_START_ID
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.session import ChatFormat, ChatSession, Message
+from localspec.core.window import common_prefix
 from localspec.errors import ChatTemplateError
 
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
@@ -19,13 +20,6 @@ def answer(session: ChatSession, text: str, max_tokens: int = 24):
     streamed = "".join(event.text for event in gen)
     assert streamed == gen.text
     return gen
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def test_second_turn_decodes_only_the_new_suffix_on_both_models(tiny_models):

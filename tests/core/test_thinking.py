@@ -26,6 +26,7 @@ from localspec.core.thinking import (
     opened_by,
     split_text,
 )
+from localspec.core.window import common_prefix
 from localspec.errors import InvalidParamsError
 from localspec.llama.templates import render_jinja_chat
 
@@ -340,10 +341,3 @@ def in_order(text: str, *parts: str) -> bool:
             return False
         at += len(part)
     return True
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n

@@ -57,6 +57,14 @@ async def send(pilot: Pilot, text: str) -> None:
     await pilot.pause()
 
 
+async def open_settings(pilot: Pilot) -> None:
+    """Press F3 and wait for the settings screen."""
+    from localspec.tui.screens import SettingsScreen
+
+    await pilot.press("f3")
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen), what="the settings screen")
+
+
 def record_notifications(app) -> list[str]:
     """Every message the app notifies from now on (toasts expire; this list does not)."""
     seen: list[str] = []

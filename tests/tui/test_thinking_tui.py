@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 from rich.text import Text
 from support.tinymodels import ANSWER_TEXT, REASONING_TEXT
-from support.tui import record_notifications, send, wait_ready, wait_until
+from support.tui import open_settings, record_notifications, send, wait_ready, wait_until
 from textual.app import App
 from textual.widgets import Select, Static
 
@@ -138,8 +138,7 @@ async def test_f3_switches_thinking_for_this_chat_and_it_is_kept(thinking_option
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "Hi")
-        await pilot.press("f3")
-        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen")
+        await open_settings(pilot)
         switch = app.screen.query_one("#think", Select)
         assert switch.value == "default"
         switch.value = "off"
@@ -166,8 +165,7 @@ async def test_a_model_that_cannot_switch_says_so(thinking_options, thinking_hom
         await wait_ready(pilot)
         await wait_until(pilot, lambda: any("cannot be followed" in s for s in seen), what="the notice")
         assert any("`thinking = false` of pair 'always-off' in models.toml" in s for s in seen)
-        await pilot.press("f3")
-        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen")
+        await open_settings(pilot)
         assert not app.screen.query("#think")
         note = str(app.screen.query_one("#think-note", Static).render())
         assert note == "always on (no switch in its template)"

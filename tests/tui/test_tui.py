@@ -14,7 +14,7 @@ import time
 
 import pytest
 from rich.text import Text
-from support.tui import record_notifications, send, wait_ready, wait_until
+from support.tui import open_settings, record_notifications, send, wait_ready, wait_until
 from textual import events
 from textual.widgets import DataTable, Input, Markdown, Static
 
@@ -210,8 +210,7 @@ async def test_settings_apply_from_the_next_message(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        await pilot.press("f3")
-        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen")
+        await open_settings(pilot)
         app.screen.query_one("#top_k", Input).value = "many"
         await pilot.press("ctrl+s")
         assert isinstance(app.screen, SettingsScreen)
@@ -232,8 +231,7 @@ async def test_changing_the_drafter_reloads_and_keeps_the_conversation(options, 
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         await send(pilot, "Hello")
-        await pilot.press("f3")
-        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen), what="the settings screen")
+        await open_settings(pilot)
         app.screen.query_one("#drafter").value = "none"
         await pilot.press("ctrl+s")
         await wait_until(
