@@ -119,7 +119,7 @@ class ModelDrafter:
             else:
                 logits = seq.ctx.logits(-1)  # (n_vocab,) view, valid until the next draft decode
                 dist = None  # greedy drafting draws from a one-hot law
-                token = greedy_token(logits, recent + out.tokens, sampling)
+                token = greedy_token(logits, recent + out.tokens if sampling.penalised else recent, sampling)
                 confidence = top_probability(logits) if p_min > 0 else 1.0
             if confidence < p_min:
                 break

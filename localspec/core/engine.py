@@ -53,40 +53,55 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
 
 
-class TargetLaws(Sequence):
-    """The target's sampling laws for the k+1 verified rows, computed lazily (row i sees x_1..x_i)."""
+class _VerifiedRows(Sequence):
+    """The k+1 rows of a verify pass, read lazily: row i sees the drafts x_1..x_i as history."""
 
     def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
-        self._rows: dict[int, Dist] = {}
+        self._block: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self._drafts) + 1
 
+    def _logits(self, i: int) -> np.ndarray:
+        """Row i's logits: the pass's rows are one block, found with two native calls whatever k is."""
+        if not self._drafts:
+            return self._ctx.logits(0)
+        if self._block is None:
+            self._block = self._ctx.logits_block(len(self._drafts) + 1)
+        return self._block[i]
+
+    def _history(self, i: int) -> list[int]:
+        return self._recent + self._drafts[:i] if self._sampling.penalised else self._recent
+
+
+class TargetLaws(_VerifiedRows):
+    """The target's sampling laws for the k+1 verified rows, computed lazily."""
+
+    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+        super().__init__(ctx, recent, drafts, sampling)
+        self._rows: dict[int, Dist] = {}
+
     def __getitem__(self, i: int) -> Dist:
         if i not in self._rows:
-            # drafts x_1..x_i count as history for row i
-            self._rows[i] = sampling_dist(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
+            self._rows[i] = sampling_dist(self._logits(i), self._history(i), self._sampling)
         return self._rows[i]
 
 
-class TargetArgmax(Sequence):
+class TargetArgmax(_VerifiedRows):
     """The target's greedy tokens for the k+1 verified rows, computed lazily row by row (the rows after a mismatch
     are never read). Without penalties a row's token is its argmax — taken in the graph where the context has the
     device sampler (only the token id leaves the device), else from the logits; with penalties each row depends
     on the drafts before it and is computed from its logits."""
 
     def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
-        self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
+        super().__init__(ctx, recent, drafts, sampling)
         self._device = ctx.device_greedy and not sampling.penalised
-
-    def __len__(self) -> int:
-        return len(self._drafts) + 1
 
     def __getitem__(self, i: int) -> int:
         if self._device:
             return self._ctx.sampled_token(i)
-        return greedy_token(self._ctx.logits(i), self._recent + self._drafts[:i], self._sampling)
+        return greedy_token(self._logits(i), self._history(i), self._sampling)
 
 
 def speculative_step(

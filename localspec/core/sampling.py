@@ -207,6 +207,8 @@ def _values(
 
 def greedy_token(logits: np.ndarray, history: list[int], params: SamplingParams) -> int:
     """The argmax after penalties (temperature 0); the lower id among equal values."""
+    if not params.penalised and logits.dtype == np.float32:
+        return int(logits.argmax())  # every greedy step without penalties: one call on the row as it is
     row = _as_row(logits)
     pen_ids, pen_values = _penalties(row, history, params)
     if not pen_ids.size:

@@ -24,6 +24,12 @@ from .log import llama_error
 from .model import Model, ModelInfo
 from .threads import physical_cores
 
+# `llama_get_logits_ith` again, answering the row's address as a plain int: llama_cpp's binding answers a ctypes
+# pointer object, and casting it back costs as much again. Used for contexts whose model runs on this machine.
+_logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
+    ctypes.cast(llama_cpp.llama_get_logits_ith, ctypes.c_void_p).value
+)
+
 
 def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
     """Rough size of an F16 KV cache of `n_ctx` cells (for a friendly error before llama.cpp aborts)."""
@@ -143,7 +149,11 @@ class Context:
         self._pos = np.ctypeslib.as_array(self._batch.pos, shape=(n,))
         self._out = np.ctypeslib.as_array(self._batch.logits, shape=(n,))
         self._positions = np.arange(self.n_ctx + n, dtype=self._pos.dtype)  # copied from, never built per decode
-        self._views: dict[int, np.ndarray] = {}  # logits row address -> (n_vocab,) view over it
+        # One-token decodes (every drafted token, every plain step) write the batch through these pointers: three
+        # item writes cost a fifth of three numpy slice assignments right after a decode, with the caches cold.
+        self._token0, self._pos0, self._out0 = self._batch.token, self._batch.pos, self._batch.logits
+        self._local = model.placement is None  # native calls made here, not on an RPC placement's thread
+        self._views: dict = {}  # logits row address -> (n_vocab,) view; (address, n) -> (n, n_vocab) block view
         for i in range(n):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
@@ -237,11 +247,14 @@ class Context:
     def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
         """One `llama_decode` of at most n_batch tokens; logits for rows first_out.. of them."""
         n = len(tokens)
-        self._tok[:n] = tokens
-        self._pos[:n] = self._positions[n_past : n_past + n]
-        first_out = min(max(first_out, 0), n)
-        self._out[:first_out] = 0
-        self._out[first_out:n] = 1
+        if n == 1:
+            self._token0[0], self._pos0[0], self._out0[0] = tokens[0], n_past, first_out <= 0
+        else:
+            self._tok[:n] = tokens
+            self._pos[:n] = self._positions[n_past : n_past + n]
+            first_out = min(max(first_out, 0), n)
+            self._out[:first_out] = 0
+            self._out[first_out:n] = 1
         self._batch.n_tokens = n
         t0 = time.perf_counter()
         rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
@@ -262,21 +275,27 @@ class Context:
         The view is valid until this context's next `decode`; copy it to keep it.
         """
         assert not self._law[0], "the logits stay in the graph while a top-k chain is attached (device_law)"
-        ptr = self._call(llama_cpp.llama_get_logits_ith, self.handle, i)
-        if not ptr:
-            raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
+        if self._local and self._handle is not None:
+            address = _logits_address(self._handle, i)
+        else:
+            address = self._call(_logits_address, self.handle, i)
         # llama.cpp reuses its output buffer, so the same few addresses come back: one view each, not one per call.
-        address = ctypes.cast(ptr, ctypes.c_void_p).value
         view = self._views.get(address)
         if view is None:
+            if not address:
+                raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
             if len(self._views) >= 256:  # the buffer moved (it grew): forget the old addresses
                 self._views.clear()
-            view = self._views[address] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            row = (ctypes.c_float * self.n_vocab).from_address(address)
+            view = self._views[address] = np.frombuffer(row, np.float32)
         return view
 
     def sampled_token(self, i: int) -> int:
         """The argmax of row `i` of the last decode, taken in the graph (a context made with `device_greedy`)."""
-        token = self._call(llama_cpp.llama_get_sampled_token_ith, self.handle, i)
+        if self._local and self._handle is not None:
+            token = llama_cpp.llama_get_sampled_token_ith(self._handle, i)
+        else:
+            token = self._call(llama_cpp.llama_get_sampled_token_ith, self.handle, i)
         if token < 0:
             raise ContextError(f"no sampled token for row {i}: it was not requested in the last decode")
         return int(token)
@@ -292,13 +311,20 @@ class Context:
         llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
         the rows are copied into one array.
         """
-        first = self._call(llama_cpp.llama_get_logits_ith, self.handle, 0)
-        last = self._call(llama_cpp.llama_get_logits_ith, self.handle, n - 1)
+        if self._local and self._handle is not None:
+            first, last = _logits_address(self._handle, 0), _logits_address(self._handle, n - 1)
+        else:
+            first, last = (self._call(_logits_address, self.handle, i) for i in (0, n - 1))
         if not first or not last:
             raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
-        start = ctypes.addressof(first.contents)
-        if ctypes.addressof(last.contents) - start == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
-            return np.ctypeslib.as_array(first, shape=(n, self.n_vocab))
+        if last - first == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
+            view = self._views.get((first, n))  # the same few (address, rows) pairs come back, as for `logits`
+            if view is None:
+                if len(self._views) >= 256:
+                    self._views.clear()
+                array = (ctypes.c_float * (n * self.n_vocab)).from_address(first)
+                view = self._views[first, n] = np.frombuffer(array, np.float32).reshape(n, self.n_vocab)
+            return view
         return np.stack([self.logits(i) for i in range(n)])
 
     def remove_from(self, pos: int) -> bool:
