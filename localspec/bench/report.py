@@ -46,6 +46,16 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class SamplingCost:
+    """Sampling freshly decoded rows of the target, as a plain step does: ours against llama.cpp's own chain."""
+
+    temperature: float
+    rows: int  # rows timed for each, alternating
+    localspec_us: float  # median: reading the row, the law (or argmax) and the draw, in Python
+    llama_cpp_us: float  # median: llama.cpp's sampler chain on the same kind of row (`llama_sampler_sample`)
+
+
+@dataclass(frozen=True, slots=True)
 class RpcRow:
     """One setting with the target on RPC workers behind a relay that adds `rtt_ms` to every round trip."""
 
@@ -79,6 +89,7 @@ class BenchReport:
     busy: list[BusyRow] = field(default_factory=list)
     rpc: list[RpcRow] = field(default_factory=list)
     logit_noise: float | None = None  # max |Δlogit|, one batched decode vs single-row decodes of the prompt rows
+    sampling: list[SamplingCost] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -160,6 +171,15 @@ def render(report: BenchReport) -> list[str]:
             f"batch vs single-row logits of the target (prompt rows): max |Δ| {report.logit_noise:.4f} — greedy "
             "output may leave plain decoding where the top-2 gap is below this"
         )
+    if report.sampling:
+        lines.append(
+            "sampling a freshly decoded row of the target, median µs: "
+            + "; ".join(
+                f"T {c.temperature:g}: localspec {c.localspec_us:.0f}, llama.cpp {c.llama_cpp_us:.0f}"
+                for c in report.sampling
+            )
+            + f" ({report.sampling[0].rows} rows each; llama.cpp: its own sampler chain, as llama-server runs it)"
+        )
     if report.busy:
         lines += ["", "one busy core (a busy-loop process on one core):"]
         for b in report.busy:
@@ -193,7 +213,8 @@ def from_json(text: str) -> BenchReport:
     rows = [Row(**{**r, "divergences": tuple(Divergence(**d) for d in r["divergences"])}) for r in data.pop("rows")]
     busy = [BusyRow(**b) for b in data.pop("busy")]
     rpc = [RpcRow(**r) for r in data.pop("rpc")]
-    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc)
+    sampling = [SamplingCost(**c) for c in data.pop("sampling", [])]
+    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc, sampling=sampling)
 
 
 def now() -> str:

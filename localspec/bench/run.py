@@ -22,13 +22,14 @@ from typing import TypeVar
 
 import numpy as np
 
-from localspec.core.engine import Engine, Generation
+from localspec.core.engine import Engine, Generation, TargetArgmax, TargetLaws
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import expected_tokens
-from localspec.core.sampling import SamplingParams
+from localspec.core.sampling import SamplingParams, penalty_window
 from localspec.core.stats import Stats
+from localspec.llama.sampler import NativeSampler
 
-from .report import BusyRow, Divergence, Row, RpcRow
+from .report import BusyRow, Divergence, Row, RpcRow, SamplingCost
 
 DEFAULT_PROMPTS = (
     "Write a short story about a robot who learns to paint.",
@@ -185,6 +186,56 @@ def logit_noise(engine: Engine, prompts: list[list[int]]) -> float:
             target.append([token], outputs=1)
             worst = max(worst, float(np.abs(target.ctx.logits(-1) - batched[i]).max()))
     return worst
+
+
+def sampling_costs(
+    engine: Engine, prompt: list[int], temperatures: Sequence[float], rows: int = 16
+) -> list[SamplingCost]:
+    """Time a plain step's sampling on freshly decoded rows of the target, ours against llama.cpp's own chain.
+
+    After the prompt, each of 2·rows single-token decodes is sampled by one of the two — ours as a plain step
+    does it (the row's read, the law or argmax, the draw), or `NativeSampler` — alternating in pairs (ABBA), so
+    both meet the same cold caches after a decode. Not on a target that samples in the graph: llama.cpp's chain
+    would hand back the graph's token there.
+    """
+    target = engine.target
+    if target.ctx.device_greedy:
+        return []
+    rows = max(1, min(rows, (target.ctx.n_ctx - len(prompt)) // 2))
+    out = []
+    for temperature in temperatures:
+        sampling = Setting(temperature, 0).sampling
+        rng = np.random.default_rng(0)
+        times: tuple[list[float], list[float]] = ([], [])
+        target.sync(prompt[:-1])
+        token = prompt[-1]
+        with NativeSampler(
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            min_p=sampling.min_p,
+            repeat_penalty=sampling.repeat_penalty,
+            frequency_penalty=sampling.frequency_penalty,
+            presence_penalty=sampling.presence_penalty,
+            repeat_last_n=sampling.repeat_last_n,
+        ) as native:
+            for i in range(2 * rows):
+                target.append([token], outputs=1)
+                ours = (i + 1) // 2 % 2 == 0  # ours, llama.cpp, llama.cpp, ours, …
+                t0 = time.perf_counter()
+                if not ours:
+                    token = native.sample(target.ctx)
+                elif sampling.greedy:
+                    token = TargetArgmax(target.ctx, penalty_window(target.tokens, sampling), [], sampling)[0]
+                else:
+                    law = TargetLaws(target.ctx, penalty_window(target.tokens, sampling), [], sampling)[0]
+                    token = law.sample(rng)
+                times[0 if ours else 1].append(time.perf_counter() - t0)
+        target.rollback_to(0)
+        out.append(
+            SamplingCost(temperature, rows, statistics.median(times[0]) * 1e6, statistics.median(times[1]) * 1e6)
+        )
+    return out
 
 
 def _divergences(engine: Engine, prompts: list[list[int]], plain: Tally, tally: Tally) -> tuple[Divergence, ...]:

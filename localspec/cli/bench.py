@@ -136,6 +136,7 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
             tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
             report.rows = bench.rows_from(engine, prompts, tallies)
             report.logit_noise = bench.logit_noise(engine, prompts)
+            report.sampling = bench.sampling_costs(engine, prompts[0], temperatures)
         if binary is not None:
             from localspec.bench.peer import PeerError, has_draft_sampling
 
