@@ -128,3 +128,32 @@ def test_top_p_window_is_a_prefix_of_the_sorted_row() -> None:
     law = reference_law(row, [penalised], params)
     assert len(law) == 11 and penalised not in law  # the 11th token is one of the -7.5 ones
     assert_same_law(sampling_dist(row, [penalised], params), law)
+
+
+class _Uniform:
+    """Hands out a fixed uniform: the draw is then a function of the law alone."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def test_sample_and_top_are_the_same_on_small_and_large_supports() -> None:
+    """Small supports are walked in Python floats, large ones with numpy: both must pick, for the same uniform,
+    the token of the float64 inverse CDF (a running sum, left to right), and `top` the lower id among equals."""
+    rng = np.random.default_rng(11)
+    for size in [1, 2, 3, 40, 63, 64, 65, 200]:
+        for _ in range(200):
+            ids = np.sort(rng.choice(10 * size, size=size, replace=False)).astype(np.int64)
+            weights = np.round(rng.random(size) * 4) + 1  # ties are common
+            law = Dist(ids, weights / weights.sum())
+            u = float(rng.random())
+            cdf = np.cumsum(law.probs)
+            want = int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), size - 1)])
+            assert law.sample(_Uniform(u)) == want
+            best = int(np.argmax(law.probs))
+            assert law.top() == (int(ids[best]), float(law.probs[best]))
+    edge = Dist(np.array([3, 9], dtype=np.int64), np.array([0.5, 0.5]))
+    assert edge.sample(_Uniform(0.0)) == 3 and edge.sample(_Uniform(0.5)) == 9  # the CDF's right-continuity
