@@ -2,9 +2,11 @@
 after another (warm), after a single-token `llama_decode`, after summing 300 MB (caches emptied, no pause) and after
 `time.sleep(0.016)` (no work at all). The four run in turn, so the machine's noise hits them alike.
 
-On this project's 2-core VM the three "after" columns come out alike and about 3× the warm one: the Python time per
-drafted token that `localspec bench` reports there is mostly this cold start, not our code's share (README, "Where
-the Python time goes"). Not a test: the numbers depend on the machine and its load (printed with them).
+On this project's 2-core VM the sampling calls take 3-8× as long after a decode or after emptying the caches as
+back to back (2-5× after the sleep), while a plain Python loop (the control) barely slows: the Python time per drafted
+token that `localspec bench` reports there is mostly this cold start of numpy's code and data, not our code's share
+(README, "Where the Python time goes"). Not a test: the numbers depend on the machine and its load (printed with
+them).
 
     python benchmarks/cold_start.py MODEL.gguf [--rounds 40]
 """
@@ -26,6 +28,14 @@ from localspec.llama.model import Model
 PAUSES = ("back to back", "after a decode", "after summing 300 MB", "after sleeping 16 ms")
 
 
+def python_loop(_row: np.ndarray) -> int:
+    """2,000 additions in the interpreter: no numpy, little memory — the control for the sampling calls."""
+    total = 0
+    for i in range(2000):
+        total += i
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a GGUF file (its vocabulary sets the row's size)")
@@ -33,7 +43,11 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("localspec").setLevel(logging.ERROR)  # llama.cpp's loading remarks
     hot, greedy = SamplingParams(temperature=0.8), SamplingParams(temperature=0)
-    calls = {"argmax (T 0)": lambda r: greedy_token(r, [], greedy), "law (T 0.8)": lambda r: sampling_dist(r, [], hot)}
+    calls = {
+        "argmax (T 0)": lambda r: greedy_token(r, [], greedy),
+        "law (T 0.8)": lambda r: sampling_dist(r, [], hot),
+        "Python loop": python_loop,
+    }
     big = np.ones(300 * 2**20 // 8)
     with Model(args.model) as model, Context(model, n_ctx=args.rounds * len(PAUSES) * len(calls) + 64) as ctx:
         ctx.decode(list(range(100, 132)), 0, outputs=1)

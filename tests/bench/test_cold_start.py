@@ -19,7 +19,7 @@ def test_the_cold_start_table_has_every_call_and_pause(tiny_models):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "median µs of one call" in lines[0] and "after sleeping 16 ms" in lines[1]
-    for name in ("argmax (T 0)", "law (T 0.8)"):
+    for name in ("argmax (T 0)", "law (T 0.8)", "Python loop"):
         (row,) = [line for line in lines if line.startswith(name)]
         values = [float(v) for v in row[len(name) :].split()]
         assert len(values) == 4 and all(v > 0 for v in values), row
