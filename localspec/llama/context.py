@@ -12,6 +12,7 @@ device: a shift is applied by the next decode, which does go through the placeme
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 
@@ -275,27 +276,33 @@ class Context:
         The view is valid until this context's next `decode`; copy it to keep it.
         """
         assert not self._law[0], "the logits stay in the graph while a top-k chain is attached (device_law)"
-        if self._local and self._handle is not None:
-            address = _logits_address(self._handle, i)
-        else:
-            address = self._call(_logits_address, self.handle, i)
-        # llama.cpp reuses its output buffer, so the same few addresses come back: one view each, not one per call.
+        address = self._native(_logits_address, i)
         view = self._views.get(address)
         if view is None:
             if not address:
                 raise ContextError(f"no logits for row {i}: it was not requested in the last decode")
-            if len(self._views) >= 256:  # the buffer moved (it grew): forget the old addresses
-                self._views.clear()
-            row = (ctypes.c_float * self.n_vocab).from_address(address)
-            view = self._views[address] = np.frombuffer(row, np.float32)
+            view = self._view(address, address, (self.n_vocab,))
+        return view
+
+    def _native(self, fn, *args):
+        """`fn(handle, *args)`: called right here when the model runs on this machine (the hot path's calls),
+        else on its RPC placement's thread."""
+        if self._local and self._handle is not None:
+            return fn(self._handle, *args)
+        return self._call(fn, self.handle, *args)
+
+    def _view(self, key: object, address: int, shape: tuple[int, ...]) -> np.ndarray:
+        """A float32 view of `shape` over the logits at `address`, kept under `key`: llama.cpp reuses its output
+        buffer, so the same few addresses come back, and each gets one view, not one per call."""
+        if len(self._views) >= 256:  # the buffer moved (it grew): forget the old addresses
+            self._views.clear()
+        array = (ctypes.c_float * math.prod(shape)).from_address(address)
+        view = self._views[key] = np.frombuffer(array, np.float32).reshape(shape)
         return view
 
     def sampled_token(self, i: int) -> int:
         """The argmax of row `i` of the last decode, taken in the graph (a context made with `device_greedy`)."""
-        if self._local and self._handle is not None:
-            token = llama_cpp.llama_get_sampled_token_ith(self._handle, i)
-        else:
-            token = self._call(llama_cpp.llama_get_sampled_token_ith, self.handle, i)
+        token = self._native(llama_cpp.llama_get_sampled_token_ith, i)
         if token < 0:
             raise ContextError(f"no sampled token for row {i}: it was not requested in the last decode")
         return int(token)
@@ -311,20 +318,12 @@ class Context:
         llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
         the rows are copied into one array.
         """
-        if self._local and self._handle is not None:
-            first, last = _logits_address(self._handle, 0), _logits_address(self._handle, n - 1)
-        else:
-            first, last = (self._call(_logits_address, self.handle, i) for i in (0, n - 1))
+        first, last = self._native(_logits_address, 0), self._native(_logits_address, n - 1)
         if not first or not last:
             raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
         if last - first == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
-            view = self._views.get((first, n))  # the same few (address, rows) pairs come back, as for `logits`
-            if view is None:
-                if len(self._views) >= 256:
-                    self._views.clear()
-                array = (ctypes.c_float * (n * self.n_vocab)).from_address(first)
-                view = self._views[first, n] = np.frombuffer(array, np.float32).reshape(n, self.n_vocab)
-            return view
+            view = self._views.get((first, n))
+            return self._view((first, n), first, (n, self.n_vocab)) if view is None else view
         return np.stack([self.logits(i) for i in range(n)])
 
     def remove_from(self, pos: int) -> bool:
