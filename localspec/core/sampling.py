@@ -337,11 +337,9 @@ class _RowMass:
         return self._cache[key]
 
 
-def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _RowMass | None) -> Dist | None:
-    """Top-p, then min-p, on candidates sorted best first; None when top-p reaches past them.
-
-    `mass` is None when the candidates are the whole set the law is normalised over (the top-k set);
-    otherwise the candidates are a prefix of the penalised row in sorted order and `mass` gives the total.
+def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _RowMass) -> Dist | None:
+    """Top-p, then min-p, without top-k, on candidates sorted best first: a prefix of the penalised row in sorted
+    order, whose total `mass` gives. None when top-p reaches past them. (With top-k: `_top_k_law`.)
     """
     scaled = values.astype(np.float64) / params.temperature
     weights = np.exp(scaled - scaled[0])  # (m,) relative to the best, which has weight 1
@@ -350,11 +348,9 @@ def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _Row
         keep = int(np.count_nonzero(weights >= params.min_p))
     if params.top_p < 1.0 and keep > 1:
         cum = np.cumsum(weights)
-        if mass is None:
-            keep = min(keep, int(np.searchsorted(cum, params.top_p * cum[-1], side="left")) + 1)
         # With min-p on, every token outside the candidates fails min-p, and the row's mass is at least
         # cum[-1]: a cut past keep - 2 under that bound is no cut at all. Without min-p, look at the mass.
-        elif params.min_p == 0.0 or cum[keep - 2] >= params.top_p * cum[-1]:
+        if params.min_p == 0.0 or cum[keep - 2] >= params.top_p * cum[-1]:
             total = mass(float(values[0]))
             near = np.abs(cum - params.top_p * total) <= _MASS_TOLERANCE * total
             if near[:keep].any():
