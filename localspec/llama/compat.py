@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localspec.errors import IncompatibleDraftError
+from localspec.errors import IncompatibleDraftError, ModelFileError
 
 from .model import Model
 
@@ -36,10 +36,27 @@ class PairVerdict:
 def pair_verdict(target: Model, draft: Model) -> PairVerdict:
     """Whether `draft` shares `target`'s vocabulary, drafts for it through text, or cannot draft for it."""
     for role, model in (("target", target), ("draft", draft)):
-        if model.info.vocab_type == "none" or model.n_vocab == 0:
-            return PairVerdict("unusable", f"the {role} {model.path.name} has no tokenizer to write text with")
+        if problem := _text_problem(model, role):
+            return PairVerdict("unusable", problem)
     problem = pair_problem(target, draft) or _extra_text_token(target, draft)
     return PairVerdict("bridged", problem) if problem else PairVerdict("same")
+
+
+def _text_problem(model: Model, role: str) -> str | None:
+    """Why `model` cannot write text (it has no tokenizer), or None."""
+    if model.info.vocab_type == "none" or model.n_vocab == 0:
+        return f"the {role} {model.path.name} has no tokenizer to write text with"
+    return None
+
+
+def check_target(target: Model) -> None:
+    """The target's own pre-flight: it must be able to write text (llama.cpp aborts on a tokenizer-less vocabulary).
+
+    Raises:
+        ModelFileError: the target has no tokenizer.
+    """
+    if problem := _text_problem(target, "target"):
+        raise ModelFileError(f"{problem}: choose a GGUF that carries its tokenizer (tokenizer.ggml.model)")
 
 
 def _extra_text_token(target: Model, draft: Model) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 from collections import deque
 
 import llama_cpp
@@ -50,6 +51,9 @@ def init() -> LlamaLog:
     llama.cpp has one log callback and one backend per process, so the bridge is the process's too: the cache
     makes this idempotent and keeps the ctypes callback alive for as long as llama.cpp may call it.
     """
+    # An abort prints its one-line message; ggml would follow it with ~60 lines of a debugger's backtrace over the
+    # user's terminal. faulthandler (armed by the CLI) writes the Python side of it into the log instead.
+    os.environ.setdefault("GGML_NO_BACKTRACE", "1")
     bridge = LlamaLog()
     llama_cpp.llama_log_set(bridge.callback, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()

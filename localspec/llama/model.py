@@ -222,6 +222,8 @@ class Model:
             add_special: add BOS (and EOS) as the model is configured to.
             parse_special: turn markup such as `<|im_end|>` into control tokens. Keep False for user text.
         """
+        if self.info.vocab_type == "none":  # llama.cpp would abort the process (GGML_ASSERT on the tokenizer)
+            raise ModelFileError(f"{self.path.name} has no tokenizer to write text with: choose a GGUF that has one")
         data = text.encode("utf-8", errors="replace")  # lone surrogates become "?" (callers clean text first)
         n_max = len(data) + 8
         buf = (llama_cpp.llama_token * n_max)()

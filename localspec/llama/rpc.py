@@ -208,6 +208,7 @@ class _Losses:
     def _on_abort(self, message: bytes) -> None:
         text = message.decode("utf-8", errors="replace").strip()
         if "ggml-rpc" not in text:
+            log.critical("llama.cpp aborts: %s", text)  # with the hook set, ggml prints nothing itself
             return  # not ours: llama.cpp aborts as it always did
         with self.lock:
             self.count += 1
