@@ -25,6 +25,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func
 _FATAL = re.compile(r"^Fatal Python error: (?P<what>.+)$", re.M)
 # The innermost frame of ours in the crashed thread → what the run was doing: by function, else by module.
 _DOING_IN = {"tokenize": "tokenizing", "_submit": "decoding", "decode": "decoding", "detokenize": "detokenizing"}
+_PASS_THROUGH = {"_direct", "_native", "call", "_serve"}  # helpers that only hand a native call on
 _DOING = {
     "llama/context.py": "decoding",
     "llama/model.py": "loading or reading a model",
@@ -166,7 +167,7 @@ def _crash_in_log(mark: dict, log_file: Path) -> Crash | None:
     doing, where = "running", ""
     for frame in _FRAME.finditer(crashed):  # most recent call first
         file = frame["file"].replace("\\", "/")
-        if "/localspec/" in file:
+        if "/localspec/" in file and frame["func"] not in _PASS_THROUGH:
             module = file.rpartition("/localspec/")[2]
             doing = _DOING_IN.get(frame["func"]) or _DOING.get(module, f"in {frame['func']}")
             where = f"localspec/{module}:{frame['line']} in {frame['func']}"

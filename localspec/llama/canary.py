@@ -150,9 +150,14 @@ def _child(path: str) -> int:
     return 0
 
 
-def _how_it_ended(code: int | None, stderr: str) -> str:
+def child_command(path: Path) -> list[str]:
+    """The command that decodes `path` in a child process (`_child`)."""
+    return [sys.executable, "-m", "localspec.llama.canary", "--child", str(path)]
+
+
+def _how_it_ended(code: int | None, stderr: str, timeout: float) -> str:
     if code is None:
-        return f"no answer in {TIMEOUT:.0f} s"
+        return f"no answer in {timeout:.0f} s"
     if code == 0:
         return ""
     if code < 0:
@@ -170,7 +175,7 @@ def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOU
         for qtype in types:
             path = write_canary_model(Path(folder) / f"canary-{qtype}.gguf", qtype)
             children[qtype] = subprocess.Popen(
-                [sys.executable, "-m", "localspec.llama.canary", "--child", str(path)],
+                child_command(path),
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
@@ -189,7 +194,7 @@ def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOU
                 out, err = child.communicate()
                 code = None
             line = out.strip().splitlines()[0] if out.strip() else ""
-            results.append(CanaryResult(qtype, _how_it_ended(code, err), line, err[-4000:]))
+            results.append(CanaryResult(qtype, _how_it_ended(code, err, timeout), line, err[-4000:]))
     return results
 
 

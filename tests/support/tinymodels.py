@@ -100,6 +100,7 @@ class TinyModels:
     swa: Path  # gemma3, sliding window 8 on layer 0: see write_swa_model
     not_gguf: Path  # a text file
     truncated: Path  # first half of the target
+    no_tokenizer: Path  # the target's weights, tokenizer.ggml.model "none" and no token list: llama.cpp loads it
 
 
 # --- vocabularies -------------------------------------------------------------------------------------------
@@ -326,6 +327,8 @@ def _resize_vocab_rows(tensors: Mapping[str, np.ndarray], vocab: Vocab, seed: in
 def _add_vocab(writer: gguf.GGUFWriter, vocab: Vocab, chat_template: bool | str) -> None:
     """Write the `tokenizer.*` keys of `vocab` and, unless `chat_template` is False, a chat template."""
     writer.add_tokenizer_model(vocab.model)
+    if vocab.model == "none":  # no tokenizer at all: the model key alone
+        return
     if vocab.pre is not None:
         writer.add_tokenizer_pre(vocab.pre)
     writer.add_token_list(list(vocab.tokens))
@@ -578,6 +581,26 @@ def write_swa_model(
     return _write_gguf(path, "gemma3", add_hparams, vocab, True, tensors)
 
 
+def write_no_tokenizer_model(path: Path, *, seed: int = 0) -> Path:
+    """A llama model whose GGUF says `tokenizer.ggml.model = "none"` and has no token list (an embedding-only or
+    converted-by-hand file): llama.cpp loads it, and aborts the process on the first `llama_tokenize`."""
+    vocab, shape = make_vocab(), LlamaShape()
+    none = Vocab(model="none", tokens=(), scores=(), types=())
+
+    def add_hparams(writer: gguf.GGUFWriter) -> None:
+        writer.add_context_length(2048)
+        writer.add_embedding_length(shape.n_embd)
+        writer.add_block_count(shape.n_layer)
+        writer.add_feed_forward_length(shape.n_ff)
+        writer.add_head_count(shape.n_head)
+        writer.add_head_count_kv(shape.n_head_kv)
+        writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_vocab_size(vocab.n_vocab)
+
+    return _write_gguf(path, "llama", add_hparams, none, False, make_llama_tensors(seed, vocab=vocab, shape=shape))
+
+
 def write_not_gguf(path: Path) -> Path:
     """Write a text file with a .gguf-looking name that is not GGUF at all. Returns `path`."""
     path = Path(path)
@@ -658,6 +681,7 @@ def write_tiny_models(directory: Path) -> TinyModels:
         swa=write_swa_model(d / "swa.gguf", seed=5, vocab=vocab, sliding_window=8),
         not_gguf=write_not_gguf(d / "not_gguf.gguf"),
         truncated=write_truncated(target, d / "truncated.gguf"),
+        no_tokenizer=write_no_tokenizer_model(d / "no_tokenizer.gguf"),
     )
 
 

@@ -1,0 +1,104 @@
+"""A native crash is never silent: the real CLI in a child process dies in llama_decode, faulthandler writes it
+into the log, and the next command (or doctor) says so once; a run that ends another way leaves nothing to say.
+The crash is made by replacing `llama_cpp.llama_decode` with a function that reads address 0, so every Python frame
+above it is the real one; a target with no tokenizer, which aborted llama.cpp, is now one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from support.badinput import assert_outcome, run_cli
+
+from localspec.cli.crashes import take_crashes
+
+CRASH_IN_DECODE = textwrap.dedent(
+    """
+    import ctypes, sys
+    import llama_cpp
+    from localspec.cli.main import main
+
+    llama_cpp.llama_decode = lambda *args: ctypes.string_at(0)  # SIGSEGV inside the decode, as a bad kernel would
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+    )
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def test_a_crash_in_llama_decode_is_logged_and_told_once_by_the_next_command(localspec_home, tiny_models):
+    args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
+    crashed = _run(CRASH_IN_DECODE, *args)
+    assert crashed.returncode == -signal.SIGSEGV, crashed.stderr
+    log = localspec_home.log_file.read_text(encoding="utf-8", errors="replace")
+    assert "Fatal Python error: Segmentation fault" in log and "localspec/llama/context.py" in log
+    assert list((localspec_home.log_dir / "runs").glob("*.json")), "the crashed run's mark stays behind"
+
+    after = run_cli(["models"])
+    notes = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
+    assert len(notes) == 1, after.err
+    assert "the last run of `localspec generate --target" in notes[0]
+    assert "crashed in llama.cpp with SIGSEGV while decoding (localspec/llama/context.py:" in notes[0]
+    assert str(localspec_home.log_file) in notes[0] and "localspec doctor" in notes[0]
+    assert_outcome(after, 0)
+    assert "note:" not in run_cli(["models"]).err  # told once
+    assert not list((localspec_home.log_dir / "runs").glob("*.json"))
+
+
+def test_doctor_tells_the_crash_in_its_report(localspec_home, tiny_models):
+    args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
+    assert _run(CRASH_IN_DECODE, *args).returncode == -signal.SIGSEGV
+    report = run_cli(["doctor"])
+    assert report.code == 0 and "note:" not in report.err
+    lines = report.out.splitlines()
+    at = lines.index("  last run: crashed")
+    assert "with SIGSEGV while decoding" in lines[at + 1]
+    assert "canary decode: Q4_0 ok, Q4_1 ok, Q8_0 ok, Q4_K ok, Q6_K ok" in report.out
+
+
+def test_runs_that_end_without_a_crash_leave_nothing_to_tell(localspec_home, tiny_models):
+    ok = run_cli(["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "2", "Hi"])
+    assert ok.code == 0 and not list((localspec_home.log_dir / "runs").glob("*.json"))
+    # A kill leaves a mark but no crash in the log: dropped without a word.
+    port = _free_port()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "worker", "--port", port], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    marks = localspec_home.log_dir / "runs"
+    deadline = time.monotonic() + 60
+    while not (marks / f"{child.pid}.json").exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads((marks / f"{child.pid}.json").read_text())["command"] == f"localspec worker --port {port}"
+    assert take_crashes(localspec_home) == []  # still running: kept
+    assert (marks / f"{child.pid}.json").exists()
+    child.kill()
+    child.wait()
+    assert take_crashes(localspec_home) == [] and not list(marks.glob("*.json"))
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_target_with_no_tokenizer_is_one_line_not_an_abort(localspec_home, tiny_models, command):
+    args = [command, "--target", str(tiny_models.no_tokenizer), "--drafter", "none"]
+    outcome = run_cli(args + (["Hi", "--max-tokens", "2"] if command == "generate" else ["--port", _free_port()]))
+    if command == "serve":  # serve logs its loading progress on stderr first: the error is its last line
+        outcome.err = outcome.err.splitlines()[-1]
+    assert_outcome(outcome, 1, "has no tokenizer to write text with", log_file=localspec_home.log_file)
+    assert "GGML_ASSERT" not in outcome.err and "Fatal Python error" not in outcome.err

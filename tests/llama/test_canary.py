@@ -1,0 +1,90 @@
+"""The canary and the CPU check: every quantization type decodes in a child process with the build installed here,
+a child that dies is named by its signal, and the one-line verdict names the CPU feature and the fix.
+
+On an Intel CPU with AMX, the build of the commit before this test died in the first batched decode of every
+quantized type (README "Runs on every x86 CPU"), and its system line has AMX_INT8: the first and the last test here
+fail with that build on such a CPU. On an AMD CPU they pass with either build.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import gguf
+import pytest
+
+from localspec.llama import canary, cpu
+from localspec.llama.canary import CANARY_TYPES, CanaryResult, run_canary, verdict, write_canary_model
+from localspec.llama.devices import system_info
+
+SAPPHIRE_RAPIDS = cpu.HostCpu("Intel(R) Xeon(R) Platinum 8488C", frozenset(cpu.CPUINFO_FLAGS))
+SYSTEM_LINE = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 |"
+
+
+def test_every_quantization_type_decodes_in_a_child_process():
+    results = run_canary()
+    assert [r.qtype for r in results] == list(CANARY_TYPES)
+    assert all(r.ok for r in results), [(r.qtype, r.failure, r.log[-800:]) for r in results]
+    assert all(r.system_info.startswith("CPU :") for r in results)
+    assert verdict(results) == f"llama.cpp decodes {' '.join(CANARY_TYPES)} on this CPU"
+
+
+@pytest.mark.parametrize("qtype", CANARY_TYPES)
+def test_each_canary_model_holds_its_type_in_every_matrix(tmp_path, qtype):
+    reader = gguf.GGUFReader(write_canary_model(tmp_path / "m.gguf", qtype))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    matrices = [name for name in types if name.endswith(".weight") and "norm" not in name and "token_embd" not in name]
+    assert len(matrices) == 8 and {types[name] for name in matrices} == {qtype}
+
+
+def test_a_child_that_dies_is_named_by_its_signal(monkeypatch):
+    # The negative control: the same orchestration with a child that dies in native code as a bad kernel would.
+    crash = "import ctypes, faulthandler; faulthandler.enable(); print('CPU : AVX2 = 1 |', flush=True); " + (
+        "ctypes.string_at(0)"
+    )
+    monkeypatch.setattr(canary, "child_command", lambda path: [sys.executable, "-c", crash, str(path)])
+    results = run_canary(("Q4_0", "Q8_0"))
+    assert [(r.qtype, r.failure) for r in results] == [("Q4_0", "SIGSEGV"), ("Q8_0", "SIGSEGV")]
+    assert "Fatal Python error: Segmentation fault" in results[0].log
+    line = verdict(results, cpu.HostCpu("AMD EPYC", frozenset({"AVX2"})))
+    assert line.startswith("llama.cpp died decoding Q4_0 (SIGSEGV), Q8_0 (SIGSEGV) on AMD EPYC (built with AVX2)")
+
+
+def test_a_child_that_hangs_is_stopped(monkeypatch):
+    monkeypatch.setattr(canary, "child_command", lambda path: [sys.executable, "-c", "import time; time.sleep(60)"])
+    (result,) = run_canary(("Q4_1",), timeout=1.0)
+    assert result.failure == "no answer in 1 s"
+
+
+def test_the_verdict_names_the_missing_instruction_set_or_the_amx_kernels():
+    crashed = [CanaryResult("Q4_K", "SIGILL", SYSTEM_LINE)]
+    older = cpu.HostCpu("Intel(R) Xeon(R) E5-2690 v4", frozenset({"SSE3", "AVX", "AVX2"}))
+    line = verdict(crashed, older)
+    assert "built for AVX512 AMX_INT8, which Intel(R) Xeon(R) E5-2690 v4 lacks" in line
+    assert "the wheel was built on another CPU" in line and "packaging/setup.sh" in line
+    line = verdict([CanaryResult("Q4_K", "SIGSEGV", SYSTEM_LINE)], SAPPHIRE_RAPIDS)
+    assert line.startswith("llama.cpp's AMX kernels (AMX_INT8 on Intel(R) Xeon(R) Platinum 8488C) died decoding Q4_K")
+
+
+def test_the_cpu_is_read_from_cpuinfo_and_the_build_from_the_system_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\n"
+        "flags\t\t: fpu sse2 pni ssse3 avx avx2 f16c fma bmi2 avx512f avx512_vnni amx_tile amx_int8\n\n"
+        "processor\t: 1\nmodel name\t: ignored, the first CPU speaks\nflags\t\t: fpu\n"
+    )
+    host = cpu.host_cpu(cpuinfo)
+    assert host.model == "Intel(R) Xeon(R) Platinum 8488C"
+    assert host.features == {"SSE3", "SSSE3", "AVX", "AVX2", "F16C", "FMA", "BMI2", "AVX512", "AVX512_VNNI", "AMX_INT8"}
+    assert cpu.host_cpu(tmp_path / "absent") is None
+    built = cpu.build_features(SYSTEM_LINE)
+    assert built == {"SSE3", "AVX", "AVX2", "AVX512", "AMX_INT8", "OPENMP", "REPACK"}
+    assert cpu.missing_features(built, cpu.HostCpu("x", frozenset({"SSE3", "AVX", "AVX2"}))) == ["AVX512", "AMX_INT8"]
+    assert cpu.missing_features(built, None) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="instruction sets are read from /proc/cpuinfo")
+def test_the_installed_build_fits_this_cpu_and_leaves_llamacpp_s_amx_kernels_out():
+    built = cpu.build_features(system_info())
+    assert cpu.missing_features(built, cpu.host_cpu()) == []
+    assert "AMX_INT8" not in built, "packaging/reinstall-llama-backend.sh builds without AMX unless asked for amx"
