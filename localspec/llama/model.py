@@ -18,6 +18,7 @@ import llama_cpp
 
 from localspec.errors import ModelFileError
 
+from .cpu import repack_from_env
 from .devices import device_handles
 from .log import init, llama_error
 
@@ -128,6 +129,7 @@ class Model:
         # Layers on a GPU of this machine (not only on RPC workers): where sampling in the graph pays.
         self.on_local_gpu = n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for _, d in device_handles())
         params.vocab_only = vocab_only
+        params.use_extra_bufts = repack_from_env()
         if placement is not None:
             local_gpus = [h for h, d in device_handles() if d.kind in ("gpu", "igpu")]
             devices = (ctypes.c_void_p * (len(placement.devices) + len(local_gpus) + 1))(

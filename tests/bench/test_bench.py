@@ -225,3 +225,28 @@ def test_an_older_llama_server_without_draft_sampling_runs_its_greedy_rows_only(
     assert "--spec-draft-n-max" in args and "--spec-draft-sampling" not in args
     args = LlamaServer(new, "t.gguf", "d.gguf", k=4, probabilistic=True, threads=1, n_ctx=64).args
     assert args[args.index("--spec-draft-sampling") + 1] == "probabilistic"
+
+
+def test_the_peer_runs_with_the_repack_choice_of_localspec(tmp_path, monkeypatch):
+    from localspec.bench.peer import LlamaServer
+
+    monkeypatch.delenv("LOCALSPEC_REPACK", raising=False)
+    assert "--no-repack" not in LlamaServer(tmp_path / "s", "t.gguf", None, threads=1, n_ctx=64).args
+    monkeypatch.setenv("LOCALSPEC_REPACK", "off")
+    assert "--no-repack" in LlamaServer(tmp_path / "s", "t.gguf", "d.gguf", k=2, threads=1, n_ctx=64).args
+
+
+def test_a_peer_that_dies_at_start_is_named_by_its_signal(tiny_models, capsys, localspec_home, tmp_path, monkeypatch):
+    from localspec.bench import peer
+    from localspec.llama import cpu
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    amx = cpu.HostCpu("Intel(R) Xeon(R) Platinum 8488C", frozenset({"AVX2", "AVX512", "AMX_INT8"}))
+    monkeypatch.setattr(peer, "host_cpu", lambda: amx)
+    code, out, err = bench(capsys, tiny_models, "--temperature", "0", "--k", "2", "--peer", str(fake))
+    assert code == 0, err
+    notes = [line for line in out.splitlines() if line.startswith("note: llama-server failed")]
+    assert len(notes) == 1 and "exited at start (code -11): it died with SIGSEGV; this CPU has AMX" in notes[0]
+    assert "LOCALSPEC_REPACK=off" in notes[0]

@@ -13,6 +13,7 @@ import sys
 import gguf
 import pytest
 
+from localspec.errors import InvalidParamsError
 from localspec.llama import canary, cpu
 from localspec.llama.canary import CANARY_TYPES, CanaryResult, run_canary, verdict, write_canary_model
 from localspec.llama.devices import system_info
@@ -88,3 +89,32 @@ def test_the_installed_build_fits_this_cpu_and_leaves_llamacpp_s_amx_kernels_out
     built = cpu.build_features(system_info())
     assert cpu.missing_features(built, cpu.host_cpu()) == []
     assert "AMX_INT8" not in built, "packaging/reinstall-llama-backend.sh builds without AMX unless asked for amx"
+
+
+@pytest.mark.parametrize("setting, repacked", [("on", True), ("off", False)])
+def test_localspec_repack_switches_llamacpp_s_repacked_layouts(tmp_path, monkeypatch, setting, repacked):
+    import logging
+
+    from localspec.llama.model import Model
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("localspec.llama")
+    logger.addHandler(handler)
+    old_level, logger.level = logger.level, logging.DEBUG
+    monkeypatch.setenv(cpu.REPACK_ENV, setting)
+    try:
+        with Model(write_canary_model(tmp_path / "q4_0.gguf", "Q4_0"), n_gpu_layers=0):
+            pass
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert any("model buffer size" in line for line in lines)
+    assert any("CPU_REPACK model buffer size" in line for line in lines) == repacked
+
+
+def test_a_bad_repack_setting_is_one_line():
+    with pytest.raises(InvalidParamsError, match="LOCALSPEC_REPACK='maybe' is not on or off"):
+        cpu.repack_from_env({"LOCALSPEC_REPACK": "maybe"})
+    assert cpu.repack_from_env({}) and not cpu.repack_from_env({"LOCALSPEC_REPACK": "OFF"})

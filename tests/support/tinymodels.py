@@ -408,6 +408,14 @@ def write_llama_model(
     if noise:
         tensors = add_noise(tensors, noise, seed)
 
+    return _write_gguf(
+        path, "llama", _llama_hparams(shape, context_length, vocab.n_vocab), vocab, chat_template, tensors
+    )
+
+
+def _llama_hparams(shape: LlamaShape, context_length: int, n_vocab: int) -> Callable[[gguf.GGUFWriter], None]:
+    """The `llama.*` hyperparameters of a tiny llama model, as `_write_gguf` takes them."""
+
     def add_hparams(writer: gguf.GGUFWriter) -> None:
         writer.add_context_length(context_length)
         writer.add_embedding_length(shape.n_embd)
@@ -418,9 +426,9 @@ def write_llama_model(
         writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
         writer.add_layer_norm_rms_eps(1e-5)
         writer.add_rope_freq_base(10000.0)
-        writer.add_vocab_size(vocab.n_vocab)
+        writer.add_vocab_size(n_vocab)
 
-    return _write_gguf(path, "llama", add_hparams, vocab, chat_template, tensors)
+    return add_hparams
 
 
 def write_mamba_model(
@@ -586,19 +594,8 @@ def write_no_tokenizer_model(path: Path, *, seed: int = 0) -> Path:
     converted-by-hand file): llama.cpp loads it, and aborts the process on the first `llama_tokenize`."""
     vocab, shape = make_vocab(), LlamaShape()
     none = Vocab(model="none", tokens=(), scores=(), types=())
-
-    def add_hparams(writer: gguf.GGUFWriter) -> None:
-        writer.add_context_length(2048)
-        writer.add_embedding_length(shape.n_embd)
-        writer.add_block_count(shape.n_layer)
-        writer.add_feed_forward_length(shape.n_ff)
-        writer.add_head_count(shape.n_head)
-        writer.add_head_count_kv(shape.n_head_kv)
-        writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_vocab_size(vocab.n_vocab)
-
-    return _write_gguf(path, "llama", add_hparams, none, False, make_llama_tensors(seed, vocab=vocab, shape=shape))
+    tensors = make_llama_tensors(seed, vocab=vocab, shape=shape)
+    return _write_gguf(path, "llama", _llama_hparams(shape, 2048, vocab.n_vocab), none, False, tensors)
 
 
 def write_not_gguf(path: Path) -> Path:
