@@ -1,8 +1,8 @@
 """The canary: can this llama.cpp build decode each quantization type on this CPU, without dying?
 
 A build that does not fit its CPU fails in native code, where no error can be raised: an instruction set the CPU
-lacks is SIGILL, and a broken kernel is SIGSEGV (llama.cpp's AMX kernels as GCC 12 builds them, README "Runs on
-every x86 CPU"), both in the first `llama_decode` of a quantized model. So each type is decoded in a child process:
+lacks is SIGILL, and a broken kernel is SIGSEGV (llama.cpp's AMX kernels as GCC 12 builds them, README "Every x86
+CPU"), both in the first `llama_decode` of a quantized model. So each type is decoded in a child process:
 a tiny model of that type, written on the spot with the `gguf` package and shaped so that llama.cpp picks the kernels
 a real model gets (repacked CPU kernels, AMX where built): one batch of several rows, then one row. The set-up and
 `localspec doctor` run it; `python -m localspec.llama.canary` is the set-up's check (one line, exit 1 on a crash).
@@ -11,7 +11,6 @@ a real model gets (repacked CPU kernels, AMX where built): one batch of several 
 from __future__ import annotations
 
 import faulthandler
-import os
 import signal
 import subprocess
 import sys
@@ -181,7 +180,6 @@ def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOU
                 stdin=subprocess.DEVNULL,
                 text=True,
                 errors="replace",
-                env={**os.environ, "OMP_NUM_THREADS": "2"},
             )
         deadline = time.monotonic() + timeout
         results = []
