@@ -118,3 +118,16 @@ def test_a_bad_repack_setting_is_one_line():
     with pytest.raises(InvalidParamsError, match="LOCALSPEC_REPACK='maybe' is not on or off"):
         cpu.repack_from_env({"LOCALSPEC_REPACK": "maybe"})
     assert cpu.repack_from_env({}) and not cpu.repack_from_env({"LOCALSPEC_REPACK": "OFF"})
+
+
+def test_the_set_up_check_is_one_line_and_fails_the_set_up_on_a_crash(monkeypatch, capsys):
+    assert canary.main([]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"llama.cpp decodes {' '.join(CANARY_TYPES)} on this CPU\n" and err == ""
+    crash = "import ctypes; print('CPU : AVX2 = 1 | AMX_INT8 = 1 |', flush=True); ctypes.string_at(0)"
+    monkeypatch.setattr(canary, "child_command", lambda path: [sys.executable, "-c", crash, str(path)])
+    monkeypatch.setattr(cpu, "host_cpu", lambda: SAPPHIRE_RAPIDS)
+    assert canary.main([]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith("error: llama.cpp's AMX kernels (AMX_INT8 on Intel(R) Xeon(R) Platinum 8488C) died")
