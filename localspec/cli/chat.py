@@ -40,7 +40,8 @@ def chat_options(run: RunArgs, paths: Paths):
 def _chat(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.tui.app import make_app
 
-    app = make_app(chat_options(check_run_args(args), paths))
+    # The CLI's notes (a crash of the last run) were printed before the app took the screen: show them in it too.
+    app = make_app(chat_options(check_run_args(args), paths), notices=tuple(getattr(args, "notes", ())))
     app.run()
     if app.signalled is not None:  # the answer was saved as stopped and the terminal restored (SIGHUP: no terminal)
         log.info("chat ended by %s", signal.Signals(app.signalled).name)

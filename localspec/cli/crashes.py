@@ -4,7 +4,8 @@ A crash in llama.cpp (SIGSEGV, SIGILL, SIGABRT) ends the process where no Python
 of ours runs afterwards. Every command therefore arms `faulthandler` on the log file and leaves a mark
 (`logs/runs/PID.json`) that a clean exit removes. A mark whose process is gone, with faulthandler's "Fatal Python
 error" in the log after the offset the mark recorded, is a crash: the next command (or `doctor`) says which run
-died, of what, while doing what, and where the log is. A mark left by a kill without a crash is dropped silently.
+died, of what, while doing what, and where the log is, after turning off the terminal modes a crashed chat app left
+on. A mark left by a kill without a crash is dropped silently.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from localspec.paths import Paths
 
@@ -43,6 +45,15 @@ _SIGNALS = {
 }
 
 
+# What the chat app (Textual's terminal driver) turns on, turned off again: the mouse modes, bracketed paste, in-band
+# resize, focus events, the kitty keyboard mode, the alternate screen and the hidden cursor. A chat that died in
+# native code left them on; the shell restores only the tty's line settings.
+TERMINAL_RESET = (
+    "\x1b[?1000l\x1b[?1003l\x1b[?1015l\x1b[?1006l\x1b[?1016l\x1b[?2004l\x1b[?2048l\x1b[?1004l"
+    "\x1b[<u\x1b[?7h\x1b[?1049l\x1b[?25h"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Crash:
     """A run that died in native code, as its mark and the log tell it."""
@@ -53,6 +64,11 @@ class Crash:
     doing: str
     where: str  # the innermost frame of ours, "localspec/llama/context.py:258 in _submit", or ""
     log_file: Path
+
+    @property
+    def left_the_terminal(self) -> bool:
+        """Whether the crashed run was the chat app, which leaves the terminal in its modes."""
+        return self.command.split()[1:2] == ["chat"]
 
     def describe(self) -> str:
         """One line for the next start and for doctor."""
@@ -123,6 +139,14 @@ def _alive(mark: dict) -> bool:
     except PermissionError:  # another user's process
         pass
     return mark.get("proc_start") is None or _proc_start(pid) in (None, mark["proc_start"])
+
+
+def restore_terminal(stream: TextIO) -> None:
+    """Turn off on `stream`'s terminal what a crashed chat app left on (nothing when it is not a terminal)."""
+    with contextlib.suppress(OSError, ValueError):
+        if stream.isatty():
+            stream.write(TERMINAL_RESET)
+            stream.flush()
 
 
 def take_crashes(paths: Paths) -> list[Crash]:

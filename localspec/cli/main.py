@@ -17,7 +17,7 @@ from localspec.errors import LocalspecError
 from localspec.paths import Paths, get_paths
 
 from . import bench, chat, generate, pairs, serve, worker
-from .crashes import RunMark, take_crashes
+from .crashes import RunMark, restore_terminal, take_crashes
 from .textinput import one_line
 
 log = logging.getLogger("localspec.cli")
@@ -89,10 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(e.code or 0)
         paths = get_paths()  # the one place the environment picks the folders; handed down from here
         setup_logging(args.verbose, paths)
+        args.notes = []  # what an earlier run left to tell (the chat shows it in its screen too)
         if args.command != "doctor":  # doctor puts it in its report
             for crash in take_crashes(paths):
+                if crash.left_the_terminal:
+                    restore_terminal(sys.stderr)
                 log.warning("%s", crash.describe())
                 print(f"localspec: note: {crash.describe()}", file=sys.stderr)
+                args.notes.append(crash.describe())
         mark = RunMark(paths, one_line(" ".join(["localspec", *(sys.argv[1:] if argv is None else argv)]))[:120])
         try:
             return args.func(args, paths)

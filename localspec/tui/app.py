@@ -87,9 +87,10 @@ class ChatApp(App[int]):
         Binding("f8", "toggle_thinking", "Thinking", show=False),  # each thinking block's title names it
     ]
 
-    def __init__(self, options: ChatOptions, store: ChatStore) -> None:
+    def __init__(self, options: ChatOptions, store: ChatStore, notices: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.options = options
+        self.notices = notices  # shown once the app is up (e.g. that the last run crashed in llama.cpp)
         self.chat = Conversation(options, store)
         self._live: Chunk | None = None  # the last chunk of the answer being generated
         self._answer: ChatMessage | None = None  # its widget
@@ -136,6 +137,8 @@ class ChatApp(App[int]):
         self._stats_timer = self.set_interval(self.options.stats_interval, self._refresh_stats, pause=True)
         await self._show_conversation()
         self.draw_stats()
+        for notice in self.notices:
+            self.notify(notice, severity="warning", timeout=20)
         self._start_load(pair=None)
 
     def get_system_commands(self, screen: Screen):
@@ -691,18 +694,19 @@ class ChatApp(App[int]):
             self.chat.close()
 
 
-def make_app(options: ChatOptions, *, store: ChatStore | None = None) -> ChatApp:
+def make_app(options: ChatOptions, *, store: ChatStore | None = None, notices: tuple[str, ...] = ()) -> ChatApp:
     """Build the chat app (the CLI and the tests both come through here).
 
     Args:
         options: what to load and where files go.
         store: an open chat database; default the one at `options.db_path` or `get_paths().db_path`.
+        notices: lines to show as warnings when the app is up (the CLI's notes, which the app's screen would hide).
 
     Raises:
         LocalspecError: the chat database cannot be opened.
     """
     store = store or ChatStore(options.db_path or get_paths().db_path)
-    return ChatApp(options, store)
+    return ChatApp(options, store, notices)
 
 
 __all__ = ["ChatApp", "ChatOptions", "ChatSettings", "make_app"]

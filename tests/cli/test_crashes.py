@@ -6,6 +6,7 @@ above it is the real one; a target with no tokenizer, which aborted llama.cpp, i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -102,3 +103,44 @@ def test_a_target_with_no_tokenizer_is_one_line_not_an_abort(localspec_home, tin
         outcome.err = outcome.err.splitlines()[-1]
     assert_outcome(outcome, 1, "has no tokenizer to write text with", log_file=localspec_home.log_file)
     assert "GGML_ASSERT" not in outcome.err and "Fatal Python error" not in outcome.err
+
+
+def _leave_a_crash(paths, command: str) -> None:
+    """The mark and the log lines a run of `command` leaves when it dies in llama_decode (its pid is gone; a start
+    time no process has, should the pid be reused)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    paths.log_dir.joinpath("runs").mkdir(parents=True, exist_ok=True)
+    mark = {"pid": int(gone.stdout), "proc_start": "0", "command": command, "started": "then", "log_offset": 0}
+    (paths.log_dir / "runs" / f"{gone.stdout.strip()}.json").write_text(json.dumps(mark))
+    paths.log_file.write_text(
+        "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
+        '  File "/x/localspec/llama/model.py", line 90 in _direct\n'
+        '  File "/x/localspec/llama/context.py", line 261 in _submit\n'
+    )
+
+
+@pytest.mark.parametrize("command, reset", [("localspec chat --pair demo", True), ("localspec generate hi", False)])
+def test_a_crashed_chat_s_terminal_modes_are_turned_off_by_the_next_command(localspec_home, command, reset):
+    import pty
+
+    from localspec.cli.crashes import TERMINAL_RESET
+
+    _leave_a_crash(localspec_home, command)
+    main_side, terminal = pty.openpty()
+    try:
+        code = subprocess.run(
+            [sys.executable, "-m", "localspec", "models"], stdout=subprocess.DEVNULL, stderr=terminal, timeout=120
+        ).returncode
+        os.close(terminal)
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal side is closed and read empty
+            while chunk := os.read(main_side, 4096):
+                seen += chunk
+    finally:
+        os.close(main_side)
+    text = seen.decode("utf-8", errors="replace")
+    assert code == 0 and f"the last run of `{command}` (started then) crashed in llama.cpp with SIGSEGV" in text
+    assert "while decoding (localspec/llama/context.py:261 in _submit)" in text  # the pass-through frame skipped
+    assert (TERMINAL_RESET in text) == reset
+    if reset:
+        assert text.index(TERMINAL_RESET) < text.index("the last run")

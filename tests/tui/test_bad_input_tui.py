@@ -38,3 +38,14 @@ async def test_a_message_rejected_for_length_does_not_become_a_title(chat_home, 
         assert [c.title for c in store.conversations()] == ["hi"]
     finally:
         store.close()
+
+
+async def test_what_the_cli_has_to_tell_is_shown_in_the_app(chat_home, tmp_path):
+    # The CLI prints a crash of the last run before the app takes the screen, which would hide it: the app shows it.
+    crash = "the last run of `localspec chat` (started …) crashed in llama.cpp with SIGSEGV while decoding"
+    options = ChatOptions(pair="tiny", n_ctx=64, cursor_blink=False, export_dir=tmp_path / "exports")
+    app = make_app(options, notices=(crash,))
+    notes = record_notifications(app)
+    async with app.run_test(size=(110, 36)) as pilot:
+        await wait_ready(pilot)
+        assert notes.count(crash) == 1
