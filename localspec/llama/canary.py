@@ -22,6 +22,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from localspec.errors import LocalspecError
+
 from . import cpu
 
 CANARY_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
@@ -30,6 +32,7 @@ _BATCH = 8  # rows of the first decode: more than one, so batched kernels run (t
 
 # Shapes every CPU kernel accepts: 256 is one K-quant super-block; 32 divides every row count (AMX needs it).
 _N_EMBD, _N_FF, _N_HEAD, _N_VOCAB, _N_CTX = 256, 512, 4, 320, 64
+_BOS, _FIRST_BYTE = 1, 3  # the vocabulary: <unk> <s> </s>, then <0x00> … <0xFF>, then padding
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,7 @@ def decode(path: Path) -> None:
     from .model import Model
 
     with Model(path, n_gpu_layers=0) as model, Context(model, n_ctx=_N_CTX, n_batch=_N_CTX) as ctx:
-        prompt = [1, *range(3 + ord("a"), 3 + ord("a") + _BATCH - 1)]
+        prompt = [_BOS, *range(_FIRST_BYTE + ord("a"), _FIRST_BYTE + ord("a") + _BATCH - 1)]  # <s> "abcdefg"
         ctx.decode(prompt, 0, outputs=len(prompt))
         rows = [ctx.logits(i).copy() for i in range(len(prompt))]
         ctx.decode([int(np.argmax(rows[-1]))], len(prompt))
@@ -136,14 +139,14 @@ def decode(path: Path) -> None:
 
 
 def _child(path: str) -> int:
-    """The child's side: print the system line, decode, exit 0 (3 when the numbers are not finite)."""
+    """The child's side: print the system line, decode, exit 0 (3, with the reason on stderr, when it could not)."""
     faulthandler.enable(all_threads=True)
     from .devices import system_info
 
     print(system_info(), flush=True)
     try:
         decode(Path(path))
-    except ValueError as e:
+    except (ValueError, LocalspecError) as e:  # garbage numbers, or a setting llama.cpp was not even asked with
         print(e, file=sys.stderr)
         return 3
     return 0
@@ -164,7 +167,7 @@ def _how_it_ended(code: int | None, stderr: str, timeout: float) -> str:
             return signal.Signals(-code).name
         except ValueError:
             return f"signal {-code}"
-    return stderr.strip().splitlines()[-1] if code == 3 and stderr.strip() else f"exit code {code}"
+    return stderr.strip().splitlines()[-1] if stderr.strip() else f"exit code {code}"
 
 
 def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOUT) -> list[CanaryResult]:
