@@ -156,20 +156,16 @@ def _cpu_findings(paths: Paths) -> list[Finding]:
     """This CPU against the build, the canary's decode of each quantization type, and crashes since last time."""
     host = cpu.host_cpu()
     results = canary.run_canary()
-    built = cpu.build_features(next((r.system_info for r in results if r.system_info), ""))
+    built = canary.built_features(results)
     found = [Finding("this CPU", host.describe() if host else "instruction sets unknown (no /proc/cpuinfo flags)")]
-    sets = [name for name in cpu.CPUINFO_FLAGS if name in built]
-    missing = cpu.missing_features(built, host)
-    found.append(
-        Finding(
-            "llama.cpp built for",
-            f"{' '.join(sets) or 'no listed instruction sets'}{'; CPU repack on' if 'REPACK' in built else ''}"
-            if results and any(r.system_info for r in results)
-            else "unknown (the canary died before it could say)",
-            f"this CPU lacks {' '.join(missing)}: rebuild here with packaging/setup.sh" if missing else None,
-        )
-    )
-    if host and "AMX_INT8" in host.features and "AMX_INT8" not in built:
+    if built is None:
+        found.append(Finding("llama.cpp built for", "unknown (the canary died before it could say)"))
+    else:
+        sets = " ".join(name for name in cpu.CPUINFO_FLAGS if name in built) or "no listed instruction sets"
+        missing = cpu.missing_features(built, host)
+        advice = f"this CPU lacks {' '.join(missing)}: rebuild here with packaging/setup.sh" if missing else None
+        found.append(Finding("llama.cpp built for", f"{sets}{_repack_state(built)}", advice))
+    if host and built is not None and "AMX_INT8" in host.features and "AMX_INT8" not in built:
         found.append(Finding("AMX", "on this CPU, left out of the build (README: Every x86 CPU)"))
     states = ", ".join(f"{r.qtype} {'ok' if r.ok else r.failure}" for r in results)
     failed = not all(r.ok for r in results)
@@ -177,6 +173,16 @@ def _cpu_findings(paths: Paths) -> list[Finding]:
     for crash in take_crashes(paths):
         found.append(Finding("last run", "crashed", crash.describe()))
     return found
+
+
+def _repack_state(built: frozenset[str]) -> str:
+    """Whether the repacked CPU layouts are built in and in use (LOCALSPEC_REPACK)."""
+    if "REPACK" not in built:
+        return ""
+    try:
+        return "; CPU repack on" if cpu.repack_from_env() else f"; CPU repack off ({cpu.REPACK_ENV})"
+    except InvalidParamsError as e:
+        return f"; CPU repack: {e}"
 
 
 def _free_space(path: Path) -> str:

@@ -199,6 +199,13 @@ def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOU
     return results
 
 
+def built_features(results: list[CanaryResult]) -> frozenset[str] | None:
+    """The instruction sets the build uses, from the first child that printed llama.cpp's system line; None when
+    every child died before it could."""
+    info = next((r.system_info for r in results if r.system_info), None)
+    return None if info is None else cpu.build_features(info)
+
+
 def verdict(results: list[CanaryResult], host: cpu.HostCpu | None = None) -> str:
     """One line: which types decode, or what crashed, why (the CPU feature) and what to do.
 
@@ -208,13 +215,13 @@ def verdict(results: list[CanaryResult], host: cpu.HostCpu | None = None) -> str
     """
     host = cpu.host_cpu() if host is None else host
     failed = [r for r in results if not r.ok]
-    info = next((r.system_info for r in results if r.system_info), "")
-    built = cpu.build_features(info)
+    built = built_features(results)
     if not failed:
         return f"llama.cpp decodes {' '.join(r.qtype for r in results)} on this CPU"
     what = ", ".join(f"{r.qtype} ({r.failure})" for r in failed)
     cpu_name = host.model if host else "this CPU"
     rebuild = "rebuild llama-cpp-python here: rm -rf ~/.cache/localspec/wheels && packaging/setup.sh"
+    built = built or frozenset()
     if missing := cpu.missing_features(built, host):
         return (
             f"llama.cpp was built for {' '.join(missing)}, which {cpu_name} lacks, and died decoding {what}: "
