@@ -22,11 +22,12 @@ from typing import TypeVar
 
 import numpy as np
 
-from localspec.core.engine import Engine, Generation, TargetArgmax, TargetLaws
+from localspec.core.engine import Engine, Generation
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import expected_tokens
 from localspec.core.sampling import SamplingParams, penalty_window
 from localspec.core.stats import Stats
+from localspec.core.step import TargetArgmax, TargetLaws
 from localspec.llama.sampler import NativeSampler
 
 from .report import BusyRow, Divergence, Row, RpcRow, SamplingCost

@@ -1,10 +1,9 @@
-"""The generation loop: one path for plain, draft-model and n-gram decoding (DESIGN §1).
+"""The generation loop: one path for plain, draft-model, n-gram and bridged decoding (DESIGN §1).
 
-`speculative_step` drafts k tokens, verifies them with ONE target decode of k+1 rows, accepts or
-rejects, and rolls both caches back; k = 0 is plain decoding through the same code. `Generation`
-wraps the steps with detokenisation, stop handling, cancellation and stats, yielding one
-`TokenEvent` per emitted token; it runs once. `Engine` owns the loaded models and their `KVSequence`s:
-the target's, and whatever its drafter declares in `Drafter.caches`.
+`Generation` runs `speculative_step` (core/step.py) until a stop, with detokenisation, stop strings,
+cancellation and stats, yielding one `TokenEvent` per emitted token; it runs once. `Engine` owns the loaded
+models and their `KVSequence`s: the target's, and whatever its drafter declares in `Drafter.caches`.
+How they are opened (n_ctx, swa_full, device sampling) is core/load.py's.
 """
 
 from __future__ import annotations
@@ -21,25 +20,23 @@ from typing import Any
 import numpy as np
 
 from localspec.errors import ContextError, InvalidParamsError
-from localspec.llama import rpc, threads
-from localspec.llama.compat import check_pair, check_target
-from localspec.llama.context import Context as LlamaContext
+from localspec.llama import threads
 from localspec.llama.model import Model
 
 from .bridge import VocabBridge
-from .drafters import Drafter, Proposal, make_drafter
-from .kv import Context, KVSequence, PrefillStopped
+from .drafters import Drafter
+from .kv import KVSequence, PrefillStopped
+from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .policy import DraftPolicy, size_ratio
-from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
-from .stats import Stats, Step
+from .sampling import SamplingParams
+from .stats import Stats
+from .step import speculative_step
 from .textstream import TextStream
-from .verify import verify_greedy, verify_match, verify_pq
 
 log = logging.getLogger("localspec.engine")
 
 
-DEFAULT_N_CTX = 4096
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
 
 
@@ -51,124 +48,6 @@ class TokenEvent:
     text: str  # text released with this token ("" while bytes or a possible stop string are held back)
     from_draft: bool
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
-
-
-class _VerifiedRows(Sequence):
-    """The k+1 rows of a verify pass, read lazily: row i sees the drafts x_1..x_i as history."""
-
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
-        self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
-        self._block: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self._drafts) + 1
-
-    def _logits(self, i: int) -> np.ndarray:
-        """Row i's logits: the pass's rows are one block, found with two native calls whatever k is."""
-        if not self._drafts:
-            return self._ctx.logits(0)
-        if self._block is None:
-            self._block = self._ctx.logits_block(len(self._drafts) + 1)
-        return self._block[i]
-
-    def _history(self, i: int) -> list[int]:
-        return self._recent + self._drafts[:i] if self._sampling.penalised else self._recent
-
-
-class TargetLaws(_VerifiedRows):
-    """The target's sampling laws for the k+1 verified rows, computed lazily."""
-
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
-        super().__init__(ctx, recent, drafts, sampling)
-        self._rows: dict[int, Dist] = {}
-
-    def __getitem__(self, i: int) -> Dist:
-        if i not in self._rows:
-            self._rows[i] = sampling_dist(self._logits(i), self._history(i), self._sampling)
-        return self._rows[i]
-
-
-class TargetArgmax(_VerifiedRows):
-    """The target's greedy tokens for the k+1 verified rows, computed lazily row by row (the rows after a mismatch
-    are never read). Without penalties a row's token is its argmax — taken in the graph where the context has the
-    device sampler (only the token id leaves the device), else from the logits; with penalties each row depends
-    on the drafts before it and is computed from its logits."""
-
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
-        super().__init__(ctx, recent, drafts, sampling)
-        self._device = ctx.device_greedy and not sampling.penalised
-
-    def __getitem__(self, i: int) -> int:
-        if self._device:
-            return self._ctx.sampled_token(i)
-        return greedy_token(self._logits(i), self._history(i), self._sampling)
-
-
-def speculative_step(
-    target: KVSequence,
-    drafter: Drafter | None,
-    history: list[int],
-    k: int,
-    sampling: SamplingParams,
-    spec: SpeculativeParams,
-    rng: np.random.Generator,
-) -> Step:
-    """Emit the next tokens: draft k, verify in one target pass, roll back. k = 0 is plain decoding.
-
-    The target's cache holds history[:-1] before and history[:-1] + emitted[:-1] after; the draft's
-    holds at most that.
-
-    Returns:
-        What happened: the emitted tokens (the accepted drafts, then one token from the target), the
-        counts and the timings. `Stats` and the draft policy both learn from it.
-    """
-    verify = "pq" if spec.verify == "auto" else spec.verify
-    draft_caches = drafter.caches if drafter is not None else ()
-    draft_decoded = drafter.n_decoded if drafter is not None else 0
-    draft_decoding = _decoding(draft_caches)
-    bridging = drafter.seconds_bridging if drafter is not None else 0.0
-    t0 = time.perf_counter()
-    drafts = Proposal()
-    if drafter is not None and k > 0:
-        drafts = drafter.propose(history, k, sampling, sample=verify == "pq", p_min=spec.p_min, rng=rng)
-    t1 = time.perf_counter()
-    target_decoding = target.ctx.seconds_decoding
-    n = len(history)
-    if target.needs_checkpoint and drafts.tokens:
-        target.checkpoint()
-    target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)
-    t2 = time.perf_counter()
-    recent = penalty_window(history, sampling)
-    if sampling.greedy:
-        n_accepted, token = verify_greedy(drafts.tokens, TargetArgmax(target.ctx, recent, drafts.tokens, sampling))
-    else:
-        laws = TargetLaws(target.ctx, recent, drafts.tokens, sampling)
-        if verify == "pq":
-            n_accepted, token = verify_pq(drafts.tokens, drafts.dists, laws, rng)
-        else:
-            n_accepted, token = verify_match(drafts.tokens, laws, rng)
-    t3 = time.perf_counter()
-    target.rollback_to(n + n_accepted)
-    if drafter is not None:
-        drafter.keep(n + n_accepted)
-    tokens = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
-    return Step(
-        tokens,
-        len(drafts.tokens),
-        n_accepted,
-        seconds_draft=t1 - t0,
-        seconds_verify=t2 - t1 + time.perf_counter() - t3,
-        seconds_sampling=t3 - t2,
-        draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded,
-        seconds_draft_decode=_decoding(draft_caches) - draft_decoding,
-        seconds_verify_decode=target.ctx.seconds_decoding - target_decoding,
-        seconds_bridging=(drafter.seconds_bridging if drafter is not None else 0.0) - bridging,
-    )
-
-
-def _decoding(caches: tuple[KVSequence, ...]) -> float:
-    """Seconds these caches' contexts have spent inside llama_decode so far."""
-    return sum(seq.ctx.seconds_decoding for seq in caches)
 
 
 class Generation:
@@ -380,39 +259,15 @@ class Engine:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
         """
         params = dataclasses.replace(params or LoadParams(), **options)
-        if params.uses_draft_model and draft_path is None:
-            raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
-        owned: list = []
-        try:
-            workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)
-            placement = _own(owned, rpc.attach(workers)) if workers else None
-            target_model = _own(
-                owned,
-                Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
-            )
-            check_target(target_model)
-            draft_model = bridge = None
-            if params.uses_draft_model:
-                draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
-                if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
-                    bridge = VocabBridge(target_model, draft_model, params.bridge)
-            speculating = params.drafter != "none"
-            n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
-            target = _sequence(owned, target_model, n_ctx, params, speculating)
-            draft = None
-            if draft_model is not None:
-                draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
-                draft = _sequence(owned, draft_model, draft_n_ctx, params, True)
-            for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
-                if seq is not None:
-                    seq.warm()
-            drafter = make_drafter(params.drafter, draft, bridge)
-            auto_threads = params.n_threads is None
-            return cls(target_model, target, drafter, owned=owned, auto_threads=auto_threads, bridge=bridge)
-        except BaseException:
-            for obj in reversed(owned):
-                obj.close()
-            raise
+        loaded = load_models(target_path, draft_path, params, progress=progress)
+        return cls(
+            loaded.target_model,
+            loaded.target,
+            loaded.drafter,
+            owned=loaded.owned,
+            auto_threads=params.n_threads is None,
+            bridge=loaded.bridge,
+        )
 
     def use_drafter(self, drafter: Drafter | None, policy: DraftPolicy | None = None) -> DraftPolicy:
         """Draft with `drafter` from the next generation on (the server's per-request drafter); its caches join
@@ -500,32 +355,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _own(owned: list, obj):
-    owned.append(obj)
-    return obj
-
-
-def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
-    swa_full = params.swa_full
-    if swa_full is None:
-        # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
-        swa_full = speculating and model.info.n_swa > 0
-    # Greedy tokens from the graph: on a GPU only a token id leaves the device. On a CPU the logits are read here
-    # anyway, and a numpy argmax measured as fast (README, "Where sampling runs").
-    # The draft's law at T > 0 from the graph (top-k candidates only) is for `on` alone: on this CPU and on an H100
-    # (8B/1B shapes) the in-graph top-k cost more than the Python it saved.
-    device = params.device_sampling == "on" or (params.device_sampling == "auto" and model.on_local_gpu)
-    ctx = _own(
-        owned,
-        LlamaContext(
-            model,
-            n_ctx=n_ctx,
-            swa_full=swa_full,
-            n_threads=params.n_threads,
-            device_greedy=device,
-            device_topk=params.device_sampling == "on",
-        ),
-    )
-    return KVSequence(ctx, rollback=params.rollback)

@@ -13,10 +13,11 @@ import pytest
 from support import GREEDY, PROMPT, assert_identical, run_greedy
 from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
-from localspec.core.engine import Engine, TargetArgmax, TargetLaws
+from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import Dist, SamplingParams, penalty_window, sampling_dist
+from localspec.core.step import TargetArgmax, TargetLaws
 from localspec.errors import ContextError
 from localspec.llama.context import Context
 from localspec.llama.model import Model

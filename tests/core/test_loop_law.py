@@ -149,7 +149,7 @@ def test_a_broken_kernel_in_the_loop_fails_the_same_check(law, monkeypatch):
     """Negative control: the loop-level check sees a kernel that resamples from the target on rejection."""
     from support.lawcheck import broken_pq
 
-    monkeypatch.setattr("localspec.core.engine.verify_pq", broken_pq)
+    monkeypatch.setattr("localspec.core.step.verify_pq", broken_pq)
     counts, _ = sample_first_tokens(
         fake_engine(TARGET, DRAFT), SpeculativeParams(draft_max=3, adaptive=False), N_RUNS, seed=3
     )
