@@ -24,7 +24,7 @@ import numpy as np
 from localspec.llama.model import Model
 from localspec.llama.vocab import TextVocab
 
-from .drafters import LookupFirst, ModelDrafter, Proposal
+from .drafters import DraftRequest, ModelDrafter, Proposal
 from .kv import KVSequence
 from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
 
@@ -120,9 +120,9 @@ class VocabBridge:
             )
         return f"draft tokenizer differs: drafting through text ({self.overlap:.0%} of the draft's tokens shared)"
 
-    def make(self, kind: str, seq: KVSequence) -> ModelDrafter:
-        """The bridged drafter for a model drafter name ("model" or "model+ngram")."""
-        return LookupBridgedDrafter(seq, self) if kind == "model+ngram" else BridgedDrafter(seq, self)
+    def make(self, seq: KVSequence) -> BridgedDrafter:
+        """The bridged model drafter over the draft's sequence (`make_drafter` wraps it for "model+ngram")."""
+        return BridgedDrafter(seq, self)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -234,23 +234,19 @@ class BridgedDrafter(ModelDrafter):
         super().__init__(seq)
         self.bridge = bridge
         self.mirror = HistoryMirror(bridge)
-        self.seconds_bridging = 0.0  # spelling the history for the draft, its drafts for the target
 
-    def propose(
-        self,
-        history: list[int],
-        k: int,
-        sampling: SamplingParams,
-        *,
-        sample: bool,
-        p_min: float,
-        rng: np.random.Generator,
-    ) -> Proposal:
+    def propose(self, request: DraftRequest) -> Proposal:
+        out = self._propose(request)
+        out.cost = self.meter.take()
+        return out
+
+    def _propose(self, request: DraftRequest) -> Proposal:
         t0 = time.perf_counter()
-        complete = self.mirror.translate(history)
-        self.seconds_bridging += time.perf_counter() - t0
+        complete = self.mirror.translate(request.history)
+        self.meter.seconds_bridging += time.perf_counter() - t0  # spelling the history for the draft
         if not complete:
             return Proposal()  # the target is inside a character: draft after it, next step
+        k = request.k
         n_draft = k if self.bridge.mode == "shared" else self._text_budget(k)
         if len(self.mirror.draft) + n_draft >= self.n_ctx:
             return Proposal()  # the draft's spelling of the history fills its context
@@ -260,15 +256,18 @@ class BridgedDrafter(ModelDrafter):
         if self.seq.needs_checkpoint:
             self.seq.checkpoint()
         if self.bridge.mode == "shared":
-            return self._propose_shared(k, sampling, sample=sample, p_min=p_min, rng=rng)
-        return self._propose_text(k, n_draft, p_min=p_min)
+            return self._propose_shared(request)
+        return self._propose_text(k, n_draft, p_min=request.p_min)
 
     def prefill(self, prompt: list[int], *, progress=None) -> int:
         self.mirror.translate(prompt)
         draft = self.mirror.draft
         if len(draft) >= self.n_ctx:
             return 0
-        return self.seq.sync(draft[:-1], progress=progress)
+        try:
+            return self.seq.sync(draft[:-1], progress=progress)
+        finally:
+            self.meter.take()  # the prompt's cost is the prefill's, not the first proposal's
 
     def keep(self, n: int) -> None:
         pass  # the next `propose` re-spells the accepted history and keeps the cache's common prefix
@@ -308,18 +307,17 @@ class BridgedDrafter(ModelDrafter):
         if not ended and len(tokens) <= k:
             tokens = tokens[:-1]  # the draft stopped inside the last target token's text: it may be cut short
         tokens = tokens[:k]
-        self.seconds_bridging += time.perf_counter() - t0
+        self.meter.seconds_bridging += time.perf_counter() - t0  # spelling its drafts for the target
         return Proposal(tokens, [None] * len(tokens))
 
-    def _propose_shared(
-        self, k: int, sampling: SamplingParams, *, sample: bool, p_min: float, rng: np.random.Generator
-    ) -> Proposal:
+    def _propose_shared(self, request: DraftRequest) -> Proposal:
         seq, to_target, out = self.seq, self.bridge.draft_to_target, Proposal()
+        k, sampling, p_min = request.k, request.sampling, request.p_min
         for i in range(k):
             law: Dist | None = None
-            if sample and not sampling.greedy:
+            if request.sample and not sampling.greedy:
                 dist = sampling_dist(seq.ctx.logits(-1), [], sampling)  # the draft's law over its own ids
-                token, confidence = dist.sample(rng), dist.top()[1]
+                token, confidence = dist.sample(request.rng), dist.top()[1]
                 ids = to_target[dist.ids]
                 shared = ids >= 0
                 if to_target[token] >= 0:  # conditioned on going on: renormalised on the shared tokens
@@ -334,9 +332,3 @@ class BridgedDrafter(ModelDrafter):
             if i < k - 1:
                 seq.append([token], outputs=1)
         return out
-
-
-class LookupBridgedDrafter(LookupFirst, BridgedDrafter):
-    """`--drafter model+ngram` with a bridged draft: the lookup when the history has a match, the bridge otherwise."""
-
-    kind = "model+ngram"

@@ -1,12 +1,12 @@
-"""Drafters propose the next k tokens and the law each was drawn from.
+"""Drafters propose the next k tokens, the law each was drawn from, and what drafting them cost.
 
 `ModelDrafter` runs a small model that shares the target's vocabulary in its own context.
 `NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
 tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
-`LookupModelDrafter` tries the lookup first and the model when the history has no match. A draft with
-another vocabulary drafts through core/bridge.py, which `make_drafter` is handed.
-Every drafter states what it needs and owns through the `Drafter` protocol (`needs_model`, `caches`), so
-the engine never asks which class it holds.
+`LookupFirst` wraps a model drafter: the lookup first, the model when the history has no match. A draft with
+another vocabulary drafts through core/bridge.py, which `make_drafter` is handed. `NoDrafter` proposes nothing.
+Every drafter states what it needs and owns through the `Drafter` protocol (`needs_model`, `caches`) and is
+asked with one `DraftRequest`, so the loop never asks which class it holds.
 """
 
 from __future__ import annotations
@@ -21,36 +21,71 @@ from .params import DRAFTERS, MODEL_DRAFTERS
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
+@dataclass(frozen=True, slots=True)
+class DraftRequest:
+    """What one step asks of a drafter: up to k tokens after `history`, drawn how."""
+
+    history: list[int]  # the tokens so far (the prompt and what was emitted); the drafter must not change it
+    k: int  # most tokens to draft
+    sampling: SamplingParams  # the target's sampling settings (the draft samples with them at T > 0)
+    sample: bool  # p/q verification: draw from the draft's law (else it drafts greedily, and T > 0 verifies by match)
+    p_min: float  # stop drafting when the draft's confidence falls below this
+    rng: np.random.Generator
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCost:
+    """What a drafter spent on one proposal (and on keeping its cache since the one before it)."""
+
+    decoded: int = 0  # tokens its model decoded: the drafts and any catch-up
+    seconds_decode: float = 0.0  # of the drafting time, inside llama_decode (the rest is Python)
+    seconds_bridging: float = 0.0  # of the drafting time, moving between two vocabularies (a bridged draft)
+
+
 @dataclass(slots=True)
 class Proposal:
-    """Drafted tokens x_1..x_k and the law each was drawn from (None = one-hot at the token)."""
+    """Drafted tokens x_1..x_k, the law each was drawn from (None = one-hot at the token), and their cost."""
 
     tokens: list[int] = field(default_factory=list)
     dists: list[Dist | None] = field(default_factory=list)
+    cost: DraftCost = DraftCost()
+
+
+class CostMeter:
+    """A drafter's own costs since it last reported them: what its caches decoded, and its bridging time."""
+
+    def __init__(self, caches: tuple[KVSequence, ...]) -> None:
+        self.caches = caches
+        self.seconds_bridging = 0.0  # added to by the drafter
+        self._mark = self._now()
+
+    def _now(self) -> tuple[int, float]:
+        return sum(seq.n_decoded for seq in self.caches), sum(seq.ctx.seconds_decoding for seq in self.caches)
+
+    def take(self) -> DraftCost:
+        """The costs since the last `take` (or since the meter was made), and start again from zero."""
+        decoded, seconds = self._now()
+        cost = DraftCost(decoded - self._mark[0], seconds - self._mark[1], self.seconds_bridging)
+        self._mark, self.seconds_bridging = (decoded, seconds), 0.0
+        return cost
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    """What the generation loop, the policy and the `Engine` may ask of a drafter — and all they ask."""
+    """What the generation loop, the policy and the `Engine` may ask of a drafter — and all they ask.
+
+    Every drafter speaks this, "none" included (`NoDrafter` proposes nothing), so the loop has no branch for any
+    kind. A drafter that reads the target (a model's own MTP head) is built with the target's sequence: after each
+    verify pass `keep(n)` tells it how much of the history is final, which is the row of that pass it continues.
+    """
 
     kind: str  # its name in DRAFTERS
     needs_model: ClassVar[bool]  # drafts with the draft model: `Engine.load` loads one and passes its cache
     caches: tuple[KVSequence, ...]  # the caches it owns (the engine checks, repairs and times them); () for lookup
     n_ctx: int  # longest history it can draft after
-    n_decoded: int  # tokens its model has decoded so far (0 without a model): drafting and catch-up cost
-    seconds_bridging: float  # time spent moving between two vocabularies so far (0 unless bridged)
 
-    def propose(
-        self,
-        history: list[int],
-        k: int,
-        sampling: SamplingParams,
-        *,
-        sample: bool,
-        p_min: float,
-        rng: np.random.Generator,
-    ) -> Proposal:
-        """Draft up to k tokens after `history`; `sample` draws from the draft law (p/q verification)."""
+    def propose(self, request: DraftRequest) -> Proposal:
+        """Draft up to `request.k` tokens after `request.history`, with what that cost."""
         ...
 
     def keep(self, n: int) -> None:
@@ -66,54 +101,59 @@ class Drafter(Protocol):
         ...
 
 
+class NoDrafter:
+    """`--drafter none`: proposes nothing, so every step is a plain target step."""
+
+    kind = "none"
+    needs_model = False
+    caches: tuple[KVSequence, ...] = ()
+    n_ctx = 1 << 30
+
+    def propose(self, request: DraftRequest) -> Proposal:
+        return Proposal()
+
+    def keep(self, n: int) -> None:
+        pass
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
+        return 0
+
+
 class ModelDrafter:
     """Drafts with a small model. Its KV keeps the accepted prefix between steps."""
 
     kind = "model"
     needs_model = True
-    seconds_bridging = 0.0
 
     def __init__(self, seq: KVSequence) -> None:
         self.seq = seq
         self.caches = (seq,)
+        self.meter = CostMeter(self.caches)
 
     @property
     def n_ctx(self) -> int:
         """Most tokens the draft can hold (its context may be shorter than the target's)."""
         return self.seq.ctx.n_ctx
 
-    @property
-    def n_decoded(self) -> int:
-        return self.seq.n_decoded
-
-    def propose(
-        self,
-        history: list[int],
-        k: int,
-        sampling: SamplingParams,
-        *,
-        sample: bool,
-        p_min: float,
-        rng: np.random.Generator,
-    ) -> Proposal:
-        seq = self.seq
-        sampled = sample and not sampling.greedy
+    def propose(self, request: DraftRequest) -> Proposal:
+        seq, sampling, p_min = self.seq, request.sampling, request.p_min
+        sampled = request.sample and not sampling.greedy
         device_law = seq.ctx.device_topk and sampled and not sampling.penalised
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
-        seq.sync(history, outputs=1)
+        seq.sync(request.history, outputs=1)
         if seq.needs_checkpoint:
             seq.checkpoint()
         out = Proposal()
-        recent = penalty_window(history, sampling)
+        recent = penalty_window(request.history, sampling)
         device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0
-        for i in range(k):
+        for i in range(request.k):
             if device_law:
                 dist = Dist.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
-                token, confidence = dist.sample(rng), dist.top()[1]
+                token, confidence = dist.sample(request.rng), dist.top()[1]
             elif sampled:
                 dist = sampling_dist(seq.ctx.logits(-1), recent + out.tokens, sampling)
-                token, confidence = dist.sample(rng), dist.top()[1]
+                token, confidence = dist.sample(request.rng), dist.top()[1]
             elif device:
                 dist, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
             else:
@@ -125,17 +165,22 @@ class ModelDrafter:
                 break
             out.tokens.append(token)
             out.dists.append(dist)
-            if i < k - 1:
+            if i < request.k - 1:
                 seq.append([token], outputs=1)
+        out.cost = self.meter.take()
         return out
 
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         # Like the target, hold all but the last token; the first `propose` decodes it with logits.
-        return self.seq.sync(prompt[:-1], progress=progress)
+        try:
+            return self.seq.sync(prompt[:-1], progress=progress)
+        finally:
+            self.meter.take()  # the prompt's cost is the prefill's, not the first proposal's
 
     def keep(self, n: int) -> None:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the
-        # target by that token (and the bonus token); the next `sync` decodes both.
+        # target by that token (and the bonus token); the next `sync` decodes both. A rollback that
+        # re-decodes (a restored checkpoint) is counted in the next proposal's cost.
         self.seq.rollback_to(min(n, self.seq.n_past))
 
 
@@ -159,24 +204,14 @@ class NgramDrafter:
     needs_model = False
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30  # the lookup works on any history length
-    n_decoded = 0
-    seconds_bridging = 0.0
 
     def __init__(self, n_max: int = 3, n_min: int = 2) -> None:
-        assert 1 <= n_min <= n_max
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"n-gram lengths must satisfy 1 <= n_min <= n_max, not {n_min}, {n_max}")
         self.n_max, self.n_min = n_max, n_min
 
-    def propose(
-        self,
-        history: list[int],
-        k: int,
-        sampling: SamplingParams,
-        *,
-        sample: bool,
-        p_min: float,
-        rng: np.random.Generator,
-    ) -> Proposal:
-        tokens = lookup(history, k, n_max=self.n_max, n_min=self.n_min)
+    def propose(self, request: DraftRequest) -> Proposal:
+        tokens = lookup(request.history, request.k, n_max=self.n_max, n_min=self.n_min)
         return Proposal(tokens, [None] * len(tokens))
 
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
@@ -203,46 +238,34 @@ def lookup(history: list[int], k: int, *, n_max: int, n_min: int) -> list[int]:
 
 
 class LookupFirst:
-    """Mixed into a model drafter: the n-gram lookup when the history has a match, the model otherwise.
+    """`--drafter model+ngram`: wraps a model drafter (plain or bridged) — the n-gram lookup when the history has a
+    match, the wrapped drafter otherwise.
 
-    Which drafter runs depends only on the history, so each step's draft law is still the one its
-    tokens were drawn from (one-hot for a lookup) and verification stays exact.
+    Which one runs depends only on the history, so each step's draft law is still the one its tokens were drawn
+    from (one-hot for a lookup) and verification stays exact.
     """
 
-    def __init__(self, *args, ngram: NgramDrafter | None = None) -> None:
-        super().__init__(*args)  # the model drafter's own arguments
-        self.ngram = ngram or NgramDrafter()
-
-    def propose(
-        self,
-        history: list[int],
-        k: int,
-        sampling: SamplingParams,
-        *,
-        sample: bool,
-        p_min: float,
-        rng: np.random.Generator,
-    ) -> Proposal:
-        found = self.ngram.propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
-        if found.tokens:
-            return found
-        return super().propose(history, k, sampling, sample=sample, p_min=p_min, rng=rng)
-
-
-class LookupModelDrafter(LookupFirst, ModelDrafter):
-    """`--drafter model+ngram`: the n-gram lookup when the history has a match, the draft model otherwise."""
-
     kind = "model+ngram"
+    needs_model = True
 
+    def __init__(self, inner: Drafter, ngram: NgramDrafter | None = None) -> None:
+        self.inner = inner
+        self.ngram = ngram or NgramDrafter()
+        self.caches = inner.caches
 
-_CLASSES: dict[str, type[ModelDrafter] | type[NgramDrafter] | None] = {
-    "model": ModelDrafter,
-    "ngram": NgramDrafter,
-    "model+ngram": LookupModelDrafter,
-    "none": None,
-}  # keyed by the names in params.DRAFTERS, which owns the vocabulary
-assert tuple(_CLASSES) == DRAFTERS
-assert tuple(k for k, cls in _CLASSES.items() if cls is not None and cls.needs_model) == MODEL_DRAFTERS
+    @property
+    def n_ctx(self) -> int:
+        return self.inner.n_ctx
+
+    def propose(self, request: DraftRequest) -> Proposal:
+        found = self.ngram.propose(request)
+        return found if found.tokens else self.inner.propose(request)
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
+        return self.inner.prefill(prompt, progress=progress)
+
+    def keep(self, n: int) -> None:
+        self.inner.keep(n)
 
 
 def needs_draft_model(kind: str) -> bool:
@@ -253,12 +276,12 @@ def needs_draft_model(kind: str) -> bool:
 class Bridge(Protocol):
     """A way for a draft with another vocabulary to draft (core/bridge.py's `VocabBridge`)."""
 
-    def make(self, kind: str, seq: KVSequence) -> Drafter:
-        """The bridged drafter for a model drafter name."""
+    def make(self, seq: KVSequence) -> Drafter:
+        """The bridged model drafter over the draft's sequence."""
         ...
 
 
-def make_drafter(kind: str, draft: KVSequence | None, bridge: Bridge | None = None) -> Drafter | None:
+def make_drafter(kind: str, draft: KVSequence | None, bridge: Bridge | None = None) -> Drafter:
     """The drafter named by `kind` (one of DRAFTERS).
 
     Args:
@@ -266,10 +289,13 @@ def make_drafter(kind: str, draft: KVSequence | None, bridge: Bridge | None = No
         draft: the draft model's sequence when it needs one.
         bridge: how that draft drafts when its vocabulary is not the target's (None: it is the same).
     """
-    assert kind in DRAFTERS and (draft is not None) == needs_draft_model(kind)
-    cls = _CLASSES[kind]
-    if cls is None:
-        return None
-    if not cls.needs_model:
-        return cls()
-    return bridge.make(kind, draft) if bridge is not None else cls(draft)
+    if kind not in DRAFTERS:
+        raise ValueError(f"unknown drafter {kind!r}: one of {', '.join(DRAFTERS)}")
+    if (draft is not None) != needs_draft_model(kind):
+        raise ValueError(f"the drafter {kind!r} {'needs' if needs_draft_model(kind) else 'takes no'} draft model")
+    if kind == "none":
+        return NoDrafter()
+    if kind == "ngram":
+        return NgramDrafter()
+    model = bridge.make(draft) if bridge is not None else ModelDrafter(draft)
+    return LookupFirst(model) if kind == "model+ngram" else model

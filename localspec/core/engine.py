@@ -24,7 +24,7 @@ from localspec.llama import threads
 from localspec.llama.model import Model
 
 from .bridge import VocabBridge
-from .drafters import Drafter
+from .drafters import Drafter, DraftRequest
 from .kv import KVSequence, PrefillStopped
 from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
@@ -132,7 +132,7 @@ class Generation:
         try:
             stats.prefill_decoded = engine.target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
             # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
-            drafter_room = engine.drafter is not None and len(self.prompt) < engine.drafter.n_ctx
+            drafter_room = len(self.prompt) < engine.drafter.n_ctx
             if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
                 stats.draft_prefill_decoded = engine.drafter.prefill(
                     self.prompt, progress=self._prefill_progress("draft")
@@ -154,7 +154,8 @@ class Generation:
             )
             if engine.threads is not None:
                 engine.threads.check()
-            step = speculative_step(engine.target, engine.drafter, history, k, self.sampling, self.spec, self.rng)
+            request = DraftRequest(history, k, self.sampling, self.spec.verify != "match", self.spec.p_min, self.rng)
+            step = speculative_step(engine.target, engine.drafter, request)
             engine.check_invariants()
             stats.record_step(step)
             engine.policy.observe(step)
@@ -211,7 +212,7 @@ class Engine:
         self,
         target_model: Model,
         target: KVSequence,
-        drafter: Drafter | None,
+        drafter: Drafter,
         *,
         owned: Sequence = (),
         auto_threads: bool = False,
@@ -221,7 +222,7 @@ class Engine:
         self.target = target
         self.drafter = drafter
         # Every cache the engine keeps consistent: the target's first, then the drafter's own.
-        self.caches: tuple[KVSequence, ...] = (target, *(drafter.caches if drafter is not None else ()))
+        self.caches: tuple[KVSequence, ...] = (target, *drafter.caches)
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
@@ -269,35 +270,35 @@ class Engine:
             bridge=loaded.bridge,
         )
 
-    def use_drafter(self, drafter: Drafter | None, policy: DraftPolicy | None = None) -> DraftPolicy:
+    def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
         """Draft with `drafter` from the next generation on (the server's per-request drafter); its caches join
         the engine's. A drafter may share a cache with the one it replaces (`make_drafter` on the same draft
         sequence): the cache's token list stays its truth.
 
         Args:
-            drafter: the drafter, or None for plain decoding.
+            drafter: the drafter (`NoDrafter` for plain decoding).
             policy: the draft-length policy this drafter used before (kept by the caller); None: a fresh one.
 
         Returns:
             The policy now in use (keep it to hand back when this drafter is used again).
         """
         self.drafter = drafter
-        self.caches = (self.target, *(drafter.caches if drafter is not None else ()))
+        self.caches = (self.target, *drafter.caches)
         self.policy = policy or DraftPolicy(drafter, draft_size_ratio=size_ratio(self.target_model, drafter))
         return self.policy
 
     @property
     def drafting_note(self) -> str:
         """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary)."""
-        drafts_with_model = self.drafter is not None and self.drafter.needs_model
-        return self.bridge.describe() if self.bridge is not None and drafts_with_model else ""
+        return self.bridge.describe() if self.bridge is not None and self.drafter.needs_model else ""
 
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
     ) -> int:
         """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room."""
-        if self.drafter is None or spec.draft_max == 0 or self.cannot_roll_back:
-            stats.speculation_off = "no drafter" if self.drafter is None else self.cannot_roll_back or "draft-max is 0"
+        no_drafter = self.drafter.kind == "none"
+        if no_drafter or spec.draft_max == 0 or self.cannot_roll_back:
+            stats.speculation_off = "no drafter" if no_drafter else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
             return 0
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.

@@ -191,10 +191,8 @@ class EstimatedCosts:
         pass
 
 
-def size_ratio(target_model: Model, drafter: Drafter | None) -> float:
+def size_ratio(target_model: Model, drafter: Drafter) -> float:
     """Draft weight bytes / target weight bytes (0 for a drafter without a model)."""
-    if drafter is None:
-        return 0.0
     return sum(seq.ctx.model.info.file_size for seq in drafter.caches) / target_model.info.file_size
 
 
@@ -221,7 +219,7 @@ class DraftPolicy:
     decide. Inside a long answer, probes are paid from a budget earned while decoding plainly.
 
     Args:
-        drafter: the engine's drafter or None.
+        drafter: the engine's drafter.
         costs: the timed cost model (default: measured on this machine; tests inject fixed ones).
         estimate: the cost model of runs that must not read the clock (default: from `draft_size_ratio`).
         draft_size_ratio: draft weight bytes / target weight bytes (see `size_ratio`).
@@ -230,7 +228,7 @@ class DraftPolicy:
 
     def __init__(
         self,
-        drafter: Drafter | None = None,
+        drafter: Drafter | None = None,  # None: a policy tested without one
         *,
         costs: Costs | None = None,
         estimate: Costs | None = None,

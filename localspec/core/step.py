@@ -11,12 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .drafters import Drafter, Proposal
+from .drafters import DraftCost, Drafter, DraftRequest, Proposal
 from .kv import Context, KVSequence
-from .params import SpeculativeParams
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Step
-from .verify import verify_greedy, verify_match, verify_pq
+from .verify import Verdict, verify_greedy, verify_match, verify_pq
 
 
 class _VerifiedRows(Sequence):
@@ -70,68 +69,66 @@ class TargetArgmax(_VerifiedRows):
         return greedy_token(self._logits(i), self._history(i), self._sampling)
 
 
-def speculative_step(
-    target: KVSequence,
-    drafter: Drafter | None,
-    history: list[int],
-    k: int,
-    sampling: SamplingParams,
-    spec: SpeculativeParams,
-    rng: np.random.Generator,
-) -> Step:
-    """Emit the next tokens: draft k, verify in one target pass, roll back. k = 0 is plain decoding.
+def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest) -> Step:
+    """Emit the next tokens: Algorithm 1 of Leviathan et al. (2023), one step. k = 0 is plain decoding.
 
-    The target's cache holds history[:-1] before and history[:-1] + emitted[:-1] after; the draft's
-    holds at most that.
+    The target's cache holds history[:-1] before and history[:-1] + emitted[:-1] after; the draft's at most that.
 
     Returns:
-        What happened: the emitted tokens (the accepted drafts, then one token from the target), the
-        counts and the timings. `Stats` and the draft policy both learn from it.
+        What happened: the emitted tokens (the accepted drafts, then one token from the target), the counts and
+        the timings. `Stats` and the draft policy both learn from it.
     """
-    verify = "pq" if spec.verify == "auto" else spec.verify
-    draft_caches = drafter.caches if drafter is not None else ()
-    draft_decoded = drafter.n_decoded if drafter is not None else 0
-    draft_decoding = _decoding(draft_caches)
-    bridging = drafter.seconds_bridging if drafter is not None else 0.0
-    t0 = time.perf_counter()
-    drafts = Proposal()
-    if drafter is not None and k > 0:
-        drafts = drafter.propose(history, k, sampling, sample=verify == "pq", p_min=spec.p_min, rng=rng)
-    t1 = time.perf_counter()
-    target_decoding = target.ctx.seconds_decoding
-    n = len(history)
+    clock, history = StepClock(target.ctx), request.history
+    drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
+    clock.lap("draft")
     if target.needs_checkpoint and drafts.tokens:
-        target.checkpoint()
-    target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)
-    t2 = time.perf_counter()
-    recent = penalty_window(history, sampling)
+        target.checkpoint()  # a cache that cannot drop a tail restores this instead
+    target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)  # 2. ONE pass: k+1 target rows
+    clock.lap("verify")
+    n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
+    clock.lap("sampling")
+    target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches
+    drafter.keep(len(history) + n_accepted)
+    clock.lap("verify")
+    emitted = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
+    return Step(emitted, len(drafts.tokens), n_accepted, **clock.timings(drafts.cost))
+
+
+def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> Verdict:
+    """How many drafts the target accepts, and the token it emits after them: greedy at T = 0, else p/q when the
+    draft sampled from its law, else exact match."""
+    sampling = request.sampling
+    recent = penalty_window(request.history, sampling)
     if sampling.greedy:
-        n_accepted, token = verify_greedy(drafts.tokens, TargetArgmax(target.ctx, recent, drafts.tokens, sampling))
-    else:
-        laws = TargetLaws(target.ctx, recent, drafts.tokens, sampling)
-        if verify == "pq":
-            n_accepted, token = verify_pq(drafts.tokens, drafts.dists, laws, rng)
-        else:
-            n_accepted, token = verify_match(drafts.tokens, laws, rng)
-    t3 = time.perf_counter()
-    target.rollback_to(n + n_accepted)
-    if drafter is not None:
-        drafter.keep(n + n_accepted)
-    tokens = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
-    return Step(
-        tokens,
-        len(drafts.tokens),
-        n_accepted,
-        seconds_draft=t1 - t0,
-        seconds_verify=t2 - t1 + time.perf_counter() - t3,
-        seconds_sampling=t3 - t2,
-        draft_decoded=(drafter.n_decoded if drafter is not None else 0) - draft_decoded,
-        seconds_draft_decode=_decoding(draft_caches) - draft_decoding,
-        seconds_verify_decode=target.ctx.seconds_decoding - target_decoding,
-        seconds_bridging=(drafter.seconds_bridging if drafter is not None else 0.0) - bridging,
-    )
+        return verify_greedy(drafts.tokens, TargetArgmax(ctx, recent, drafts.tokens, sampling))
+    laws = TargetLaws(ctx, recent, drafts.tokens, sampling)
+    if request.sample:
+        return verify_pq(drafts.tokens, drafts.dists, laws, request.rng)
+    return verify_match(drafts.tokens, laws, request.rng)
 
 
-def _decoding(caches: tuple[KVSequence, ...]) -> float:
-    """Seconds these caches' contexts have spent inside llama_decode so far."""
-    return sum(seq.ctx.seconds_decoding for seq in caches)
+class StepClock:
+    """Where one step's time goes: wall seconds per phase, and the target's seconds inside llama_decode."""
+
+    def __init__(self, target: Context) -> None:
+        self._target, self._decoding = target, target.seconds_decoding
+        self._seconds = {"draft": 0.0, "verify": 0.0, "sampling": 0.0}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap was spent on `phase`."""
+        now = time.perf_counter()
+        self._seconds[phase] += now - self._last
+        self._last = now
+
+    def timings(self, draft: DraftCost) -> dict[str, float | int]:
+        """`Step`'s timing fields: the phases, the target's decode time, and the drafter's own cost."""
+        return {
+            "seconds_draft": self._seconds["draft"],
+            "seconds_verify": self._seconds["verify"],
+            "seconds_sampling": self._seconds["sampling"],
+            "seconds_verify_decode": self._target.seconds_decoding - self._decoding,
+            "draft_decoded": draft.decoded,
+            "seconds_draft_decode": draft.seconds_decode,
+            "seconds_bridging": draft.seconds_bridging,
+        }

@@ -58,13 +58,13 @@ class Served:
     _format: ChatFormat | None = None
     drafter: str = ""  # the drafter in use now (a request may ask for another)
     think_flag: bool | None = None  # `serve --think on|off`
-    _drafters: dict[str, tuple[Drafter | None, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
+    _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
     _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
 
     def __post_init__(self) -> None:
         self.drafter = self.drafter or self.params.drafter
         drafter = self.engine.drafter
-        self._draft_seq = drafter.caches[0] if drafter is not None and drafter.kind in MODEL_DRAFTERS else None
+        self._draft_seq = drafter.caches[0] if drafter.needs_model else None
 
     def use_drafter(self, kind: str) -> None:
         """Draft with `kind` from the next generation on; each drafter keeps its own draft-length policy.
@@ -84,10 +84,10 @@ class Served:
             )
         engine = self.engine
         self._drafters[self.drafter] = (engine.drafter, engine.policy)
-        drafter, policy = self._drafters.get(kind, (None, None))
-        if kind not in self._drafters:
-            drafter = make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None, engine.bridge)
-        engine.use_drafter(drafter, policy)
+        if kind in self._drafters:
+            engine.use_drafter(*self._drafters[kind])
+        else:
+            engine.use_drafter(make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None, engine.bridge))
         self.drafter = kind
 
     @property

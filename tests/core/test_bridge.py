@@ -18,6 +18,7 @@ from support.lawcheck import check_law, expected_tv
 from support.tinymodels import VARIANT_FEWER
 
 from localspec.core.bridge import BridgedDrafter, HistoryMirror, VocabBridge, _complete_utf8
+from localspec.core.drafters import DraftCost, DraftRequest, LookupFirst, lookup
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import Dist, SamplingParams
@@ -181,7 +182,19 @@ def test_a_bpe_draft_drafts_for_a_sentencepiece_target(tiny_models):
 
 def test_lookup_first_then_the_bridge(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.vocab_near_size, n_ctx=512, drafter="model+ngram") as engine:
-        assert engine.drafter.kind == "model+ngram" and isinstance(engine.drafter, BridgedDrafter)
+        drafter = engine.drafter
+        assert drafter.kind == "model+ngram" and isinstance(drafter, LookupFirst)
+        assert isinstance(drafter.inner, BridgedDrafter)
+        (draft,) = drafter.caches
+        repeated = engine.tokenize(PROMPT + " the man said that the man said")
+        found = drafter.propose(DraftRequest(repeated, 4, GREEDY, False, 0.0, np.random.default_rng(0)))
+        assert found.tokens == lookup(repeated, 4, n_max=3, n_min=2) != []  # first the lookup ...
+        assert draft.n_past == 0 and found.cost == DraftCost()  # ... and the bridged draft never ran
+        fresh = engine.tokenize(PROMPT)
+        assert lookup(fresh, 4, n_max=3, n_min=2) == []
+        bridged = drafter.propose(DraftRequest(fresh, 4, GREEDY, False, 0.0, np.random.default_rng(0)))
+        assert bridged.tokens and draft.n_past > 0  # then, with no match, the bridge
+        assert bridged.cost.decoded == draft.n_decoded and bridged.cost.seconds_bridging > 0
         prompt = engine.tokenize(PROMPT + " the man said that the water was hot and")
         gen = run_greedy(engine, prompt, 4)
     assert gen.stats.drafted > 0 and gen.stats.acceptance_rate > 0.5

@@ -15,9 +15,11 @@ from localspec.core import kv
 from localspec.core.drafters import (
     DRAFTERS,
     Drafter,
-    LookupModelDrafter,
+    DraftRequest,
+    LookupFirst,
     ModelDrafter,
     NgramDrafter,
+    NoDrafter,
     lookup,
     needs_draft_model,
 )
@@ -45,20 +47,32 @@ def test_lookup_continues_the_latest_longest_match(history, k, n_min, want):
     assert lookup(history, k, n_max=3, n_min=n_min) == want
 
 
+def request(history: list[int], k: int, *, sample: bool = False, p_min: float = 0.0) -> DraftRequest:
+    return DraftRequest(history, k, GREEDY, sample, p_min, np.random.default_rng(0))
+
+
 def test_ngram_proposals_are_one_hot():
-    proposal = NgramDrafter().propose([1, 2, 3, 1, 2], 3, GREEDY, sample=True, p_min=0.9, rng=np.random.default_rng(0))
+    proposal = NgramDrafter().propose(request([1, 2, 3, 1, 2], 3, sample=True, p_min=0.9))
     assert proposal.tokens == [3, 1, 2] and proposal.dists == [None, None, None]
+    assert proposal.cost.decoded == 0  # no model ran
+
+
+def test_no_drafter_proposes_nothing_and_owns_nothing():
+    drafter = NoDrafter()
+    assert isinstance(drafter, Drafter) and drafter.kind == "none" and drafter.caches == ()
+    assert drafter.propose(request([1, 2, 1], 4)).tokens == [] and drafter.prefill([1, 2]) == 0
 
 
 def test_model_plus_ngram_uses_the_model_without_a_match():
     target = LogitTable(5, seed=0)
     engine = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), "model+ngram")
-    assert isinstance(engine.drafter, LookupModelDrafter)
-    rng = np.random.default_rng(0)
-    with_match = engine.drafter.propose([1, 2, 3, 4, 1, 2], 3, GREEDY, sample=False, p_min=0.0, rng=rng)
-    assert with_match.tokens == [3, 4, 1] and engine.drafter.seq.n_past == 0  # the model never ran
-    without = engine.drafter.propose([0, 1, 2, 3, 4], 3, GREEDY, sample=False, p_min=0.0, rng=rng)
-    assert len(without.tokens) == 3 and engine.drafter.seq.n_past > 0
+    assert isinstance(engine.drafter, LookupFirst) and isinstance(engine.drafter.inner, ModelDrafter)
+    (draft,) = engine.drafter.caches
+    with_match = engine.drafter.propose(request([1, 2, 3, 4, 1, 2], 3))
+    assert with_match.tokens == [3, 4, 1] and draft.n_past == 0 and with_match.cost.decoded == 0  # no model ran
+    without = engine.drafter.propose(request([0, 1, 2, 3, 4], 3))
+    assert len(without.tokens) == 3 and draft.n_past > 0
+    assert without.cost.decoded == draft.n_decoded  # the model's own report: the history, then two drafts
 
 
 REPEAT = "the man said what the man said what the man said what the man said"
@@ -108,10 +122,10 @@ def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind):
     draft = tiny_models.draft_noisy if needs_draft_model(kind) else None
     with Engine.load(tiny_models.target, draft, drafter=kind, n_ctx=256) as engine:
         drafter = engine.drafter
-        if kind == "none":
-            assert drafter is None and engine.caches == (engine.target,)
-            return
         assert isinstance(drafter, Drafter) and drafter.kind == kind
+        if kind == "none":
+            assert engine.caches == (engine.target,)
+            return
         assert drafter.needs_model == (kind in ("model", "model+ngram"))
         # A drafter with a model owns exactly its cache, in the draft's context; a lookup owns none.
         owned = [seq.ctx.model.path for seq in drafter.caches]
@@ -130,15 +144,10 @@ class Wrapped:
 
     kind = "wrapped"
     needs_model = True
-    seconds_bridging = 0.0
 
     def __init__(self, inner: ModelDrafter) -> None:
         self.inner, self.caches, self.n_ctx = inner, inner.caches, inner.n_ctx
         self.propose, self.keep, self.prefill = inner.propose, inner.keep, inner.prefill
-
-    @property
-    def n_decoded(self) -> int:
-        return self.inner.n_decoded
 
 
 def test_the_engine_asks_the_protocol_not_the_class():

@@ -19,7 +19,7 @@ def test_drafters_share_the_draft_cache_and_keep_their_policies(tiny_models):
         for kind in ("ngram", "model+ngram", "none", "model"):
             drafter = model_drafter if kind == "model" else make_drafter(kind, draft_seq if "model" in kind else None)
             policy = engine.use_drafter(drafter, model_policy if kind == "model" else None)
-            assert engine.caches == (engine.target, *(drafter.caches if drafter else ()))
+            assert engine.caches == (engine.target, *drafter.caches)
             assert (policy is model_policy) == (kind == "model")
             gen = run_greedy(engine, prompt, k=4)
             assert_identical(tiny_models.target, prompt, plain.tokens, gen.tokens)
