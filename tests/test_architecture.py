@@ -236,6 +236,10 @@ def test_every_layer_imports_only_the_layers_below_it(broken_copy):
     assert layer_breaks(import_graph(root)) == ["localspec.models.pairs -> localspec.bench.run"]
 
 
+def test_the_package_docstring_names_every_layer():
+    assert [name for name in LAYERS if f"`{name}`" not in localspec.__doc__] == []
+
+
 def test_importing_the_engine_loads_no_ui_and_no_pydantic():
     code = (
         "import sys, localspec.core.engine, localspec.core.params\n"

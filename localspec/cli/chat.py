@@ -12,12 +12,13 @@ import logging
 import signal
 import sys
 
+from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 
-from .checks import RunArgs, check_run_args
+from .checks import check_run_args
 from .flags import add_model_args, add_sampling_args
 
-log = logging.getLogger("localspec.cli")
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     chat.set_defaults(func=_chat)
 
 
-def chat_options(run: RunArgs, paths: Paths):
+def chat_options(run: RunFlags, paths: Paths):
     """The app's `ChatOptions` from the `chat` subcommand's checked flags."""
     from localspec.tui.settings import ChatOptions
 

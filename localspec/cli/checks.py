@@ -2,22 +2,21 @@
 
 `check_run_args` validates the flags of `generate`, `chat` and `bench` (numbers at their bounds, model files,
 the chat template name, text encodings) before any model is loaded or derived, so a typo costs no wait, and
-returns them as one frozen `RunArgs`: what the commands and `models.loading` read, never the argparse namespace.
+returns them as one frozen `RunFlags` (models/flags.py): what the commands and `models.loading` read, never the
+argparse namespace.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 
 from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.llama.threads import check_threads, threads_from_env
+from localspec.models.flags import RunFlags
 
 from .flags import overrides_from_args
 from .textinput import clean
@@ -38,29 +37,7 @@ def _bounded(args: argparse.Namespace, name: str, low: int | float, high: int | 
         raise InvalidParamsError(f"{flag} {value} is out of range: use a value {span}")
 
 
-@dataclass(frozen=True, slots=True)
-class RunArgs:
-    """The checked model and run flags of `generate`, `chat` and `bench` (None or empty: not given)."""
-
-    pair: str | None
-    target: str | None
-    draft: str | None
-    drafter: str | None
-    n_ctx: int | None
-    n_gpu_layers: int | None
-    threads: int | None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
-    rpc: tuple[str, ...]  # parsed "host:port" endpoints
-    device_sampling: str | None
-    bridge: str | None
-    chat_template: str | None
-    system: str | None
-    max_tokens: int
-    stop: tuple[str, ...]
-    overrides: Mapping[str, Any]  # the sampling and speculation flags given (they override the pair's defaults)
-    think: bool | None = None  # --think on / off (None: the pair's `thinking`, else the model's default)
-
-
-def check_run_args(args: argparse.Namespace) -> RunArgs:
+def check_run_args(args: argparse.Namespace) -> RunFlags:
     """Validate the flags of `generate`, `chat` or `bench`; the namespace is left as it is.
 
     Returns:
@@ -106,7 +83,7 @@ def check_run_args(args: argparse.Namespace) -> RunArgs:
         names = builtin_chat_templates()
         if chat_template not in names:
             raise ChatTemplateError(f"unknown chat template {chat_template!r}: choose one of {', '.join(names)}")
-    return RunArgs(
+    return RunFlags(
         pair=pair,
         target=args.target,
         draft=args.draft,

@@ -8,16 +8,18 @@ reasoning model's thinking is split from its answer (DESIGN §10): it streams to
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
 import numpy as np
 
 from localspec.errors import ContextError, WorkerLostError
+from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 from localspec.progress import StatusLine
 
-from .checks import RunArgs, check_run_args
+from .checks import check_run_args
 from .flags import add_model_args, add_sampling_args
 from .interrupts import SignalGuard
 from .textinput import clean, read_stream, replaced_notice
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         return _generate_guarded(args, run, paths, guard)
 
 
-def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guard: SignalGuard) -> int:
+def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, guard: SignalGuard) -> int:
     from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
@@ -98,7 +100,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
             fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
             think = _think(fmt, run, defaults, args)
             tokens = fmt.tokens(messages, think=think)
-            splitter = _splitter(engine, fmt, think)
+            splitter = functools.partial(fmt.splitter, think)
         else:
             tokens = engine.tokenize(prompt)
         tokens, truncated = _fit_prompt(
@@ -125,28 +127,16 @@ def _generate_guarded(args: argparse.Namespace, run: RunArgs, paths: Paths, guar
     return 0
 
 
-def _think(fmt, run: RunArgs, defaults, args: argparse.Namespace) -> bool | None:
+def _think(fmt, run: RunFlags, defaults, args: argparse.Namespace) -> bool | None:
     """The thinking switch for this run: --think, else the pair's `thinking`; refused where the model cannot follow it.
 
     Raises:
         InvalidParamsError: the model's template has no switch (or the model does not think).
     """
-    name = fmt.model.path.name
-    if run.think is not None:
-        fmt.thinking.check(run.think, name)
-        return run.think
-    if defaults.thinking is not None:
-        setting = f"`thinking = {str(defaults.thinking).lower()}` of pair {args.pair!r} in models.toml"
-        fmt.thinking.check(defaults.thinking, name, setting)
-    return defaults.thinking
+    from localspec.core.thinking import choose_thinking, thinking_choice
 
-
-def _splitter(engine, fmt, think: bool | None):
-    """A factory of fresh thinking/answer splits, one per completion."""
-    from localspec.core.thinking import ThinkingSplit
-
-    markers, opened = fmt.thinking.markers, fmt.opens_thinking(think)
-    return lambda: ThinkingSplit(markers, opened=opened, token_bytes=engine.target_model.token_bytes)
+    flag, pair = thinking_choice(run.think, "flag"), thinking_choice(defaults.thinking, "pair", args.pair)
+    return choose_thinking(fmt.thinking, fmt.model.path.name, flag, pair)
 
 
 def _run_one(gen, split, args: argparse.Namespace, *, last: bool, printed: int) -> None:

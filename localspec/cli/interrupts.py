@@ -14,7 +14,7 @@ import sys
 import threading
 from types import FrameType
 
-log = logging.getLogger("localspec.interrupts")
+log = logging.getLogger(__name__)
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -20,7 +20,7 @@ from . import bench, chat, generate, pairs, serve, worker
 from .crashes import RunMark, restore_terminal, take_crashes
 from .textinput import one_line
 
-log = logging.getLogger("localspec.cli")
+log = logging.getLogger(__name__)
 
 
 class _Parser(argparse.ArgumentParser):

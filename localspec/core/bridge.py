@@ -28,7 +28,7 @@ from .drafters import DraftRequest, ModelDrafter, Proposal
 from .kv import KVSequence
 from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
 
-log = logging.getLogger("localspec.bridge")
+log = logging.getLogger(__name__)
 
 BRIDGE_MODES = ("auto", "text", "shared")
 SHARED_MIN = 0.9  # "auto" drafts on shared tokens when this share of the draft's text tokens is one target token

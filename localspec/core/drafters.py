@@ -17,7 +17,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from .kv import KVSequence, Progress
-from .params import DRAFTERS, MODEL_DRAFTERS
+from .params import DRAFTERS, needs_draft_model
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
@@ -266,11 +266,6 @@ class LookupFirst:
 
     def keep(self, n: int) -> None:
         self.inner.keep(n)
-
-
-def needs_draft_model(kind: str) -> bool:
-    """Whether the drafter named `kind` (one of DRAFTERS) drafts with a draft model."""
-    return kind in MODEL_DRAFTERS
 
 
 class Bridge(Protocol):

@@ -34,7 +34,7 @@ from .stats import Stats
 from .step import speculative_step
 from .textstream import TextStream
 
-log = logging.getLogger("localspec.engine")
+log = logging.getLogger(__name__)
 
 
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)

@@ -22,7 +22,7 @@ from localspec.errors import ContextError
 if TYPE_CHECKING:
     from localspec.llama.model import Model
 
-log = logging.getLogger("localspec.kv")
+log = logging.getLogger(__name__)
 
 ROLLBACK_MODES = ("auto", "seq_rm", "checkpoint", "refill")
 PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
@@ -312,6 +312,11 @@ class KVSequence:
             self._refill(self.n_past)
 
     def check(self) -> None:
-        """Assert the invariant: the cache holds exactly `tokens`, positions 0..n_past-1."""
+        """Check the invariant: the cache holds exactly `tokens`, positions 0..n_past-1.
+
+        Raises:
+            AssertionError: it does not (a bug: raised explicitly, so `python -O` keeps the check).
+        """
         _, pos_max = self.ctx.pos_range()
-        assert pos_max == self.n_past - 1, f"KV holds up to {pos_max}, tokens say {self.n_past}"
+        if pos_max != self.n_past - 1:
+            raise AssertionError(f"KV holds up to {pos_max}, tokens say {self.n_past}")

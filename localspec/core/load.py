@@ -19,7 +19,7 @@ from localspec.llama.model import Model
 from .bridge import VocabBridge
 from .drafters import Drafter, make_drafter
 from .kv import KVSequence
-from .params import LoadParams
+from .params import LoadParams, needs_draft_model
 
 DEFAULT_N_CTX = 4096
 
@@ -47,7 +47,7 @@ def load_models(
     Raises:
         LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
     """
-    if params.uses_draft_model and draft_path is None:
+    if needs_draft_model(params.drafter) and draft_path is None:
         raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
     owned: list = []
     try:
@@ -59,7 +59,7 @@ def load_models(
         )
         check_target(target_model)
         draft_model = bridge = None
-        if params.uses_draft_model:
+        if needs_draft_model(params.drafter):
             draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)

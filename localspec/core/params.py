@@ -19,7 +19,7 @@ from .options import option, options_of
 from .sampling import SamplingParams
 
 DRAFTERS = ("model", "ngram", "model+ngram", "none")
-MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded
+MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded (ask `needs_draft_model`)
 N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
@@ -57,6 +57,11 @@ class SpeculativeParams:
             raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
         if self.verify not in VERIFY_MODES:
             raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
+
+
+def needs_draft_model(drafter: str) -> bool:
+    """Whether the drafter named `drafter` (one of DRAFTERS) drafts with the draft model: the one place that asks."""
+    return drafter in MODEL_DRAFTERS
 
 
 # The user options (see `options.py`): flags, models.toml pair keys and the settings form all come from these.
@@ -109,11 +114,6 @@ class LoadParams:
         object.__setattr__(self, "rpc", tuple(self.rpc))  # a list from a caller or models.toml, kept hashable
         for endpoint in self.rpc:
             check_endpoint(endpoint)
-
-    @property
-    def uses_draft_model(self) -> bool:
-        """Whether the drafter needs the draft model loaded."""
-        return self.drafter in MODEL_DRAFTERS
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,8 +156,8 @@ class _Blocks:
     """One logits row seen as a grid of `rows` × n_cols (row-major, as it lies in memory) and its column maxima.
 
     A "block" is a column: the entries j, j + n_cols, j + 2·n_cols, …. Its maxima are one reduction across the
-    grid's rows (elementwise, the fast direction for numpy: 29 µs for a 262,144-entry row against 43 µs for
-    maxima of 1,024-entry runs), and a column that can reach a cut gathers only its `rows` entries.
+    grid's rows (elementwise, numpy's fast direction: faster than maxima of 1,024-entry runs, README "Measured:
+    `localspec bench`"), and a column that can reach a cut gathers only its `rows` entries.
     """
 
     __slots__ = ("row", "grid", "tail", "maxima")
@@ -194,7 +194,7 @@ class _Blocks:
 def _kth_largest(values: np.ndarray, k: int) -> float:
     """The k-th largest entry of `values` (1 ≤ k ≤ its size).
 
-    Selecting among a few thousand values costs ~25 µs; so when there are enough, the k-th largest of group
+    Selecting among a few thousand values is the costly part; so when there are enough, the k-th largest of group
     maxima comes first: those are k distinct entries, so it is at most the answer, and the entries below it can
     go before the selection (about 60 of 4,096 column maxima stay for k = 40).
     """
@@ -302,7 +302,7 @@ def _top_k_law(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> D
     and their penalised values.
 
     In Python floats: for a few dozen candidates that is cheaper than the dozen numpy calls `_cut` makes, each of
-    which costs 3-8 µs more right after a decode than warm.
+    which costs more right after a decode than warm (README, "Where the Python time goes").
     """
     ranked = sorted(zip(values.tolist(), ids.tolist()), key=lambda c: -c[0])[: params.top_k]  # ties: lower id first
     temperature = params.temperature

@@ -27,7 +27,7 @@ from .engine import Engine, Generation
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .sampling import SamplingParams
 
-log = logging.getLogger("localspec.session")
+log = logging.getLogger(__name__)
 
 # A cut leaves the window this full (of the room left after the answer's reserve), like llama-server's
 # context shift: a turn's cost grows with the context it attends to, so a chat past the fill runs
@@ -87,6 +87,13 @@ class ChatFormat:
             rest = after
         pieces.append((rest, True))
         return self._tokenize(pieces)
+
+    def splitter(self, think: bool | None = None) -> thinking.ThinkingSplit:
+        """A fresh split of one answer into thinking and answer (everything is answer for a model that does not
+        think), for a prompt rendered with `think`; feed it the answer's events."""
+        return thinking.ThinkingSplit(
+            self.thinking.markers, opened=self.opens_thinking(think), token_bytes=self.model.token_bytes
+        )
 
     def opens_thinking(self, think: bool | None = None) -> bool:
         """Whether the generation prompt leaves thinking open (the template wrote the start marker)."""
@@ -274,13 +281,8 @@ class ChatSession:
         return generation
 
     def splitter(self, think: bool | None = None) -> thinking.ThinkingSplit:
-        """A fresh split of one answer into thinking and answer (everything is answer for a model that does not
-        think); feed it the answer's events."""
-        return thinking.ThinkingSplit(
-            self.format.thinking.markers,
-            opened=self.format.opens_thinking(think),
-            token_bytes=self.engine.target_model.token_bytes,
-        )
+        """A fresh split of one answer into thinking and answer (see `ChatFormat.splitter`)."""
+        return self.format.splitter(think)
 
     def _fit(self, messages: Sequence[Message], max_tokens: int, think: bool | None = None) -> list[int]:
         """Tokens of the longest recent window of the conversation that leaves room for an answer.

@@ -7,7 +7,8 @@ One `Stats` per turn; `Stats.merge` sums turns into a session total.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from types import MappingProxyType
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,9 @@ class Decision:
     measured_speedup: float = 0.0  # recent speculative steps' tokens/s over recent plain steps' (0 until both)
 
 
+LATEST = MappingProxyType({"merge": "latest"})  # field metadata: `Stats.merge` keeps the newer generation's value
+
+
 @dataclass(slots=True)
 class Stats:
     """Counters and timings of one generation (or, merged, of a session)."""
@@ -63,8 +67,8 @@ class Stats:
     emitted: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
-    draft_length: int = 0  # k chosen for the latest step
-    speculation_off: str = ""  # why the latest step decoded plainly ("" when it speculated)
+    draft_length: int = field(default=0, metadata=LATEST)  # k chosen for the latest step
+    speculation_off: str = field(default="", metadata=LATEST)  # why the latest step decoded plainly ("" if it did not)
     steps_by_draft_length: list[int] = field(default_factory=list)  # [k] = steps that chose k drafts
     steps_off: int = 0  # steps the adaptive policy decoded plainly (see speculation_off)
     probes: int = 0  # speculative steps the adaptive policy ran while off, to re-check the draft
@@ -76,7 +80,7 @@ class Stats:
     seconds_draft_decode: float = 0.0  # inside llama_decode while drafting (the rest of seconds_draft is Python)
     seconds_verify_decode: float = 0.0  # inside llama_decode while verifying (the target's batch, any re-prefill)
     seconds_bridging: float = 0.0  # of seconds_draft, a bridged draft's own work between the two vocabularies
-    decision: Decision = field(default_factory=Decision)  # the adaptive policy's latest inputs and verdict
+    decision: Decision = field(default_factory=Decision, metadata=LATEST)  # the adaptive policy's latest choice
 
     def record_choice(self, k: int, reason: str, *, probe: bool = False) -> None:
         """Record the draft length chosen for the next step, and why it is 0 when speculation is off."""
@@ -165,38 +169,18 @@ class Stats:
         return self.emitted / self.seconds_generating if self.seconds_generating > 0 else 0.0
 
     def merge(self, other: Stats) -> None:
-        """Add another generation's counts and times into this one (session totals)."""
-        for name in (
-            "prompt_tokens",
-            "prefill_decoded",
-            "draft_prefill_decoded",
-            "drafted",
-            "accepted",
-            "rejections",
-            "target_passes",
-            "emitted",
-            "seconds",
-            "seconds_prefill",
-            "seconds_draft",
-            "seconds_verify",
-            "seconds_sampling",
-            "seconds_draft_decode",
-            "seconds_verify_decode",
-            "seconds_bridging",
-            "steps_off",
-            "probes",
-        ):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for mine, theirs in (
-            (self.drafted_by_position, other.drafted_by_position),
-            (self.accepted_by_position, other.accepted_by_position),
-            (self.steps_by_draft_length, other.steps_by_draft_length),
-        ):
-            mine.extend([0] * (len(theirs) - len(mine)))
-            for i, v in enumerate(theirs):
-                mine[i] += v
-        self.draft_length, self.speculation_off = other.draft_length, other.speculation_off
-        self.decision = other.decision
+        """Add another generation's counts and times into this one (session totals): numbers add, per-position
+        lists add position by position, and the fields marked LATEST take the other's value."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.metadata.get("merge") == "latest":
+                setattr(self, f.name, theirs)
+            elif isinstance(mine, list):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, v in enumerate(theirs):
+                    mine[i] += v
+            else:
+                setattr(self, f.name, mine + theirs)
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict: the counters plus every derived rate."""

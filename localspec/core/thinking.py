@@ -101,6 +101,46 @@ class ThinkingSupport:
         return {self.switch: think} if think is not None and self.switch is not None else {}
 
 
+THINK_SOURCES = ("request", "serve", "flag", "pair")  # where a thinking choice can be made, most specific first
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkChoice:
+    """A thinking choice and how the user made it, in their words ("--think off", "`thinking = true` of pair …")."""
+
+    think: bool
+    setting: str
+
+
+def thinking_choice(think: bool | None, source: str, pair: str = "") -> ThinkChoice | None:
+    """`think` as chosen through `source` (one of THINK_SOURCES; `pair` names the pair for "pair"), or None when
+    nothing was chosen there."""
+    if think is None:
+        return None
+    on_off, true_false = ("on" if think else "off"), str(think).lower()
+    setting = {
+        "request": f"chat_template_kwargs.enable_thinking = {true_false}",
+        "serve": f"serve --think {on_off}",
+        "flag": f"--think {on_off}",
+        "pair": f"`thinking = {true_false}` of pair {pair!r} in models.toml",
+    }[source]
+    return ThinkChoice(think, setting)
+
+
+def choose_thinking(support: ThinkingSupport, model: str, *choices: ThinkChoice | None) -> bool | None:
+    """The thinking switch of one answer: the first choice made, in the order given (most specific first: an API
+    request's or the chat's own, then --think, then the pair's `thinking`); None (the model decides) when none was.
+
+    Raises:
+        InvalidParamsError: the model cannot follow that choice (the message names the setting it came from).
+    """
+    choice = next((c for c in choices if c is not None), None)
+    if choice is None:
+        return None
+    support.check(choice.think, model, choice.setting)
+    return choice.think
+
+
 def detect(model: Model, template: str | None) -> ThinkingSupport:
     """Find a model's thinking markers and its template's switch.
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .kv import KVSequence
 
-log = logging.getLogger("localspec.window")
+log = logging.getLogger(__name__)
 
 MIN_SHIFT_GAIN = 32  # a shift must save at least this many decoded tokens to be worth doing
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from localspec.errors import InvalidParamsError, RpcError, WorkerLostError
 
-log = logging.getLogger("localspec.rpc")
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 50052
 PROTOCOL = (7, 0, 0)  # RPC_PROTO_*_VERSION of the llama.cpp that llama-cpp-python==0.3.36 vendors

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from localspec.errors import InvalidParamsError
 
-log = logging.getLogger("localspec.threads")
+log = logging.getLogger(__name__)
 THREADS_ENV = "LOCALSPEC_THREADS"
 
 

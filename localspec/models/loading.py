@@ -11,18 +11,26 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from localspec.core.engine import Engine
-from localspec.core.params import SAMPLING_OPTIONS, SPECULATIVE_OPTIONS, LoadParams, PairDefaults, SpeculativeParams
+from localspec.core.params import (
+    SAMPLING_OPTIONS,
+    SPECULATIVE_OPTIONS,
+    LoadParams,
+    PairDefaults,
+    SpeculativeParams,
+    needs_draft_model,
+)
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
 from localspec.paths import Paths
 from localspec.progress import StatusLine
 
+from .flags import RunFlags
 from .resolved import ResolvedPair
 
-log = logging.getLogger("localspec.loading")
+log = logging.getLogger(__name__)
 
 
 def _merged(overrides: Mapping[str, Any], defaults: PairDefaults, names: tuple[str, ...]) -> dict[str, Any]:
@@ -48,22 +56,7 @@ def speculative_params(overrides: Mapping[str, Any], defaults: PairDefaults) -> 
     return SpeculativeParams(**_merged(overrides, defaults, SPECULATIVE_OPTIONS))
 
 
-class ModelFlags(Protocol):
-    """What loading reads of the checked command line (`cli.checks.RunArgs`) or the chat's `ChatOptions`."""
-
-    pair: str | None
-    target: str | None
-    draft: str | None
-    drafter: str | None
-    n_ctx: int | None
-    n_gpu_layers: int | None
-    threads: int | None
-    rpc: tuple[str, ...]
-    device_sampling: str | None
-    bridge: str | None
-
-
-def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
+def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> LoadParams:
     """LoadParams from explicit options over the pair's defaults.
 
     Args:
@@ -88,7 +81,7 @@ def load_params(flags: ModelFlags, defaults: PairDefaults, *, has_draft: bool) -
 
 
 def resolve_models(
-    flags: ModelFlags, paths: Paths, *, bundled: Path | None = None, progress: Callable[[str], None] | None = None
+    flags: RunFlags, paths: Paths, *, bundled: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> ResolvedPair:
     """What to load: --target/--draft, else --pair, else the default pair (or the offline demo standing in).
 
@@ -132,7 +125,7 @@ def load_engine(
     Raises:
         LocalspecError: as `Engine.load` (a model drafter without a draft file among them).
     """
-    return Engine.load(target, draft if params.uses_draft_model else None, params, progress=progress)
+    return Engine.load(target, draft if needs_draft_model(params.drafter) else None, params, progress=progress)
 
 
 def weights_progress(
@@ -154,7 +147,7 @@ def weights_progress(
 
 
 @contextmanager
-def open_engine(args: ModelFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
+def open_engine(args: RunFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
     resolved = resolve_models(args, paths)
     params = load_params(args, resolved.defaults, has_draft=resolved.draft is not None)

@@ -23,7 +23,7 @@ from . import demo, hub
 from .catalog import ModelsConfig, ModelSource, Pair
 from .resolved import ResolvedPair
 
-log = logging.getLogger("localspec.pairs")
+log = logging.getLogger(__name__)
 
 Role = Literal["target", "draft"]
 DEMO_PAIR = "demo"

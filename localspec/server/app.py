@@ -39,7 +39,7 @@ from .api import ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
 from .runner import Runner
 
-log = logging.getLogger("localspec.server")
+log = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 2**20  # bytes; a long chat is far below this
 LOOPBACK_NAMES = ("localhost", "localhost.")

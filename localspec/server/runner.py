@@ -23,13 +23,13 @@ import numpy as np
 from localspec.core.drafters import Drafter, make_drafter
 from localspec.core.engine import Engine, Generation
 from localspec.core.kv import KVSequence
-from localspec.core.params import DEFAULT_MAX_TOKENS, MODEL_DRAFTERS, LoadParams, PairDefaults
+from localspec.core.params import DEFAULT_MAX_TOKENS, LoadParams, PairDefaults, needs_draft_model
 from localspec.core.policy import DraftPolicy
 from localspec.core.session import ChatFormat, Message
-from localspec.core.thinking import ANSWER, ThinkingSplit
+from localspec.core.thinking import ANSWER, ThinkingSplit, choose_thinking, thinking_choice
 from localspec.errors import ChatTemplateError, LocalspecError
 from localspec.models.loading import (
-    ModelFlags,
+    RunFlags,
     load_engine,
     load_params,
     resolve_models,
@@ -41,7 +41,7 @@ from localspec.paths import Paths
 
 from .api import ApiError
 
-log = logging.getLogger("localspec.server")
+log = logging.getLogger(__name__)
 
 Emit = Callable[[tuple], None]
 
@@ -74,7 +74,7 @@ class Served:
         """
         if kind == self.drafter:
             return
-        if kind in MODEL_DRAFTERS and self._draft_seq is None:
+        if needs_draft_model(kind) and self._draft_seq is None:
             raise ApiError(
                 400,
                 f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
@@ -87,17 +87,12 @@ class Served:
         if kind in self._drafters:
             engine.use_drafter(*self._drafters[kind])
         else:
-            engine.use_drafter(make_drafter(kind, self._draft_seq if kind in MODEL_DRAFTERS else None, engine.bridge))
+            engine.use_drafter(make_drafter(kind, self._draft_seq if needs_draft_model(kind) else None, engine.bridge))
         self.drafter = kind
 
     @property
     def defaults(self) -> PairDefaults:
         return self.resolved.defaults
-
-    @property
-    def think(self) -> bool | None:
-        """The thinking switch when a request sets none: `serve --think`, else the pair's `thinking`."""
-        return self.think_flag if self.think_flag is not None else self.defaults.thinking
 
     def chat_format(self) -> ChatFormat:
         """The chat template, read once (raises ChatTemplateError for a model without one)."""
@@ -152,7 +147,7 @@ class Runner:
     """The loaded pair, the worker thread, the bounded queue.
 
     Args:
-        flags: the checked command line (`cli.checks.RunArgs`): the pair or files, load flags, and `overrides` /
+        flags: the checked command line (`models.flags.RunFlags`): the pair or files, load flags, and `overrides` /
             `max_tokens` / `stop` that apply to every request unless it says otherwise.
         paths: localspec's folders.
         pairs: the names of the configured pairs (models.toml), which a request may switch to.
@@ -161,7 +156,7 @@ class Runner:
     """
 
     def __init__(
-        self, flags: ModelFlags, paths: Paths, *, pairs: Sequence[str] = (), no_swap: bool = False, max_queue: int = 8
+        self, flags: RunFlags, paths: Paths, *, pairs: Sequence[str] = (), no_swap: bool = False, max_queue: int = 8
     ) -> None:
         self.flags, self.paths = flags, paths
         self.pairs = tuple(pairs)
@@ -199,8 +194,8 @@ class Runner:
             resolved,
             engine,
             params,
-            getattr(flags, "chat_template", None),
-            think_flag=getattr(flags, "think", None),
+            flags.chat_template,
+            think_flag=flags.think,
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, params.drafter)
         return self.served
@@ -288,8 +283,8 @@ class Runner:
         flags = self.flags
         return dataclasses.replace(
             request,
-            overrides={**getattr(flags, "overrides", {}), **request.overrides},
-            stop=request.stop or tuple(getattr(flags, "stop", ())),
+            overrides={**flags.overrides, **request.overrides},
+            stop=request.stop or flags.stop,
         )
 
     def _run_job(self, job: Job, pair: str | None, request: Request, emit: Emit) -> Outcome:
@@ -300,8 +295,7 @@ class Runner:
                 self.load(pair)
             if self.served is None:
                 raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
-            default_max_tokens = getattr(self.flags, "max_tokens", DEFAULT_MAX_TOKENS)
-            return complete(self.served, self._with_flags(request), job, emit, default_max_tokens=default_max_tokens)
+            return complete(self.served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
         finally:
             job.generation = None
             with self._lock:
@@ -329,7 +323,7 @@ def complete(
         if job.cancelled:
             break
         gen = engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng)
-        split = _splitter(served, think) if request.messages is not None else None
+        split = served.chat_format().splitter(think) if request.messages is not None else None
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
             gen.cancel()
@@ -350,32 +344,23 @@ def _think(served: Served, request: Request) -> bool | None:
     Raises:
         ApiError: the model cannot follow it (400).
     """
-    think = request.think if request.think is not None else served.think
-    if think is None:
-        return None
+    own = thinking_choice(request.think, "request")
+    choices = (
+        own,
+        thinking_choice(served.think_flag, "serve"),
+        thinking_choice(served.defaults.thinking, "pair", served.name),
+    )
+    if not any(choices):
+        return None  # the model decides: its template need not even render here
     try:
         support = served.chat_format().thinking
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
-    if request.think is not None:
-        setting = f"chat_template_kwargs.enable_thinking = {str(think).lower()}"
-    elif served.think_flag is not None:
-        setting = f"serve --think {'on' if think else 'off'}"
-    else:
-        setting = f"`thinking = {str(think).lower()}` of pair {served.name!r} in models.toml"
     try:
-        support.check(think, served.name, setting)
+        return choose_thinking(support, served.name, *choices)
     except LocalspecError as e:
-        param = "chat_template_kwargs.enable_thinking" if request.think is not None else None
+        param = "chat_template_kwargs.enable_thinking" if own is not None else None
         raise ApiError(400, str(e), param=param, code="unsupported_value") from None
-    return think
-
-
-def _splitter(served: Served, think: bool | None) -> ThinkingSplit:
-    fmt = served.chat_format()
-    return ThinkingSplit(
-        fmt.thinking.markers, opened=fmt.opens_thinking(think), token_bytes=served.engine.target_model.token_bytes
-    )
 
 
 def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:

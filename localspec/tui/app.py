@@ -50,7 +50,7 @@ from .store import ChatStore, StoredMessage
 from .styles import CSS, HORIZONTAL_BREAKPOINTS, STATS_WIDTH, TOO_SMALL, VERTICAL_BREAKPOINTS
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
-log = logging.getLogger("localspec.tui")
+log = logging.getLogger(__name__)
 
 STOP_WAIT = 10.0  # seconds a quit waits for the stopped answer to come back and be saved
 THINKING_PREFERENCE = "thinking_expanded"  # the chat database's preference: thinking blocks stay unfolded

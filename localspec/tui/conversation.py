@@ -16,10 +16,10 @@ import logging
 import threading
 
 from localspec.core.engine import Engine, Generation
-from localspec.core.params import MODEL_DRAFTERS
+from localspec.core.params import needs_draft_model
 from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
-from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport
+from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport, choose_thinking, thinking_choice
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 
 from .live import ChunkGate, Finished
@@ -27,7 +27,7 @@ from .loading import Loaded
 from .settings import ChatOptions, ChatSettings
 from .store import ChatStore, SavedConversation, StoredMessage
 
-log = logging.getLogger("localspec.tui.conversation")
+log = logging.getLogger(__name__)
 
 TITLE_LENGTH = 60  # characters of the first message that name a saved conversation
 
@@ -203,14 +203,12 @@ class Conversation:
         self.thinking = self.session.format.thinking
         name = loaded.pair.name or loaded.pair.label
         notices = []
-        flag, pair = self.options.think, loaded.pair.defaults.thinking
-        self.default_think = flag if flag is not None else pair
-        if flag is not None:
-            setting = f"--think {'on' if flag else 'off'}"
-        else:
-            setting = f"`thinking = {str(pair).lower()}` of pair {name!r} in models.toml"
+        flag, pair = (
+            thinking_choice(self.options.think, "flag"),
+            thinking_choice(loaded.pair.defaults.thinking, "pair", name),
+        )
         try:
-            self.thinking.check(self.default_think, name, setting)
+            self.default_think = choose_thinking(self.thinking, name, flag, pair)
         except LocalspecError as e:
             notices.append(f"{e} (meanwhile the model decides)")
             self.default_think = None
@@ -421,7 +419,7 @@ class Conversation:
         if self.loaded is None or settings.drafter == self.loaded.drafter:
             self.settings = settings
             return False
-        if settings.drafter in MODEL_DRAFTERS and self.loaded.pair.draft is None:
+        if needs_draft_model(settings.drafter) and self.loaded.pair.draft is None:
             raise InvalidParamsError(
                 f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
                 "(F2) or the ngram drafter"

@@ -11,7 +11,7 @@ import logging
 from localspec.errors import LocalspecError, WorkerLostError
 from localspec.paths import get_paths
 
-log = logging.getLogger("localspec.tui")
+log = logging.getLogger(__name__)
 
 
 def error_text(error: Exception, doing: str) -> str:

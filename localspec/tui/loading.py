@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.core.engine import Engine
+from localspec.core.params import needs_draft_model
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
@@ -22,7 +23,7 @@ from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
 
-log = logging.getLogger("localspec.tui.loading")
+log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
 
@@ -66,7 +67,9 @@ def load_models(options: ChatOptions, choice: ResolvedPair, drafter: str | None,
     if drafter:
         options = dataclasses.replace(options, drafter=drafter)
     params = load_params(options, choice.defaults, has_draft=choice.draft is not None)
-    what = choice.target.name + (f" + {choice.draft.name}" if params.uses_draft_model and choice.draft else "")
+    what = choice.target.name + (
+        f" + {choice.draft.name}" if needs_draft_model(params.drafter) and choice.draft else ""
+    )
     progress(f"loading {what}…")
     engine = load_engine(choice.target, choice.draft, params, weights_progress(params, progress, step=5))
     log.info("loaded %s (drafter %s, n_ctx %d)", what, params.drafter, engine.n_ctx)

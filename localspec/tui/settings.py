@@ -11,16 +11,16 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from localspec.core.options import options_of
-from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, MODEL_DRAFTERS, PairDefaults, SpeculativeParams
+from localspec.core.params import DEFAULT_MAX_TOKENS, DRAFTERS, PairDefaults, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
+from localspec.models.flags import RunFlags
 from localspec.models.loading import sampling_params, speculative_params
 from localspec.paths import Paths, get_paths
 
-__all__ = ["DRAFTERS", "FORM_FIELDS", "MODEL_DRAFTERS", "THINK_CHOICES", "ChatOptions", "ChatSettings"]
+__all__ = ["DRAFTERS", "FORM_FIELDS", "THINK_CHOICES", "ChatOptions", "ChatSettings"]
 
 THINK_CHOICES = {"default": None, "on": True, "off": False}  # the settings form's thinking values
 
@@ -35,25 +35,10 @@ FORM_FIELDS = (
 
 
 @dataclass(frozen=True)
-class ChatOptions:
-    """Everything `localspec chat` was told: which models, which settings to override, where files go."""
+class ChatOptions(RunFlags):
+    """Everything `localspec chat` was told: the run flags (which models, which settings to override) and what the
+    app alone sets (where files go, test knobs)."""
 
-    pair: str | None = None  # a pair from models.toml (None: the default, or the demo pair)
-    target: str | None = None  # a target GGUF path instead of a pair
-    draft: str | None = None  # its draft GGUF path
-    drafter: str | None = None  # one of DRAFTERS (None: model when there is a draft)
-    n_ctx: int | None = None
-    n_gpu_layers: int | None = None
-    threads: int | None = None
-    rpc: tuple[str, ...] = ()  # llama.cpp RPC workers for the target (empty: the pair's, else none)
-    device_sampling: str | None = None  # greedy tokens from llama.cpp's in-graph sampler (None: auto)
-    bridge: str | None = None  # how a draft with another vocabulary drafts (None: auto)
-    chat_template: str | None = None
-    system: str | None = None  # system prompt of new conversations
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    stop: tuple[str, ...] = ()  # stop strings
-    overrides: Mapping[str, Any] = field(default_factory=dict)  # flags given on the command line
-    think: bool | None = None  # --think on / off (None: the pair's `thinking`, else the model's default)
     paths: Paths = field(default_factory=get_paths)  # localspec's folders (the CLI passes main's)
     bundled_config: Path | None = None  # another bundled models.toml (tests); None: the package's
     db_path: Path | None = None  # None: paths.db_path

@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import Callable
 
-log = logging.getLogger("localspec.tui")
+log = logging.getLogger(__name__)
 
 QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 

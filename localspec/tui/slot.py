@@ -18,7 +18,7 @@ from localspec.core.engine import Engine
 
 from .loading import Loaded
 
-log = logging.getLogger("localspec.tui.slot")
+log = logging.getLogger(__name__)
 
 # The worker makes many short llama.cpp calls, each releasing the GIL; with Python's default 5 ms switch interval
 # it waits up to that long to get it back while the UI renders (the convoy effect).

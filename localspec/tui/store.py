@@ -21,7 +21,7 @@ from pathlib import Path
 
 from localspec.errors import LocalspecError
 
-log = logging.getLogger("localspec.tui.store")
+log = logging.getLogger(__name__)
 
 Provenance = list[tuple[str, bool]]
 """An answer's text as runs of (text, came from the draft)."""

@@ -3,9 +3,11 @@ line (never a traceback) for every bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+import typing
 
 import pytest
 from support.tinymodels import write_llama_model
@@ -228,3 +230,13 @@ def test_chat_options_come_from_the_checked_flags(localspec_home):
     assert options.stop == ("END",) and options.system == "be brief" and options.pair == "demo"
     assert options.max_tokens == 10 and options.rpc == ("h:1", "h:2") and options.paths == localspec_home
     assert options.think is False
+    # The run flags are one type, declared once: the checked flags are it, the chat's options extend it, and the
+    # server and the loading functions are typed with it.
+    from localspec.models.flags import RunFlags
+    from localspec.models.loading import load_params, resolve_models
+    from localspec.server.runner import Runner
+
+    assert type(run) is RunFlags and isinstance(options, RunFlags)
+    assert all(getattr(options, f.name) == getattr(run, f.name) for f in dataclasses.fields(RunFlags))
+    hints = [typing.get_type_hints(fn)["flags"] for fn in (load_params, resolve_models, Runner.__init__)]
+    assert hints == [RunFlags] * 3

@@ -1,6 +1,6 @@
 """T2 (DESIGN §6): the production loop emits exactly the target's law, on a model with known conditionals.
 
-A numpy model (tests/fakellm.py) serves logits that are a pure function of the prefix, so the exact law
+A numpy model (tests/support/fakellm.py) serves logits that are a pure function of the prefix, so the exact law
 of the first three tokens under the full sampling transform (penalties over the whole history, the
 tokens accepted in the current step included; temperature, top-k, top-p, min-p) is a finite product.
 Many seeded generations through the real `Engine` / `Generation` / `speculative_step` / drafters /

@@ -13,6 +13,7 @@ from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.models.catalog import load_config
+from localspec.models.flags import RunFlags
 from localspec.models.loading import load_params
 
 
@@ -94,14 +95,11 @@ def test_pair_defaults_come_from_the_pair_and_flags_win(localspec_home, tiny_mod
     defaults = load_config(localspec_home).get("local").defaults(compat_hint="hint", notice="note")
     assert defaults == PairDefaults(temperature=0.2, n_gpu_layers=0, rpc=("h:9",), compat_hint="hint", notice="note")
 
-    class Flags:
-        drafter, n_ctx, n_gpu_layers, threads, rpc, device_sampling, bridge = None, None, None, None, (), None, None
-
-    assert load_params(Flags(), defaults, has_draft=True) == LoadParams(
+    assert load_params(RunFlags(), defaults, has_draft=True) == LoadParams(
         drafter="model", n_gpu_layers=0, compat_hint="hint", rpc=("h:9",)
     )
-    Flags.drafter, Flags.n_gpu_layers, Flags.rpc = "ngram", 3, ("x:1",)
-    assert load_params(Flags(), defaults, has_draft=True) == LoadParams(
+    flags = RunFlags(drafter="ngram", n_gpu_layers=3, rpc=("x:1",))
+    assert load_params(flags, defaults, has_draft=True) == LoadParams(
         drafter="ngram", n_gpu_layers=3, compat_hint="hint", rpc=("x:1",)
     )
 

@@ -1,4 +1,4 @@
-"""The adaptive draft length (localspec/policy.py): the k it picks, when it turns speculation off and why,
+"""The adaptive draft length (localspec/core/policy.py): the k it picks, when it turns speculation off and why,
 how often it probes, what it learns from step timings, and that a fixed seed never lets the clock in."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 At temperature 1 and top-k 4 the first three tokens have 64 possible outcomes; their law is computed here
 from the target's own logits (one fresh llama.cpp decode per prefix, top-4 softmax written out by hand,
-not through localspec.sampling) and compared with N completions of the real CLI with `--verify pq`,
+not through localspec.core.sampling) and compared with N completions of the real CLI with `--verify pq`,
 `--verify match` (draft: `draft_noisy`) and `--drafter none`.
 """
 

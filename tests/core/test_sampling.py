@@ -1,7 +1,7 @@
 """The vocabulary-size-independent sampling path computes exactly the law of the full-sort reference.
 
-`localspec.sampling` never sorts the vocabulary (block maxima, candidate sets, float64 only on survivors);
-tests/sampling_reference.py sorts everything. On random logits — quantised so that ties are common, with
+`localspec.core.sampling` never sorts the vocabulary (block maxima, candidate sets, float64 only on survivors);
+tests/support/sampling_reference.py sorts everything. On random logits — quantised so that ties are common, with
 rows whose length is not a multiple of the block size — every parameter combination, penalties on and off
 (also penalties that raise a logit), the two must give the same support and probabilities equal within
 1e-9 relative. The residual and probability lookups are checked against dense arithmetic.

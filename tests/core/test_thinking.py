@@ -23,8 +23,10 @@ from localspec.core.thinking import (
     PartStats,
     ThinkingSplit,
     ThinkingSupport,
+    choose_thinking,
     opened_by,
     split_text,
+    thinking_choice,
 )
 from localspec.core.window import common_prefix
 from localspec.errors import InvalidParamsError
@@ -341,3 +343,22 @@ def in_order(text: str, *parts: str) -> bool:
             return False
         at += len(part)
     return True
+
+
+def test_one_function_owns_the_thinking_precedence_and_its_wording():
+    switchable = ThinkingSupport(Markers("<think>", "</think>"), switch="enable_thinking")
+    always = ThinkingSupport(Markers("<think>", "</think>"))
+    request, flag = thinking_choice(True, "request"), thinking_choice(False, "flag")
+    pair = thinking_choice(True, "pair", "qwen3")
+    assert thinking_choice(None, "flag") is None
+    assert choose_thinking(switchable, "m", None, flag, pair) is False  # --think wins over the pair
+    assert choose_thinking(switchable, "m", request, flag, pair) is True  # the request's own over both
+    assert choose_thinking(switchable, "m", None, None, None) is None  # the model decides
+    assert choose_thinking(always, "m", None, None, pair) is True  # "on" for a model that always thinks
+    with pytest.raises(InvalidParamsError, match=r"m always thinks: .* so --think off cannot be followed; remove it"):
+        choose_thinking(always, "m", None, flag, pair)
+    with pytest.raises(InvalidParamsError, match=r"so `thinking = false` of pair 'qwen3' in models.toml cannot be"):
+        choose_thinking(always, "m", thinking_choice(False, "pair", "qwen3"))
+    with pytest.raises(InvalidParamsError, match=r"n does not think .* so serve --think on cannot be followed"):
+        choose_thinking(ThinkingSupport(), "n", thinking_choice(True, "serve"))
+    assert request.setting == "chat_template_kwargs.enable_thinking = true"

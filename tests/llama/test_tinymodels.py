@@ -1,4 +1,4 @@
-"""Proof that the tiny GGUF models of tests/tinymodels.py load and decode in the real llama.cpp.
+"""Proof that the tiny GGUF models of tests/support/tinymodels.py load and decode in the real llama.cpp.
 
 Uses only llama.cpp's low-level C API (model/context/batch/logits/memory), the same layer the engine uses,
 and pins down the memory behaviours the engine depends on: recurrent models refuse partial rollback, and a

@@ -186,15 +186,24 @@ def test_a_client_that_leaves_before_a_whole_answer_stops_it_too(server):
 def test_two_clients_at_once_are_answered_in_order(server):
     done: dict[str, float] = {}
     texts: dict[str, str] = {}
+    first_is_served = threading.Event()
 
-    def ask(name: str, max_tokens: int) -> None:
-        response = chat(server.client(), max_tokens=max_tokens, n=4, temperature=0.8, seed=1)
-        texts[name], done[name] = response.choices[0].message.content, time.monotonic()
+    def ask_first() -> None:  # streamed, so the second client can start once this one is being answered
+        stream = chat(server.client(), max_tokens=300, n=4, temperature=0.8, seed=1, stream=True)
+        pieces = []
+        for chunk in stream:
+            first_is_served.set()
+            pieces += [choice.delta.content or "" for choice in chunk.choices]
+        texts["first"], done["first"] = "".join(pieces), time.monotonic()
 
-    first = threading.Thread(target=ask, args=("first", 300))
-    second = threading.Thread(target=ask, args=("second", 10))
+    def ask_second() -> None:
+        response = chat(server.client(), max_tokens=10, n=4, temperature=0.8, seed=1)
+        texts["second"], done["second"] = response.choices[0].message.content, time.monotonic()
+
+    first = threading.Thread(target=ask_first)
+    second = threading.Thread(target=ask_second)
     first.start()
-    time.sleep(0.2)
+    assert first_is_served.wait(120)
     second.start()
     first.join(120)
     second.join(120)

@@ -111,7 +111,7 @@ class TableContext:
 def fake_engine(
     target: LogitTable, draft: LogitTable | None, drafter: str = "model", *, draft_size: int = 1000
 ) -> Engine:
-    """A real `Engine` over fake contexts: `drafter` is one of localspec.drafters.DRAFTERS."""
+    """A real `Engine` over fake contexts: `drafter` is one of localspec.core.params.DRAFTERS."""
     target_model = FakeModel("target")
     target_seq = KVSequence(TableContext(target, target_model), rollback="seq_rm")
     draft_seq = None

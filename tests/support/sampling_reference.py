@@ -1,6 +1,6 @@
 """The sampling transform as first written: full sorts, dense arrays — slow, and obviously right.
 
-`localspec.sampling` computes the same law without sorting the vocabulary; the tests compare the two on
+`localspec.core.sampling` computes the same law without sorting the vocabulary; the tests compare the two on
 random logits (ties included), every parameter combination, penalties on and off. Ties are broken the way
 the production code documents it: among equal values the lower token id comes first (top-k keeps it, top-p
 counts it first).

@@ -509,7 +509,7 @@ def write_swa_model(
 ) -> Path:
     """Write a tiny sliding-window (gemma3) GGUF model: layer 0 uses SWA, layer 1 full attention.
 
-    Measured with tests/test_tinymodels.py (n_swa=8, n_ubatch=32, so the SWA cache has 256 cells, its padded
+    Measured with tests/llama/test_tinymodels.py (n_swa=8, n_ubatch=32, so the SWA cache has 256 cells, its padded
     minimum; 300 tokens decoded; then `llama_memory_seq_rm(mem, 0, p0, -1)` and a decode of token p0):
       - default cache (swa_full=False): seq_rm returns True for every p0. seq_pos_min/max report the SWA cache,
         not the full one: (44, 299) before the removal, not (0, 299).

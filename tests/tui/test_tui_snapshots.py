@@ -3,7 +3,7 @@
 The pictures must not change from run to run: a fixed terminal size, no cursor blink, a saved conversation
 with fixed timestamps and stats, a fixed stats panel, notifications cleared, and a models.toml whose pair
 list does not depend on what the machine has downloaded. The app still loads the REAL tiny pair.
-Update after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+Update after an intended change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`.
 """
 
 from __future__ import annotations
