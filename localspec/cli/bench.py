@@ -53,6 +53,9 @@ def register(subparsers) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
+    from localspec.core.options import limits_of
+    from localspec.core.params import VERIFY_RULES, SpeculativeParams
+    from localspec.core.sampling import SamplingParams
     from localspec.core.session import ChatFormat, Message
     from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
 
@@ -62,10 +65,12 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     ks = _parse_list(args.ks, int, "k")
     temperatures = _parse_list(args.temperatures, float, "temperature")
     verifies = _parse_list(args.verifies, str, "verify")
-    if any(k < 1 or k > 64 for k in ks) or any(t < 0 for t in temperatures):
-        raise InvalidParamsError("--k values must be 1..64 and temperatures ≥ 0")
-    if any(v not in ("pq", "match") for v in verifies):
-        raise InvalidParamsError("--verify takes pq and/or match")
+    limits = limits_of(SamplingParams, SpeculativeParams)  # the option table's, as generate and chat check them
+    k_max, temperature = limits["draft_max"].high, limits["temperature"]
+    if any(k < 1 or k > k_max for k in ks) or not all(temperature.admits(t) for t in temperatures):
+        raise InvalidParamsError(f"--k values must be 1..{k_max} and temperatures {temperature.describe()}")
+    if any(v not in VERIFY_RULES for v in verifies):
+        raise InvalidParamsError(f"--verify takes {' and/or '.join(VERIFY_RULES)}")
     if args.tokens < 2 or args.rounds < 1:
         raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
     texts = _read_prompts(args.prompts)

@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 from types import MappingProxyType
 
-from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
+from localspec.core.options import label
+from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, OPTIONS, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.llama.threads import check_threads, threads_from_env
@@ -22,8 +23,6 @@ from .flags import overrides_from_args
 from .textinput import clean
 
 N_CTX_MAX = 2**31 - 1
-SEED_MAX = 2**64 - 1
-TOP_K_MAX = 2**31 - 1
 N_MAX = 10_000
 
 
@@ -51,16 +50,19 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
     _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
-    _bounded(args, "seed", 0, SEED_MAX)
     _bounded(args, "max_tokens", 1)
     _bounded(args, "n", 1, N_MAX)
     if args.threads is not None:
         check_threads(args.threads)
     threads = args.threads if args.threads is not None else threads_from_env()
     overrides = overrides_from_args(args)
+    for opt in OPTIONS:  # the option table's limits, said with the flag as it was typed
+        value = overrides.get(opt.name)
+        if value is not None and opt.limit is not None and not opt.limit.admits(value):
+            raise InvalidParamsError(
+                f"{opt.flag} {value} is out of range: {label(opt.name)} must be {opt.limit.describe()}"
+            )
     SamplingParams(**{n: overrides[n] for n in SAMPLING_OPTIONS if n in overrides})
-    if (overrides.get("top_k") or 0) > TOP_K_MAX:
-        raise InvalidParamsError(f"invalid sampling setting: top-k must be at most {TOP_K_MAX} (0 = off)")
     SpeculativeParams(**{n: overrides[n] for n in SPECULATIVE_OPTIONS if n in overrides})
     rpc = parse_rpc(clean(args.rpc)[0]) if getattr(args, "rpc", None) is not None else ()
     system = _text(getattr(args, "system", None))

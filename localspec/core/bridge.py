@@ -26,11 +26,11 @@ from localspec.llama.vocab import TextVocab
 
 from .drafters import DraftRequest, ModelDrafter, Proposal
 from .kv import KVSequence
+from .params import BRIDGES
 from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
 
 log = logging.getLogger(__name__)
 
-BRIDGE_MODES = ("auto", "text", "shared")
 SHARED_MIN = 0.9  # "auto" drafts on shared tokens when this share of the draft's text tokens is one target token
 LOOK_BEHIND = 4  # target tokens re-tokenised before the first new one: a boundary the tokenizers draw apart
 TEXT_DRAFT_MAX_RATIO = 3.0  # text mode: at most this many draft tokens per wanted target token
@@ -85,7 +85,7 @@ class VocabBridge:
     """
 
     def __init__(self, target: Model, draft: Model, mode: str = "auto") -> None:
-        assert mode in BRIDGE_MODES
+        assert mode in BRIDGES
         self.target, self.draft = target, draft
         target_vocab, draft_vocab = TextVocab(target), TextVocab(draft)
         self.target_text = target_vocab.is_text  # (n_target_vocab,) bool

@@ -15,7 +15,7 @@ from typing import Any
 from localspec.errors import InvalidParamsError
 from localspec.llama.rpc import check_endpoint
 
-from .options import option, options_of
+from .options import Limit, check_fields, option, options_of
 from .sampling import SamplingParams
 
 DRAFTERS = ("model", "ngram", "model+ngram", "none")
@@ -24,7 +24,8 @@ N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
 DEFAULT_MAX_TOKENS = 1024
-VERIFY_MODES = ("auto", "pq", "match")  # "auto": pq when T > 0, else greedy
+VERIFY_RULES = ("pq", "match")  # Leviathan's rejection sampling; exact match
+VERIFY_MODES = ("auto", *VERIFY_RULES)  # "auto": pq when T > 0, else greedy
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +34,19 @@ class SpeculativeParams:
 
     draft_max: int = field(  # k
         default=8,
-        metadata=option("most tokens drafted per step; 0 = plain decoding", pair=True, form="draft max (0 = plain)"),
+        metadata=option(
+            "most tokens drafted per step; 0 = plain decoding",
+            pair=True,
+            form="draft max (0 = plain)",
+            limit=Limit(0, 64, note="0 = plain decoding"),
+        ),
     )
-    p_min: float = field(default=0.0, metadata=option("stop drafting below this draft confidence", pair=True))
+    p_min: float = field(
+        default=0.0, metadata=option("stop drafting below this draft confidence", pair=True, limit=Limit(0, 1))
+    )
     verify: str = field(  # "pq": Leviathan rejection sampling; "match": exact match; "auto": pq when T > 0
         default="auto",
-        metadata=option(
-            "pq (rejection sampling) or match (exact); auto: pq at T > 0", choices=("pq", "match"), pair=True
-        ),
+        metadata=option("pq (rejection sampling) or match (exact); auto: pq at T > 0", choices=VERIFY_RULES, pair=True),
     )
     adaptive: bool = field(
         default=True,
@@ -51,12 +57,7 @@ class SpeculativeParams:
     )
 
     def __post_init__(self) -> None:
-        if not 0 <= self.draft_max <= 64:
-            raise InvalidParamsError("invalid speculation setting: draft-max must be between 0 and 64")
-        if not 0 <= self.p_min <= 1:
-            raise InvalidParamsError("invalid speculation setting: p-min must be in [0, 1]")
-        if self.verify not in VERIFY_MODES:
-            raise InvalidParamsError(f"invalid speculation setting: verify must be one of {', '.join(VERIFY_MODES)}")
+        check_fields(self, "speculation")
 
 
 def needs_draft_model(drafter: str) -> bool:
@@ -107,7 +108,7 @@ class LoadParams:
             raise InvalidParamsError(
                 f"invalid load setting: device sampling must be one of {', '.join(DEVICE_SAMPLING)}"
             )
-        if self.bridge not in BRIDGES:
+        if self.bridge not in BRIDGES:  # (core/bridge.py drafts in these modes)
             raise InvalidParamsError(f"invalid load setting: bridge must be one of {', '.join(BRIDGES)}")
         if isinstance(self.rpc, str):
             raise InvalidParamsError("invalid load setting: rpc must be a list of host:port endpoints")

@@ -25,47 +25,61 @@ from itertools import accumulate
 
 import numpy as np
 
-from localspec.errors import InvalidParamsError
-
-from .options import option
+from .options import Limit, check_fields, limit, option
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How tokens are chosen. temperature 0 means greedy (argmax)."""
 
-    temperature: float = field(default=0.8, metadata=option("0 = greedy", pair=True, form="temperature (0 = greedy)"))
+    temperature: float = field(
+        default=0.8,
+        metadata=option(
+            "0 = greedy", pair=True, form="temperature (0 = greedy)", limit=Limit(0, 100, note="0 = greedy")
+        ),
+    )
     top_k: int = field(
-        default=40, metadata=option("keep the k most likely tokens; 0 = off", pair=True, form="top-k (0 = off)")
+        default=40,
+        metadata=option(
+            "keep the k most likely tokens; 0 = off",
+            pair=True,
+            form="top-k (0 = off)",
+            limit=Limit(0, 2**31 - 1, note="0 = off"),
+        ),
     )
     top_p: float = field(
         default=0.95,
-        metadata=option("keep the fewest tokens whose probability reaches p; 1 = off", pair=True, form="top-p"),
+        metadata=option(
+            "keep the fewest tokens whose probability reaches p; 1 = off",
+            pair=True,
+            form="top-p",
+            limit=Limit(0, 1, low_open=True, note="1 = off"),
+        ),
     )
     min_p: float = field(
         default=0.05,
-        metadata=option("drop tokens under p × the best one's probability; 0 = off", pair=True, form="min-p"),
+        metadata=option(
+            "drop tokens under p × the best one's probability; 0 = off",
+            pair=True,
+            form="min-p",
+            limit=Limit(0, 1, note="0 = off"),
+        ),
     )
-    repeat_penalty: float = field(default=1.0, metadata=option("penalty for recently seen tokens; 1 = off"))
-    repeat_last_n: int = 64
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    seed: int | None = field(default=None, metadata=option("same seed + same settings = same output", kind=int))
+    repeat_penalty: float = field(
+        default=1.0,
+        metadata=option(
+            "penalty for recently seen tokens; 1 = off", limit=Limit(0, 100, low_open=True, note="1 = off")
+        ),
+    )
+    repeat_last_n: int = field(default=64, metadata=limit(0))
+    frequency_penalty: float = field(default=0.0, metadata=limit(-2, 2, note="0 = off"))  # OpenAI's range
+    presence_penalty: float = field(default=0.0, metadata=limit(-2, 2, note="0 = off"))
+    seed: int | None = field(
+        default=None, metadata=option("same seed + same settings = same output", kind=int, limit=Limit(0, 2**64 - 1))
+    )
 
     def __post_init__(self) -> None:
-        checks = [
-            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be ≥ 0 (0 = greedy)"),
-            (self.top_k >= 0, "top-k must be ≥ 0 (0 = off)"),
-            (0 < self.top_p <= 1, "top-p must be in (0, 1] (1 = off)"),
-            (0 <= self.min_p <= 1, "min-p must be in [0, 1] (0 = off)"),
-            (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0, "repeat penalty must be > 0 (1 = off)"),
-            (self.repeat_last_n >= 0, "repeat-last-n must be ≥ 0"),
-            (math.isfinite(self.frequency_penalty), "frequency penalty must be a number"),
-            (math.isfinite(self.presence_penalty), "presence penalty must be a number"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidParamsError(f"invalid sampling setting: {message}")
+        check_fields(self, "sampling")
 
     @property
     def greedy(self) -> bool:

@@ -13,11 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from localspec.core.params import DRAFTERS
+from localspec.core.options import Limit, label, limits_of
+from localspec.core.params import DRAFTERS, OPTIONS, SpeculativeParams
+from localspec.core.sampling import SamplingParams
 
-SEED_MAX = 2**64 - 1
 STOP_MAX = 16  # stop strings per request
 N_MAX = 16  # choices per request
 
@@ -85,31 +86,46 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-Probability = Annotated[float, Field(ge=0, le=1)]
+def _within(name: str, bound: Limit) -> AfterValidator:
+    def check(value):
+        if not bound.admits(value):
+            raise ValueError(f"{label(name)} must be {bound.describe()}")
+        return value
+
+    return AfterValidator(check)
 
 
-class _Common(_Strict):
-    """The fields both routes share: sampling, speculation, stop, n, streaming."""
+def _option_fields() -> dict[str, Any]:
+    """The request fields of the user options and of the other limited sampling fields a request may set: type,
+    choices and limits, each from the option table (core/options.py), so a request is bounded as a flag is."""
+    limits = limits_of(SamplingParams, SpeculativeParams)
+    found: dict[str, Any] = {}
+    for opt in OPTIONS:
+        kind: Any = Literal[opt.choices] if opt.choices else opt.kind
+        if opt.name in limits:
+            kind = Annotated[kind, _within(opt.name, limits[opt.name])]
+        found[opt.name] = (kind | None, None)
+    for name in REQUEST_PENALTIES:
+        found[name] = (Annotated[float, _within(name, limits[name])] | None, None)
+    return found
+
+
+REQUEST_PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's; sampling fields that are no flag
+
+
+_Options = create_model("_Options", __base__=_Strict, **_option_fields())
+
+
+class _Common(_Options):
+    """The fields both routes share: the options above, then the model, stop, n, max tokens, streaming, drafter."""
 
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=100)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
-    min_p: Probability | None = None
-    repeat_penalty: Annotated[float, Field(gt=0, le=100)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    seed: Annotated[int, Field(ge=0, le=SEED_MAX)] | None = None
     stop: str | Annotated[list[str], Field(max_length=STOP_MAX)] | None = None
     n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
-    draft_max: Annotated[int, Field(ge=0, le=64)] | None = None
-    p_min: Probability | None = None
-    verify: Literal["pq", "match"] | None = None
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
-    adaptive: bool | None = None
 
     @field_validator("stop")
     @classmethod

@@ -35,7 +35,7 @@ from localspec.core.thinking import THINKING
 from localspec.errors import LocalspecError, RpcError
 
 from . import runner as runner_mod
-from .api import ApiError, ChatRequest, CompletionRequest, parse_body
+from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
 from .runner import Runner
 
@@ -237,11 +237,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
     overrides = {name: getattr(parsed, name) for name in OVERRIDE_OPTIONS if getattr(parsed, name, None) is not None}
-    penalties = {
-        name: getattr(parsed, name)
-        for name in ("presence_penalty", "frequency_penalty")
-        if getattr(parsed, name) is not None
-    }
+    penalties = {name: getattr(parsed, name) for name in REQUEST_PENALTIES if getattr(parsed, name) is not None}
     max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
     return runner_mod.Request(
         messages=messages,

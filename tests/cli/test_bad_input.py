@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from support.badinput import assert_outcome, run_cli, run_main, snapshot
 
-from localspec.cli.checks import SEED_MAX
 from localspec.llama.threads import cpu_count
 from localspec.models import loading
 
@@ -98,6 +97,7 @@ def test_truncate_and_context_full_are_in_the_json_notices(world):
 # --- numbers at and past every bound --------------------------------------------------------------------------
 
 CPUS = cpu_count()
+SEED_MAX = 2**64 - 1  # numpy's seeds are unsigned 64-bit
 
 
 @pytest.mark.parametrize(
@@ -130,10 +130,10 @@ CPUS = cpu_count()
         (["--top-p", "1"], 0, None),
         (["--top-p", "1.0001"], 1, "top-p must be"),
         (["--top-k", "-1"], 1, "top-k must be"),
-        (["--top-k", str(2**40)], 1, "top-k must be at most"),
+        (["--top-k", str(2**40)], 1, "top-k must be in [0, 2147483647] (0 = off)"),
         (["--min-p", "-0.5"], 1, "min-p must be"),
         (["--min-p", "nan"], 1, "min-p must be"),
-        (["--repeat-penalty", "0"], 1, "repeat penalty must be"),
+        (["--repeat-penalty", "0"], 1, "repeat-penalty must be in (0, 100] (1 = off)"),
         (["--draft-max", "-1"], 1, "draft-max"),
         (["--draft-max", "64"], 0, None),
         (["--draft-max", "65"], 1, "draft-max"),
