@@ -15,7 +15,6 @@ import hmac
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import uvicorn
@@ -34,7 +33,7 @@ from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
 from localspec.errors import LocalspecError, RpcError
 
-from . import runner as runner_mod
+from . import request as request_mod
 from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
 from .runner import Runner
@@ -235,11 +234,11 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
-def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
+def _request(parsed, *, messages=None, prompt=None) -> request_mod.Request:
     overrides = {name: getattr(parsed, name) for name in OVERRIDE_OPTIONS if getattr(parsed, name, None) is not None}
     penalties = {name: getattr(parsed, name) for name in REQUEST_PENALTIES if getattr(parsed, name) is not None}
     max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
-    return runner_mod.Request(
+    return request_mod.Request(
         messages=messages,
         prompt=prompt,
         n=parsed.n,
@@ -252,34 +251,34 @@ def _request(parsed, *, messages=None, prompt=None) -> runner_mod.Request:
     )
 
 
-async def _answer(http: Request, runner: Runner, parsed, request: runner_mod.Request, kind: str) -> Response:
+async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Request, kind: str) -> Response:
     if not parsed.stream:
         job, future = runner.submit(parsed.model, request)
         outcome = await _watched(asyncio.wrap_future(future), http, job)
         reply = Reply(kind, outcome.served.name)
         return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple] = asyncio.Queue()
+    queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
 
-    def emit(item: tuple) -> None:  # on the worker thread
+    def emit(item: request_mod.Event) -> None:  # on the worker thread
         try:
             loop.call_soon_threadsafe(queue.put_nowait, item)
         except RuntimeError:  # the event loop is gone (the server stopped): stop generating
             job.cancel()
 
     job, future = runner.submit(parsed.model, request, emit)
-    future.add_done_callback(lambda f: emit(("done", f)))
+    future.add_done_callback(lambda f: emit(request_mod.Done(f)))
     first = await _watched(queue.get(), http, job)
-    if first[0] == "done":  # refused before generating (a prompt too long, a failed switch): a plain error
-        first[1].result()
+    if isinstance(first, request_mod.Done):  # refused before generating (a prompt too long, a failed switch)
+        first.future.result()  # a plain error
         raise ApiError(499, "the request was cancelled", code="cancelled")
-    _, prompt_tokens, name = first
+    assert isinstance(first, request_mod.Started)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    events = _events(queue, Reply(kind, name), prompt_tokens, parsed.n, include_usage)
+    events = _events(queue, Reply(kind, first.model), first.prompt_tokens, parsed.n, include_usage)
     return EventStream(events, on_close=job.cancel)
 
 
-async def _watched(awaitable, http: Request, job: runner_mod.Job, every: float = 0.25):
+async def _watched(awaitable, http: Request, job: request_mod.Job, every: float = 0.25):
     """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
     cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs."""
     task = asyncio.ensure_future(awaitable)
@@ -300,32 +299,29 @@ async def _watched(awaitable, http: Request, job: runner_mod.Job, every: float =
 
 
 async def _events(
-    queue: asyncio.Queue[tuple], reply: Reply, prompt_tokens: int, n: int, include_usage: bool
+    queue: asyncio.Queue[request_mod.Event], reply: Reply, prompt_tokens: int, n: int, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """The chunks of a streamed answer: per choice the role, the text deltas, the finish; then usage; [DONE]."""
     started: set[int] = set()
     generations, splits = [], []
     while True:
         item = await queue.get()
-        if item[0] == "token":
-            _, index, _event, pieces = item
-            if reply.kind == "chat" and index not in started:
-                started.add(index)
-                yield sse(reply.chunk(index, "", first=True))
-            for part, text, _ in pieces:  # a reasoning model's thinking goes in `reasoning_content` deltas
-                yield sse(reply.chunk(index, text, reasoning=part == THINKING))
-        elif item[0] == "end":
-            _, index, gen, split = item
-            generations.append(gen)
-            splits.append(split)
+        if isinstance(item, request_mod.Token):
+            if reply.kind == "chat" and item.index not in started:
+                started.add(item.index)
+                yield sse(reply.chunk(item.index, "", first=True))
+            for part, text, _ in item.pieces:  # a reasoning model's thinking goes in `reasoning_content` deltas
+                yield sse(reply.chunk(item.index, text, reasoning=part == THINKING))
+        elif isinstance(item, request_mod.Ended):
+            generations.append(item.generation)
+            splits.append(item.split)
             extra = None
-            if index == n - 1:  # the last chunk of the answer carries the timings and our stats
+            if item.index == n - 1:  # the last chunk of the answer carries the timings and our stats
                 both = usage_and_timings(prompt_tokens, generations, splits)
                 extra = {"timings": both["timings"], "localspec": both["localspec"]}
-            yield sse(reply.chunk(index, "", finish=gen.finish_reason, extra=extra))
-        elif item[0] == "done":
-            future: Future = item[1]
-            error = future.exception()
+            yield sse(reply.chunk(item.index, "", finish=item.generation.finish_reason, extra=extra))
+        elif isinstance(item, request_mod.Done):
+            error = item.future.exception()
             if error is not None:
                 api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
                 log.info("a stream ended on an error: %s", api)

@@ -1,0 +1,222 @@
+"""One request's half of the server: what it asks (`Request`), its place in the queue (`Job`), how it runs on the
+loaded pair (`complete`: the thinking switch, the prompt, the room, the params, each choice), the typed events it
+streams (`Started`, `Token`, `Ended`, then the app's `Done`) and what it leaves (`Outcome`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from localspec.core.engine import Generation, TokenEvent
+from localspec.core.params import DEFAULT_MAX_TOKENS
+from localspec.core.session import Message
+from localspec.core.thinking import ANSWER, ThinkingSplit, choose_thinking, thinking_choice
+from localspec.errors import ChatTemplateError, LocalspecError
+from localspec.models.loading import sampling_params, speculative_params
+
+from .api import ApiError
+from .served import Served
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one HTTP request asks of the engine, checked: exactly one of `messages` and `prompt`."""
+
+    messages: tuple[Message, ...] | None
+    prompt: str | None
+    n: int = 1
+    max_tokens: int | None = None  # None: the server's --max-tokens (an answer that fills the context ends there)
+    stop: tuple[str, ...] = ()
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # option name -> value, over the server's flags
+    penalties: Mapping[str, float] = field(default_factory=dict)  # presence_penalty / frequency_penalty
+    drafter: str | None = None
+    think: bool | None = None  # chat_template_kwargs.enable_thinking (None: --think, the pair's, the model's)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A finished request: the prompt's length and each choice's generation."""
+
+    served: Served
+    prompt_tokens: int
+    generations: list[Generation]
+    splits: list[ThinkingSplit | None] = field(default_factory=list)  # each choice's thinking split (chat)
+
+
+class Job:
+    """One request's place in the queue; `cancel()` stops its generation after the current step."""
+
+    def __init__(self) -> None:
+        self._cancelled = threading.Event()
+        self.generation: Generation | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+        if (gen := self.generation) is not None:
+            gen.cancel()
+
+
+Piece = tuple[str, str, bool]  # (part: thinking or answer, text, from_draft)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The request is running: its prompt's length and the pair's name (the first event)."""
+
+    prompt_tokens: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of choice `index`: its text as pieces, a reasoning model's thinking apart (empty texts left out)."""
+
+    index: int
+    event: TokenEvent
+    pieces: list[Piece]
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """Choice `index` is finished."""
+
+    index: int
+    generation: Generation
+    split: ThinkingSplit | None
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The request's future is settled (the app's last event: it carries the result or the error)."""
+
+    future: Future
+
+
+Event = Started | Token | Ended | Done
+Emit = Callable[[Event], None]
+
+
+def complete(
+    served: Served, request: Request, job: Job, emit: Emit, *, default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Outcome:
+    """Run `request` on the loaded pair (worker thread): tokenize, check the room, generate each choice.
+
+    Raises:
+        ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
+    """
+    engine = served.engine
+    think = _think(served, request) if request.messages is not None else None
+    prompt = _prompt_tokens(served, request, think)
+    max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
+    sampling, spec = _params(served, request)
+    rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
+    emit(Started(len(prompt), served.name))
+    generations: list[Generation] = []
+    splits: list[ThinkingSplit | None] = []
+    for index in range(request.n):
+        if job.cancelled:
+            break
+        gen = engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng)
+        split = served.chat_format().splitter(think) if request.messages is not None else None
+        job.generation = gen
+        if job.cancelled:  # cancelled between the check and the assignment
+            gen.cancel()
+        for event in gen:
+            pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
+            emit(Token(index, event, [p for p in pieces if p[1]]))
+        if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
+            log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
+        generations.append(gen)
+        splits.append(split)
+        emit(Ended(index, gen, split))
+    return Outcome(served, len(prompt), generations, splits)
+
+
+def _think(served: Served, request: Request) -> bool | None:
+    """The thinking switch of a chat request: its own, else the server's --think, else the pair's `thinking`.
+
+    Raises:
+        ApiError: the model cannot follow it (400).
+    """
+    own = thinking_choice(request.think, "request")
+    choices = (
+        own,
+        thinking_choice(served.think_flag, "serve"),
+        thinking_choice(served.defaults.thinking, "pair", served.name),
+    )
+    if not any(choices):
+        return None  # the model decides: its template need not even render here
+    try:
+        support = served.chat_format().thinking
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
+    try:
+        return choose_thinking(support, served.name, *choices)
+    except LocalspecError as e:
+        param = "chat_template_kwargs.enable_thinking" if own is not None else None
+        raise ApiError(400, str(e), param=param, code="unsupported_value") from None
+
+
+def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:
+    engine = served.engine
+    if request.messages is not None:
+        try:
+            tokens = served.chat_format().tokens(request.messages, think=think)
+        except ChatTemplateError as e:
+            raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
+        what = "messages"
+    else:
+        tokens = engine.tokenize(request.prompt or "")
+        what = "prompt"
+    if not tokens:
+        raise ApiError(400, f"the {what} is empty: give some text to continue", param=what)
+    if len(tokens) >= engine.n_ctx:
+        raise ApiError(
+            400,
+            f"the {what} is {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten it, or restart the "
+            "server with a larger --n-ctx",
+            param=what,
+            code="context_length_exceeded",
+        )
+    return tokens
+
+
+def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -> int:
+    n_ctx = served.engine.n_ctx
+    if request.max_tokens is None:
+        return default  # a generation that fills the context ends there ("length")
+    if n_prompt + request.max_tokens > n_ctx:
+        raise ApiError(
+            400,
+            f"max_tokens {request.max_tokens} does not fit the context: the prompt is {n_prompt} tokens and the "
+            f"context holds {n_ctx}, so at most {n_ctx - n_prompt} can be generated",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return request.max_tokens
+
+
+def _params(served: Served, request: Request):
+    overrides = dict(request.overrides)
+    served.use_drafter(request.drafter or served.params.drafter)  # what the request leaves out: the server's
+    try:
+        sampling = sampling_params(overrides, served.defaults)
+        sampling = dataclasses.replace(sampling, **request.penalties)
+        spec = speculative_params(overrides, served.defaults)
+    except LocalspecError as e:
+        raise ApiError(400, str(e)) from None
+    return sampling, spec

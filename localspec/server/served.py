@@ -1,0 +1,71 @@
+"""The loaded pair behind the server: its engine, the name clients use for it, and the drafters a request may ask
+for (each keeps its own draft-length policy; the model drafters share the draft's cache)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localspec.core.drafters import Drafter, make_drafter
+from localspec.core.engine import Engine
+from localspec.core.kv import KVSequence
+from localspec.core.params import LoadParams, PairDefaults, needs_draft_model
+from localspec.core.policy import DraftPolicy
+from localspec.core.session import ChatFormat
+from localspec.models.resolved import ResolvedPair
+
+from .api import ApiError
+
+
+@dataclass(slots=True)
+class Served:
+    """The loaded pair: its engine, the name clients use for it, and what it was loaded with."""
+
+    name: str
+    resolved: ResolvedPair
+    engine: Engine
+    params: LoadParams
+    chat_template: str | None
+    _format: ChatFormat | None = None
+    drafter: str = ""  # the drafter in use now (a request may ask for another)
+    think_flag: bool | None = None  # `serve --think on|off`
+    _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
+    _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
+
+    def __post_init__(self) -> None:
+        self.drafter = self.drafter or self.params.drafter
+        drafter = self.engine.drafter
+        self._draft_seq = drafter.caches[0] if drafter.needs_model else None
+
+    def use_drafter(self, kind: str) -> None:
+        """Draft with `kind` from the next generation on; each drafter keeps its own draft-length policy.
+
+        Raises:
+            ApiError: a model drafter on a pair loaded without a draft model.
+        """
+        if kind == self.drafter:
+            return
+        if needs_draft_model(kind) and self._draft_seq is None:
+            raise ApiError(
+                400,
+                f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
+                "'none', or start the server with a pair that has a draft",
+                param="drafter",
+                code="unsupported_value",
+            )
+        engine = self.engine
+        self._drafters[self.drafter] = (engine.drafter, engine.policy)
+        if kind in self._drafters:
+            engine.use_drafter(*self._drafters[kind])
+        else:
+            engine.use_drafter(make_drafter(kind, self._draft_seq if needs_draft_model(kind) else None, engine.bridge))
+        self.drafter = kind
+
+    @property
+    def defaults(self) -> PairDefaults:
+        return self.resolved.defaults
+
+    def chat_format(self) -> ChatFormat:
+        """The chat template, read once (raises ChatTemplateError for a model without one)."""
+        if self._format is None:
+            self._format = ChatFormat(self.engine.target_model, self.chat_template or self.defaults.chat_template)
+        return self._format
