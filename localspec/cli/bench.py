@@ -1,19 +1,18 @@
-"""`localspec bench` on the command line: flags in, the engine loaded once, the table (or JSON) out.
+"""`localspec bench` on the command line: flags in, checked into one `BenchPlan`, the table (or JSON) out.
 
-The measuring is in `localspec.bench`; this module reads the flags (the comma lists, the prompt file), loads,
-shows progress and prints.
+What a bench runs (the pair loaded once, the relays, the peer, the busy rows) is `localspec.bench.suite`'s; this
+module reads and checks the flags (the comma lists, the prompt file, the RPC workers), shows progress and prints.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 from localspec.bench import run as bench
-from localspec.bench.report import BenchReport, machine_line, now, render, to_json
-from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.bench.report import render, to_json
+from localspec.errors import InvalidParamsError
 from localspec.paths import Paths
 from localspec.progress import StatusLine
 
@@ -53,11 +52,30 @@ def register(subparsers) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
+    """Check the flags, say what will run, run it (`bench.suite`), print the report."""
+    from localspec.bench.suite import run_suite
+
+    plan = _plan(args, paths)
+    groups = len(plan.rtts) if plan.params.rpc else 1
+    runs = plan.rounds * groups * len(plan.texts) * len(plan.settings)
+    line = _runs_line(runs, len(plan.texts), len(plan.settings), plan.rounds, groups)
+    print(f"localspec: note: {line}", file=sys.stderr)
+    report = run_suite(plan, _progress())
+    print(to_json(report) if args.json else "\n".join(render(report)))
+    return 0
+
+
+def _plan(args: argparse.Namespace, paths: Paths):
+    """The bench's plan from its flags, every one checked before anything loads.
+
+    Raises:
+        LocalspecError: a flag out of range, no draft, a --prompts file that cannot be read.
+    """
+    from localspec.bench.suite import BenchPlan
     from localspec.core.options import limits_of
     from localspec.core.params import VERIFY_RULES, SpeculativeParams
     from localspec.core.sampling import SamplingParams
-    from localspec.core.session import ChatFormat, Message
-    from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
+    from localspec.models.loading import load_params, resolve_models
 
     from .checks import check_run_args
 
@@ -86,110 +104,32 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     resolved = resolve_models(run, paths)
     if resolved.draft is None:
         raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
-    target, draft, defaults = str(resolved.target), str(resolved.draft), resolved.defaults
-    params = load_params(run, defaults, has_draft=True)
-    busy = args.busy
-    relays = []
-    if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
-        from localspec.bench.relay import DelayRelay
-        from localspec.llama.rpc import Endpoint, probe
-
+    params = load_params(run, resolved.defaults, has_draft=True)
+    rtts = []
+    if params.rpc:
         rtts = _parse_list(args.rtts, float, "rtt")
         if any(not 0 <= r <= 1000 for r in rtts):
             raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
+        from localspec.llama.rpc import Endpoint, probe
+
         for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
             probe(Endpoint.parse(e))
-        lifetime = 600.0 + 60.0 * args.rounds * len(rtts)  # bounded: the relays end with the run, or after this
-        relays = [DelayRelay(Endpoint.parse(e), max_connections=16, lifetime=lifetime) for e in params.rpc]
-        params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))
-        if args.peer is not None or busy:
-            notes.append("--peer and --busy are not run with --rpc")
-            binary, busy = None, False
-    chosen = bench.settings_for(ks, temperatures, verifies)
-    groups = len(rtts) if relays else 1
-    runs = args.rounds * groups * len(texts) * len(chosen)
-    print(f"localspec: note: {_runs_line(runs, len(texts), len(chosen), args.rounds, groups)}", file=sys.stderr)
-    show = _progress()
-    try:
-        engine = load_engine(target, draft, params, weights_progress(params, show))
-    except BaseException:
-        for relay in relays:
-            relay.close()
-        raise
-    try:
-        threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
-        try:
-            fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
-            prompts = _tokenize(texts, lambda t: fmt.tokens([Message("user", t)]), show)
-        except LocalspecError:
-            prompts = _tokenize(texts, engine.tokenize, show)  # a base model: the plain text
-            notes.append("the target has no chat template: prompts are plain text")
-        report = BenchReport(
-            machine=machine_line(threads),
-            command="localspec " + " ".join(sys.argv[1:]),
-            date=now(),
-            target=target,
-            draft=draft,
-            threads=threads,
-            notes=notes,
-        )
-        if relays:
-            report.rpc = bench.run_rpc_bench(
-                engine, prompts, chosen, relays, rtts, tokens=args.tokens, rounds=args.rounds, progress=show
-            )
-        else:
-            tallies = bench.run_bench(engine, prompts, chosen, tokens=args.tokens, rounds=args.rounds, progress=show)
-            report.rows = bench.rows_from(engine, prompts, tallies)
-            report.logit_noise = bench.logit_noise(engine, prompts)
-            report.sampling = bench.sampling_costs(engine, prompts[0], temperatures)
-        if binary is not None:
-            from localspec.bench.peer import PeerError, has_draft_sampling
-
-            try:
-                draft_sampling = has_draft_sampling(binary)
-                peer_chosen = bench.peer_settings(chosen, draft_sampling=draft_sampling)
-                if len(peer_chosen) < len(bench.peer_settings(chosen)):
-                    report.notes.append(
-                        "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
-                        "the target and keeping an equal draft, so it has no pq rows"
-                    )
-                peer = bench.run_peer(
-                    binary,
-                    target,
-                    draft,
-                    prompts,
-                    peer_chosen,
-                    tokens=args.tokens,
-                    rounds=args.rounds,
-                    threads=threads,
-                    n_ctx=engine.n_ctx,
-                    n_gpu_layers=run.n_gpu_layers,
-                    progress=show,
-                    draft_sampling=draft_sampling,
-                )
-                by_name = {(s.name, s.temperature): v for s, v in peer.items()}
-                report.rows = [
-                    dataclasses.replace(
-                        r,
-                        peer_tokens_per_second=by_name[(r.setting, r.temperature)][0],
-                        peer_acceptance=by_name[(r.setting, r.temperature)][1],
-                    )
-                    if (r.setting, r.temperature) in by_name
-                    else r
-                    for r in report.rows
-                ]
-            except PeerError as e:
-                report.notes.append(f"llama-server failed: {e}")
-        if busy:
-            pair = [s for s in chosen if s.temperature == temperatures[0] and (s.k == 0 or s.k is None)]
-            report.busy = bench.busy_rows(engine, prompts, pair, args.tokens, show)
-    finally:
-        engine.close()
-        for relay in relays:
-            relay.close()
-        show("")
-    print(to_json(report) if args.json else "\n".join(render(report)))
-    return 0
+    return BenchPlan(
+        target=str(resolved.target),
+        draft=str(resolved.draft),
+        params=params,
+        chat_template=run.chat_template or resolved.defaults.chat_template,
+        texts=texts,
+        settings=bench.settings_for(ks, temperatures, verifies),
+        temperatures=temperatures,
+        tokens=args.tokens,
+        rounds=args.rounds,
+        command="localspec " + " ".join(sys.argv[1:]),
+        rtts=rtts,
+        peer=binary,
+        busy=args.busy,
+        notes=notes,
+    )
 
 
 PROGRESS_EVERY = 30.0  # seconds between the progress lines a log or a pipe gets
@@ -211,16 +151,6 @@ def _runs_line(runs: int, prompts: int, settings: int, rounds: int, groups: int)
     if groups > 1:
         parts.append(n(groups, "round trip"))
     return f"bench: {n(runs, 'run')} ({' × '.join(parts)})"
-
-
-def _tokenize(texts: list[str], tokenize, show) -> list[list[int]]:
-    """The prompts' tokens, with progress (a --prompts file may hold many thousands)."""
-    prompts = []
-    for i, text in enumerate(texts, 1):
-        prompts.append(tokenize(text))
-        if i % 1000 == 0:
-            show(f"preparing the prompts: {i:,}/{len(texts):,}")
-    return prompts
 
 
 def _parse_list(text: str, kind: type, name: str) -> list:

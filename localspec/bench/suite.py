@@ -1,0 +1,163 @@
+"""One whole `localspec bench`: load the pair once, run every setting interleaved, then llama-server as the peer and
+the busy-core rows, and return the report. The CLI (`localspec.cli.bench`) checks the flags and prints the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localspec.core.params import LoadParams
+from localspec.core.session import ChatFormat, Message
+from localspec.errors import LocalspecError
+from localspec.llama.rpc import Endpoint
+from localspec.models.loading import load_engine, weights_progress
+
+from . import run as bench
+from .report import BenchReport, machine_line, now
+from .run import Setting
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPlan:
+    """What one bench runs: the pair, how it loads, the prompts and the settings, and what else to measure."""
+
+    target: str
+    draft: str
+    params: LoadParams
+    chat_template: str | None
+    texts: list[str]  # the prompts, as text
+    settings: list[Setting]
+    temperatures: list[float]
+    tokens: int  # per run
+    rounds: int
+    command: str  # the command line, for the report
+    rtts: list[float] = field(default_factory=list)  # with RPC workers: the round trips (ms) a relay adds
+    peer: Path | None = None  # llama-server's binary, to run as the peer (None: no peer)
+    busy: bool = False  # add the rows with one core kept busy
+    notes: list[str] = field(default_factory=list)  # what the report must say up front
+
+
+def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
+    """Run `plan` (progress through `show`; "" erases it) and return its report.
+
+    Raises:
+        LocalspecError: a model that does not load (the CLI has checked that each RPC worker answers).
+    """
+    params, notes, busy, binary = plan.params, list(plan.notes), plan.busy, plan.peer
+    relays = []
+    if params.rpc:  # a relay on 127.0.0.1 in front of each worker adds the round trip (--rtt)
+        from .relay import DelayRelay
+
+        lifetime = 600.0 + 60.0 * plan.rounds * len(plan.rtts)  # bounded: the relays end with the run, or after this
+        relays = [DelayRelay(Endpoint.parse(e), max_connections=16, lifetime=lifetime) for e in params.rpc]
+        params = dataclasses.replace(params, rpc=tuple(str(r.endpoint) for r in relays))
+        if binary is not None or busy:
+            notes.append("--peer and --busy are not run with --rpc")
+            binary, busy = None, False
+    try:
+        engine = load_engine(plan.target, plan.draft, params, weights_progress(params, show))
+    except BaseException:
+        for relay in relays:
+            relay.close()
+        raise
+    try:
+        threads = engine.target.ctx.n_threads  # at the start (it follows the free cores unless --threads)
+        try:
+            fmt = ChatFormat(engine.target_model, plan.chat_template)
+            prompts = _tokenize(plan.texts, lambda t: fmt.tokens([Message("user", t)]), show)
+        except LocalspecError:
+            prompts = _tokenize(plan.texts, engine.tokenize, show)  # a base model: the plain text
+            notes.append("the target has no chat template: prompts are plain text")
+        report = BenchReport(
+            machine=machine_line(threads),
+            command=plan.command,
+            date=now(),
+            target=plan.target,
+            draft=plan.draft,
+            threads=threads,
+            notes=notes,
+        )
+        chosen, tokens, rounds = plan.settings, plan.tokens, plan.rounds
+        if relays:
+            report.rpc = bench.run_rpc_bench(
+                engine, prompts, chosen, relays, plan.rtts, tokens=tokens, rounds=rounds, progress=show
+            )
+        else:
+            tallies = bench.run_bench(engine, prompts, chosen, tokens=tokens, rounds=rounds, progress=show)
+            report.rows = bench.rows_from(engine, prompts, tallies)
+            report.logit_noise = bench.logit_noise(engine, prompts)
+            report.sampling = bench.sampling_costs(engine, prompts[0], plan.temperatures)
+        if binary is not None:
+            _add_peer(report, binary, plan, engine.n_ctx, prompts, threads, show)
+        if busy:
+            pair = [s for s in chosen if s.temperature == plan.temperatures[0] and (s.k == 0 or s.k is None)]
+            report.busy = bench.busy_rows(engine, prompts, pair, tokens, show)
+    finally:
+        engine.close()
+        for relay in relays:
+            relay.close()
+        show("")
+    return report
+
+
+def _add_peer(
+    report: BenchReport,
+    binary: Path,
+    plan: BenchPlan,
+    n_ctx: int,
+    prompts: list[list[int]],
+    threads: int,
+    show: Callable[[str], None],
+) -> None:
+    """Run llama-server on the same prompts and settings; its speed and acceptance join each row (a note if not)."""
+    from .peer import PeerError, has_draft_sampling
+
+    try:
+        draft_sampling = has_draft_sampling(binary)
+        peer_chosen = bench.peer_settings(plan.settings, draft_sampling=draft_sampling)
+        if len(peer_chosen) < len(bench.peer_settings(plan.settings)):
+            report.notes.append(
+                "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
+                "the target and keeping an equal draft, so it has no pq rows"
+            )
+        peer = bench.run_peer(
+            binary,
+            plan.target,
+            plan.draft,
+            prompts,
+            peer_chosen,
+            tokens=plan.tokens,
+            rounds=plan.rounds,
+            threads=threads,
+            n_ctx=n_ctx,
+            n_gpu_layers=plan.params.n_gpu_layers,
+            progress=show,
+            draft_sampling=draft_sampling,
+        )
+    except PeerError as e:
+        report.notes.append(f"llama-server failed: {e}")
+        return
+    by_name = {(s.name, s.temperature): v for s, v in peer.items()}
+    report.rows = [
+        dataclasses.replace(
+            r,
+            peer_tokens_per_second=by_name[(r.setting, r.temperature)][0],
+            peer_acceptance=by_name[(r.setting, r.temperature)][1],
+        )
+        if (r.setting, r.temperature) in by_name
+        else r
+        for r in report.rows
+    ]
+
+
+def _tokenize(texts: list[str], tokenize, show) -> list[list[int]]:
+    """The prompts' tokens, with progress (a --prompts file may hold many thousands)."""
+    prompts = []
+    for i, text in enumerate(texts, 1):
+        prompts.append(tokenize(text))
+        if i % 1000 == 0:
+            show(f"preparing the prompts: {i:,}/{len(texts):,}")
+    return prompts
