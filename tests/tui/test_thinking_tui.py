@@ -15,10 +15,9 @@ from textual.app import App
 from textual.widgets import Select, Static
 
 from localspec.tui.app import THINKING_PREFERENCE, make_app
-from localspec.tui.live import DRAFT_STYLE
 from localspec.tui.screens import SettingsScreen
 from localspec.tui.store import ChatStore
-from localspec.tui.widgets import ChatMessage, StatsPanel, ThinkingBlock
+from localspec.tui.widgets import DRAFT_STYLE, ChatMessage, StatsPanel, ThinkingBlock
 
 pytestmark = pytest.mark.anyio
 

@@ -20,10 +20,9 @@ from textual.widgets import DataTable, Input, Markdown, Static
 
 from localspec.tui.app import make_app
 from localspec.tui.conversation import Phase
-from localspec.tui.live import DRAFT_STYLE
 from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from localspec.tui.store import ChatStore
-from localspec.tui.widgets import ChatMessage, PromptInput, StatsPanel
+from localspec.tui.widgets import DRAFT_STYLE, ChatMessage, PromptInput, StatsPanel
 
 pytestmark = pytest.mark.anyio
 

@@ -12,9 +12,9 @@ from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession
 from localspec.core.stats import Decision, Stats
 from localspec.errors import InvalidParamsError
-from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, render_stats, stream_generation
+from localspec.tui.live import Chunk, Finished, RateMeter, StatsView, add_run, stream_generation
 from localspec.tui.settings import ChatOptions, ChatSettings
-from localspec.tui.widgets import answer_caption, code_blocks
+from localspec.tui.widgets import answer_caption, code_blocks, render_stats
 
 
 def test_settings_from_flags_over_pair_defaults():
