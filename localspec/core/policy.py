@@ -11,6 +11,7 @@ costs are then estimated from the model sizes. One policy per `Engine`: it learn
 
 from __future__ import annotations
 
+import enum
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -201,6 +202,21 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
+class PolicyState(enum.Enum):
+    """Where the adaptive policy stands; only `DraftPolicy._decide` moves it.
+
+    TIMING → ON or OFF once both costs are timed (a plain step, then a few small k) and the verdict is weighed;
+    ON ⇄ OFF as the predicted speed-up E(k) / (k·c + v(k)) crosses 1 + margin (OFF only on enough evidence);
+    OFF → PROBING for a step paid from the credit earned while plain, or for the probe that opens a generation;
+    PROBING → ON or OFF at the next verdict. ON stays ON through the plain step that keeps its timing current.
+    """
+
+    TIMING = "timing"  # a cost is not measured yet: no verdict
+    ON = "on"  # speculating with the best k
+    OFF = "off"  # decoding plainly: plain decoding was predicted faster; credit accrues for probes
+    PROBING = "probing"  # off, drafting a step to re-check the draft
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
     """The policy's draft length for the next step, and why it is 0 when it chose plain decoding."""
@@ -243,8 +259,8 @@ class DraftPolicy:
         self.verified = 0  # drafted tokens verified so far (not discounted)
         self.credit = 0.0  # probing allowed, in plain steps: earned while off, spent by probes
         self.lag = 0  # tokens decoded plainly since the drafter last ran: what a probe must catch up on
-        self.off = False  # the latest adaptive choice found plain decoding faster
-        self.reason = ""  # and why, in the words stats show
+        self.state = PolicyState.TIMING
+        self.reason = ""  # why it is off, in the words stats show
         self.decision = Decision()
         self._start_probes = 0  # speculative steps still owed to the probe that opens a generation
         self._probed = False  # drafts were verified since the costs and α̂ were last weighed
@@ -255,6 +271,11 @@ class DraftPolicy:
         self._last = Choice(0)
         self._plain_rate = RecentMedian(tuning.window)  # tokens/s of recent plain steps
         self._spec_rate = RecentMedian(tuning.window)  # tokens/s of recent speculative steps
+
+    @property
+    def off(self) -> bool:
+        """The latest verdict found plain decoding faster (probes may still run)."""
+        return self.state in (PolicyState.OFF, PolicyState.PROBING)
 
     @property
     def alpha(self) -> float:
@@ -317,14 +338,16 @@ class DraftPolicy:
             return Choice(0, "adaptive: the drafter has proposed nothing to time yet")
         cheap = self.off and not (self._start_probes or self._probed)
         if cheap and self.credit < self._probe_price + self.lag * costs.catch_up_ratio():
+            self.state = PolicyState.OFF
             return Choice(0, self.reason)  # off, nothing new learnt, no probe affordable yet: nothing to weigh
         self._probed = False
         k, speedup = self.best(limit, costs)
         self._record_decision(k, speedup, costs)
         was_off = self.off
-        self.off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
-        self._recheck = self._recheck or (self.off and not was_off)
-        if not self.off:
+        off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
+        self._recheck = self._recheck or (off and not was_off)
+        if not off:
+            self.state = PolicyState.ON
             self._start_probes = 0
             self._steps_on += 1
             if timed and self._steps_on % tuning.retime_every == 0:
@@ -336,7 +359,9 @@ class DraftPolicy:
             # affordable, runs its course: what it costs beyond the credit is repaid before the next one)
             self.credit -= cost
             self._start_probes = max(self._start_probes - 1, 0)
+            self.state = PolicyState.PROBING
             return Choice(k, probe=True)
+        self.state = PolicyState.OFF
         self._start_probes = 0
         self.reason = (
             f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "

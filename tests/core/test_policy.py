@@ -9,7 +9,15 @@ from support import run_to_end
 from support.fakellm import LogitTable, fake_engine
 
 from localspec.core.params import SpeculativeParams
-from localspec.core.policy import Choice, DraftPolicy, EstimatedCosts, MeasuredCosts, PolicyTuning, expected_tokens
+from localspec.core.policy import (
+    Choice,
+    DraftPolicy,
+    EstimatedCosts,
+    MeasuredCosts,
+    PolicyState,
+    PolicyTuning,
+    expected_tokens,
+)
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats, Step
 
@@ -276,3 +284,27 @@ def test_a_draft_as_costly_as_the_target_costs_under_five_percent():
         tokens += emitted
     assert policy.off and probes > 0  # it keeps looking, rarely
     assert (tokens * plain) / spent >= 0.97
+
+
+def test_the_policy_names_its_state_at_every_choice():
+    """TIMING until both costs are timed, then ON with a cheap good draft; a costly one turns it OFF, and the
+    probe that opens the next generation is PROBING, which a cheap draft turns ON again."""
+    policy = DraftPolicy(costs=InjectedCosts(), tuning=PolicyTuning())
+    assert policy.state is PolicyState.TIMING and not policy.off
+    states = []
+    for _ in range(12):
+        choice = policy.choose(True, 8)
+        states.append(policy.state)
+        policy.observe(timed_step(choice.k, choice.k, plain=0.010, draft_token=0.001))
+    assert states[0] is PolicyState.TIMING and states[-1] is PolicyState.ON
+    assert states.index(PolicyState.ON) == len(states) - states[::-1].index(PolicyState.TIMING)  # no other state
+    run_turn(policy, 60, draft_token=0.017, alpha=0.5)
+    assert policy.state is PolicyState.OFF and policy.off
+    policy.start()
+    choice = policy.choose(True, 8)
+    assert choice.probe and policy.state is PolicyState.PROBING and policy.off
+    policy.observe(timed_step(choice.k, choice.k, plain=0.010, draft_token=0.001))
+    for _ in range(10):
+        choice = policy.choose(True, 8)
+        policy.observe(timed_step(choice.k, choice.k, plain=0.010, draft_token=0.001))
+    assert policy.state is PolicyState.ON and not policy.off
