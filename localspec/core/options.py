@@ -37,8 +37,10 @@ class Limit:
         return self.high is None or value <= self.high
 
     def describe(self) -> str:
-        """The accepted values in words: "in (0, 1] (1 = off)", "≥ 0"."""
-        if self.high is None:
+        """The accepted values in words: "in (0, 1] (1 = off)", "≥ 0", "a number"."""
+        if self.low is None and self.high is None:
+            text = "a number"
+        elif self.high is None:
             text = f"{'>' if self.low_open else '≥'} {self.low:g}"
         else:
             text = f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}]"

@@ -72,8 +72,8 @@ class SamplingParams:
         ),
     )
     repeat_last_n: int = field(default=64, metadata=limit(0))
-    frequency_penalty: float = field(default=0.0, metadata=limit(-2, 2, note="0 = off"))  # OpenAI's range
-    presence_penalty: float = field(default=0.0, metadata=limit(-2, 2, note="0 = off"))
+    frequency_penalty: float = field(default=0.0, metadata=limit(note="0 = off"))  # any finite number
+    presence_penalty: float = field(default=0.0, metadata=limit(note="0 = off"))
     seed: int | None = field(
         default=None, metadata=option("same seed + same settings = same output", kind=int, limit=Limit(0, 2**64 - 1))
     )

@@ -96,8 +96,8 @@ def _within(name: str, bound: Limit) -> AfterValidator:
 
 
 def _option_fields() -> dict[str, Any]:
-    """The request fields of the user options and of the other limited sampling fields a request may set: type,
-    choices and limits, each from the option table (core/options.py), so a request is bounded as a flag is."""
+    """The request fields of the user options — type, choices and limits, each from the option table
+    (core/options.py), so a request is bounded as a flag is — and OpenAI's two penalties."""
     limits = limits_of(SamplingParams, SpeculativeParams)
     found: dict[str, Any] = {}
     for opt in OPTIONS:
@@ -105,12 +105,13 @@ def _option_fields() -> dict[str, Any]:
         if opt.name in limits:
             kind = Annotated[kind, _within(opt.name, limits[opt.name])]
         found[opt.name] = (kind | None, None)
-    for name in REQUEST_PENALTIES:
-        found[name] = (Annotated[float, _within(name, limits[name])] | None, None)
+    for name, bound in REQUEST_PENALTIES.items():
+        found[name] = (Annotated[float, _within(name, bound)] | None, None)
     return found
 
 
-REQUEST_PENALTIES = ("presence_penalty", "frequency_penalty")  # OpenAI's; sampling fields that are no flag
+# Sampling fields that are no flag but a request may set, in OpenAI's range for them (the engine takes any number).
+REQUEST_PENALTIES = {name: Limit(-2, 2, note="0 = off") for name in ("presence_penalty", "frequency_penalty")}
 
 
 _Options = create_model("_Options", __base__=_Strict, **_option_fields())
