@@ -183,21 +183,9 @@ class Stats:
                 setattr(self, f.name, mine + theirs)
 
     def to_dict(self) -> dict:
-        """Plain JSON-ready dict: the counters plus every derived rate."""
-        out = asdict(self)
-        out.update(
-            acceptance_rate=self.acceptance_rate,
-            alpha=self.alpha,
-            mean_tokens_per_pass=self.mean_tokens_per_pass,
-            acceptance_by_position=self.acceptance_by_position,
-            tokens_per_second=self.tokens_per_second,
-            seconds_other=self.seconds_other,
-            python_per_drafted_token=self.python_per_drafted_token,
-            python_per_verify_step=self.python_per_verify_step,
-            python_per_verified_row=self.python_per_verified_row,
-            bridging_per_drafted_token=self.bridging_per_drafted_token,
-        )
-        return out
+        """Plain JSON-ready dict: the counters plus every derived rate (each property of `Stats`)."""
+        derived = {name: getattr(self, name) for name, value in vars(Stats).items() if isinstance(value, property)}
+        return {**asdict(self), **derived}
 
     def summary(self) -> str:
         """One human line, e.g. for stderr after `localspec generate`."""

@@ -36,3 +36,12 @@ def test_merge_adds_every_count_and_time_and_keeps_the_latest_choice():
             ), f.name
         else:
             assert mine == a + b, f.name
+
+
+def test_the_json_has_every_counter_and_every_derived_rate():
+    stats = filled(1)
+    out = stats.to_dict()
+    rates = [name for name, value in vars(Stats).items() if isinstance(value, property)]
+    assert {"acceptance_rate", "alpha", "tokens_per_second", "python_per_verify_step"} <= set(rates)
+    assert set(out) == {f.name for f in fields(Stats)} | set(rates)
+    assert all(out[name] == getattr(stats, name) for name in rates) and out["decision"]["alpha"] == 0.1
