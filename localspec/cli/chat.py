@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from localspec.errors import InvalidParamsError
 from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 
@@ -41,6 +42,11 @@ def chat_options(run: RunFlags, paths: Paths):
 def _chat(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.tui.app import make_app
 
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # the app would draw into a pipe and wait for keys forever
+        raise InvalidParamsError(
+            "chat needs a terminal for its screen and keys: from a script use `localspec generate --chat` or "
+            "`localspec serve`"
+        )
     # The CLI's notes (a crash of the last run) were printed before the app took the screen: show them in it too.
     app = make_app(chat_options(check_run_args(args), paths), notices=tuple(getattr(args, "notes", ())))
     app.run()

@@ -66,15 +66,19 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.server.runner import Runner
 
     settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors))
+    _check_bind(args.host, args.port)  # before a model loads (a busy port costs no wait) and before any warning
     if not is_loopback(args.host) and api_key is None:
         print(
             f"localspec serve: warning: no authentication — anyone who can reach {args.host}:{args.port} can use "
             "this server; pass --api-key KEY, or keep the default 127.0.0.1",
             file=sys.stderr,
         )
-    _check_bind(args.host, args.port)  # before a model loads: a busy port costs no wait
+    if flags.think is not None:
+        _check_think(flags, paths)  # before the weights load, as the port: one line, not an error per request
     _log_to_stderr()
-    runner = Runner(flags, paths, pairs=_configured_pairs(paths), no_swap=args.no_swap, max_queue=args.queue)
+    # A models.toml that cannot be read is said once: by the load when it serves a pair, as a warning for --target.
+    pairs = _configured_pairs(paths, warn=flags.target is not None)
+    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue)
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
     with SignalGuard():
         try:
@@ -84,12 +88,28 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def _check_think(flags, paths: Paths) -> None:
+    """Refuse a `--think` the model cannot follow, from its vocabulary and chat template alone (no weights loaded).
+
+    Raises:
+        LocalspecError: the model has no switch for "off", or does not think for "on".
+    """
+    from localspec.core.session import ChatFormat
+    from localspec.core.thinking import choose_thinking, thinking_choice
+    from localspec.llama.model import Model
+    from localspec.models.loading import resolve_models
+
+    resolved = resolve_models(flags, paths)
+    with Model(resolved.target, n_gpu_layers=0, vocab_only=True) as model:
+        fmt = ChatFormat(model, flags.chat_template or resolved.defaults.chat_template)
+        name = resolved.name or resolved.target.name
+        choose_thinking(fmt.thinking, name, thinking_choice(flags.think, "serve"))
+
+
 def _serve(runner, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
     served = runner.load()
-    if served.think_flag is not None:  # a --think the model cannot follow: one line now, not a 400 per request
-        served.chat_format().thinking.check(served.think_flag, served.name)
     for note in (served.resolved.defaults.notice, served.engine.drafting_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)
@@ -121,14 +141,15 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _configured_pairs(paths: Paths) -> list[str]:
+def _configured_pairs(paths: Paths, *, warn: bool = True) -> list[str]:
     """The pairs of models.toml a request may ask for (none when it cannot be read: --target files still serve)."""
     from localspec.models.catalog import load_config
 
     try:
         return sorted(load_config(paths).pairs)
     except LocalspecError as e:
-        logging.getLogger("localspec.server").warning("no pairs to switch to: %s", e)
+        if warn:
+            logging.getLogger("localspec.server").warning("no pairs to switch to: %s", e)
         return []
 
 

@@ -76,16 +76,16 @@ class ChatFormat:
         entries, texts = self._marked(messages)
         rendered = self._render(entries, think)
         pieces: list[tuple[str, bool]] = []  # (text, is_markup)
-        rest = rendered
+        pos = 0  # where the rest of the rendering starts (an index: copying the rest per message is quadratic)
         for mark, text, required in texts:
-            before, found, after = rest.partition(mark)
-            if not found:
+            at = rendered.find(mark, pos)
+            if at < 0:
                 if required:
                     raise ChatTemplateError("the chat template dropped a message; choose another --chat-template")
                 continue  # the template left this thinking out (its rule for past turns)
-            pieces += [(before, True), (text, False)]
-            rest = after
-        pieces.append((rest, True))
+            pieces += [(rendered[pos:at], True), (text, False)]
+            pos = at + len(mark)
+        pieces.append((rendered[pos:], True))
         return self._tokenize(pieces)
 
     def splitter(self, think: bool | None = None) -> thinking.ThinkingSplit:
@@ -142,19 +142,26 @@ class ChatFormat:
         # Split markup at control tokens; tokenize each run of plain text (markup and message text
         # joined, as one tokenizer call would see it) with special parsing off.
         out: list[int] = []
-        run = ""
+        run: list[str] = []  # the plain text since the last control token, in pieces (joined once: linear)
+        controls = self.model.control_tokens()
+
+        def flush() -> None:
+            text = "".join(run)
+            out.extend(self.model.tokenize(text) if text else [])
+            run.clear()
+
         for text, is_markup in pieces:
             if not is_markup or self._control_re is None:
-                run += text
+                run.append(text)
                 continue
             pos = 0
             for hit in self._control_re.finditer(text):
-                run += text[pos : hit.start()]
-                out += self.model.tokenize(run) if run else []
-                out.append(self.model.control_tokens()[hit.group()])
-                run, pos = "", hit.end()
-            run += text[pos:]
-        out += self.model.tokenize(run) if run else []
+                run.append(text[pos : hit.start()])
+                flush()
+                out.append(controls[hit.group()])
+                pos = hit.end()
+            run.append(text[pos:])
+        flush()
         info = self.model.info
         if info.add_bos and info.bos >= 0 and (not out or out[0] != info.bos):
             out.insert(0, info.bos)

@@ -80,7 +80,8 @@ class ThinkingSupport:
             setting: how the user asked for it, for the message (default "--think on" / "--think off").
 
         Raises:
-            InvalidParamsError: "off" for a template without a switch; "on" for a model that does not think.
+            InvalidParamsError: "off" for a template without a switch; "on" for a model that does not think ("off"
+                is what that model does anyway: accepted).
         """
         if think is None or self.can_switch:
             return
@@ -90,7 +91,7 @@ class ThinkingSupport:
                 f"{model} always thinks: its chat template has no thinking switch ({SWITCHES[0]}), "
                 f"so {setting} cannot be followed; remove it"
             )
-        if not self.thinks:
+        if think and not self.thinks:  # "off" is what such a model does anyway (clients send it to every model)
             raise InvalidParamsError(
                 f"{model} does not think (no <think> markers in its vocabulary or chat template), "
                 f"so {setting} cannot be followed; remove it"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -43,6 +44,15 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 # Fields that change nothing here (bookkeeping for OpenAI's own service): accepted and left out.
 IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+# Fields of a message that OpenAI's schema allows and we do not implement, with the values that change nothing:
+# what the openai client echoes back when a reply's `message` is appended to the conversation.
+MESSAGE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "refusal": (None, ""),
+    "tool_calls": (None, []),
+    "function_call": (None,),
+    "audio": (None,),
+    "annotations": (None, []),
+}
 
 
 @dataclass(slots=True)
@@ -60,7 +70,13 @@ class ApiError(Exception):
         return self.message
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        message, param = _encodable(self.message), _encodable(self.param)  # a name the client sent may be echoed
+        return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """`text` with any lone UTF-16 surrogate written as its escape (it has no UTF-8 bytes to send)."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class _Strict(BaseModel):
@@ -76,6 +92,7 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
     reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
+    name: str | None = None  # a participant's name (multi-agent clients): accepted, and not part of the prompt
 
     @property
     def text(self) -> str:
@@ -124,7 +141,7 @@ class _Common(_Options):
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=STOP_MAX)] | None = None
+    stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
 
@@ -132,6 +149,8 @@ class _Common(_Options):
     @classmethod
     def _stops_not_empty(cls, value):
         stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > STOP_MAX:
+            raise ValueError(f"at most {STOP_MAX} stop strings, not {len(stops)}")
         if any(s == "" for s in stops):
             raise ValueError("a stop string must not be empty")
         return value
@@ -185,10 +204,18 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
         raise ApiError(400, f"the body is not valid JSON: {_one_line(e)}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(body) and not _is_unicode(data):
+        raise ApiError(
+            400,
+            "the body has a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair): send valid Unicode",
+            code="invalid_json",
+        )
     for name, harmless in UNSUPPORTED.items():
         if name in data and data[name] not in harmless:
             raise ApiError(400, f"'{name}' is not supported by localspec", param=name, code="unsupported_parameter")
     data = {k: v for k, v in data.items() if k not in IGNORED and k not in UNSUPPORTED}
+    if isinstance(data.get("messages"), list):
+        data["messages"] = [_harmless_left_out(i, m) for i, m in enumerate(data["messages"])]
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -197,7 +224,28 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
         raise ApiError(400, "the body is nested too deeply", code="invalid_json") from None
 
 
+def _harmless_left_out(index: int, message: Any) -> Any:
+    """A message without the fields that change nothing at their value; one such field at another value is refused."""
+    if not isinstance(message, dict):
+        return message
+    for name, harmless in MESSAGE_UNSUPPORTED.items():
+        if name in message and message[name] not in harmless:
+            param = f"messages.{index}.{name}"
+            raise ApiError(400, f"'{param}' is not supported by localspec", param=param, code="unsupported_parameter")
+    return {k: v for k, v in message.items() if k not in MESSAGE_UNSUPPORTED}
+
+
 _TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # only an escape can make one: UTF-8 has no bytes for it
+
+
+def _is_unicode(data: Any) -> bool:
+    """Whether every string in the parsed body (keys too) is text that UTF-8 can carry."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_constant(name: str) -> float:

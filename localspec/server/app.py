@@ -14,6 +14,8 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -111,7 +113,10 @@ class Guard:
         if key is not None and scope["path"] != "/health":
             given = headers.get("authorization", "")
             scheme, _, token = given.partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            # Starlette reads header bytes as Latin-1: encoding back gives the bytes the client sent (UTF-8 for a
+            # non-ASCII key), compared with the key's UTF-8 bytes.
+            sent = token.strip().encode("latin-1", errors="replace")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(sent, key.encode()):
                 return ApiError(
                     401, "a valid API key is required: send 'Authorization: Bearer KEY'", code="invalid_api_key"
                 )
@@ -216,13 +221,31 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     if settings.cors:
         middleware.append(
             Middleware(
-                CORSMiddleware,
+                _Cors,
                 allow_origins=list(settings.cors),
                 allow_methods=["GET", "POST"],
                 allow_headers=["Authorization", "Content-Type"],
             )
         )
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+
+
+class _Cors(CORSMiddleware):
+    """Starlette's CORS layer, whose refused preflight is OpenAI's error object like every other refusal."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        why = bytes(response.body).decode(errors="replace")  # "Disallowed CORS origin, method, headers"
+        error = ApiError(
+            response.status_code,
+            f"the browser's preflight was refused ({why}): name its origin with --cors",
+            code="cors_refused",
+        )
+        log.info("OPTIONS preflight -> %d cors_refused: %s", error.status, why)
+        kept = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
+        return JSONResponse(error.body(), status_code=error.status, headers=kept)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -345,7 +368,8 @@ class _Server(uvicorn.Server):
 
 
 def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
-    """Serve `runner` on settings.host:port until SIGINT / SIGTERM; False when it could not listen."""
+    """Serve `runner` on settings.host:port until SIGINT / SIGTERM (or SIGHUP, taken as SIGTERM); False when it could
+    not listen."""
     config = uvicorn.Config(
         make_app(runner, settings),
         host=settings.host,
@@ -356,8 +380,17 @@ def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
         lifespan="off",
     )
     server = _Server(config, runner)
+
+    def hung_up(_signum: int, frame) -> None:  # the terminal closed: stop as SIGTERM does (streams end cancelled)
+        log.info("hung up: stopping as on SIGTERM")
+        server.handle_exit(signal.SIGTERM, frame)
+
+    previous = signal.signal(signal.SIGHUP, hung_up) if threading.current_thread() is threading.main_thread() else None
     try:
         server.run()
     except SystemExit:  # uvicorn exits when it cannot bind (after logging one line)
         return False
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGHUP, previous)
     return server.started

@@ -174,20 +174,28 @@ def _think(served: Served, request: Request) -> bool | None:
 def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:
     engine = served.engine
     if request.messages is not None:
+        if len(request.messages) >= engine.n_ctx:  # every template spends a token or more on each message's role
+            raise ApiError(
+                400,
+                f"the messages are {len(request.messages)} messages but the context holds {engine.n_ctx} tokens: "
+                "send fewer, or restart the server with a larger --n-ctx",
+                param="messages",
+                code="context_length_exceeded",
+            )
         try:
             tokens = served.chat_format().tokens(request.messages, think=think)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
-        what = "messages"
+        what, subject, them = "messages", "the messages are", "them"
     else:
         tokens = engine.tokenize(request.prompt or "")
-        what = "prompt"
+        what, subject, them = "prompt", "the prompt is", "it"
     if not tokens:
-        raise ApiError(400, f"the {what} is empty: give some text to continue", param=what)
+        raise ApiError(400, f"{subject} empty: give some text to continue", param=what)
     if len(tokens) >= engine.n_ctx:
         raise ApiError(
             400,
-            f"the {what} is {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten it, or restart the "
+            f"{subject} {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten {them}, or restart the "
             "server with a larger --n-ctx",
             param=what,
             code="context_length_exceeded",

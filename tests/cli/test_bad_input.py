@@ -457,3 +457,9 @@ def test_worker_cache_that_is_not_a_folder(world, capsys, tmp_path, make):
     match = "is a file, not a folder: give a folder" if make == "file" else "give a folder you can write"
     assert_outcome(outcome, 1, match)
     assert "File exists" not in outcome.err
+
+
+def test_chat_without_a_terminal_is_one_line_not_a_spinning_screen(world):
+    outcome = run_cli(["chat", "--pair", "tiny"], timeout=60)  # stdin and stdout are pipes, as from a script
+    assert_outcome(outcome, 1, "chat needs a terminal for its screen and keys", log_file=world.log_file)
+    assert "\x1b[" not in outcome.out + outcome.err  # not one escape sequence written

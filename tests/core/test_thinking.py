@@ -177,6 +177,7 @@ def test_check_refuses_what_the_model_cannot_do():
         always.check(False, "r1")
     with pytest.raises(InvalidParamsError, match="smol does not think .* so `thinking = true` cannot be followed"):
         never.check(True, "smol", "`thinking = true`")
+    never.check(False, "smol")  # "off" is what it does anyway: clients send it to every model
     assert switchable.variables(False) == {"enable_thinking": False} and switchable.variables(None) == {}
     assert always.variables(False) == {}
     assert "no switch" in always.describe() and "enable_thinking" in switchable.describe()

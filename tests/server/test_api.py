@@ -71,7 +71,8 @@ def test_each_unsupported_field_is_refused_by_name(name):
         ({"stop": 3}, "stop"),
         ({"verify": "auto"}, "verify"),
         ({"messages": [{"role": "user"}]}, "messages.0.content"),
-        ({"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+        ({"messages": [{"role": "user", "content": "x", "nickname": "bob"}]}, "messages.0.nickname"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}, "messages.0.tool_calls"),
         ({"stream_options": {"include_usage": True, "extra": 1}}, "stream_options.extra"),
     ],
 )
@@ -94,3 +95,12 @@ def test_any_bytes_are_a_request_or_a_400(data):
 def test_deep_nesting_is_a_400():
     with pytest.raises(ApiError):
         parse_body(b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", ChatRequest)
+
+
+def test_a_lone_surrogate_is_refused_and_a_pair_is_text():
+    with pytest.raises(ApiError) as caught:
+        parse_body(body(model="\udcff"), ChatRequest)
+    assert caught.value.code == "invalid_json" and "lone UTF-16 surrogate" in caught.value.message
+    emoji = parse_body(body(messages=[{"role": "user", "content": "\ud83d\ude00"}]), ChatRequest)
+    assert emoji.messages[0].content == "😀"
+    assert ApiError(404, "no model '\udcff'").body()["error"]["message"].encode() == b"no model '\\udcff'"

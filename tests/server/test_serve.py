@@ -64,6 +64,26 @@ def test_greedy_chat_equals_generate_chat(client, server, monkeypatch, capsys):
     assert response.model == "tiny" and response.object == "chat.completion"
 
 
+def test_a_conversation_goes_on_with_the_clients_own_message_object(client):
+    """The openai client's usual pattern: append `choices[0].message` (as the object, and as `model_dump()`, which
+    has every field of the schema) and send the next turn, a `name` on it."""
+    from openai.types.chat import ChatCompletionMessage
+
+    messages: list = [{"role": "user", "content": USER}]
+    first = chat(client, messages, max_tokens=6).choices[0].message
+    follow_up = {"role": "user", "content": "and then?", "name": "bob"}
+    second = chat(client, [*messages, first, follow_up], max_tokens=6)
+    dumped = first.model_dump()
+    assert set(dumped) == set(ChatCompletionMessage.model_fields)  # every field the schema has, None where unset
+    third = chat(client, [*messages, dumped, follow_up], max_tokens=6)
+    assert second.choices[0].message.content == third.choices[0].message.content  # the echoed fields change nothing
+    for name in set(dumped) - {"role", "content"}:  # each unsupported field at a value that would change the answer
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(client, [*messages, {**dumped, name: {"x": 1}}, follow_up], max_tokens=6)
+        assert refused.value.body["param"] == f"messages.1.{name}", name
+        assert refused.value.body["code"] == "unsupported_parameter"
+
+
 def test_streamed_chunks_concatenate_to_the_whole_answer(client):
     whole = chat(client, max_tokens=40).choices[0].message.content
     chunks = list(chat(client, max_tokens=40, stream=True, stream_options={"include_usage": True}))
@@ -183,6 +203,29 @@ def test_a_client_that_leaves_before_a_whole_answer_stops_it_too(server):
     assert chat(server.client(), max_tokens=4).choices[0].finish_reason == "length"
 
 
+def test_a_body_of_100000_tiny_messages_is_refused_at_once_and_holds_no_one_up(server, record_property):
+    """3.5 MB of one-character messages (under the body limit): refused as too long for the context before any
+    rendering, while another client is answered."""
+    many = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 100_000, "max_tokens": 4}
+    answers: dict[str, tuple[int, bytes]] = {}
+
+    def send(name: str, body: dict) -> None:
+        status, _, data = raw(server.port, "POST", CHAT, body)
+        answers[name] = (status, data)
+
+    started = time.monotonic()
+    big = threading.Thread(target=send, args=("big", many))
+    big.start()
+    send("small", {"model": "tiny", "messages": HI, "max_tokens": 4, "temperature": 0})
+    big.join(120)
+    record_property("seconds_for_both", round(time.monotonic() - started, 2))
+    assert answers["small"][0] == 200, answers["small"]
+    status, data = answers["big"]
+    error = error_of(data)
+    assert status == 400 and error["code"] == "context_length_exceeded" and error["param"] == "messages", error
+    assert error["message"].startswith("the messages are 100000 messages but the context holds 2048 tokens")
+
+
 def test_two_clients_at_once_are_answered_in_order(server):
     done: dict[str, float] = {}
     texts: dict[str, str] = {}
@@ -271,6 +314,8 @@ ERRORS = [
     ),
     ("an unknown drafter", CHAT, {"messages": HI, "drafter": "magic"}, {}, 400, "drafter", "invalid_value"),
     ("unknown model", CHAT, {"model": "nope", "messages": HI}, {}, 404, "model", "model_not_found"),
+    ("a lone surrogate in a name", CHAT, {"model": "\udcff", "messages": HI}, {}, 400, None, "invalid_json"),
+    ("a lone surrogate as a field", CHAT, {"messages": HI, "\udcff": 1}, {}, 400, None, "invalid_json"),
     (
         "max_tokens past the context",
         CHAT,
@@ -301,6 +346,20 @@ def test_the_error_matrix(server, name, path, body, extra, status, param, code):
     error = error_of(data)
     assert error["param"] == param and (code is None or error["code"] == code), error
     assert server.healthy()
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "message"),
+    [
+        ({"messages": [{"role": "user", "content": BIG}]}, CHAT, "the messages are "),
+        ({"prompt": BIG}, "/v1/completions", "the prompt is "),
+        ({"messages": HI, "stop": ["x"] * 17}, CHAT, "'stop': at most 16 stop strings, not 17"),
+    ],
+    ids=["messages", "prompt", "stop"],
+)
+def test_errors_say_what_is_wrong_in_plain_words(server, body, path, message):
+    status, _, data = raw(server.port, "POST", path, body)
+    assert status == 400 and error_of(data)["message"].startswith(message), data
 
 
 def test_get_on_a_post_route_is_405_and_the_openai_client_sees_the_errors(client, server):

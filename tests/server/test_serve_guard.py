@@ -66,6 +66,26 @@ def test_cors_headers_only_for_the_named_origin(server):
     assert status == 200 and headers.get("access-control-allow-origin") == ORIGIN
 
 
+def test_a_refused_preflight_is_the_error_object(server):
+    preflight = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    status, headers, data = raw(server.port, "OPTIONS", CHAT, headers=preflight)
+    error = error_of(data)
+    assert status == 400 and error["code"] == "cors_refused" and "Disallowed CORS origin" in error["message"]
+    assert headers["content-type"] == "application/json" and "--cors" in error["message"]
+
+
+def test_a_non_ascii_api_key_matches_the_utf8_a_client_sends(home):
+    key = "clé-ünïcode"
+    running = start_server(home, "--pair", "tiny", "--api-key", key)
+    try:
+        body = {"messages": HI, "max_tokens": 2}
+        for sent, status in ((key.encode(), 200), (key.encode("latin-1"), 401), (b"cle", 401)):
+            got, _, data = raw(running.port, "POST", CHAT, body, headers={"Authorization": b"Bearer " + sent})
+            assert got == status, (sent, data)
+    finally:
+        running.stop()
+
+
 def test_no_swap_refuses_another_pair_and_unknown_names_are_404(server):
     client = server.client(api_key=KEY)
     with pytest.raises(openai.BadRequestError) as caught:
@@ -132,22 +152,35 @@ def test_another_address_warns_and_a_busy_port_fails_before_loading(home, monkey
         busy.listen()
         port = busy.getsockname()[1]
         assert main(["serve", "--pair", "tiny", "--host", "0.0.0.0", "--port", str(port)]) == 1
+    err = capsys.readouterr().err  # one line: the address cannot serve, so no warning about who could reach it
+    assert f"cannot listen on 0.0.0.0:{port}" in err and "loading" not in err and len(err.strip().splitlines()) == 1
+    assert main(["serve", "--pair", "nope", "--host", "0.0.0.0", "--port", str(port)]) == 1  # now free
+    err = capsys.readouterr().err  # a free address: the warning, then what stopped it
+    assert "warning: no authentication" in err and "nope" in err and len(err.strip().splitlines()) == 2
+
+
+def test_a_broken_models_toml_is_said_once(tmp_path, monkeypatch, capsys):
+    (tmp_path / "models.toml").write_text("[pairs.x\n")
+    monkeypatch.setenv("LOCALSPEC_HOME", str(tmp_path))
+    assert main(["serve", "--pair", "x"]) == 1
     err = capsys.readouterr().err
-    assert "warning: no authentication" in err and f"cannot listen on 0.0.0.0:{port}" in err
-    assert "loading" not in err and len(err.strip().splitlines()) == 2
+    assert "models.toml" in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow
-def test_sigterm_closes_the_open_stream_and_exits_143(home):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_closes_the_open_stream_and_exits_143(home, sig):
+    """SIGHUP (the terminal that started it closed) stops the server as SIGTERM does."""
     server = start_server(home, "--pair", "tiny")
     client = server.client()
     stream = client.chat.completions.create(model="tiny", messages=HI, max_tokens=1500, n=8, stream=True)
     next(iter(stream))
-    server.process.send_signal(signal.SIGTERM)
+    server.process.send_signal(sig)
     chunks = list(stream)  # ends: the generation was cancelled and the stream closed with [DONE]
     assert chunks and chunks[-1].choices[0].finish_reason == "cancelled"
     assert server.process.wait(30) == 143
     assert "Traceback" not in server.stderr() and "localspec: terminated" in server.stderr()
+    assert ("hung up: stopping as on SIGTERM" in server.stderr()) == (sig == signal.SIGHUP)
 
 
 JSON = st.recursive(

@@ -100,8 +100,13 @@ def test_thinking_handed_back_follows_the_templates_rule(server):
             "chat_template_kwargs.enable_thinking",
             "has no thinking switch",
         ),
+        (
+            {"model": "tiny", "chat_template_kwargs": {"enable_thinking": True}},
+            "chat_template_kwargs.enable_thinking",
+            "tiny does not think",
+        ),
     ],
-    ids=["not-a-boolean", "unknown-key", "a-model-without-a-switch"],
+    ids=["not-a-boolean", "unknown-key", "a-model-without-a-switch", "on-for-a-model-that-does-not-think"],
 )
 def test_what_cannot_be_followed_is_a_400_naming_the_field(server, body, param, match):
     status, _, answer = raw(server.port, "POST", CHAT, {"model": "thinking", "messages": HI, **body})
@@ -116,3 +121,14 @@ def test_serve_think_off_on_a_model_without_a_switch_is_one_line(server):
     message = str(caught.value)
     assert "exited with 1" in message and "Traceback" not in message
     assert "always thinks: its chat template has no thinking switch" in message
+    assert "so serve --think off cannot be followed" in message
+    assert "loading always" not in message  # refused from the vocabulary and the template, before the weights load
+
+
+def test_enable_thinking_false_is_what_a_model_that_does_not_think_does_anyway(server):
+    """Clients send `enable_thinking: false` to every model: on one that does not think it changes nothing."""
+    asked = {"model": "tiny", "messages": HI, "max_tokens": 6, "temperature": 0}
+    status, _, plain = raw(server.port, "POST", CHAT, asked)
+    status_off, _, off = raw(server.port, "POST", CHAT, {**asked, "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == status_off == 200, off
+    assert json.loads(off)["choices"][0]["message"]["content"] == json.loads(plain)["choices"][0]["message"]["content"]
