@@ -42,13 +42,14 @@ def chat_options(run: RunFlags, paths: Paths):
 def _chat(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.tui.app import make_app
 
+    options = chat_options(check_run_args(args), paths)  # a bad flag first: it is the more specific error
     if not (sys.stdin.isatty() and sys.stdout.isatty()):  # the app would draw into a pipe and wait for keys forever
         raise InvalidParamsError(
             "chat needs a terminal for its screen and keys: from a script use `localspec generate --chat` or "
             "`localspec serve`"
         )
     # The CLI's notes (a crash of the last run) were printed before the app took the screen: show them in it too.
-    app = make_app(chat_options(check_run_args(args), paths), notices=tuple(getattr(args, "notes", ())))
+    app = make_app(options, notices=tuple(getattr(args, "notes", ())))
     app.run()
     if app.signalled is not None:  # the answer was saved as stopped and the terminal restored (SIGHUP: no terminal)
         log.info("chat ended by %s", signal.Signals(app.signalled).name)
