@@ -65,13 +65,18 @@ class ChatFormat:
         self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
         self.thinking = thinking.detect(model, self.template)
 
-    def tokens(self, messages: Sequence[Message], *, think: bool | None = None) -> list[int]:
+    def tokens(self, messages: Sequence[Message], *, think: bool | None = None, limit: int | None = None) -> list[int]:
         """Token ids of the conversation followed by the assistant's generation prompt.
 
         Args:
             messages: the conversation.
             think: turn thinking on or off through the template's switch (None: the model's default; ignored by a
                 template without a switch — `ThinkingSupport.check` is the callers' refusal).
+            limit: when given, a conversation whose text alone proves it `limit` tokens or more is refused before it
+                is tokenized (a huge body then costs a rendering, not a tokenizer pass).
+
+        Raises:
+            ContextError: the conversation is at least `limit` tokens (only with `limit`).
         """
         entries, texts = self._marked(messages)
         rendered = self._render(entries, think)
@@ -86,6 +91,10 @@ class ChatFormat:
             pieces += [(rendered[pos:at], True), (text, False)]
             pos = at + len(mark)
         pieces.append((rendered[pos:], True))
+        if limit is not None:
+            at_least = fewest_tokens(self.model, sum(len(text.encode()) for text, _ in pieces))
+            if at_least >= limit:
+                raise ContextError(f"the conversation is at least {at_least} tokens but the context holds {limit}")
         return self._tokenize(pieces)
 
     def splitter(self, think: bool | None = None) -> thinking.ThinkingSplit:
@@ -166,6 +175,12 @@ class ChatFormat:
         if info.add_bos and info.bos >= 0 and (not out or out[0] != info.bos):
             out.insert(0, info.bos)
         return out
+
+
+def fewest_tokens(model: Model, n_bytes: int) -> int:
+    """A lower bound on the tokens of a text of `n_bytes` bytes: n_bytes / the longest token's bytes (0 for a text
+    of 256 bytes or less, so that the vocabulary is read only for a text long enough to tell)."""
+    return 0 if n_bytes <= 256 else -(-n_bytes // model.longest_token_bytes())
 
 
 class ChatSession:

@@ -271,6 +271,13 @@ class Model:
             }
         return self._control
 
+    def longest_token_bytes(self) -> int:
+        """An upper bound on the bytes of text one token stands for (its stored text, whose space and byte markers
+        are never shorter than what they stand for); computed once. A text of n bytes is at least n / this tokens."""
+        if not hasattr(self, "_longest"):
+            self._longest = max(1, *(len(self.token_text(t).encode()) for t in range(self.n_vocab)))
+        return self._longest
+
     def is_padding(self, token: int) -> bool:
         """True for ids that are no real token (unused, or control with no text): a vocabulary's padding."""
         attr = llama_cpp.llama_vocab_get_attr(self._vocab, token)

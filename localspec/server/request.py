@@ -17,9 +17,9 @@ import numpy as np
 
 from localspec.core.engine import Generation, TokenEvent
 from localspec.core.params import DEFAULT_MAX_TOKENS
-from localspec.core.session import Message
+from localspec.core.session import Message, fewest_tokens
 from localspec.core.thinking import ANSWER, ThinkingSplit, choose_thinking, thinking_choice
-from localspec.errors import ChatTemplateError, LocalspecError
+from localspec.errors import ChatTemplateError, ContextError, LocalspecError
 from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
@@ -174,33 +174,35 @@ def _think(served: Served, request: Request) -> bool | None:
 def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:
     engine = served.engine
     if request.messages is not None:
-        if len(request.messages) >= engine.n_ctx:  # every template spends a token or more on each message's role
-            raise ApiError(
-                400,
-                f"the messages are {len(request.messages)} messages but the context holds {engine.n_ctx} tokens: "
-                "send fewer, or restart the server with a larger --n-ctx",
-                param="messages",
-                code="context_length_exceeded",
-            )
+        what, subject, them = "messages", "the messages are", "them"
+        n = len(request.messages)
+        if n >= engine.n_ctx:  # every template spends a token or more on each message's role
+            raise _too_long(f"{subject} {n} messages but the context holds {engine.n_ctx} tokens: send fewer", what)
         try:
-            tokens = served.chat_format().tokens(request.messages, think=think)
+            tokens = served.chat_format().tokens(request.messages, think=think, limit=engine.n_ctx)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
-        what, subject, them = "messages", "the messages are", "them"
+        except ContextError as e:  # told from the text's length alone, before a tokenizer pass over all of it
+            raise _too_long(f"{e}: shorten {them}", what) from None
     else:
-        tokens = engine.tokenize(request.prompt or "")
         what, subject, them = "prompt", "the prompt is", "it"
+        prompt = request.prompt or ""
+        at_least = fewest_tokens(engine.target_model, len(prompt.encode()))
+        if at_least >= engine.n_ctx:
+            holds = f"the context holds {engine.n_ctx}"
+            raise _too_long(f"{subject} at least {at_least} tokens but {holds}: shorten it", what)
+        tokens = engine.tokenize(prompt)
     if not tokens:
         raise ApiError(400, f"{subject} empty: give some text to continue", param=what)
     if len(tokens) >= engine.n_ctx:
-        raise ApiError(
-            400,
-            f"{subject} {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten {them}, or restart the "
-            "server with a larger --n-ctx",
-            param=what,
-            code="context_length_exceeded",
-        )
+        raise _too_long(f"{subject} {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten {them}", what)
     return tokens
+
+
+def _too_long(why: str, what: str) -> ApiError:
+    return ApiError(
+        400, f"{why}, or restart the server with a larger --n-ctx", param=what, code="context_length_exceeded"
+    )
 
 
 def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -> int:

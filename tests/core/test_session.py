@@ -8,9 +8,9 @@ from support.tinymodels import IM_END_ID, IM_START_ID
 
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
-from localspec.core.session import ChatFormat, ChatSession, Message
+from localspec.core.session import ChatFormat, ChatSession, Message, fewest_tokens
 from localspec.core.window import common_prefix
-from localspec.errors import ChatTemplateError
+from localspec.errors import ChatTemplateError, ContextError
 
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)
 
@@ -56,6 +56,22 @@ def test_template_markup_becomes_control_tokens(tiny_models):
     assert tokens[0] == engine.target_model.info.bos
     assert tokens[1] == IM_START_ID and IM_END_ID in tokens
     assert "Hello" in text and "<|im_start|>" not in text  # control tokens render as nothing
+
+
+@pytest.mark.parametrize("text", ["x", "the water was hot " * 40, "é€😀 " * 90, "\n\n  " * 200, "abc" * 500])
+def test_a_conversation_too_long_to_fit_is_told_from_its_length_and_never_wrongly(tiny_models, text):
+    """`fewest_tokens` is a lower bound (never more than the real count), so `limit` refuses only what cannot fit."""
+    with Engine.load(tiny_models.target, drafter="none") as engine:
+        fmt = ChatFormat(engine.target_model)
+        messages = [Message("user", text), Message("assistant", text), Message("user", text)]
+        tokens = fmt.tokens(messages)
+        assert fewest_tokens(engine.target_model, len(text.encode()) * 3) <= len(tokens)
+        assert fmt.tokens(messages, limit=len(tokens) + 1) == tokens  # fits: tokenized as without a limit
+        longest = engine.target_model.longest_token_bytes()
+        huge = [Message("user", "ab" * (16 * longest))] * 3  # 96 × longest bytes: at least 96 tokens
+        with pytest.raises(ContextError, match=r"is at least \d+ tokens but the context holds 64") as e:
+            fmt.tokens(huge, limit=64)
+        assert int(str(e.value).split()[5]) >= 96
 
 
 def test_model_without_template_needs_a_template_name(tiny_models):

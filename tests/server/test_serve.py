@@ -203,27 +203,36 @@ def test_a_client_that_leaves_before_a_whole_answer_stops_it_too(server):
     assert chat(server.client(), max_tokens=4).choices[0].finish_reason == "length"
 
 
-def test_a_body_of_100000_tiny_messages_is_refused_at_once_and_holds_no_one_up(server, record_property):
-    """3.5 MB of one-character messages (under the body limit): refused as too long for the context before any
-    rendering, while another client is answered."""
-    many = {"model": "tiny", "messages": [{"role": "user", "content": "x"}] * 100_000, "max_tokens": 4}
+HUGE = [
+    ("many", {"messages": [{"role": "user", "content": "x"}] * 100_000}, "the messages are 100000 messages but"),
+    ("long", {"messages": [{"role": "user", "content": "the water " * 100_000}] * 3}, "the conversation is at least"),
+    ("prompt", {"prompt": "the water " * 350_000}, "the prompt is at least"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), [h[1:] for h in HUGE], ids=[h[0] for h in HUGE])
+def test_a_huge_body_is_refused_before_tokenizing_and_holds_no_one_up(server, record_property, body, message):
+    """3–3.5 MB (under the body limit): 100,000 one-character messages, three of a megabyte, one prompt of 3.5 MB —
+    each refused as too long for the context from its length alone, while another client is answered."""
+    path = CHAT if "messages" in body else "/v1/completions"
+    many = {"model": "tiny", "max_tokens": 4, **body}
     answers: dict[str, tuple[int, bytes]] = {}
 
-    def send(name: str, body: dict) -> None:
-        status, _, data = raw(server.port, "POST", CHAT, body)
+    def send(name: str, path: str, body: dict) -> None:
+        status, _, data = raw(server.port, "POST", path, body)
         answers[name] = (status, data)
 
     started = time.monotonic()
-    big = threading.Thread(target=send, args=("big", many))
+    big = threading.Thread(target=send, args=("big", path, many))
     big.start()
-    send("small", {"model": "tiny", "messages": HI, "max_tokens": 4, "temperature": 0})
+    send("small", CHAT, {"model": "tiny", "messages": HI, "max_tokens": 4, "temperature": 0})
     big.join(120)
     record_property("seconds_for_both", round(time.monotonic() - started, 2))
     assert answers["small"][0] == 200, answers["small"]
     status, data = answers["big"]
     error = error_of(data)
-    assert status == 400 and error["code"] == "context_length_exceeded" and error["param"] == "messages", error
-    assert error["message"].startswith("the messages are 100000 messages but the context holds 2048 tokens")
+    assert status == 400 and error["code"] == "context_length_exceeded", error
+    assert error["param"] == ("messages" if path == CHAT else "prompt") and error["message"].startswith(message), error
 
 
 def test_two_clients_at_once_are_answered_in_order(server):
