@@ -129,6 +129,7 @@ def complete(
     splits: list[ThinkingSplit | None] = []
     for index in range(request.n):
         if job.cancelled:
+            log.info("choice %d cancelled before it began (client gone or server stopping)", index)
             break
         gen = engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng)
         split = served.chat_format().splitter(think) if request.messages is not None else None

@@ -175,6 +175,7 @@ class Runner:
     def _run_job(self, job: Job, pair: str | None, request: Request, emit: Emit) -> Outcome:
         try:
             if job.cancelled:
+                log.info("a request cancelled before it began (client gone or server stopping)")
                 raise ApiError(499, "the request was cancelled", code="cancelled")
             if pair is not None and (self.served is None or self.served.name != pair):
                 self.load(pair)
