@@ -63,6 +63,10 @@ class PromptInput(TextArea):
         Binding("ctrl+j,shift+enter", "newline", "New line", show=False),
     ]
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._typed: list[str] = []  # characters typed and not inserted yet (see `_on_key`)
+
     class Submitted(Message):
         """The user pressed Enter."""
 
@@ -85,6 +89,18 @@ class PromptInput(TextArea):
             self.focus()
 
     async def _on_key(self, event: events.Key) -> None:
+        # Typed characters are gathered and inserted as one edit once the keys already queued are handled: a paste
+        # that arrives key by key (tmux send-keys, some remote sessions) re-wrapped the whole line on every key,
+        # quadratic in its length, and a quit waited behind the backlog. One key alone is inserted as before, one
+        # message later; any other key first inserts what was gathered, so the order of edits is the keys' order.
+        if event.is_printable and event.character and event.key != "enter" and not self.read_only:
+            event.stop()
+            event.prevent_default()
+            if not self._typed:
+                self.call_later(self.insert_typed)
+            self._typed.append(event.character)
+            return
+        self.insert_typed()
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -92,8 +108,17 @@ class PromptInput(TextArea):
             return
         await super()._on_key(event)
 
+    def insert_typed(self) -> None:
+        """Insert the characters typed since the last insert, as one edit at the cursor (replacing a selection)."""
+        if self._typed:
+            text = "".join(self._typed)
+            self._typed.clear()
+            start, end = self.selection
+            self._replace_via_keyboard(text, start, end)
+
     def action_newline(self) -> None:
         """Insert a line break at the cursor."""
+        self.insert_typed()
         self.insert("\n")
 
 

@@ -115,6 +115,33 @@ async def test_stats_are_live_while_generating(options, chat_home):
         assert "(live)" not in stats_text(app)
 
 
+async def test_a_paste_that_arrives_key_by_key_is_a_few_edits_in_the_keys_order(options, chat_home, monkeypatch):
+    """5,000 keys queued at once, as a paste delivered as keystrokes: a handful of edits instead of one re-wrap of
+    the whole line per key (which grew quadratic: 6,000 keys took 8 s), the text exactly what was typed; typed one
+    by one, each key still lands where the cursor is. (A ← inside a burst moves the cursor after the characters that
+    follow it, as in Textual's own TextArea: its binding runs once the key has bubbled up to the app.)"""
+    edits = []
+    replace = PromptInput._replace_via_keyboard
+
+    def counted(self, *args, **kwargs):
+        edits.append(args[0])
+        return replace(self, *args, **kwargs)
+
+    monkeypatch.setattr(PromptInput, "_replace_via_keyboard", counted)
+    app = make_app(options)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        prompt = app.query_one(PromptInput)
+        typed = "".join("the quick brown fox "[i % 20] for i in range(5000))
+        for char in typed:
+            app.post_message(events.Key("space" if char == " " else char, char))
+        await wait_until(pilot, lambda: prompt.text == typed, what="the pasted keys")
+        assert len(edits) <= 20 and "".join(edits) == typed
+        prompt.text = ""
+        await pilot.press("a", "b", "left", "c")  # typed one by one: each key where the cursor is
+        assert prompt.text == "acb"
+
+
 async def test_enter_sends_and_ctrl_j_adds_a_line(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
