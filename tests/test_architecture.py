@@ -254,3 +254,14 @@ def test_the_parameters_and_the_catalog_load_without_llama_cpp():
     code = "import sys, localspec.core.params, localspec.models.catalog\nprint('llama_cpp' in sys.modules)\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", "validating models.toml loaded llama.cpp"
+
+
+def test_whether_a_drafter_needs_the_draft_model_is_asked_one_way():
+    """`params.needs_draft_model` is the question; the list it reads is read nowhere else (it was asked four ways)."""
+    readers = sorted(
+        name
+        for name, path in module_files().items()
+        if any(word in path.read_text(encoding="utf-8") for word in ("MODEL_DRAFTERS", "uses_draft_model"))
+        and name != "localspec.core.params"
+    )
+    assert readers == []
