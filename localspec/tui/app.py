@@ -24,6 +24,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
+from localspec.core.stats import Stats
 from localspec.errors import ContextError, LocalspecError
 from localspec.models.resolved import ResolvedPair
 from localspec.paths import get_paths
@@ -424,6 +425,8 @@ class ChatApp(App[int]):
                 finished.reasoning_runs,
                 finished.parts["thinking"].tokens if finished.parts else None,
             )
+            if self.chat.turn is None or message.turn_id != self.chat.turn.id:
+                return  # a second signal during that await quit at once and saved what was shown
         self._answer, self._live = None, None
         self._stats_timer.pause()
         try:
@@ -660,7 +663,8 @@ class ChatApp(App[int]):
 
         A worker that does not hand the answer back within `STOP_WAIT` is not waited for any longer.
         """
-        if self._quit_code is not None:  # asked twice: quit now
+        if self._quit_code is not None:  # asked twice: quit now, with what the screen shows of the answer saved
+            self._save_shown_answer()
             self.exit(return_code=code)
             return
         self._quit_code = code
@@ -668,7 +672,34 @@ class ChatApp(App[int]):
             self.exit(return_code=code)
             return
         self._set_status("stopping the answer, then quitting…")
-        self.set_timer(STOP_WAIT, lambda: self.exit(return_code=code))
+        self.set_timer(STOP_WAIT, lambda: (self._save_shown_answer(), self.exit(return_code=code)))
+
+    def _save_shown_answer(self) -> None:
+        """Quitting before the stopped answer came back from the worker: save what the screen shows of it, as
+        stopped (the worker's own `Finished` would have been saved instead, had it come)."""
+        shown, turn = self._answer, self.chat.turn
+        if shown is None or turn is None:
+            return
+        block = shown.thinking
+        reasoning_runs = list(block.runs) if block is not None else []
+        if not (shown.text or reasoning_runs):
+            return
+        live = self._live
+        finished = Finished(
+            text=shown.text,
+            runs=list(shown.runs),
+            finish_reason="cancelled",
+            stats=live.stats if live is not None else Stats(),
+            notices=[],
+            reasoning="".join(text for text, _ in reasoning_runs).strip(),
+            reasoning_runs=reasoning_runs,
+            parts=live.parts if live is not None else None,
+        )
+        self._answer, self._live = None, None
+        try:
+            self.chat.finish(finished)
+        except LocalspecError as e:
+            log.warning("the stopped answer could not be saved: %s", e)
 
     def _signalled(self, signum: int) -> None:
         """SIGTERM or SIGHUP: quit as Ctrl+Q does, with the shell's exit code (143, 129)."""

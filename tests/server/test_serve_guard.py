@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 
 import openai
 import pytest
@@ -168,19 +169,26 @@ def test_a_broken_models_toml_is_said_once(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_closes_the_open_stream_and_exits_143(home, sig):
-    """SIGHUP (the terminal that started it closed) stops the server as SIGTERM does."""
+@pytest.mark.parametrize(
+    "sigs",
+    [(signal.SIGTERM,), (signal.SIGHUP,), (signal.SIGTERM, signal.SIGTERM)],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-twice"],
+)
+def test_sigterm_closes_the_open_stream_and_exits_143(home, sigs):
+    """SIGHUP (the terminal that started it closed) stops the server as SIGTERM does; a second SIGTERM 20 ms after
+    the first still lets the open stream end with its `cancelled` chunk."""
     server = start_server(home, "--pair", "tiny")
     client = server.client()
     stream = client.chat.completions.create(model="tiny", messages=HI, max_tokens=1500, n=8, stream=True)
     next(iter(stream))
-    server.process.send_signal(sig)
+    for i, sig in enumerate(sigs):
+        time.sleep(0.02 * i)
+        server.process.send_signal(sig)
     chunks = list(stream)  # ends: the generation was cancelled and the stream closed with [DONE]
     assert chunks and chunks[-1].choices[0].finish_reason == "cancelled"
     assert server.process.wait(30) == 143
     assert "Traceback" not in server.stderr() and "localspec: terminated" in server.stderr()
-    assert ("hung up: stopping as on SIGTERM" in server.stderr()) == (sig == signal.SIGHUP)
+    assert ("hung up: stopping as on SIGTERM" in server.stderr()) == (signal.SIGHUP in sigs)
 
 
 JSON = st.recursive(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 from support.terminal import LEAVE_ALT_SCREEN, MOUSE_OFF, SHOW_CURSOR, WAIT, ChatInTerminal
@@ -38,12 +39,20 @@ def streaming(chat: ChatInTerminal) -> int:
 
 
 @pytest.mark.parametrize(
-    ("signum", "code", "line"), [(signal.SIGTERM, 143, b"terminated"), (signal.SIGHUP, 129, b"hung up")]
+    ("signals", "code", "line"),
+    [
+        ((signal.SIGTERM,), 143, b"terminated"),
+        ((signal.SIGHUP,), 129, b"hung up"),
+        ((signal.SIGTERM, signal.SIGTERM), 143, b"terminated"),  # the second quits at once: what is shown is saved
+    ],
+    ids=["SIGTERM", "SIGHUP", "SIGTERM-twice"],
 )
-def test_a_signal_mid_answer_saves_it_and_restores_the_terminal(chat_in_terminal, chat_home, signum, code, line):
+def test_a_signal_mid_answer_saves_it_and_restores_the_terminal(chat_in_terminal, chat_home, signals, code, line):
     chat = chat_in_terminal("--max-tokens", "1800")
     mark = streaming(chat)
-    os.kill(chat.process.pid, signum)
+    for i, signum in enumerate(signals):
+        time.sleep(0.02 * i)
+        os.kill(chat.process.pid, signum)
     assert chat.process.wait(timeout=WAIT) == code
     chat._reader.join(timeout=5)
     after = bytes(chat.output[mark:])
