@@ -12,7 +12,6 @@ import argparse
 from pathlib import Path
 from types import MappingProxyType
 
-from localspec.core.options import label
 from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, OPTIONS, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
@@ -58,10 +57,8 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
     overrides = overrides_from_args(args)
     for opt in OPTIONS:  # the option table's limits, said with the flag as it was typed
         value = overrides.get(opt.name)
-        if value is not None and opt.limit is not None and not opt.limit.admits(value):
-            raise InvalidParamsError(
-                f"{opt.flag} {value} is out of range: {label(opt.name)} must be {opt.limit.describe()}"
-            )
+        if value is not None and opt.limit is not None and (problem := opt.limit.problem(opt.name, value)):
+            raise InvalidParamsError(f"{opt.flag} {value} is out of range: {problem}")
     SamplingParams(**{n: overrides[n] for n in SAMPLING_OPTIONS if n in overrides})
     SpeculativeParams(**{n: overrides[n] for n in SPECULATIVE_OPTIONS if n in overrides})
     rpc = parse_rpc(clean(args.rpc)[0]) if getattr(args, "rpc", None) is not None else ()

@@ -36,6 +36,11 @@ class Limit:
             return False
         return self.high is None or value <= self.high
 
+    def problem(self, name: str, value: float) -> str | None:
+        """What is wrong with `value` for the field `name`, in the one sentence every layer says ("top-p must be in
+        (0, 1] (1 = off)"), or None when it is accepted."""
+        return None if self.admits(value) else f"{label(name)} must be {self.describe()}"
+
     def describe(self) -> str:
         """The accepted values in words: "in (0, 1] (1 = off)", "≥ 0", "a number"."""
         if self.low is None and self.high is None:
@@ -121,8 +126,8 @@ def check_fields(params: Any, what: str) -> None:
     owner = type(params)
     for name, bound in limits_of(owner).items():
         value = getattr(params, name)
-        if value is not None and not bound.admits(value):
-            raise InvalidParamsError(f"invalid {what} setting: {label(name)} must be {bound.describe()}")
+        if value is not None and (problem := bound.problem(name, value)):
+            raise InvalidParamsError(f"invalid {what} setting: {problem}")
     for opt in options_of(owner):  # a choice a user may make, or the default that means none was made
         if opt.choices and getattr(params, opt.name) not in (*opt.choices, opt.default):
             raise InvalidParamsError(

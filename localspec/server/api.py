@@ -16,9 +16,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from localspec.core.options import Limit, label, limits_of
-from localspec.core.params import DRAFTERS, OPTIONS, SpeculativeParams
-from localspec.core.sampling import SamplingParams
+from localspec.core.options import Limit
+from localspec.core.params import DRAFTERS, OPTIONS
 
 STOP_MAX = 16  # stop strings per request
 N_MAX = 16  # choices per request
@@ -105,8 +104,8 @@ class StreamOptions(_Strict):
 
 def _within(name: str, bound: Limit) -> AfterValidator:
     def check(value):
-        if not bound.admits(value):
-            raise ValueError(f"{label(name)} must be {bound.describe()}")
+        if problem := bound.problem(name, value):
+            raise ValueError(problem)
         return value
 
     return AfterValidator(check)
@@ -115,12 +114,11 @@ def _within(name: str, bound: Limit) -> AfterValidator:
 def _option_fields() -> dict[str, Any]:
     """The request fields of the user options — type, choices and limits, each from the option table
     (core/options.py), so a request is bounded as a flag is — and OpenAI's two penalties."""
-    limits = limits_of(SamplingParams, SpeculativeParams)
     found: dict[str, Any] = {}
     for opt in OPTIONS:
         kind: Any = Literal[opt.choices] if opt.choices else opt.kind
-        if opt.name in limits:
-            kind = Annotated[kind, _within(opt.name, limits[opt.name])]
+        if opt.limit is not None:
+            kind = Annotated[kind, _within(opt.name, opt.limit)]
         found[opt.name] = (kind | None, None)
     for name, bound in REQUEST_PENALTIES.items():
         found[name] = (Annotated[float, _within(name, bound)] | None, None)
@@ -210,12 +208,12 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
             "the body has a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair): send valid Unicode",
             code="invalid_json",
         )
-    for name, harmless in UNSUPPORTED.items():
-        if name in data and data[name] not in harmless:
-            raise ApiError(400, f"'{name}' is not supported by localspec", param=name, code="unsupported_parameter")
-    data = {k: v for k, v in data.items() if k not in IGNORED and k not in UNSUPPORTED}
+    data = _harmless_left_out(data, UNSUPPORTED, "", IGNORED)
     if isinstance(data.get("messages"), list):
-        data["messages"] = [_harmless_left_out(i, m) for i, m in enumerate(data["messages"])]
+        data["messages"] = [
+            _harmless_left_out(m, MESSAGE_UNSUPPORTED, f"messages.{i}.") if isinstance(m, dict) else m
+            for i, m in enumerate(data["messages"])
+        ]
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -224,15 +222,20 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
         raise ApiError(400, "the body is nested too deeply", code="invalid_json") from None
 
 
-def _harmless_left_out(index: int, message: Any) -> Any:
-    """A message without the fields that change nothing at their value; one such field at another value is refused."""
-    if not isinstance(message, dict):
-        return message
-    for name, harmless in MESSAGE_UNSUPPORTED.items():
-        if name in message and message[name] not in harmless:
-            param = f"messages.{index}.{name}"
+def _harmless_left_out(
+    data: dict, unsupported: dict[str, tuple[Any, ...]], where: str, ignored: tuple[str, ...] = ()
+) -> dict:
+    """`data` without the fields we do not implement, each at a value that changes nothing, and without `ignored`;
+    such a field at any other value is refused by name (`where` + its name: "messages.1.tool_calls").
+
+    Raises:
+        ApiError: 400 unsupported_parameter.
+    """
+    for name, harmless in unsupported.items():
+        if name in data and data[name] not in harmless:
+            param = where + name
             raise ApiError(400, f"'{param}' is not supported by localspec", param=param, code="unsupported_parameter")
-    return {k: v for k, v in message.items() if k not in MESSAGE_UNSUPPORTED}
+    return {k: v for k, v in data.items() if k not in unsupported and k not in ignored}
 
 
 _TYPE_TAGS = ("str", "int", "float", "bool", "list", "dict")
