@@ -98,7 +98,7 @@ class ChatApp(App[int]):
         self.slot = EngineSlot()
         self.signalled: int | None = None  # SIGTERM or SIGHUP, once one asked the app to quit
         self._quit_code: int | None = None  # the exit code of a quit that waits for the answer to stop
-        self._signals: list[int] = []  # the signals whose handlers this app installed
+        self._signals: signals.Watch | None = None  # the handlers this app installed
         self._hung_up = False  # SIGHUP came with the terminal gone: the output goes to /dev/null
         self.thinking_expanded = False  # thinking blocks stay unfolded after the answer starts (F8; a preference)
 

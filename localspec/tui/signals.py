@@ -2,7 +2,8 @@
 
 Left to their defaults both signals killed the app mid-answer: the answer was lost, and after SIGTERM the terminal
 stayed in the alternate screen with the mouse on and the cursor hidden. `watch` puts handlers on the running loop
-(they run between messages, so they may call the app like any handler) and the app quits as Ctrl+Q does. After
+(they run between messages, so they may call the app like any handler) and the app quits as Ctrl+Q does, however
+many typed keys are still queued. After
 SIGHUP the terminal is usually gone, and every write to it fails: `discard_output` then sends the output to
 /dev/null (a `kill -HUP` with the terminal still there leaves it alone, so the terminal is restored).
 """
@@ -13,34 +14,72 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
 QUIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-def watch(on_signal: Callable[[int], None]) -> list[int]:
-    """Call `on_signal(signum)` on the running loop for SIGTERM and SIGHUP; returns the signals now handled.
+@dataclass(slots=True)
+class Watch:
+    """The handlers `watch` installed, and what to give back when `unwatch` removes them."""
 
-    Outside the main thread (an app run by another host) nothing is installed and the list is empty.
+    loop: asyncio.AbstractEventLoop
+    wake: tuple[socket.socket, socket.socket]  # (read end, write end): written by the C handler, drained by the loop
+    previous_handlers: dict[int, object]
+    previous_wakeup_fd: int
+
+
+def watch(on_signal: Callable[[int], None]) -> Watch | None:
+    """Call `on_signal(signum)` on the running loop for SIGTERM and SIGHUP; None outside the main thread (an app run
+    by another host: nothing is installed).
+
+    Not `loop.add_signal_handler`: asyncio learns of a signal from one byte in the socket that also wakes its loop for
+    every `call_soon_threadsafe`, and Textual's input thread makes that call for each key it reads. Behind a backlog of
+    typed keys the socket is full, the signal's byte is dropped, and the signal is lost (a closed terminal then left
+    the app running for ever, its restarted input threads spinning on the dead tty). Here the Python handler, which
+    the main thread runs whatever any socket holds, queues `on_signal` itself; a socket only signals write to wakes
+    the loop, so a signal that reaches another thread is not left waiting for the loop's next event.
     """
+    if threading.current_thread() is not threading.main_thread():
+        return None
     loop = asyncio.get_running_loop()
-    handled = []
-    for signum in QUIT_SIGNALS:
-        try:
-            loop.add_signal_handler(signum, on_signal, signum)
-        except (RuntimeError, ValueError):  # not the main thread
-            break
-        handled.append(signum)
-    return handled
+    read_end, write_end = socket.socketpair()
+    for end in (read_end, write_end):
+        end.setblocking(False)
+    loop.add_reader(read_end.fileno(), _drain, read_end)
+
+    def handler(signum: int, _frame: object) -> None:
+        loop.call_soon_threadsafe(on_signal, signum)
+
+    previous_fd = signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
+    previous = {signum: signal.signal(signum, handler) for signum in QUIT_SIGNALS}
+    return Watch(loop, (read_end, write_end), previous, previous_fd)
 
 
-def unwatch(signals: list[int]) -> None:
-    """Give the signals `watch` handled back to their defaults."""
-    loop = asyncio.get_running_loop()
-    for signum in signals:
-        loop.remove_signal_handler(signum)
+def unwatch(watched: Watch | None) -> None:
+    """Give the signals `watch` handled back to the handlers they had, and close its socket."""
+    if watched is None:
+        return
+    for signum, previous in watched.previous_handlers.items():
+        signal.signal(signum, previous)
+    signal.set_wakeup_fd(watched.previous_wakeup_fd)
+    watched.loop.remove_reader(watched.wake[0].fileno())
+    for end in watched.wake:
+        end.close()
+
+
+def _drain(read_end: socket.socket) -> None:
+    """Empty the wake-up socket (its bytes only woke the loop: the handlers already queued what to do)."""
+    try:
+        while read_end.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def terminal_gone(fd: int = 2) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import select
 import struct
 import subprocess
 import sys
@@ -40,11 +41,14 @@ class ChatInTerminal:
         )
         os.close(slave)
         self.output = bytearray()
+        self._closing = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        while True:
+        while not self._closing.is_set():
+            if not select.select([self.master], [], [], 0.05)[0]:
+                continue
             try:
                 data = os.read(self.master, 65536)
             except OSError:  # EIO: the app ended (or the test closed the terminal)
@@ -71,7 +75,13 @@ class ChatInTerminal:
         os.write(self.master, text.encode())
 
     def close_terminal(self) -> None:
-        """What closing the terminal window does: the kernel hangs the terminal up (SIGHUP, then SIGCONT)."""
+        """What closing the terminal window does: the kernel hangs the terminal up (SIGHUP, then SIGCONT).
+
+        The reader stops first: a close while another thread is blocked reading the master only takes effect, and
+        hangs the terminal up, once that read returns — never, if the app has nothing more to write.
+        """
+        self._closing.set()
+        self._reader.join()
         os.close(self.master)
         self.master = -1
 

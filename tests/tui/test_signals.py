@@ -9,8 +9,10 @@ streams, then checks the exit code, the restore sequences after the signal, and 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -83,15 +85,49 @@ def test_a_signal_while_idle_quits_at_once(chat_in_terminal, chat_home):
     assert LEAVE_ALT_SCREEN in chat.output[mark:] and SHOW_CURSOR in chat.output[mark:]
 
 
-def test_a_50kb_paste_typed_key_by_key_then_ctrl_q_quits(chat_in_terminal, chat_home):
-    """A paste that reaches the app as 50,000 keystrokes (tmux send-keys, some remote sessions), then Ctrl+Q: the app
-    keeps up with the keys and quits within the wait (each key re-wrapped the whole line before: quadratic). The
-    terminal closing instead is not tested here: it left the process running once in CI (README, Known limits)."""
+@pytest.mark.parametrize("then", ["ctrl+q", "hang-up"])
+def test_a_50kb_paste_typed_key_by_key_then_a_quit_or_a_hang_up_ends_the_app(chat_in_terminal, chat_home, then):
+    """A paste that reaches the app as 50,000 keystrokes (tmux send-keys, some remote sessions), then Ctrl+Q or the
+    terminal closing: the app keeps up with the keys and ends within the wait (each key re-wrapped the whole line
+    before: quadratic; and a hang-up behind the backlog was lost — see the next test — leaving the process running
+    with Textual's restarted input threads spinning on the dead terminal)."""
     chat = chat_in_terminal()
     chat.wait_for("ready ·".encode(), "ready (models loaded)")
     keys = ("word " * 10_000).encode()  # no bracketed paste: plain keys, as a terminal sends typing
     sent = 0
     while sent < len(keys):
         sent += os.write(chat.master, keys[sent : sent + 4096])
-    chat.type("\x11")  # Ctrl+Q
-    assert chat.process.wait(timeout=WAIT) == 0
+    if then == "ctrl+q":
+        chat.type("\x11")
+        assert chat.process.wait(timeout=WAIT) == 0
+    else:
+        chat.close_terminal()
+        assert chat.process.wait(timeout=WAIT) == 129
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM])
+def test_a_signal_reaches_the_app_when_the_loop_is_flooded_with_wake_ups(signum):
+    """Textual's input thread wakes the event loop once per key it reads (`call_soon_threadsafe`, one byte each into
+    the loop's wake-up socket). Behind a key backlog that socket is full; with asyncio's own signal handlers the
+    signal's byte went into the same socket, was dropped, and the signal was never handled. Deterministic: the
+    socket is filled first, then the process signals itself."""
+    from localspec.tui import signals
+
+    async def main() -> list[int]:
+        loop, seen = asyncio.get_running_loop(), []
+        watched = signals.watch(seen.append)
+        try:
+            flood = threading.Thread(target=lambda: [loop.call_soon_threadsafe(lambda: None) for _ in range(300_000)])
+            flood.start()
+            flood.join()
+            os.kill(os.getpid(), signum)
+            deadline = time.monotonic() + 10
+            while not seen and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            signals.unwatch(watched)
+        return seen
+
+    previous = signal.getsignal(signum)
+    assert asyncio.run(main()) == [signum]
+    assert signal.getsignal(signum) == previous  # given back
