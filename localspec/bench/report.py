@@ -50,9 +50,10 @@ class SamplingCost:
     """Sampling freshly decoded rows of the target, as a plain step does: ours against llama.cpp's own chain."""
 
     temperature: float
-    rows: int  # rows timed for each, alternating
-    localspec_us: float  # median: reading the row, the law (or argmax) and the draw, in Python
+    rows: int  # rows timed for each, in rotation
+    localspec_us: float  # median: a plain step's draw (llama.cpp's chain for our law, or numpy; the argmax at T 0)
     llama_cpp_us: float  # median: llama.cpp's sampler chain on the same kind of row (`llama_sampler_sample`)
+    numpy_us: float | None = None  # median: numpy's law and draw (`sampling_dist`), where the plain step uses the chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,7 @@ def render(report: BenchReport) -> list[str]:
             "sampling a freshly decoded row of the target, median µs: "
             + "; ".join(
                 f"T {c.temperature:g}: localspec {c.localspec_us:.0f}, llama.cpp {c.llama_cpp_us:.0f}"
+                + (f" (numpy's law {c.numpy_us:.0f})" if c.numpy_us is not None else "")
                 for c in report.sampling
             )
             + f" ({report.sampling[0].rows} rows each; llama.cpp: its own sampler chain, as llama-server runs it)"

@@ -22,12 +22,13 @@ from typing import TypeVar
 
 import numpy as np
 
+from localspec.core.drafters import DraftRequest, Proposal
 from localspec.core.engine import Engine, Generation
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import expected_tokens
-from localspec.core.sampling import SamplingParams, penalty_window
+from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
-from localspec.core.step import TargetArgmax, TargetLaws
+from localspec.core.step import accept_or_reject, target_chain
 from localspec.llama.sampler import NativeSampler
 
 from .report import BusyRow, Divergence, Row, RpcRow, SamplingCost
@@ -194,23 +195,26 @@ def sampling_costs(
 ) -> list[SamplingCost]:
     """Time a plain step's sampling on freshly decoded rows of the target, ours against llama.cpp's own chain.
 
-    After the prompt, each of 2·rows single-token decodes is sampled by one of the two — ours as a plain step
-    does it (the row's read, the law or argmax, the draw), or `NativeSampler` — alternating in pairs (ABBA), so
-    both meet the same cold caches after a decode. Not on a target that samples in the graph: llama.cpp's chain
-    would hand back the graph's token there.
+    After the prompt, each single-token decode is sampled by one of: ours as a plain step does it (the draw from the
+    target's law — llama.cpp's chain where `target_chain` applies, else numpy; the argmax at T 0), `NativeSampler`
+    (the chain as llama-server runs it), and, where ours is the chain, numpy's law and draw. One of each per three
+    decodes, in an order rotated every three, so all meet the same cold caches after a decode. Not on a target that
+    samples in the graph: llama.cpp's chain would hand back the graph's token there.
     """
     target = engine.target
     if target.ctx.device_greedy:
         return []
-    rows = max(1, min(rows, (target.ctx.n_ctx - len(prompt)) // 2))
     out = []
     for temperature in temperatures:
         sampling = Setting(temperature, 0).sampling
         rng = np.random.default_rng(0)
-        times: tuple[list[float], list[float]] = ([], [])
+        chain = target_chain(target.ctx, sampling, rng)
+        methods = ["ours", "llama.cpp"] + (["numpy"] if chain is not None else [])
+        n = max(1, min(rows, (target.ctx.n_ctx - len(prompt)) // len(methods)))
+        times: dict[str, list[float]] = {m: [] for m in methods}
         target.sync(prompt[:-1])
         token = prompt[-1]
-        with NativeSampler(
+        native = NativeSampler(
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,
@@ -219,23 +223,27 @@ def sampling_costs(
             frequency_penalty=sampling.frequency_penalty,
             presence_penalty=sampling.presence_penalty,
             repeat_last_n=sampling.repeat_last_n,
-        ) as native:
-            for i in range(2 * rows):
-                target.append([token], outputs=1)
-                ours = (i + 1) // 2 % 2 == 0  # ours, llama.cpp, llama.cpp, ours, …
-                t0 = time.perf_counter()
-                if not ours:
-                    token = native.sample(target.ctx)
-                elif sampling.greedy:
-                    token = TargetArgmax(target.ctx, penalty_window(target.tokens, sampling), [], sampling)[0]
-                else:
-                    law = TargetLaws(target.ctx, penalty_window(target.tokens, sampling), [], sampling)[0]
-                    token = law.sample(rng)
-                times[0 if ours else 1].append(time.perf_counter() - t0)
-        target.rollback_to(0)
-        out.append(
-            SamplingCost(temperature, rows, statistics.median(times[0]) * 1e6, statistics.median(times[1]) * 1e6)
         )
+        try:
+            for i in range(n):
+                for method in rotated(methods, i):
+                    target.append([token], outputs=1)
+                    request = DraftRequest(
+                        list(target.tokens), 0, sampling, True, 0.0, rng, chain if method == "ours" else None
+                    )
+                    t0 = time.perf_counter()
+                    if method == "llama.cpp":
+                        token = native.sample(target.ctx)
+                    else:
+                        token = accept_or_reject(Proposal(), target.ctx, request)[1]
+                    times[method].append(time.perf_counter() - t0)
+        finally:
+            native.close()
+            if chain is not None:
+                chain.close()
+        target.rollback_to(0)
+        median = {m: statistics.median(t) * 1e6 for m, t in times.items()}
+        out.append(SamplingCost(temperature, n, median["ours"], median["llama.cpp"], median.get("numpy")))
     return out
 
 

@@ -16,6 +16,8 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from localspec.llama.sampler import ChainLaw
+
 from .kv import KVSequence, Progress
 from .params import DRAFTERS, needs_draft_model
 from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
@@ -31,6 +33,7 @@ class DraftRequest:
     sample: bool  # p/q verification: draw from the draft's law (else it drafts greedily, and T > 0 verifies by match)
     p_min: float  # stop drafting when the draft's confidence falls below this
     rng: np.random.Generator
+    chain: ChainLaw | None = None  # the target's law at T > 0 where llama.cpp's chain builds it (`step.target_chain`)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import numpy as np
 from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import threads
 from localspec.llama.model import Model
+from localspec.llama.sampler import ChainLaw
 
 from .bridge import VocabBridge
 from .drafters import Drafter, DraftRequest
@@ -31,7 +32,7 @@ from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .policy import DraftPolicy, size_ratio
 from .sampling import SamplingParams
 from .stats import Stats
-from .step import speculative_step
+from .step import speculative_step, target_chain
 from .textstream import TextStream
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,15 @@ class Generation:
         finally:
             stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
+        chain = target_chain(engine.target.ctx, self.sampling, self.rng)  # None: numpy builds the target's law
+        try:
+            yield from self._steps(history, chain)
+        finally:
+            if chain is not None:
+                chain.close()
+
+    def _steps(self, history: list[int], chain: ChainLaw | None) -> Iterator[TokenEvent]:
+        engine, stats = self.engine, self.stats
         while True:
             reason = self._reason_to_stop(history)
             if reason:
@@ -154,7 +164,9 @@ class Generation:
             )
             if engine.threads is not None:
                 engine.threads.check()
-            request = DraftRequest(history, k, self.sampling, self.spec.verify != "match", self.spec.p_min, self.rng)
+            request = DraftRequest(
+                history, k, self.sampling, self.spec.verify != "match", self.spec.p_min, self.rng, chain
+            )
             step = speculative_step(engine.target, engine.drafter, request)
             engine.check_invariants()
             stats.record_step(step)

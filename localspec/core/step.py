@@ -2,6 +2,8 @@
 
 `speculative_step` is the paper's Algorithm 1 for every drafter; k = 0 is plain decoding through the same code.
 `TargetLaws` and `TargetArgmax` read the verify pass's k+1 rows lazily (a row after a rejection is never computed).
+Where llama.cpp's chain builds the target's law (`target_chain`), a row is a `ChainRow`: drawing from it is one native
+call, and its law is rebuilt only when p/q needs its probabilities.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from localspec.llama.sampler import MAX_TOP_K, ChainLaw, chain_law_available
 
 from .drafters import DraftCost, Drafter, DraftRequest, Proposal
 from .kv import Context, KVSequence
@@ -41,16 +45,87 @@ class _VerifiedRows(Sequence):
 
 
 class TargetLaws(_VerifiedRows):
-    """The target's sampling laws for the k+1 verified rows, computed lazily."""
+    """The target's sampling laws for the k+1 verified rows, computed lazily (by llama.cpp's chain where `chain`)."""
 
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+    def __init__(
+        self,
+        ctx: Context,
+        recent: list[int],
+        drafts: list[int],
+        sampling: SamplingParams,
+        chain: ChainLaw | None = None,
+    ) -> None:
         super().__init__(ctx, recent, drafts, sampling)
-        self._rows: dict[int, Dist] = {}
+        self._chain = chain
+        self._rows: dict[int, Dist | ChainRow] = {}
 
-    def __getitem__(self, i: int) -> Dist:
+    def __getitem__(self, i: int) -> Dist | ChainRow:
         if i not in self._rows:
-            self._rows[i] = sampling_dist(self._logits(i), self._history(i), self._sampling)
+            if self._chain is not None:
+                self._rows[i] = ChainRow(self._chain, self._ctx, i)
+            else:
+                self._rows[i] = sampling_dist(self._logits(i), self._history(i), self._sampling)
         return self._rows[i]
+
+
+def target_chain(ctx: Context, sampling: SamplingParams, rng: np.random.Generator) -> ChainLaw | None:
+    """llama.cpp's chain for the target's law during one generation, where it can build our law (DESIGN §2): T > 0,
+    top-k on, no penalties (they look at each verified row's own history), a context that samples on the host.
+    None: numpy builds the law (`sampling_dist`). Seeded from `rng`, so a fixed seed still gives the same text."""
+    if not (
+        not sampling.greedy
+        and 0 < sampling.top_k <= MAX_TOP_K
+        and sampling.top_k < ctx.n_vocab
+        and not sampling.penalised
+        and ctx.host_chains
+        and chain_law_available()
+    ):
+        return None
+    return ChainLaw(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
+        min_p=sampling.min_p,
+        seed=int(rng.integers(2**32)),
+    )
+
+
+class ChainRow:
+    """Row i's law as llama.cpp's chain builds it, with `Dist`'s interface. `sample` is the chain's own draw (its
+    `dist` sampler and random state, not `rng`); the law (`ids`, `probs`) is rebuilt from the chain's survivors only
+    when asked — the same law the draw uses (`ChainLaw.law`). Valid until the context's next decode."""
+
+    __slots__ = ("_chain", "_ctx", "_i", "_dist")
+
+    def __init__(self, chain: ChainLaw, ctx: Context, i: int) -> None:
+        self._chain, self._ctx, self._i = chain, ctx, i
+        self._dist: Dist | None = None
+
+    @property
+    def dist(self) -> Dist:
+        if self._dist is None:
+            self._dist = Dist(*self._chain.law(self._ctx, self._i))
+        return self._dist
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.dist.ids
+
+    @property
+    def probs(self) -> np.ndarray:
+        return self.dist.probs
+
+    def prob(self, token: int) -> float:
+        return self.dist.prob(token)
+
+    def top(self) -> tuple[int, float]:
+        return self.dist.top()
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        return self.dist.dense(n_vocab)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self._chain.draw(self._ctx, self._i)
 
 
 class TargetArgmax(_VerifiedRows):
@@ -98,10 +173,12 @@ def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> V
     """How many drafts the target accepts, and the token it emits after them: greedy at T = 0, else p/q when the
     draft sampled from its law, else exact match."""
     sampling = request.sampling
+    if request.chain is not None and not drafts.tokens:  # a plain step: llama.cpp's chain draws, one native call
+        return 0, request.chain.draw(ctx, 0)
     recent = penalty_window(request.history, sampling)
     if sampling.greedy:
         return verify_greedy(drafts.tokens, TargetArgmax(ctx, recent, drafts.tokens, sampling))
-    laws = TargetLaws(ctx, recent, drafts.tokens, sampling)
+    laws = TargetLaws(ctx, recent, drafts.tokens, sampling, request.chain)
     if request.sample:
         return verify_pq(drafts.tokens, drafts.dists, laws, request.rng)
     return verify_match(drafts.tokens, laws, request.rng)

@@ -182,6 +182,13 @@ class Context:
             llama_cpp.llama_sampler_free(chain)
         self._retired = []
 
+    @property
+    def host_chains(self) -> bool:
+        """Whether llama.cpp's sampler chains can sample this context's rows on the host (`sampler.ChainLaw`): no
+        sampler in its graph (llama.cpp would hand back the graph's token) and its native calls made on this
+        thread (not an RPC placement's)."""
+        return not self.device_greedy and self._local
+
     def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
         """From the next decode on, sample in the graph with top-k then temperature (`sampled_candidates`), or with
         the greedy chain again (top_k 0). Only for a context made with `device_greedy`. While a top-k chain is

@@ -1,16 +1,133 @@
-"""`NativeSampler`: llama.cpp's own sampler chain, the yardstick `localspec bench` times our host sampling against.
+"""llama.cpp's own sampler chains: `ChainLaw`, the target's law at T > 0 on a CPU context, and `NativeSampler`, the
+chain as llama-server runs it (the yardstick `localspec bench` times our sampling against).
 
-llama.cpp's examples and llama-server sample a row by copying it into an array of n_vocab candidates and running a
-chain over it: penalties, top-k, top-p, min-p, temperature, then a draw (or the argmax at temperature 0). Generation
-never uses this chain: verification needs the exact law each token was drawn from, which the chain does not hand out
-(core/sampling.py builds it). `bench` only times the chain on rows decoded the same way, next to ours.
+llama.cpp samples a row by copying it into an array of n_vocab candidates (in C) and running a chain over it. Right
+after a decode on a CPU that is much cheaper than anything Python does: the decode streamed the weights through the
+caches, and every numpy call then pays cold misses (README, "Where the Python time goes"). So where no sampler runs
+in the graph, the target's law at T > 0 with top-k on is llama.cpp's chain: top-k, temperature, top-p, min-p — our
+law's order (DESIGN §2) — then its `dist` draw. A plain step is that one native call. A verified row needs the law
+itself: the same chain ends in a capture sampler instead of `dist`, and the law is rebuilt from the survivors exactly
+as `dist` computes it (its float32 weights expf(l − l_max), summed in double), so a drawn token and a verified one
+come from the same law, bit for bit (tests/llama/test_chain_law.py compares it with what `dist` itself writes).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
+import struct
+
 import llama_cpp
+import numpy as np
 
 from .context import Context
+
+_TOKEN_DATA = struct.Struct("<iff")  # llama_token_data: id, logit, p
+MAX_TOP_K = 128  # llama.cpp's top-k is one std::partial_sort up to here (a bucket pass beyond)
+
+
+def _libm_expf():
+    """The C library's expf, which llama.cpp's `dist` sampler calls for each weight (None where it cannot be found:
+    the law then stays with numpy)."""
+    name = ctypes.util.find_library("m") or ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        expf = ctypes.CDLL(name).expf
+    except (OSError, AttributeError):
+        return None
+    expf.restype, expf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return expf
+
+
+_EXPF = _libm_expf()
+
+
+CHAIN_LAW_ENV = "LOCALSPEC_CHAIN_LAW"  # "off": numpy builds the target's law everywhere (to compare the two)
+
+
+def chain_law_available() -> bool:
+    """Whether `ChainLaw` may build the target's law: the C library's expf was found (to rebuild `dist`'s weights)
+    and $LOCALSPEC_CHAIN_LAW is not "off"."""
+    return _EXPF is not None and os.environ.get(CHAIN_LAW_ENV, "on") != "off"
+
+
+class _Capture:
+    """A sampler for the end of a chain: it keeps where the survivors lie and selects the first (a chain must select
+    one). The survivors stay in the chain's own buffer until its next use."""
+
+    def __init__(self) -> None:
+        self.address, self.size = 0, 0
+        self._apply = llama_cpp.llama_sampler_i_apply(self._on_apply)  # the callbacks live as long as the sampler
+        self._name = llama_cpp.llama_sampler_i_name(lambda _smpl: b"localspec-capture")
+        self._iface = llama_cpp.llama_sampler_i(name=self._name, apply=self._apply)
+        self.handle = llama_cpp.llama_sampler_init(ctypes.pointer(self._iface), None)
+
+    def _on_apply(self, _smpl, cur_p) -> None:
+        candidates = cur_p.contents
+        self.address = ctypes.cast(candidates.data, ctypes.c_void_p).value or 0
+        self.size = candidates.size
+        candidates.selected = 0
+
+
+def _chain(links: list) -> object:
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    for link in links:
+        llama_cpp.llama_sampler_chain_add(chain, link)  # the chain owns its links from here on
+    return chain
+
+
+class ChainLaw:
+    """The law llama.cpp's chain (top-k, temperature, top-p, min-p) gives a row, and its `dist` draw from it.
+
+    For contexts with no sampler in their graph (`Context.device_greedy` off: llama.cpp would hand back the graph's
+    token). One per generation: `dist` keeps its own random state, seeded here. `close()` frees both chains.
+    """
+
+    def __init__(self, *, temperature: float, top_k: int, top_p: float, min_p: float, seed: int) -> None:
+        assert temperature > 0 and 0 < top_k <= MAX_TOP_K and _EXPF is not None
+
+        def filters() -> list:
+            return [
+                llama_cpp.llama_sampler_init_top_k(top_k),
+                llama_cpp.llama_sampler_init_temp(temperature),
+                llama_cpp.llama_sampler_init_top_p(top_p, 1),
+                llama_cpp.llama_sampler_init_min_p(min_p, 1),
+            ]
+
+        self._capture = _Capture()
+        self._draw = _chain([*filters(), llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF)])
+        self._law = _chain([*filters(), self._capture.handle])
+
+    def draw(self, ctx: Context, i: int) -> int:
+        """A token from row `i`'s law, drawn by llama.cpp (one native call)."""
+        return int(llama_cpp.llama_sampler_sample(self._draw, ctx.handle, i))
+
+    def law(self, ctx: Context, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row `i`'s law as `dist` draws from it: ((m,) int64 ascending ids, (m,) float64 probabilities).
+
+        `dist` weighs the survivors, sorted best first, by float32 expf(l − l_0) and draws against their sum in
+        double; the same operations here give the same numbers.
+        """
+        llama_cpp.llama_sampler_sample(self._law, ctx.handle, i)
+        capture = self._capture
+        survivors = list(_TOKEN_DATA.iter_unpack(ctypes.string_at(capture.address, _TOKEN_DATA.size * capture.size)))
+        best = survivors[0][1]
+        weights = [_EXPF(logit - best) for _, logit, _ in survivors]  # ctypes rounds the difference to float32
+        total = 0.0
+        for w in weights:
+            total += w
+        ranked = sorted(zip((token for token, _, _ in survivors), weights))
+        return np.array([t for t, _ in ranked], dtype=np.int64), np.array([w / total for _, w in ranked])
+
+    def close(self) -> None:
+        """Free both chains (idempotent)."""
+        for name in ("_draw", "_law"):
+            chain = getattr(self, name)
+            if chain is not None:
+                llama_cpp.llama_sampler_free(chain)
+                setattr(self, name, None)
 
 
 class NativeSampler:

@@ -18,14 +18,18 @@ from localspec.cli.main import main
 from localspec.core.sampling import Dist
 from localspec.llama.context import Context
 from localspec.llama.model import Model
+from localspec.llama.sampler import CHAIN_LAW_ENV, ChainLaw
 
 PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at the top-4 boundary
 TOP_K = 4
 N_CTX = 64
 THREADS = 1  # these 0.3 MB models decode 10-100× slower on two threads when the cores are shared
-RUNS = {"pq": 6000, "pq-device": 6000, "match": 4000, "none": 3000}
+RUNS = {"pq": 6000, "pq-numpy": 6000, "pq-device": 6000, "match": 4000, "none": 3000}
 MODES = {
+    # the target's law from llama.cpp's chain (`ChainLaw`: plain draws in C, verified rows rebuilt from its survivors)
     "pq": ["--verify", "pq"],
+    # the target's law from numpy (`sampling_dist`), as on a context that samples in the graph
+    "pq-numpy": ["--verify", "pq"],
     # the draft's law sampled in llama.cpp's graph (top-k + temperature; only k candidates leave it)
     "pq-device": ["--verify", "pq", "--device-sampling", "on"],
     "match": ["--verify", "match"],
@@ -101,7 +105,9 @@ def test_the_reference_is_honest(reference):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
-def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys, localspec_home):
+def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys, localspec_home, monkeypatch):
+    if mode == "pq-numpy":
+        monkeypatch.setenv(CHAIN_LAW_ENV, "off")
     verdict, expected, drafted, accepted = sample_law(tiny_models, reference, mode, capsys)
     assert verdict.ok, verdict
     assert verdict.tv < 1.5 * expected, verdict
@@ -131,6 +137,21 @@ def test_a_device_law_that_misstates_the_draws_fails(tiny_models, reference, cap
 
     monkeypatch.setattr(Dist, "from_logits", staticmethod(misstated))
     verdict, *_ = sample_law(tiny_models, reference, "pq-device", capsys)
+    assert not verdict.ok, verdict
+
+
+@pytest.mark.slow
+def test_a_chain_law_that_misstates_the_draws_fails(tiny_models, reference, capsys, localspec_home, monkeypatch):
+    """Negative control of "pq": the chain draws the bonus tokens from its law while verification is told a sharper
+    one (each probability squared, renormalised) — a rebuilt law that is not the one `dist` draws from fails."""
+    real = ChainLaw.law
+
+    def misstated(self, ctx, i):
+        ids, probs = real(self, ctx, i)
+        return ids, probs**2 / (probs**2).sum()
+
+    monkeypatch.setattr(ChainLaw, "law", misstated)
+    verdict, *_ = sample_law(tiny_models, reference, "pq", capsys)
     assert not verdict.ok, verdict
 
 
