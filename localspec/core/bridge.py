@@ -27,7 +27,7 @@ from localspec.llama.vocab import TextVocab
 from .drafters import DraftRequest, ModelDrafter, Proposal
 from .kv import KVSequence
 from .params import BRIDGES
-from .sampling import Dist, SamplingParams, greedy_token, sampling_dist, top_probability
+from .sampling import Dist, SamplingParams, greedy_token, top_probability
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class BridgedDrafter(ModelDrafter):
         for i in range(k):
             law: Dist | None = None
             if request.sample and not sampling.greedy:
-                dist = sampling_dist(seq.ctx.logits(-1), [], sampling)  # the draft's law over its own ids
+                dist = self.law(seq.ctx, [], sampling)  # the draft's law over its own ids
                 token, confidence = dist.sample(request.rng), dist.top()[1]
                 ids = to_target[dist.ids]
                 shared = ids >= 0

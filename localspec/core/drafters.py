@@ -16,11 +16,11 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from localspec.llama.sampler import ChainLaw
+from localspec.llama.sampler import MAX_TOP_K, ChainLaw, chain_law_available
 
-from .kv import KVSequence, Progress
+from .kv import Context, KVSequence, Progress
 from .params import DRAFTERS, needs_draft_model
-from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
+from .sampling import Dist, Law, ListLaw, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,7 @@ class Proposal:
     """Drafted tokens x_1..x_k, the law each was drawn from (None = one-hot at the token), and their cost."""
 
     tokens: list[int] = field(default_factory=list)
-    dists: list[Dist | None] = field(default_factory=list)
+    dists: list[Law | None] = field(default_factory=list)
     cost: DraftCost = DraftCost()
 
 
@@ -104,6 +104,52 @@ class Drafter(Protocol):
         ...
 
 
+def chain_law_fits(ctx: Context, sampling: SamplingParams) -> bool:
+    """Whether llama.cpp's chain builds `sampling`'s law on `ctx`'s rows (`ChainLaw`, DESIGN §2): T > 0, top-k on
+    (≤ MAX_TOP_K, below the vocabulary), no penalties (they look at each row's own history), a context that samples
+    on the host. Elsewhere numpy builds it (`sampling_dist`)."""
+    return (
+        not sampling.greedy
+        and 0 < sampling.top_k <= MAX_TOP_K
+        and sampling.top_k < ctx.n_vocab
+        and not sampling.penalised
+        and ctx.host_chains
+        and chain_law_available()
+    )
+
+
+def chain_law(sampling: SamplingParams, seed: int = 0) -> ChainLaw:
+    """The chain for `sampling`'s law (where `chain_law_fits`); `seed` seeds its own draws (`ChainLaw.draw`)."""
+    return ChainLaw(
+        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p, seed=seed
+    )
+
+
+class DraftLaw:
+    """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law (a third
+    of numpy's cost right after a CPU decode; README "Where the Python time goes"), else numpy. The draw is always
+    ours, from the request's `rng`, so q is exactly the law the token came from whichever builds it. Keeps one chain,
+    for the settings last used."""
+
+    def __init__(self) -> None:
+        self._settings: tuple | None = None
+        self._chain: ChainLaw | None = None
+
+    def __call__(self, ctx: Context, history: list[int], sampling: SamplingParams) -> Dist | ListLaw:
+        settings = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.penalised)
+        if settings != self._settings:
+            self.close()
+            self._settings, self._chain = settings, chain_law(sampling) if chain_law_fits(ctx, sampling) else None
+        if self._chain is not None:
+            return ListLaw(*self._chain.law(ctx, -1))
+        return sampling_dist(ctx.logits(-1), history, sampling)
+
+    def close(self) -> None:
+        if self._chain is not None:
+            self._chain.close()
+        self._settings, self._chain = None, None
+
+
 class NoDrafter:
     """`--drafter none`: proposes nothing, so every step is a plain target step."""
 
@@ -132,6 +178,7 @@ class ModelDrafter:
         self.seq = seq
         self.caches = (seq,)
         self.meter = CostMeter(self.caches)
+        self.law = DraftLaw()
 
     @property
     def n_ctx(self) -> int:
@@ -155,7 +202,7 @@ class ModelDrafter:
                 dist = Dist.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
                 token, confidence = dist.sample(request.rng), dist.top()[1]
             elif sampled:
-                dist = sampling_dist(seq.ctx.logits(-1), recent + out.tokens, sampling)
+                dist = self.law(seq.ctx, recent + out.tokens, sampling)
                 token, confidence = dist.sample(request.rng), dist.top()[1]
             elif device:
                 dist, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took

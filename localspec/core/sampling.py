@@ -20,6 +20,7 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -124,10 +125,7 @@ class Dist:
         """Draw one token (inverse CDF: one uniform per draw)."""
         u = rng.random()
         if len(self.probs) <= _SMALL:  # the running sum in Python floats: the same sums, the same token
-            cdf = list(accumulate(self.probs.tolist()))
-            reach = u * cdf[-1]
-            i = next((i for i, c in enumerate(cdf) if c > reach), len(cdf) - 1)
-            return int(self.ids[i])
+            return int(self.ids[_draw(self.probs.tolist(), u)])
         cdf = np.cumsum(self.probs)
         i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
         return int(self.ids[min(i, len(self.ids) - 1)])
@@ -150,6 +148,56 @@ class Dist:
         ids, weights = np.asarray(ids, dtype=np.int64)[keep], np.asarray(weights, dtype=np.float64)[keep]
         order = np.argsort(ids, kind="stable")
         return cls(ids[order], weights[order] / weights.sum())
+
+
+class ListLaw:
+    """A law over a few tokens kept as Python lists (llama.cpp's chain hands them over, `ChainLaw.law`), with
+    `Dist`'s interface: probabilities, the top token and draws in Python floats — the same draws `Dist` makes of
+    the same law — and numpy arrays only when `ids`/`probs` are asked for (a residual)."""
+
+    __slots__ = ("_ids", "_probs", "_arrays")
+
+    def __init__(self, ids: list[int], probs: list[float]) -> None:
+        self._ids, self._probs = ids, probs  # ascending ids, their probabilities (summing to 1)
+        self._arrays: Dist | None = None
+
+    @property
+    def dist(self) -> Dist:
+        if self._arrays is None:
+            self._arrays = Dist(np.array(self._ids, dtype=np.int64), np.array(self._probs))
+        return self._arrays
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self.dist.ids
+
+    @property
+    def probs(self) -> np.ndarray:
+        return self.dist.probs
+
+    def prob(self, token: int) -> float:
+        i = bisect_left(self._ids, token)
+        return self._probs[i] if i < len(self._ids) and self._ids[i] == token else 0.0
+
+    def top(self) -> tuple[int, float]:
+        best = max(self._probs)
+        return self._ids[self._probs.index(best)], best
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return self._ids[_draw(self._probs, rng.random())]
+
+    def dense(self, n_vocab: int) -> np.ndarray:
+        return self.dist.dense(n_vocab)
+
+
+Law = Dist | ListLaw  # what a token is drawn from, and verification reads
+
+
+def _draw(probs: list[float], u: float) -> int:
+    """Inverse CDF in Python floats: the index whose running sum first passes u × the total."""
+    cdf = list(accumulate(probs))
+    reach = u * cdf[-1]
+    return next((i for i, c in enumerate(cdf) if c > reach), len(cdf) - 1)
 
 
 def penalty_window(history: list[int], params: SamplingParams) -> list[int]:

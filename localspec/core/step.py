@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from localspec.llama.sampler import MAX_TOP_K, ChainLaw, chain_law_available
+from localspec.llama.sampler import ChainLaw
 
-from .drafters import DraftCost, Drafter, DraftRequest, Proposal
+from .drafters import DraftCost, Drafter, DraftRequest, Proposal, chain_law, chain_law_fits
 from .kv import Context, KVSequence
-from .sampling import Dist, SamplingParams, greedy_token, penalty_window, sampling_dist
+from .sampling import Dist, ListLaw, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Step
 from .verify import Verdict, verify_greedy, verify_match, verify_pq
 
@@ -69,60 +69,44 @@ class TargetLaws(_VerifiedRows):
 
 
 def target_chain(ctx: Context, sampling: SamplingParams, rng: np.random.Generator) -> ChainLaw | None:
-    """llama.cpp's chain for the target's law during one generation, where it can build our law (DESIGN §2): T > 0,
-    top-k on, no penalties (they look at each verified row's own history), a context that samples on the host.
-    None: numpy builds the law (`sampling_dist`). Seeded from `rng`, so a fixed seed still gives the same text."""
-    if not (
-        not sampling.greedy
-        and 0 < sampling.top_k <= MAX_TOP_K
-        and sampling.top_k < ctx.n_vocab
-        and not sampling.penalised
-        and ctx.host_chains
-        and chain_law_available()
-    ):
-        return None
-    return ChainLaw(
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        min_p=sampling.min_p,
-        seed=int(rng.integers(2**32)),
-    )
+    """llama.cpp's chain for the target's law during one generation, where it builds ours (`chain_law_fits`; None:
+    numpy). Its draws are seeded from `rng`, so a fixed seed still gives the same text."""
+    return chain_law(sampling, seed=int(rng.integers(2**32))) if chain_law_fits(ctx, sampling) else None
 
 
 class ChainRow:
     """Row i's law as llama.cpp's chain builds it, with `Dist`'s interface. `sample` is the chain's own draw (its
-    `dist` sampler and random state, not `rng`); the law (`ids`, `probs`) is rebuilt from the chain's survivors only
-    when asked — the same law the draw uses (`ChainLaw.law`). Valid until the context's next decode."""
+    `dist` sampler and random state, not `rng`); the law itself is rebuilt from the chain's survivors only when p/q
+    asks for a probability — the same law the draw uses (`ChainLaw.law`). Valid until the context's next decode."""
 
-    __slots__ = ("_chain", "_ctx", "_i", "_dist")
+    __slots__ = ("_chain", "_ctx", "_i", "_law")
 
     def __init__(self, chain: ChainLaw, ctx: Context, i: int) -> None:
         self._chain, self._ctx, self._i = chain, ctx, i
-        self._dist: Dist | None = None
+        self._law: ListLaw | None = None
 
     @property
-    def dist(self) -> Dist:
-        if self._dist is None:
-            self._dist = Dist(*self._chain.law(self._ctx, self._i))
-        return self._dist
+    def law(self) -> ListLaw:
+        if self._law is None:
+            self._law = ListLaw(*self._chain.law(self._ctx, self._i))
+        return self._law
 
     @property
     def ids(self) -> np.ndarray:
-        return self.dist.ids
+        return self.law.ids
 
     @property
     def probs(self) -> np.ndarray:
-        return self.dist.probs
+        return self.law.probs
 
     def prob(self, token: int) -> float:
-        return self.dist.prob(token)
+        return self.law.prob(token)
 
     def top(self) -> tuple[int, float]:
-        return self.dist.top()
+        return self.law.top()
 
     def dense(self, n_vocab: int) -> np.ndarray:
-        return self.dist.dense(n_vocab)
+        return self.law.dense(n_vocab)
 
     def sample(self, rng: np.random.Generator) -> int:
         return self._chain.draw(self._ctx, self._i)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .sampling import Dist
+from .sampling import Dist, Law
 
 Verdict = tuple[int, int]  # (number of draft tokens accepted, the token emitted after them)
 
@@ -42,7 +42,7 @@ def verify_match(draft_tokens: Sequence[int], target_dists: Sequence[Dist], rng:
 
 def verify_pq(
     draft_tokens: Sequence[int],
-    draft_dists: Sequence[Dist | None],
+    draft_dists: Sequence[Law | None],
     target_dists: Sequence[Dist],
     rng: np.random.Generator,
 ) -> Verdict:

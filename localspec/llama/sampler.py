@@ -13,13 +13,13 @@ come from the same law, bit for bit (tests/llama/test_chain_law.py compares it w
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import struct
 
 import llama_cpp
-import numpy as np
 
 from .context import Context
 
@@ -104,8 +104,9 @@ class ChainLaw:
         """A token from row `i`'s law, drawn by llama.cpp (one native call)."""
         return int(llama_cpp.llama_sampler_sample(self._draw, ctx.handle, i))
 
-    def law(self, ctx: Context, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Row `i`'s law as `dist` draws from it: ((m,) int64 ascending ids, (m,) float64 probabilities).
+    def law(self, ctx: Context, i: int) -> tuple[list[int], list[float]]:
+        """Row `i`'s law as `dist` draws from it: (ascending token ids, their probabilities), as Python lists — a
+        few values, and a numpy call costs more than the whole walk right after a decode.
 
         `dist` weighs the survivors, sorted best first, by float32 expf(l − l_0) and draws against their sum in
         double; the same operations here give the same numbers.
@@ -118,16 +119,20 @@ class ChainLaw:
         total = 0.0
         for w in weights:
             total += w
-        ranked = sorted(zip((token for token, _, _ in survivors), weights))
-        return np.array([t for t, _ in ranked], dtype=np.int64), np.array([w / total for _, w in ranked])
+        ranked = sorted(zip([token for token, _, _ in survivors], weights))
+        return [t for t, _ in ranked], [w / total for _, w in ranked]
 
     def close(self) -> None:
         """Free both chains (idempotent)."""
         for name in ("_draw", "_law"):
-            chain = getattr(self, name)
+            chain = getattr(self, name, None)
             if chain is not None:
                 llama_cpp.llama_sampler_free(chain)
                 setattr(self, name, None)
+
+    def __del__(self) -> None:  # a drafter's chain lives as long as the drafter: freed with it
+        with contextlib.suppress(Exception):  # at interpreter shutdown the module may be gone already
+            self.close()
 
 
 class NativeSampler:
