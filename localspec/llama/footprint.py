@@ -1,0 +1,186 @@
+"""What a GGUF file needs in memory, read from its header alone: `Footprint`, and llama.cpp's own count of it.
+
+`read_footprint` parses the header (metadata and tensor table; never the weights, so a 9 GB file reads in
+milliseconds) and groups the tensor sizes as llama.cpp places them: the input layer (token embeddings, always on
+the CPU), each repeating layer `blk.N.*` (with its MoE experts, `*_exps*`, apart), and the output layer (a second
+copy of the embeddings when they are tied). `simulate` asks llama.cpp itself through `no_alloc`, for checking.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localspec.errors import ModelFileError
+
+
+KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+_EXPERTS = "_exps"  # llama.cpp's own pattern for --cpu-moe: `\.ffn_(up|down|gate)_exps`
+# GGUF value types: fixed sizes by type id; 8 = string, 9 = array
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """The bytes one model needs, where llama.cpp may put them (weights from the tensor table, exact)."""
+
+    name: str  # the file's name
+    arch: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    input_bytes: int  # token embeddings and the like: llama.cpp keeps the input layer on the CPU
+    output_bytes: int  # output norm and projection (the embeddings again when tied): on the GPU with any layer
+    layer_bytes: tuple[int, ...]  # each repeating layer's weights, its experts included
+    expert_bytes: tuple[int, ...]  # of which MoE experts (`*_exps*`): what --cpu-moe keeps on the CPU
+    kv_bytes_per_cell: tuple[int, ...]  # each layer's K and V for one token (F16); 0 for recurrent layers
+    recurrent: bool
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights as llama.cpp allocates them (a tied output counted twice, as it loads it twice)."""
+        return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(self.expert_bytes)
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        """The KV cache of `n_ctx` cells, every layer."""
+        return n_ctx * sum(self.kv_bytes_per_cell)
+
+
+def read_footprint(path: str | os.PathLike) -> Footprint:
+    """The footprint of a GGUF file, from its header.
+
+    Raises:
+        ModelFileError: not a readable GGUF file (truncated header, unknown tensor type).
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            meta, tensors = _parse(data)
+    except (OSError, ValueError, struct.error, KeyError) as e:
+        raise ModelFileError(f"cannot read the GGUF header of {path} ({e}): re-download the file") from None
+    return _footprint(path.name, meta, tensors)
+
+
+def _parse(data: mmap.mmap) -> tuple[dict[str, object], list[tuple[str, int]]]:
+    """(metadata: scalars, and arrays as their length or, when numeric, their values; [(tensor name, bytes)])."""
+    if data[:4] != b"GGUF":
+        raise ValueError("no GGUF magic")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    pos = 24
+    meta: dict[str, object] = {}
+    for _ in range(n_kv):
+        key, pos = _string(data, pos)
+        (kind,), pos = struct.unpack_from("<I", data, pos), pos + 4
+        meta[key], pos = _value(data, pos, kind)
+    tensors = []
+    for _ in range(n_tensors):
+        name, pos = _string(data, pos)
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
+        (ggml_type,) = struct.unpack_from("<I", data, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 4 + 8  # and the offset, unused
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        n = 1
+        for d in dims:
+            n *= d
+        tensors.append((name, n // block * size))
+    return meta, tensors
+
+
+def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", data, pos)
+    return data[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
+
+
+def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
+    if kind in _SCALAR:
+        fmt = "<" + _SCALAR[kind]
+        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
+    if kind == _STRING:
+        return _string(data, pos)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown metadata type {kind}")
+    item, count = struct.unpack_from("<IQ", data, pos)
+    pos += 12
+    if item in _SCALAR:  # numeric arrays are kept (per-layer head counts); long ones only counted
+        width = struct.calcsize("<" + _SCALAR[item])
+        values = struct.unpack_from(f"<{count}{_SCALAR[item]}", data, pos) if count <= 4096 else count
+        return values, pos + count * width
+    for _ in range(count):  # strings (the vocabulary) or nested arrays: walked, not kept
+        _, pos = _value(data, pos, item)
+    return count, pos
+
+
+def _per_layer(value: object, n_layer: int, default: int) -> tuple[int, ...]:
+    """A hyperparameter that GGUF may store once or per layer."""
+    if isinstance(value, tuple):
+        return tuple(int(v) for v in value[:n_layer])
+    return (int(value) if isinstance(value, int) else default,) * n_layer
+
+
+def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]]) -> Footprint:
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def hp(key: str, default: int = 0) -> object:
+        return meta.get(f"{arch}.{key}", default)
+
+    n_layer = int(hp("block_count"))  # type: ignore[arg-type]
+    n_embd = int(hp("embedding_length"))  # type: ignore[arg-type]
+    n_head = _per_layer(hp("attention.head_count"), n_layer, 0)
+    kv_heads = hp("attention.head_count_kv", None)
+    n_head_kv = n_head if kv_heads is None else _per_layer(kv_heads, n_layer, 0)
+    layer_bytes, expert_bytes = [0] * n_layer, [0] * n_layer
+    input_bytes = output_bytes = 0
+    names = {t for t, _ in tensors}
+    for tensor, size in tensors:
+        if m := _LAYER_RE.match(tensor):
+            i = int(m.group(1))
+            if i >= n_layer:  # MTP / next-n layers past the trunk: llama.cpp places them with the output
+                output_bytes += size
+                continue
+            layer_bytes[i] += size
+            if _EXPERTS in tensor:
+                expert_bytes[i] += size
+        elif tensor.startswith("output"):
+            output_bytes += size
+        else:
+            input_bytes += size
+            if tensor == "token_embd.weight" and "output.weight" not in names:
+                output_bytes += size  # tied: llama.cpp loads a second copy for the output layer
+    recurrent = "ssm.state_size" in {k.removeprefix(f"{arch}.") for k in meta} and not any(n_head)
+    kv = []
+    for i in range(n_layer):
+        head_dim = n_embd // n_head[i] if n_head[i] else 0
+        k_len = int(hp("attention.key_length", head_dim))  # type: ignore[arg-type]
+        v_len = int(hp("attention.value_length", head_dim))  # type: ignore[arg-type]
+        kv.append(KV_BYTES * n_head_kv[i] * (k_len + v_len))
+    n_vocab = meta.get("tokenizer.ggml.tokens", hp("vocab_size"))
+    return Footprint(
+        name=name,
+        arch=arch,
+        n_layer=n_layer,
+        n_ctx_train=int(hp("context_length")),  # type: ignore[arg-type]
+        n_embd=n_embd,
+        n_vocab=int(n_vocab) if isinstance(n_vocab, int) else 0,
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        layer_bytes=tuple(layer_bytes),
+        expert_bytes=tuple(expert_bytes),
+        kv_bytes_per_cell=tuple(kv),
+        recurrent=recurrent,
+    )
