@@ -8,16 +8,21 @@ copy of the embeddings when they are tied). `simulate` asks llama.cpp itself thr
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import llama_cpp
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from localspec.errors import ModelFileError
+
+from .log import init, llama_error, llama_log
 
 
 KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
@@ -44,6 +49,12 @@ class Footprint:
     expert_bytes: tuple[int, ...]  # of which MoE experts (`*_exps*`): what --cpu-moe keeps on the CPU
     kv_bytes_per_cell: tuple[int, ...]  # each layer's K and V for one token (F16); 0 for recurrent layers
     recurrent: bool
+    tied_bytes: int  # no output.weight: the token embeddings, loaded again for the output layer (else 0)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Every tensor once, as the file holds them (llama.cpp's `llama_model_size`)."""
+        return self.weight_bytes - self.tied_bytes
 
     @property
     def weight_bytes(self) -> int:
@@ -145,7 +156,7 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
     kv_heads = hp("attention.head_count_kv", None)
     n_head_kv = n_head if kv_heads is None else _per_layer(kv_heads, n_layer, 0)
     layer_bytes, expert_bytes = [0] * n_layer, [0] * n_layer
-    input_bytes = output_bytes = 0
+    input_bytes = output_bytes = tied_bytes = 0
     names = {t for t, _ in tensors}
     for tensor, size in tensors:
         if m := _LAYER_RE.match(tensor):
@@ -162,6 +173,7 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
             input_bytes += size
             if tensor == "token_embd.weight" and "output.weight" not in names:
                 output_bytes += size  # tied: llama.cpp loads a second copy for the output layer
+                tied_bytes = size
     recurrent = "ssm.state_size" in {k.removeprefix(f"{arch}.") for k in meta} and not any(n_head)
     kv = []
     for i in range(n_layer):
@@ -183,4 +195,81 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
         expert_bytes=tuple(expert_bytes),
         kv_bytes_per_cell=tuple(kv),
         recurrent=recurrent,
+        tied_bytes=tied_bytes,
     )
+
+
+def compute_bytes_estimate(footprint: Footprint, n_ubatch: int) -> int:
+    """llama.cpp's compute buffer for one graph of `n_ubatch` tokens: the logits and two hidden-state rows per token.
+
+    It matched llama.cpp's own CPU accounting to the MiB on every shape tried (Qwen2.5 0.5B-14B, Llama 3.2 1B, a
+    Qwen3 MoE; `simulate`), independent of n_ctx (attention is fused). A GPU backend's is of the same order; no GPU
+    measured it in this change.
+    """
+    return 4 * n_ubatch * (footprint.n_vocab + 2 * footprint.n_embd)
+
+
+@dataclass(frozen=True, slots=True)
+class Simulated:
+    """llama.cpp's own count for a model and one context on the CPU (`no_alloc`: nothing allocated)."""
+
+    model_bytes: int  # llama_model_size
+    kv_bytes: int  # "llama_kv_cache: size = … MiB", to 0.01 MiB
+    compute_bytes: int  # "CPU compute buffer size = … MiB", to 0.01 MiB
+
+
+_MIB = re.compile(r"([\d.]+) MiB")
+
+
+def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512) -> Simulated:
+    """Load `path` with `no_alloc` (metadata only, allocations simulated) and create a context: llama.cpp's count.
+
+    `no_alloc` needs the weights read without mmap (`load_mode` NONE: llama.cpp asserts otherwise) and without the
+    CPU repack buffers; no weight is read either way. The sizes come from llama.cpp's log lines (the breakdown API
+    is C++ only).
+
+    Raises:
+        ModelFileError: llama.cpp could not load the file or create the context.
+    """
+    init()
+    params = llama_cpp.llama_model_default_params()
+    params.no_alloc, params.load_mode, params.use_extra_bufts, params.n_gpu_layers = True, 0, False, 0
+    with _captured() as lines:
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+        if not model:
+            raise ModelFileError(f"llama.cpp could not read {path}{llama_error()}")
+        try:
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_ubatch, n_ubatch, 1
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise ModelFileError(f"llama.cpp could not size a context for {path}{llama_error()}")
+            llama_cpp.llama_free(ctx)
+            size = int(llama_cpp.llama_model_size(model))
+        finally:
+            llama_cpp.llama_model_free(model)
+
+    def mib(marker: str) -> int:
+        found = [m.group(1) for line in lines if marker in line and (m := _MIB.search(line))]
+        return round(float(found[-1]) * 2**20) if found else 0
+
+    return Simulated(size, mib("llama_kv_cache: size"), mib("compute buffer size"))
+
+
+@contextmanager
+def _captured():
+    """llama.cpp's log lines (INFO and up) while the block runs."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, level = Keep(logging.INFO), llama_log.level
+    llama_log.addHandler(handler)
+    llama_log.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield lines
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(level)
