@@ -24,7 +24,6 @@ from localspec.errors import ModelFileError
 
 from .log import init, llama_error, llama_log
 
-
 KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = "_exps"  # llama.cpp's own pattern for --cpu-moe: `\.ffn_(up|down|gate)_exps`
