@@ -11,35 +11,26 @@ the files' headers (`llama.footprint`), the devices are given, so tests can play
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from localspec.errors import InvalidParamsError, LocalspecError
-from localspec.llama.footprint import Footprint, compute_bytes_estimate
+from localspec.errors import LocalspecError
+from localspec.llama.context import memory_bytes
+from localspec.llama.devices import devices
+from localspec.llama.footprint import Footprint, compute_bytes_estimate, read_footprint
+
+from .params import LoadParams
 
 GIB, MIB = 2**30, 2**20
 # Kept free on the GPU: llama.cpp's own fitting keeps 1 GiB; our estimates leave out the backend's workspaces.
 DEFAULT_MARGIN = 1 * GIB
 N_UBATCH = 512  # the contexts' batch (llama/context.py), which sizes the compute buffer
 N_CTX_STEP = 256  # a shortened context is a multiple of this
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)\s*$", re.IGNORECASE)
 
 
 class PlacementError(LocalspecError):
     """The pair cannot be placed in this memory (said in one line, with what would fit)."""
-
-
-def parse_size(text: str, source: str = "--gpu-memory") -> int:
-    """Bytes from "8G", "7.5GiB", "8000M", "8gb" (binary units: a laptop's "8 GB" GPU is 8 GiB).
-
-    Raises:
-        InvalidParamsError: not a size (one line naming `source`).
-    """
-    m = _SIZE_RE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
-        raise InvalidParamsError(f"{source} {text!r} is not a memory size: write it like 8G, 7.5GiB or 8000M")
-    return int(float(m.group(1)) * 1024 ** "BKMGT".index(m.group(2).upper() or "B"))
 
 
 def gib(n: int) -> str:
@@ -352,3 +343,40 @@ def _gpu_error(
         f"{asked} need {gib(plan.gpu_bytes)} on {gpu.name} with the rest of the pair, but {gib(budget)} is free "
         f"after the {gib(ask.margin)} margin: use {hints}"
     )
+
+
+def local_gpu(gpu_memory: int | None = None) -> Gpu | None:
+    """This build's first GPU, with `gpu_memory` as its free memory when given; None when the build has none.
+
+    With several GPUs llama.cpp spreads the offloaded layers over all of them: planning for the first alone is the
+    cautious side of that.
+    """
+    for device in devices():
+        if device.kind in ("gpu", "igpu"):
+            free = device.memory_free if gpu_memory is None else gpu_memory
+            return Gpu(device.name, device.description, free, given=gpu_memory is not None)
+    return None
+
+
+def ask_of(params: LoadParams) -> Ask:
+    """What the load parameters ask of the plan."""
+    return Ask(
+        n_ctx=params.n_ctx,
+        target_layers=params.n_gpu_layers,
+        draft_layers=params.n_gpu_layers_draft,
+        cpu_moe=params.cpu_moe,
+        gpu_memory=params.gpu_memory,
+        rpc=bool(params.rpc),
+    )
+
+
+def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) -> GpuPlan:
+    """The plan for loading these files on this machine: their headers, this build's GPU and the RAM available.
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+        PlacementError: as `plan_pair`.
+    """
+    draft_footprint = read_footprint(draft) if draft is not None else None
+    gpu = local_gpu(params.gpu_memory)
+    return plan_pair(read_footprint(target), draft_footprint, ask_of(params), gpu, memory_bytes())

@@ -80,7 +80,9 @@ def read_footprint(path: str | os.PathLike) -> Footprint:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             meta, tensors = _parse(data)
     except (OSError, ValueError, struct.error, KeyError) as e:
-        raise ModelFileError(f"cannot read the GGUF header of {path} ({e}): re-download the file") from None
+        raise ModelFileError(
+            f"could not load {path}: the file is truncated or corrupt (its GGUF header: {e}) — re-download it"
+        ) from None
     return _footprint(path.name, meta, tensors)
 
 

@@ -18,8 +18,8 @@ import llama_cpp
 
 from localspec.errors import ModelFileError
 
-from .cpu import repack_from_env
 from . import devices
+from .cpu import repack_from_env
 from .devices import device_handles
 from .log import init, llama_error
 
