@@ -34,7 +34,8 @@ class PlacementError(LocalspecError):
 
 
 def gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
+    """Bytes for people: "7.0 GiB", "312 MiB"."""
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB else f"{n / MIB:.0f} MiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,8 @@ class GpuPlan:
     draft: ModelPlan | None
     n_ctx: int
     n_ctx_asked: int | None
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = field(default=())  # why, where the plan chose (experts out, a draft split)
+    warnings: tuple[str, ...] = field(default=())  # what the user must be told: a shortened context, paging
 
     @property
     def on_gpu(self) -> bool:
@@ -139,11 +141,12 @@ class GpuPlan:
     def describe(self) -> str:
         """One line: "CUDA0, 8.0 GiB free: draft … ; target … ; n_ctx 4096 (…)"."""
         if not self.on_gpu:
-            why = "".join(f"; {note}" for note in self.notes)
+            why = "".join(f"; {note}" for note in self.notes + self.warnings)
             return f"CPU only{why}; n_ctx {self.n_ctx}; {gib(self.host_bytes)} on the CPU side"
         parts = [p.describe() for p in (self.draft, self.target) if p is not None]
         head = f"{self.device}, {gib(self.free or 0)} free less {gib(self.margin)} margin"
-        tail = f"n_ctx {self.n_ctx}" + (f" ({'; '.join(self.notes)})" if self.notes else "")
+        why = self.notes + self.warnings
+        tail = f"n_ctx {self.n_ctx}" + (f" ({'; '.join(why)})" if why else "")
         return f"{head}: {'; '.join(parts)}; {tail}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -158,6 +161,7 @@ class GpuPlan:
             "target": self.target.to_dict(),
             "draft": self.draft.to_dict() if self.draft else None,
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
             "text": self.describe(),
         }
 
@@ -263,7 +267,7 @@ def plan_pair(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | N
             f"{gib(host_weights)} of weights on the CPU side and {gib(host_free)} of RAM available: expect paging "
             "(a smaller quant would fit)"
         )
-    return replace(plan, n_ctx_asked=ask.n_ctx, notes=plan.notes + tuple(notes))
+    return replace(plan, n_ctx_asked=ask.n_ctx, warnings=tuple(notes))
 
 
 def _cache(plan: GpuPlan) -> int:
