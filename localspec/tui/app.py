@@ -551,7 +551,9 @@ class ChatApp(App[int]):
             self._error(str(e))
             return
         current = self.chat.loaded.pair.name if self.chat.loaded else None
-        self.push_screen(PairScreen(rows, current), lambda name: self._pair_picked(name, rows))
+        plan = self.chat.loaded.engine.plan if self.chat.loaded else None
+        placement = plan.describe() if plan is not None else ""
+        self.push_screen(PairScreen(rows, current, placement), lambda name: self._pair_picked(name, rows))
 
     def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
         if name is None or self._busy("switch pairs"):
