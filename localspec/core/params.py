@@ -69,9 +69,10 @@ def parse_size(text: str, source: str = "--gpu-memory") -> int:
         InvalidParamsError: not a size (one line naming `source`).
     """
     m = _SIZE_RE.match(str(text))
-    if not m or float(m.group(1)) <= 0:
+    size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper()) if m else 0.0
+    if not 0 < size < 2**60:  # past an exbibyte (or inf) is a typo
         raise InvalidParamsError(f"{source} {text!r} is not a memory size: write it like 8G, 7.5GiB or 8000M")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper()))
+    return int(size)
 
 
 def needs_draft_model(drafter: str) -> bool:

@@ -43,7 +43,8 @@ QWEN25_14B = Shape("qwen2", 5120, 48, 13824, 40, 8, 152064)
 QWEN25_32B = Shape("qwen2", 5120, 64, 27648, 40, 8, 152064)
 QWEN25_7B = Shape("qwen2", 3584, 28, 18944, 28, 4, 152064)
 QWEN25_0_5B = Shape("qwen2", 896, 24, 4864, 14, 2, 151936, tied=True)
-LLAMA32_1B = Shape("llama", 2048, 16, 8192, 32, 8, 128256, tied=True, n_ctx_train=131072)
+LLAMA31_8B = Shape("llama", 4096, 32, 14336, 32, 8, 128256, n_ctx_train=131072)  # make_model.py's llama31-8b
+LLAMA32_1B = Shape("llama", 2048, 16, 8192, 32, 8, 128256, tied=True, n_ctx_train=131072)  # ... llama32-1b
 QWEN3_30B_A3B = Shape("qwen3moe", 2048, 48, 6144, 32, 4, 151936, n_expert=128, n_expert_used=8, n_ff_exp=768)
 
 
