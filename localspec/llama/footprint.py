@@ -222,12 +222,12 @@ class Simulated:
 _MIB = re.compile(r"([\d.]+) MiB")
 
 
-def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512) -> Simulated:
+def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_full: bool = True) -> Simulated:
     """Load `path` with `no_alloc` (metadata only, allocations simulated) and create a context: llama.cpp's count.
 
     `no_alloc` needs the weights read without mmap (`load_mode` NONE: llama.cpp asserts otherwise) and without the
     CPU repack buffers; no weight is read either way. The sizes come from llama.cpp's log lines (the breakdown API
-    is C++ only).
+    is C++ only). `swa_full`: sliding-window layers keep every cell, as localspec's contexts do when speculating.
 
     Raises:
         ModelFileError: llama.cpp could not load the file or create the context.
@@ -242,6 +242,7 @@ def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512) -> Sim
         try:
             cparams = llama_cpp.llama_context_default_params()
             cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_ubatch, n_ubatch, 1
+            cparams.swa_full = swa_full
             ctx = llama_cpp.llama_init_from_model(model, cparams)
             if not ctx:
                 raise ModelFileError(f"llama.cpp could not size a context for {path}{llama_error()}")
@@ -250,11 +251,12 @@ def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512) -> Sim
         finally:
             llama_cpp.llama_model_free(model)
 
-    def mib(marker: str) -> int:
-        found = [m.group(1) for line in lines if marker in line and (m := _MIB.search(line))]
-        return round(float(found[-1]) * 2**20) if found else 0
+    def mib(marker: str) -> int:  # summed: a sliding-window model has two caches
+        return round(
+            sum(float(m.group(1)) for line in lines if line.startswith(marker) and (m := _MIB.search(line))) * 2**20
+        )
 
-    return Simulated(size, mib("llama_kv_cache: size"), mib("compute buffer size"))
+    return Simulated(size, mib("llama_kv_cache: size"), mib("sched_reserve:"))
 
 
 @contextmanager
