@@ -290,7 +290,8 @@ def _place(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None
     asked_moe = target.n_layer if ask.cpu_moe else 0
     if gpu is None:
         note = "no GPU in this llama.cpp build" + (": --gpu-memory ignored" if ask.gpu_memory else "")
-        t_plan = _remote(target, ask, n_ctx) if ask.rpc else _placed(target, "target", 0, n_ctx)
+        # an asked --cpu-moe is passed on all the same: nothing to move without a GPU, and the same load path
+        t_plan = _remote(target, ask, n_ctx) if ask.rpc else _placed(target, "target", 0, n_ctx, asked_moe)
         d_plan = _placed(draft, "draft", 0, draft_ctx) if draft else None
         return GpuPlan("CPU", None, ask.margin, t_plan, d_plan, n_ctx, ask.n_ctx, (note,))
     notes: list[str] = []

@@ -81,11 +81,13 @@ def test_experts_on_the_cpu_load_and_decode(tmp_path, caplog):
     rows = {}
     for n_layers in (0, 1, 2):
         caplog.clear()
-        with caplog.at_level(logging.DEBUG, logger="localspec.llama"):
-            with Model(path, n_gpu_layers=0, cpu_moe_layers=n_layers) as model, Context(model, n_ctx=64) as ctx:
-                tokens = model.tokenize("Hello world", add_special=True)
-                ctx.decode(tokens, 0)
-                rows[n_layers] = ctx.logits(-1).copy()
+        with (
+            caplog.at_level(logging.DEBUG, logger="localspec.llama"),
+            Model(path, n_gpu_layers=0, cpu_moe_layers=n_layers) as model,
+            Context(model, n_ctx=64) as ctx,
+        ):
+            ctx.decode(model.tokenize("Hello world", add_special=True), 0)
+            rows[n_layers] = ctx.logits(-1).copy()
         moved = {r.getMessage().split()[1] for r in caplog.records if "buffer type overridden to CPU" in r.getMessage()}
         expected = {f"blk.{i}.ffn_{w}_exps.weight" for i in range(n_layers) for w in ("gate", "up", "down")}
         assert moved == expected
