@@ -283,7 +283,7 @@ def _placement_finding(name: str, pair, target: Path, draft: Path, gpu_memory: i
     from localspec.models.flags import RunFlags
     from localspec.models.loading import load_params
 
-    label = f"{name} placement"
+    label = f"placement of {name}"
     try:
         params = load_params(RunFlags(gpu_memory=gpu_memory), pair.defaults(), has_draft=True)
         gpu = placement.local_gpu(params.gpu_memory)

@@ -51,11 +51,11 @@ def test_doctor_prints_each_downloaded_pairs_placement(chat_home, capsys):
     outcome = run_main(["doctor"], capsys)
     assert outcome.code == 0
     lines = outcome.out.splitlines()
-    placed = [line for line in lines if "placement:" in line]
-    assert {line.split()[0] for line in placed} == {"tiny", "tiny-same", "demo"}  # not the missing Hub pair
+    placed = [line for line in lines if line.startswith("  placement of ")]
+    assert {line.split()[2].rstrip(":") for line in placed} == {"tiny", "tiny-same", "demo"}  # not the Hub pair
     if CPU_ONLY:
         assert all("CPU only; no GPU in this llama.cpp build; n_ctx 2048" in line for line in placed)
     outcome = run_main(["doctor", "--gpu-memory", "6G"], capsys)
-    placed = [line for line in outcome.out.splitlines() if "placement:" in line]
+    placed = [line for line in outcome.out.splitlines() if line.startswith("  placement of ")]
     assert placed and all("6.0 GiB free less 1.0 GiB margin: draft: 2/2 layers + output" in line for line in placed)
     assert_outcome(run_main(["doctor", "--gpu-memory", "lots"], capsys), 1, "is not a memory size")
