@@ -340,12 +340,14 @@ def _gpu_error(
     would = [f"--n-gpu-layers {own.target.gpu_layers}"]
     if own.draft is not None:
         would.append(f"--n-gpu-layers-draft {own.draft.gpu_layers}")
-    hints = " and ".join(would) + " (the plan's: or leave them out), a smaller --n-ctx or a smaller quant"
+    hints = " and ".join(would) + " (the plan's; or leave them out), a smaller --n-ctx or a smaller quant"
     if target.is_moe and not ask.cpu_moe:
         hints += ", or --cpu-moe"
-    asked = " and ".join(p.describe() for p in (plan.draft, plan.target) if p is not None and p.by_flag)
+    asked = [f"--n-gpu-layers {ask.target_layers}"] if plan.target.by_flag else []
+    if plan.draft is not None and plan.draft.by_flag:
+        asked.append(f"--n-gpu-layers-draft {ask.draft_layers}")
     return (
-        f"{asked} need {gib(plan.gpu_bytes)} on {gpu.name} with the rest of the pair, but {gib(budget)} is free "
+        f"the pair needs {gib(plan.gpu_bytes)} on {gpu.name} with {' and '.join(asked)}, but {gib(budget)} is free "
         f"after the {gib(ask.margin)} margin: use {hints}"
     )
 
