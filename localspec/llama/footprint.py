@@ -30,6 +30,7 @@ _EXPERTS = "_exps"  # llama.cpp's own pattern for --cpu-moe: `\.ffn_(up|down|gat
 # GGUF value types: fixed sizes by type id; 8 = string, 9 = array
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,12 @@ def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
         width = struct.calcsize("<" + _SCALAR[item])
         values = struct.unpack_from(f"<{count}{_SCALAR[item]}", data, pos) if count <= 4096 else count
         return values, pos + count * width
-    for _ in range(count):  # strings (the vocabulary) or nested arrays: walked, not kept
+    if item == _STRING:  # the vocabulary: each string's length read and skipped, none decoded
+        length = _U64.unpack_from
+        for _ in range(count):
+            pos += 8 + length(data, pos)[0]
+        return count, pos
+    for _ in range(count):  # nested arrays: walked, not kept
         _, pos = _value(data, pos, item)
     return count, pos
 
