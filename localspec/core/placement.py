@@ -198,7 +198,9 @@ def split_bytes(model: Footprint, gpu_layers: int, n_ctx: int, cpu_moe_layers: i
     return gpu, host, cache
 
 
-def _placed(model: Footprint, name: str, gpu_layers: int, n_ctx: int, cpu_moe: int = 0, by_flag: bool = False):
+def _placed(
+    model: Footprint, name: str, gpu_layers: int, n_ctx: int, cpu_moe: int = 0, by_flag: bool = False
+) -> ModelPlan:
     gpu, host, cache = split_bytes(model, gpu_layers, n_ctx, cpu_moe if model.is_moe else 0)
     return ModelPlan(name, model.n_layer, gpu_layers, cpu_moe if model.is_moe else 0, n_ctx, gpu, host, cache, by_flag)
 
@@ -216,7 +218,7 @@ def _most_layers(model: Footprint, name: str, budget: int, n_ctx: int, cpu_moe: 
 
 def _fewest_experts_out(model: Footprint, budget: int, n_ctx: int) -> ModelPlan:
     """A MoE target: every layer on the GPU with the experts of as few first layers as possible on the CPU (llama.cpp's
-    --n-cpu-moe); when not even all experts out makes every layer fit, as many layers as fit with no experts."""
+    --n-cpu-moe); when not even every expert out makes every layer fit, as many layers as fit with every expert out."""
     for cpu_moe in range(1, model.n_layer + 1):
         plan = _placed(model, "target", model.n_layer + 1, n_ctx, cpu_moe)
         if plan.gpu_bytes <= budget:
@@ -242,7 +244,8 @@ def plan_pair(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | N
         host_free: RAM available for KV caches and compute buffers on the CPU side.
 
     Returns:
-        The plan; its `notes` say every choice the user did not make (a shortened context, experts on the CPU).
+        The plan; its `notes` say why where the plan chose (experts on the CPU), its `warnings` what the user must be
+        told (a shortened context, weights beyond RAM).
 
     Raises:
         PlacementError: asked layer counts beyond the GPU, or an asked context beyond host memory (one line saying
@@ -251,7 +254,7 @@ def plan_pair(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | N
     n_ctx = ask.n_ctx or min(DEFAULT_N_CTX, target.n_ctx_train or DEFAULT_N_CTX)
     plan, notes = _place(target, draft, ask, gpu, n_ctx), []
     if _cache(plan) > host_free:
-        fitting = _longest_fit(target, draft, ask, gpu, host_free)
+        fitting = _longest_fit(target, draft, ask, gpu, host_free, n_ctx)
         if ask.n_ctx is not None or fitting is None:
             would = f"--n-ctx {fitting} or less" if fitting else "a smaller quant"
             more = ", or more layers on the GPU" if gpu is not None else ""
@@ -274,14 +277,26 @@ def _cache(plan: GpuPlan) -> int:
     return plan.target.host_cache_bytes + (plan.draft.host_cache_bytes if plan.draft else 0)
 
 
-def _longest_fit(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None, host_free: int) -> int | None:
-    """The longest context (a multiple of N_CTX_STEP, up to the default) whose host caches fit; None when none does."""
-    n_ctx = (min(DEFAULT_N_CTX, target.n_ctx_train or DEFAULT_N_CTX) // N_CTX_STEP) * N_CTX_STEP
-    while n_ctx >= N_CTX_STEP:
-        if _cache(_place(target, draft, ask, gpu, n_ctx)) <= host_free:
-            return n_ctx
-        n_ctx -= N_CTX_STEP
-    return None
+def _longest_fit(
+    target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None, host_free: int, below: int
+) -> int | None:
+    """The longest context under `below` (a multiple of N_CTX_STEP) whose host caches fit; None when none does.
+
+    Bisected: the caches left in RAM only grow with the context (a longer one also leaves fewer layers on the GPU).
+    """
+
+    def fits(steps: int) -> bool:
+        try:
+            return _cache(_place(target, draft, ask, gpu, steps * N_CTX_STEP)) <= host_free
+        except PlacementError:  # asked layer counts that stop fitting the GPU at this length
+            return False
+
+    below = min(below, target.n_ctx_train + 1) if target.n_ctx_train else below  # never past what it was trained for
+    lo, hi = 0, (below - 1) // N_CTX_STEP  # fits(lo) is taken as true, fits(hi + 1) as false
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo * N_CTX_STEP if lo else None
 
 
 def _place(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None, n_ctx: int) -> GpuPlan:
