@@ -6,6 +6,7 @@ builds the drafter; `Engine.load` wraps the result. Everything opened is closed 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from .params import LoadParams, needs_draft_model
 from .placement import DEFAULT_N_CTX, GpuPlan, ModelPlan, plan_load
 
 __all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,9 @@ def load_models(
         if path is not None:
             check_gguf_file(Path(path))  # its own one-line errors before the plan reads the header
     plan = plan_load(target_path, draft_path if uses_draft else None, params)
+    log.info("placement: %s", plan.describe())
+    for warning in plan.warnings:
+        log.warning("placement: %s", warning)
     owned: list = []
     try:
         workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)

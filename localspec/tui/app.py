@@ -276,7 +276,8 @@ class ChatApp(App[int]):
         self.draw_stats()
         if loaded.pair.defaults.notice:
             self.notify(loaded.pair.defaults.notice, severity="warning", timeout=12)
-        for notice in notices:
+        plan = loaded.engine.plan  # a context the plan shortened is said, never silent
+        for notice in (*notices, *(plan.warnings if plan is not None else ())):
             self.notify(notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
