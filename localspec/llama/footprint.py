@@ -26,7 +26,9 @@ from .log import init, llama_error, llama_log
 
 KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
-_EXPERTS = "_exps"  # llama.cpp's own pattern for --cpu-moe: `\.ffn_(up|down|gate)_exps`
+# A MoE layer's experts: llama.cpp's own pattern for --cpu-moe (common.h, LLM_FFN_EXPS_REGEX), searched in names
+EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_(ch|)exps"
+_EXPERTS_RE = re.compile(EXPERTS_PATTERN)
 # GGUF value types: fixed sizes by type id; 8 = string, 9 = array
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
@@ -172,7 +174,7 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
                 output_bytes += size
                 continue
             layer_bytes[i] += size
-            if _EXPERTS in tensor:
+            if _EXPERTS_RE.search(tensor):
                 expert_bytes[i] += size
         elif tensor.startswith("output"):
             output_bytes += size

@@ -21,6 +21,7 @@ from localspec.errors import ModelFileError
 from . import devices
 from .cpu import repack_from_env
 from .devices import device_handles
+from .footprint import EXPERTS_PATTERN
 from .log import init, llama_error
 
 GGUF_MAGIC = b"GGUF"
@@ -94,10 +95,6 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-# llama.cpp's own pattern for the expert tensors (common.h, LLM_FFN_EXPS_REGEX)
-_EXPERTS = r"\.ffn_(up|down|gate)_(ch|)exps"
-
-
 def experts_on_cpu(n_layers: int) -> ctypes.Array:
     """The NULL-terminated override list that keeps the experts of layers 0..n_layers-1 in CPU memory.
 
@@ -108,7 +105,7 @@ def experts_on_cpu(n_layers: int) -> ctypes.Array:
     native.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
     cpu = native.ggml_backend_cpu_buffer_type()
     many = n_layers >= llama_cpp.llama_max_tensor_buft_overrides()
-    patterns = [_EXPERTS] if many else [rf"blk\.{i}{_EXPERTS}" for i in range(n_layers)]
+    patterns = [EXPERTS_PATTERN] if many else [rf"blk\.{i}{EXPERTS_PATTERN}" for i in range(n_layers)]
     overrides = (_BuftOverride * (len(patterns) + 1))()
     for slot, pattern in zip(overrides, patterns, strict=False):
         slot.pattern, slot.buft = pattern.encode(), cpu
