@@ -74,21 +74,35 @@ def test_a_damaged_header_is_one_line(tmp_path, tiny_models):
     assert "\n" not in str(e.value)
 
 
-def test_experts_on_the_cpu_load_and_decode(tmp_path, caplog):
+class Lines(logging.Handler):
+    """llama.cpp's log lines, kept (attached to its logger itself: other tests' logging set-up may stop propagation)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_experts_on_the_cpu_load_and_decode(tmp_path):
     """--cpu-moe through tensor_buft_overrides: llama.cpp says each expert tensor went to the CPU, and the model
     decodes the same logits as without (on a CPU-only build the override moves nothing)."""
     path = write_moe_model(tmp_path / "moe.gguf")
+    llama_log = logging.getLogger("localspec.llama")
     rows = {}
     for n_layers in (0, 1, 2):
-        caplog.clear()
-        with (
-            caplog.at_level(logging.DEBUG, logger="localspec.llama"),
-            Model(path, n_gpu_layers=0, cpu_moe_layers=n_layers) as model,
-            Context(model, n_ctx=64) as ctx,
-        ):
-            ctx.decode(model.tokenize("Hello world", add_special=True), 0)
-            rows[n_layers] = ctx.logits(-1).copy()
-        moved = {r.getMessage().split()[1] for r in caplog.records if "buffer type overridden to CPU" in r.getMessage()}
+        kept, level = Lines(), llama_log.level
+        llama_log.addHandler(kept)
+        llama_log.setLevel(logging.DEBUG)
+        try:
+            with Model(path, n_gpu_layers=0, cpu_moe_layers=n_layers) as model, Context(model, n_ctx=64) as ctx:
+                ctx.decode(model.tokenize("Hello world", add_special=True), 0)
+                rows[n_layers] = ctx.logits(-1).copy()
+        finally:
+            llama_log.removeHandler(kept)
+            llama_log.setLevel(level)
+        moved = {line.split()[1] for line in kept.lines if "buffer type overridden to CPU" in line}
         expected = {f"blk.{i}.ffn_{w}_exps.weight" for i in range(n_layers) for w in ("gate", "up", "down")}
         assert moved == expected
     assert (rows[0] == rows[1]).all() and (rows[0] == rows[2]).all()
