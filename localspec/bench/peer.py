@@ -21,9 +21,13 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localspec.errors import LocalspecError
 from localspec.llama.cpu import REPACK_ENV, host_cpu, repack_from_env
+
+if TYPE_CHECKING:
+    from localspec.core.placement import GpuPlan
 
 
 class PeerError(LocalspecError):
@@ -108,7 +112,7 @@ class LlamaServer:
         probabilistic: bool | None = False,
         threads: int,
         n_ctx: int,
-        n_gpu_layers: int | None = None,
+        placed: GpuPlan | None = None,
         startup_seconds: float = 120.0,
     ) -> None:
         self.port = _free_port()
@@ -130,8 +134,10 @@ class LlamaServer:
             "1",
             "--no-webui",
         ]
-        if n_gpu_layers is not None:
-            args += ["-ngl", str(n_gpu_layers)]
+        if placed is not None:  # the split localspec loaded with: the same layers on the GPU, the same experts out
+            args += ["-ngl", str(placed.target.gpu_layers)]
+            if placed.target.cpu_moe_layers:
+                args += ["--n-cpu-moe", str(placed.target.cpu_moe_layers)]
         if not repack_from_env():
             args.append("--no-repack")
         if draft is not None and k > 0:
@@ -151,8 +157,8 @@ class LlamaServer:
             ]
             if probabilistic is not None:
                 args += ["--spec-draft-sampling", "probabilistic" if probabilistic else "greedy"]
-            if n_gpu_layers is not None:
-                args += ["-ngld", str(n_gpu_layers)]
+            if placed is not None and placed.draft is not None:
+                args += ["-ngld", str(placed.draft.gpu_layers)]
         self.args = args
         self.startup_seconds = startup_seconds
         self._log = open(os.devnull, "wb")  # noqa: SIM115  (closed in stop)

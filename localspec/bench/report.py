@@ -10,6 +10,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class BenchReport:
     logit_noise: float | None = None  # max |Δlogit|, one batched decode vs single-row decodes of the prompt rows
     sampling: list[SamplingCost] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    placement: dict[str, Any] | None = None  # where the pair went (`GpuPlan.to_dict()`; the peer gets the same split)
 
 
 def rpc_summary(rows: list[RpcRow]) -> list[str]:
@@ -128,8 +130,10 @@ def render(report: BenchReport) -> list[str]:
         f"command: {report.command}",
         f"target: {report.target}",
         f"draft:  {report.draft}",
-        "",
     ]
+    if report.placement:
+        lines.append(f"placement: {report.placement['text']}")
+    lines.append("")
     head = (
         f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
         f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}{'µs/draft':>9}{'µs/pass':>8}{'µs/row':>7}"

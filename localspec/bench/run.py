@@ -25,6 +25,7 @@ import numpy as np
 from localspec.core.drafters import DraftRequest, Proposal
 from localspec.core.engine import Engine, Generation
 from localspec.core.params import SpeculativeParams
+from localspec.core.placement import GpuPlan
 from localspec.core.policy import expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
@@ -420,7 +421,7 @@ def run_peer(
     rounds: int,
     threads: int,
     n_ctx: int,
-    n_gpu_layers: int | None,
+    placed: GpuPlan | None,
     progress: Callable[[str], None],
     draft_sampling: bool = True,
 ) -> dict[Setting, tuple[float, float]]:
@@ -441,7 +442,7 @@ def run_peer(
                 probabilistic=_probabilistic(setting) if draft_sampling else None,
                 threads=threads,
                 n_ctx=n_ctx,
-                n_gpu_layers=n_gpu_layers,
+                placed=placed,
             ) as server:
                 for p, prompt in enumerate(prompts):
                     sp = setting.sampling

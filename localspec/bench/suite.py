@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.core.params import LoadParams
+from localspec.core.placement import GpuPlan
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import LocalspecError
 from localspec.llama.rpc import Endpoint
@@ -79,6 +80,7 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
             draft=plan.draft,
             threads=threads,
             notes=notes,
+            placement=engine.plan.to_dict() if engine.plan else None,
         )
         chosen, tokens, rounds = plan.settings, plan.tokens, plan.rounds
         if relays:
@@ -91,7 +93,7 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
             report.logit_noise = bench.logit_noise(engine, prompts)
             report.sampling = bench.sampling_costs(engine, prompts[0], plan.temperatures)
         if binary is not None:
-            _add_peer(report, binary, plan, engine.n_ctx, prompts, threads, show)
+            _add_peer(report, binary, plan, engine.n_ctx, engine.plan, prompts, threads, show)
         if busy:
             pair = [s for s in chosen if s.temperature == plan.temperatures[0] and (s.k == 0 or s.k is None)]
             report.busy = bench.busy_rows(engine, prompts, pair, tokens, show)
@@ -108,6 +110,7 @@ def _add_peer(
     binary: Path,
     plan: BenchPlan,
     n_ctx: int,
+    placed: GpuPlan | None,
     prompts: list[list[int]],
     threads: int,
     show: Callable[[str], None],
@@ -133,7 +136,7 @@ def _add_peer(
             rounds=plan.rounds,
             threads=threads,
             n_ctx=n_ctx,
-            n_gpu_layers=plan.params.n_gpu_layers,
+            placed=placed,
             progress=show,
             draft_sampling=draft_sampling,
         )

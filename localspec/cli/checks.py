@@ -12,7 +12,14 @@ import argparse
 from pathlib import Path
 from types import MappingProxyType
 
-from localspec.core.params import DEFAULT_MAX_TOKENS, N_CTX_MIN, OPTIONS, SAMPLING_OPTIONS, SPECULATIVE_OPTIONS
+from localspec.core.params import (
+    DEFAULT_MAX_TOKENS,
+    N_CTX_MIN,
+    OPTIONS,
+    SAMPLING_OPTIONS,
+    SPECULATIVE_OPTIONS,
+    parse_size,
+)
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.llama.threads import check_threads, threads_from_env
@@ -49,6 +56,10 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
 
     _bounded(args, "n_ctx", N_CTX_MIN, N_CTX_MAX)
     _bounded(args, "n_gpu_layers", -1, 2**31 - 1)
+    _bounded(args, "n_gpu_layers_draft", -1, 2**31 - 1)
+    gpu_memory = getattr(args, "gpu_memory", None)
+    if gpu_memory is not None:
+        gpu_memory = parse_size(clean(gpu_memory)[0])
     _bounded(args, "max_tokens", 1)
     _bounded(args, "n", 1, N_MAX)
     if args.threads is not None:
@@ -89,6 +100,9 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         drafter=args.drafter,
         n_ctx=args.n_ctx,
         n_gpu_layers=args.n_gpu_layers,
+        n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
+        gpu_memory=gpu_memory,
+        cpu_moe=getattr(args, "cpu_moe", None),
         threads=threads,
         rpc=tuple(rpc),
         device_sampling=getattr(args, "device_sampling", None),

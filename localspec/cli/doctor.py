@@ -16,8 +16,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.core import placement
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
 from localspec.llama import canary, cpu, devices, rpc, threads
+from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
@@ -62,11 +64,13 @@ class DoctorReport:
         return out
 
 
-def run_doctor(paths: Paths) -> DoctorReport:
+def run_doctor(paths: Paths, *, gpu_memory: int | None = None) -> DoctorReport:
     """Inspect this machine.
 
     Args:
         paths: localspec's folders.
+        gpu_memory: plan each downloaded pair as if the GPU had this many bytes free (`--gpu-memory`); on a build
+            without a GPU, as if it had one. None: the GPU as it is (none: the CPU plan).
 
     Returns:
         The report; a broken models.toml is reported in it, not raised.
@@ -82,7 +86,7 @@ def run_doctor(paths: Paths) -> DoctorReport:
     report.sections.append(("CPU", _cpu_findings(paths)))
     report.sections.append(("Files", _file_findings(paths, config_error)))
     if config is not None:
-        report.sections.append(("Pairs", _pair_findings(config, paths)))
+        report.sections.append(("Pairs", _pair_findings(config, paths, gpu_memory)))
     report.sections.append(("Offline demo", _demo_findings(paths)))
     return report
 
@@ -243,7 +247,7 @@ def _size(n: int | None) -> str:
     return f"{n / 2**30:.2f} GiB" if n and n >= 2**30 else f"{n / 2**20:.0f} MiB" if n else "?"
 
 
-def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
+def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -> list[Finding]:
     found = []
     for name, pair in config.pairs.items():
         status = pair_status(pair, paths)
@@ -265,9 +269,31 @@ def _pair_findings(config: ModelsConfig, paths: Paths) -> list[Finding]:
                     else demo.INSTALL_HINT
                 )
         found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
+        if status.downloaded and status.target.path and status.draft.path:
+            found.append(_placement_finding(name, pair, status.target.path, status.draft.path, gpu_memory))
         for endpoint in pair.spec.rpc or ():
             found.append(_worker_finding(name, endpoint))
     return found
+
+
+def _placement_finding(name: str, pair, target: Path, draft: Path, gpu_memory: int | None) -> Finding:
+    """Where the pair would go if loaded now (core/placement.py), with its own models.toml keys; with
+    `gpu_memory` on a build without a GPU, on a GPU of that size (said so)."""
+    from localspec.llama.footprint import read_footprint
+    from localspec.models.flags import RunFlags
+    from localspec.models.loading import load_params
+
+    label = f"placement of {name}"
+    try:
+        params = load_params(RunFlags(gpu_memory=gpu_memory), pair.defaults(), has_draft=True)
+        gpu = placement.local_gpu(params.gpu_memory)
+        if gpu is None and params.gpu_memory is not None:
+            gpu = placement.Gpu("a GPU (none in this build)", "hypothetical", params.gpu_memory, given=True)
+        ask = placement.ask_of(params)
+        plan = placement.plan_pair(read_footprint(target), read_footprint(draft), ask, gpu, memory_bytes())
+    except LocalspecError as e:
+        return Finding(label, "does not fit", str(e))
+    return Finding(label, plan.describe())
 
 
 def _worker_finding(pair: str, endpoint: str) -> Finding:

@@ -29,7 +29,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"
     )
-    p.add_argument("--n-gpu-layers", type=int, help="layers to offload (default: all when the build can)")
+    p.add_argument(
+        "--n-gpu-layers",
+        type=int,
+        help="the target's layers on the GPU, llama.cpp's count (the output layer is one; -1: all; default: the "
+        'placement plan\'s, README "GPU placement")',
+    )
+    p.add_argument("--n-gpu-layers-draft", type=int, help="the draft's layers on the GPU (default: the plan's)")
+    p.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="plan as if the GPU had SIZE free, e.g. 8G or 7.5GiB (a cap when sharing it; a laptop on a big GPU)",
+    )
+    p.add_argument(
+        "--cpu-moe",
+        action="store_const",
+        const=True,
+        help="keep a mixture-of-experts target's experts in CPU memory (default: the plan's, when they do not fit)",
+    )
     p.add_argument(
         "--threads",
         type=int,

@@ -88,7 +88,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
     prompt, notices = _read_prompt(args)
     with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
-        for note in (defaults.notice, engine.drafting_note):
+        for note in (defaults.notice, engine.drafting_note, *(engine.plan.warnings if engine.plan else ())):
             if note:
                 print(f"localspec: note: {note}", file=sys.stderr)
         sampling, spec = sampling_params(run.overrides, defaults), speculative_params(run.overrides, defaults)
@@ -222,5 +222,6 @@ def _completion_json(gen, split) -> dict:
         "finish_reason": gen.finish_reason,
         "notices": gen.notices,
         "stats": gen.stats.to_dict(),
+        "placement": gen.engine.plan.to_dict() if gen.engine.plan else None,
         "parts": {name: part.to_dict() for name, part in split.parts().items()} if split is not None else None,
     }

@@ -30,6 +30,11 @@ def register(subparsers) -> None:
     pull.set_defaults(func=cmd_pull)
 
     doctor = subparsers.add_parser("doctor", help="check devices, paths and downloads; say what to fix")
+    doctor.add_argument(
+        "--gpu-memory",
+        metavar="SIZE",
+        help="plan each pair as if the GPU had SIZE free, e.g. 8G (on a build without a GPU: as if it had one)",
+    )
     doctor.set_defaults(func=cmd_doctor)
 
 
@@ -151,9 +156,12 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
 
 def cmd_doctor(args: argparse.Namespace, paths: Paths) -> int:
     """Print the doctor's report; exit 0 even when it found things to fix (it says what to do)."""
+    from localspec.core.params import parse_size
+
     from .doctor import run_doctor
 
-    report = run_doctor(paths)
+    gpu_memory = parse_size(args.gpu_memory) if getattr(args, "gpu_memory", None) is not None else None
+    report = run_doctor(paths, gpu_memory=gpu_memory)
     for line in report.lines():
         print(line)
     problems = report.problems

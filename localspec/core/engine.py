@@ -29,6 +29,7 @@ from .drafters import Drafter, DraftRequest
 from .kv import KVSequence, PrefillStopped
 from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
+from .placement import GpuPlan
 from .policy import DraftPolicy, size_ratio
 from .sampling import SamplingParams
 from .stats import Stats
@@ -229,8 +230,10 @@ class Engine:
         owned: Sequence = (),
         auto_threads: bool = False,
         bridge: VocabBridge | None = None,
+        plan: GpuPlan | None = None,
     ) -> None:
         self.target_model = target_model
+        self.plan = plan  # where the models went (None: built without `load`)
         self.target = target
         self.drafter = drafter
         # Every cache the engine keeps consistent: the target's first, then the drafter's own.
@@ -280,6 +283,7 @@ class Engine:
             owned=loaded.owned,
             auto_threads=params.n_threads is None,
             bridge=loaded.bridge,
+            plan=loaded.plan,
         )
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:

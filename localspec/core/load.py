@@ -6,6 +6,7 @@ builds the drafter; `Engine.load` wraps the result. Everything opened is closed 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,14 +15,16 @@ from localspec.errors import InvalidParamsError
 from localspec.llama import rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
-from localspec.llama.model import Model
+from localspec.llama.model import Model, check_gguf_file
 
 from .bridge import VocabBridge
 from .drafters import Drafter, make_drafter
 from .kv import KVSequence
 from .params import LoadParams, needs_draft_model
+from .placement import DEFAULT_N_CTX, GpuPlan, ModelPlan, plan_load
 
-DEFAULT_N_CTX = 4096
+__all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -32,6 +35,7 @@ class Loaded:
     target: KVSequence
     drafter: Drafter
     bridge: VocabBridge | None
+    plan: GpuPlan  # where each model went (core/placement.py)
     owned: list = field(default_factory=list)
 
 
@@ -44,27 +48,35 @@ def load_models(
 ) -> Loaded:
     """Open the target (and the draft) and create their contexts (see `Engine.load`).
 
+    The models go where the placement plan puts them (`plan_load`: the draft whole on the GPU first, then the
+    target's layers; explicit layer counts win), and the plan's n_ctx is the target's context.
+
     Raises:
-        LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
+        LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter, a pair that does not fit.
     """
     if needs_draft_model(params.drafter) and draft_path is None:
         raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
+    uses_draft = needs_draft_model(params.drafter)
+    for path in (target_path, draft_path if uses_draft else None):
+        if path is not None:
+            check_gguf_file(Path(path))  # its own one-line errors before the plan reads the header
+    plan = plan_load(target_path, draft_path if uses_draft else None, params)
+    log.info("placement: %s", plan.describe())
+    for warning in plan.warnings:
+        log.warning("placement: %s", warning)
     owned: list = []
     try:
         workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)
         placement = _own(owned, rpc.attach(workers)) if workers else None
-        target_model = _own(
-            owned,
-            Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
-        )
+        target_model = _own(owned, _open(target_path, plan.target, placement=placement, progress=progress))
         check_target(target_model)
         draft_model = bridge = None
-        if needs_draft_model(params.drafter):
-            draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
+        if uses_draft and plan.draft is not None:
+            draft_model = _own(owned, _open(draft_path, plan.draft))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
         speculating = params.drafter != "none"
-        n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
+        n_ctx = plan.n_ctx
         target = _sequence(owned, target_model, n_ctx, params, speculating)
         draft = None
         if draft_model is not None:
@@ -74,11 +86,16 @@ def load_models(
             if seq is not None:
                 seq.warm()
         drafter = make_drafter(params.drafter, draft, bridge)
-        return Loaded(target_model, target, drafter, bridge, owned)
+        return Loaded(target_model, target, drafter, bridge, plan, owned)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def _open(path: str | Path, plan: ModelPlan, **options) -> Model:
+    """A model where its plan puts it: its layers on the GPU, its experts on the CPU."""
+    return Model(path, n_gpu_layers=plan.gpu_layers, cpu_moe_layers=plan.cpu_moe_layers, **options)
 
 
 def _own(owned: list, obj):

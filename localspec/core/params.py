@@ -9,6 +9,7 @@ validation uses it without loading llama.cpp.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ N_CTX_MIN = 16
 DEFAULT_MAX_TOKENS = 1024
 VERIFY_RULES = ("pq", "match")  # Leviathan's rejection sampling; exact match
 VERIFY_MODES = ("auto", *VERIFY_RULES)  # "auto": pq when T > 0, else greedy
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(i?B?)\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,19 @@ class SpeculativeParams:
         check_fields(self, "speculation")
 
 
+def parse_size(text: str, source: str = "--gpu-memory") -> int:
+    """Bytes from "8G", "7.5GiB", "8000M", "8gb" (binary units: a laptop's "8 GB" GPU is 8 GiB).
+
+    Raises:
+        InvalidParamsError: not a size (one line naming `source`).
+    """
+    m = _SIZE_RE.match(str(text))
+    size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper()) if m else 0.0
+    if not 0 < size < 2**60:  # past an exbibyte (or inf) is a typo
+        raise InvalidParamsError(f"{source} {text!r} is not a memory size: write it like 8G, 7.5GiB or 8000M")
+    return int(size)
+
+
 def needs_draft_model(drafter: str) -> bool:
     """Whether the drafter named `drafter` (one of DRAFTERS) drafts with the draft model: the one place that asks."""
     return drafter in MODEL_DRAFTERS
@@ -82,7 +97,10 @@ class LoadParams:
 
     drafter: str = "model"  # one of DRAFTERS; "model" and "model+ngram" need a draft file
     n_ctx: int | None = None  # None: min(4096, the target's training context)
-    n_gpu_layers: int | None = None  # None: all layers when the build can offload; -1 too
+    n_gpu_layers: int | None = None  # the target's layers on the GPU (llama.cpp's count; -1: all); None: the plan's
+    n_gpu_layers_draft: int | None = None  # the draft's; None: the plan's (core/placement.py)
+    gpu_memory: int | None = None  # plan as if the GPU had this many bytes free; None: what it reports
+    cpu_moe: bool | None = None  # a MoE target's experts in CPU memory (True: all; False: none); None: the plan's
     n_threads: int | None = None  # None: the cores other processes leave free, re-checked while generating
     rollback: str = "auto"  # KVSequence rollback mode ("auto" probes; others force a path)
     swa_full: bool | None = None  # full sliding-window caches; None: on when speculating on such a model
@@ -100,8 +118,12 @@ class LoadParams:
             raise InvalidParamsError(f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}")
         if self.n_ctx is not None and self.n_ctx < N_CTX_MIN:
             raise InvalidParamsError(f"invalid load setting: n-ctx must be at least {N_CTX_MIN}")
-        if self.n_gpu_layers is not None and self.n_gpu_layers < -1:
-            raise InvalidParamsError("invalid load setting: n-gpu-layers must be -1 (all) or more")
+        for name in ("n_gpu_layers", "n_gpu_layers_draft"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < -1):
+                raise InvalidParamsError(f"invalid load setting: {name.replace('_', '-')} must be -1 (all) or more")
+        if self.gpu_memory is not None and (not isinstance(self.gpu_memory, int) or self.gpu_memory <= 0):
+            raise InvalidParamsError("invalid load setting: gpu-memory must be a size such as 8G")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParamsError("invalid load setting: threads must be at least 1")
         if self.device_sampling not in DEVICE_SAMPLING:
@@ -130,6 +152,9 @@ class PairDefaults:
     verify: str | None = None
     n_ctx: int | None = None
     n_gpu_layers: int | None = None
+    n_gpu_layers_draft: int | None = None
+    gpu_memory: int | None = None  # bytes
+    cpu_moe: bool | None = None
     chat_template: str | None = None
     thinking: bool | None = None  # a reasoning model thinks (True) or not (False) through its template's switch
     rpc: tuple[str, ...] = ()

@@ -41,7 +41,15 @@ def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
 
 
 def memory_bytes() -> int:
-    """Memory the process may use: available RAM on Linux, physical RAM elsewhere."""
+    """Memory the process may use: available RAM on Linux (MemAvailable, reclaimable page cache included), physical
+    RAM elsewhere."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
         try:
             return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")

@@ -18,8 +18,10 @@ import llama_cpp
 
 from localspec.errors import ModelFileError
 
+from . import devices
 from .cpu import repack_from_env
 from .devices import device_handles
+from .footprint import EXPERTS_PATTERN
 from .log import init, llama_error
 
 GGUF_MAGIC = b"GGUF"
@@ -87,6 +89,29 @@ class Placement(Protocol):
     def call(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
+class _BuftOverride(ctypes.Structure):
+    """llama.cpp's `llama_model_tensor_buft_override`: tensors whose name matches `pattern` go to `buft`."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def experts_on_cpu(n_layers: int) -> ctypes.Array:
+    """The NULL-terminated override list that keeps the experts of layers 0..n_layers-1 in CPU memory.
+
+    A pattern per layer, as llama.cpp's `--n-cpu-moe N` writes them (past llama.cpp's limit on overrides, one
+    pattern for every layer, as `--cpu-moe`). On a build without a GPU everything is in CPU memory anyway: a no-op.
+    """
+    native = devices.native()
+    native.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
+    cpu = native.ggml_backend_cpu_buffer_type()
+    many = n_layers >= llama_cpp.llama_max_tensor_buft_overrides()
+    patterns = [EXPERTS_PATTERN] if many else [rf"blk\.{i}{EXPERTS_PATTERN}" for i in range(n_layers)]
+    overrides = (_BuftOverride * (len(patterns) + 1))()
+    for slot, pattern in zip(overrides, patterns, strict=False):
+        slot.pattern, slot.buft = pattern.encode(), cpu
+    return overrides
+
+
 def _direct(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
@@ -99,6 +124,7 @@ class Model:
         path: str | os.PathLike,
         *,
         n_gpu_layers: int | None = None,
+        cpu_moe_layers: int = 0,
         vocab_only: bool = False,
         placement: Placement | None = None,
         progress: Callable[[float], None] | None = None,
@@ -109,6 +135,8 @@ class Model:
             path: a .gguf file.
             n_gpu_layers: layers to offload; None = all when the build can offload (or the model is placed on
                 remote devices), else 0.
+            cpu_moe_layers: keep the MoE experts of the first this many layers in CPU memory (llama.cpp's
+                `--n-cpu-moe`; the model's layer count or more: every layer's, as `--cpu-moe`).
             vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
             placement: remote devices (RPC workers) for the layers, followed by this machine's GPUs if any.
             progress: called with the fraction loaded (0..1) while the weights load.
@@ -130,6 +158,9 @@ class Model:
         self.on_local_gpu = n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for _, d in device_handles())
         params.vocab_only = vocab_only
         params.use_extra_bufts = repack_from_env()
+        if cpu_moe_layers > 0:
+            self._overrides = experts_on_cpu(cpu_moe_layers)  # kept alive as long as the model
+            params.tensor_buft_overrides = ctypes.cast(self._overrides, ctypes.c_void_p)
         if placement is not None:
             local_gpus = [h for h, d in device_handles() if d.kind in ("gpu", "igpu")]
             devices = (ctypes.c_void_p * (len(placement.devices) + len(local_gpus) + 1))(

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from localspec.core.options import options_of
-from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
+from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams, parse_size
 from localspec.core.sampling import SamplingParams
 from localspec.errors import ConfigError, InvalidParamsError
 from localspec.paths import Paths
@@ -174,7 +174,17 @@ class PairSpec(BaseModel):
     """Context length in tokens."""
 
     n_gpu_layers: int | None = None
-    """Layers to offload to the GPU; -1 means all."""
+    """The target's layers on the GPU, as llama.cpp counts them (the output layer is one); -1 means all. Unset: the
+    placement plan's (README "GPU placement"); `--n-gpu-layers` wins."""
+
+    n_gpu_layers_draft: int | None = None
+    """The draft's layers on the GPU; unset: the plan's (the whole draft when it fits)."""
+
+    gpu_memory: str | None = None
+    """Plan as if the GPU had this much free ("8G", "7.5GiB"): a cap when the GPU is shared; `--gpu-memory` wins."""
+
+    cpu_moe: StrictBool | None = None
+    """A mixture-of-experts target keeps its experts in CPU memory (true) or not (false); unset: the plan's."""
 
     rpc: tuple[str, ...] | None = None
     """llama.cpp RPC workers ("host:port") that take the target's layers; `--rpc` replaces them."""
@@ -200,10 +210,20 @@ class PairSpec(BaseModel):
     def _check_speculative(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(SpeculativeParams, info.field_name, value)
 
-    @field_validator("n_ctx", "n_gpu_layers", "rpc", "bridge")
+    @field_validator("n_ctx", "n_gpu_layers", "n_gpu_layers_draft", "rpc", "bridge")
     @classmethod
     def _check_load(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(LoadParams, info.field_name, value)
+
+    @field_validator("gpu_memory")
+    @classmethod
+    def _check_size(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                parse_size(value, "gpu_memory")
+            except InvalidParamsError as e:
+                raise ValueError(str(e)) from None
+        return value
 
 
 def _engine_check(kind: type, name: str | None, value: Any) -> Any:
@@ -266,9 +286,13 @@ class Pair:
         return self._set_fields(*PAIR_SPECULATIVE)
 
     def model_overrides(self) -> dict[str, Any]:
-        """Per-pair loading and template defaults that were set: n_ctx, n_gpu_layers, chat_template, thinking, rpc,
-        bridge."""
-        return self._set_fields("n_ctx", "n_gpu_layers", "chat_template", "thinking", "rpc", "bridge")
+        """Per-pair loading and template defaults that were set: n_ctx, the GPU placement keys, chat_template,
+        thinking, rpc, bridge (gpu_memory in bytes)."""
+        names = ("n_ctx", "n_gpu_layers", "n_gpu_layers_draft", "gpu_memory", "cpu_moe")
+        fields = self._set_fields(*names, "chat_template", "thinking", "rpc", "bridge")
+        if "gpu_memory" in fields:
+            fields["gpu_memory"] = parse_size(fields["gpu_memory"], "gpu_memory")
+        return fields
 
     def defaults(self, *, compat_hint: str = "", notice: str = "") -> PairDefaults:
         """The pair's defaults as the engine's callers take them, with what loading it must say."""

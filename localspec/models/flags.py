@@ -23,7 +23,10 @@ class RunFlags:
     draft: str | None = None  # its draft GGUF path
     drafter: str | None = None  # one of DRAFTERS (None: model when there is a draft, else none)
     n_ctx: int | None = None
-    n_gpu_layers: int | None = None
+    n_gpu_layers: int | None = None  # the target's (None: the placement plan's)
+    n_gpu_layers_draft: int | None = None  # the draft's (None: the plan's)
+    gpu_memory: int | None = None  # --gpu-memory in bytes: plan as if the GPU had this much free
+    cpu_moe: bool | None = None  # --cpu-moe (None: the pair's, else the plan's)
     threads: int | None = None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
     rpc: tuple[str, ...] = ()  # parsed "host:port" llama.cpp RPC workers for the target (empty: the pair's)
     device_sampling: str | None = None  # greedy tokens from llama.cpp's in-graph sampler (None: auto)

@@ -67,11 +67,18 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
     Raises:
         InvalidParamsError: a value out of range.
     """
-    n_gpu_layers = flags.n_gpu_layers if flags.n_gpu_layers is not None else defaults.n_gpu_layers
+
+    def given(name: str):  # the flag, else the pair's
+        value = getattr(flags, name)
+        return value if value is not None else getattr(defaults, name)
+
     return LoadParams(
         drafter=flags.drafter or ("model" if has_draft else "none"),
         n_ctx=flags.n_ctx or defaults.n_ctx,
-        n_gpu_layers=n_gpu_layers,
+        n_gpu_layers=given("n_gpu_layers"),
+        n_gpu_layers_draft=given("n_gpu_layers_draft"),
+        gpu_memory=given("gpu_memory"),
+        cpu_moe=given("cpu_moe"),
         n_threads=flags.threads,
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,

@@ -276,7 +276,8 @@ class ChatApp(App[int]):
         self.draw_stats()
         if loaded.pair.defaults.notice:
             self.notify(loaded.pair.defaults.notice, severity="warning", timeout=12)
-        for notice in notices:
+        plan = loaded.engine.plan  # a context the plan shortened is said, never silent
+        for notice in (*notices, *(plan.warnings if plan is not None else ())):
             self.notify(notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
@@ -551,7 +552,9 @@ class ChatApp(App[int]):
             self._error(str(e))
             return
         current = self.chat.loaded.pair.name if self.chat.loaded else None
-        self.push_screen(PairScreen(rows, current), lambda name: self._pair_picked(name, rows))
+        plan = self.chat.loaded.engine.plan if self.chat.loaded else None
+        placement = plan.describe() if plan is not None else ""
+        self.push_screen(PairScreen(rows, current, placement), lambda name: self._pair_picked(name, rows))
 
     def _pair_picked(self, name: str | None, rows: list[loading.PairRow]) -> None:
         if name is None or self._busy("switch pairs"):

@@ -83,18 +83,21 @@ class TextPromptScreen(ModalScreen[str | None]):
 
 
 class PairScreen(ModalScreen[str | None]):
-    """The pairs of the merged models.toml; Enter picks one (the app loads it, or offers to pull it)."""
+    """The pairs of the merged models.toml; Enter picks one (the app loads it, or offers to pull it). Under them,
+    where the loaded pair went (its placement plan: GPU layers, experts, context)."""
 
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
 
-    def __init__(self, rows: list[PairRow], current: str | None) -> None:
+    def __init__(self, rows: list[PairRow], current: str | None, placement: str = "") -> None:
         super().__init__()
-        self.rows, self.current = rows, current
+        self.rows, self.current, self.placement = rows, current, placement
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
             yield Label("Pairs (Enter switches · Esc closes)")
             yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
+            if self.placement:
+                yield Label(f"{self.current} placement: {self.placement}", id="placement")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

@@ -47,6 +47,9 @@ FLAGS = [
     "--drafter",
     "--n-ctx",
     "--n-gpu-layers",
+    "--n-gpu-layers-draft",
+    "--gpu-memory",
+    "--cpu-moe",
     "--threads",
     "--chat-template",
     "--max-tokens",
@@ -95,6 +98,10 @@ NUMBERS = [
     "1.0000001",
     " 3 ",
     "",
+    "8G",
+    "7.5GiB",
+    "1e9G",
+    "9" * 400 + "T",
 ]
 SURROGATES = st.characters(min_codepoint=0xDC80, max_codepoint=0xDCFF)  # how Python hands over non-UTF-8 argv
 WORDS = st.one_of(
@@ -141,6 +148,9 @@ PAIR_FIELDS = [
     "verify",
     "n_ctx",
     "n_gpu_layers",
+    "n_gpu_layers_draft",
+    "gpu_memory",
+    "cpu_moe",
     "chat_template",
     "colour",
 ]

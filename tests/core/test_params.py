@@ -9,7 +9,7 @@ import pytest
 
 from localspec.cli.main import main, setup_logging
 from localspec.core.engine import Engine
-from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams
+from localspec.core.params import LoadParams, PairDefaults, SpeculativeParams, parse_size
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.models.catalog import load_config
@@ -150,3 +150,39 @@ def test_one_option_table_feeds_the_flags_the_pair_schema_the_pair_defaults_and_
     assert {o.name for o in OPTIONS} - pair_keys == {"repeat_penalty", "seed", "adaptive"}
     form = {name for name, _ in SettingsScreen.FIELDS} | {name for name, _, _ in SettingsScreen.CHOICES}
     assert {o.name for o in OPTIONS if o.form} <= form
+
+
+def test_placement_keys_come_from_the_pair_and_flags_win(localspec_home, tiny_models, capsys, seen_load):
+    write_pair(localspec_home, tiny_models, 'n_gpu_layers_draft = 0\ngpu_memory = "6G"\ncpu_moe = false\n')
+    assert main(["generate", "hi"]) == 1
+    assert main(["generate", "hi", "--n-gpu-layers-draft", "5", "--gpu-memory", "7.5GiB", "--cpu-moe"]) == 1
+    assert [(p.n_gpu_layers_draft, p.gpu_memory, p.cpu_moe) for p in seen_load] == [
+        (0, 6 * 2**30, False),
+        (5, int(7.5 * 2**30), True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ('gpu_memory = "lots"', ["field 'gpu_memory'", "is not a memory size: write it like 8G"]),
+        ("gpu_memory = 8", ["field 'gpu_memory'", "string"]),
+        ('cpu_moe = "yes"', ["field 'cpu_moe'", "boolean"]),
+        ("n_gpu_layers_draft = -3", ["field 'n_gpu_layers_draft'", "n-gpu-layers-draft must be -1 (all) or more"]),
+    ],
+)
+def test_models_toml_placement_keys_are_checked(localspec_home, tiny_models, key, words):
+    write_pair(localspec_home, tiny_models, key + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(localspec_home)
+    assert "\n" not in str(e.value) and "pair 'local'" in str(e.value)
+    for word in words:
+        assert word in str(e.value), str(e.value)
+
+
+def test_sizes_are_read_in_binary_units():
+    assert parse_size("8G") == parse_size("8GiB") == parse_size("8 gb") == 8 * 2**30
+    assert parse_size("7.5GiB") == int(7.5 * 2**30) and parse_size("8000M") == 8000 * 2**20
+    for bad in ("8", "8X", "-1G", "0G", "G", "", "1e3G", "9" * 400 + "T", "8G8"):
+        with pytest.raises(InvalidParamsError, match="is not a memory size: write it like 8G"):
+            parse_size(bad)

@@ -431,6 +431,44 @@ def _llama_hparams(shape: LlamaShape, context_length: int, n_vocab: int) -> Call
     return add_hparams
 
 
+def write_moe_model(
+    path: Path, *, seed: int = 0, vocab: Vocab | None = None, n_expert: int = 4, n_expert_used: int = 2
+) -> Path:
+    """Write a tiny mixture-of-experts GGUF (Qwen3-MoE architecture, F32): the llama tensors, each layer's
+    feed-forward replaced by `n_expert` experts (`blk.N.ffn_{gate,up,down}_exps`, what --cpu-moe keeps on the CPU)
+    and a router, plus Qwen3's q/k norms."""
+    vocab = vocab or make_vocab()
+    shape = LlamaShape()
+    d, n_ff_exp, head_dim = shape.n_embd, 32, shape.n_embd // shape.n_head
+    rng = np.random.default_rng(seed + 1)
+    tensors = {k: v for k, v in make_llama_tensors(seed, vocab=vocab).items() if ".ffn_" not in k or "norm" in k}
+    for il in range(shape.n_layer):
+        blk = f"blk.{il}"
+        tensors |= {
+            f"{blk}.attn_q_norm.weight": np.ones(head_dim, dtype=np.float32),
+            f"{blk}.attn_k_norm.weight": np.ones(head_dim, dtype=np.float32),
+            f"{blk}.ffn_gate_inp.weight": (rng.standard_normal((n_expert, d)) / np.sqrt(d)).astype(np.float32),
+            f"{blk}.ffn_gate_exps.weight": (rng.standard_normal((n_expert, n_ff_exp, d)) / np.sqrt(d)).astype(
+                np.float32
+            ),
+            f"{blk}.ffn_up_exps.weight": (rng.standard_normal((n_expert, n_ff_exp, d)) / np.sqrt(d)).astype(np.float32),
+            f"{blk}.ffn_down_exps.weight": (rng.standard_normal((n_expert, d, n_ff_exp)) / np.sqrt(n_ff_exp)).astype(
+                np.float32
+            ),
+        }
+    llama_hparams = _llama_hparams(shape, 2048, vocab.n_vocab)
+
+    def add_hparams(writer: gguf.GGUFWriter) -> None:
+        llama_hparams(writer)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(n_expert_used)
+        writer.add_expert_feed_forward_length(n_ff_exp)
+
+    return _write_gguf(path, "qwen3moe", add_hparams, vocab, True, tensors)
+
+
 def write_mamba_model(
     path: Path, *, seed: int = 0, vocab: Vocab | None = None, n_embd: int = 64, n_layer: int = 2
 ) -> Path:

@@ -1,8 +1,9 @@
 """Snapshot tests (pytest-textual-snapshot) of the chat app's main screens.
 
 The pictures must not change from run to run: a fixed terminal size, no cursor blink, a saved conversation
-with fixed timestamps and stats, a fixed stats panel, notifications cleared, and a models.toml whose pair
-list does not depend on what the machine has downloaded. The app still loads the REAL tiny pair.
+with fixed timestamps and stats, a fixed stats panel, notifications cleared, a models.toml whose pair
+list does not depend on what the machine has downloaded, and the CPU placement whatever GPU the machine has.
+The app still loads the REAL tiny pair.
 Update after an intended change with `pytest tests/tui/test_tui_snapshots.py --snapshot-update`.
 """
 
@@ -49,8 +50,13 @@ def fixed_stats() -> Stats:
 
 
 @pytest.fixture
-def snapshot_home(chat_home, tmp_path):
-    """chat_home with no bundled pairs (the pair list is only the test's) and one saved conversation."""
+def snapshot_home(chat_home, tmp_path, monkeypatch):
+    """chat_home with no bundled pairs (the pair list is only the test's) and one saved conversation; the pair is
+    planned as on a build without a GPU, so that the pair screen's placement line does not hold this machine's free
+    GPU memory."""
+    from localspec.core import placement
+
+    monkeypatch.setattr(placement, "local_gpu", lambda gpu_memory=None: None)
     bundled = tmp_path / "bundled.toml"
     bundled.write_text("", encoding="utf-8")
     store = ChatStore(chat_home.db_path)

@@ -1,0 +1,286 @@
+"""What a GGUF file needs in memory, read from its header alone: `Footprint`, and llama.cpp's own count of it.
+
+`read_footprint` parses the header (metadata and tensor table; never the weights, so a 9 GB file reads in
+milliseconds) and groups the tensor sizes as llama.cpp places them: the input layer (token embeddings, always on
+the CPU), each repeating layer `blk.N.*` (with its MoE experts, `*_exps*`, apart), and the output layer (a second
+copy of the embeddings when they are tied). `simulate` asks llama.cpp itself through `no_alloc`, for checking.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import re
+import struct
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from localspec.errors import ModelFileError
+
+from .log import init, llama_error, llama_log
+
+KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.")
+# A MoE layer's experts: llama.cpp's own pattern for --cpu-moe (common.h, LLM_FFN_EXPS_REGEX), searched in names
+EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_(ch|)exps"
+_EXPERTS_RE = re.compile(EXPERTS_PATTERN)
+# GGUF value types: fixed sizes by type id; 8 = string, 9 = array
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """The bytes one model needs, where llama.cpp may put them (weights from the tensor table, exact)."""
+
+    name: str  # the file's name
+    arch: str
+    n_layer: int
+    n_ctx_train: int
+    n_embd: int
+    n_vocab: int
+    input_bytes: int  # token embeddings and the like: llama.cpp keeps the input layer on the CPU
+    output_bytes: int  # output norm and projection (the embeddings again when tied): on the GPU with any layer
+    layer_bytes: tuple[int, ...]  # each repeating layer's weights, its experts included
+    expert_bytes: tuple[int, ...]  # of which MoE experts (`*_exps*`): what --cpu-moe keeps on the CPU
+    kv_bytes_per_cell: tuple[int, ...]  # each layer's K and V for one token (F16); 0 for recurrent layers
+    recurrent: bool
+    tied_bytes: int  # no output.weight: the token embeddings, loaded again for the output layer (else 0)
+
+    @property
+    def tensor_bytes(self) -> int:
+        """Every tensor once, as the file holds them (llama.cpp's `llama_model_size`)."""
+        return self.weight_bytes - self.tied_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """All weights as llama.cpp allocates them (a tied output counted twice, as it loads it twice)."""
+        return self.input_bytes + self.output_bytes + sum(self.layer_bytes)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(self.expert_bytes)
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        """The KV cache of `n_ctx` cells, every layer."""
+        return n_ctx * sum(self.kv_bytes_per_cell)
+
+
+def read_footprint(path: str | os.PathLike) -> Footprint:
+    """The footprint of a GGUF file, from its header.
+
+    Raises:
+        ModelFileError: not a readable GGUF file (truncated header, unknown tensor type).
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            meta, tensors = _parse(data)
+    except (OSError, ValueError, struct.error, KeyError) as e:
+        raise ModelFileError(
+            f"could not load {path}: the file is truncated or corrupt (its GGUF header: {e}) — re-download it"
+        ) from None
+    return _footprint(path.name, meta, tensors)
+
+
+def _parse(data: mmap.mmap) -> tuple[dict[str, object], list[tuple[str, int]]]:
+    """(metadata: scalars, and arrays as their length or, when numeric, their values; [(tensor name, bytes)])."""
+    if data[:4] != b"GGUF":
+        raise ValueError("no GGUF magic")
+    version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    pos = 24
+    meta: dict[str, object] = {}
+    for _ in range(n_kv):
+        key, pos = _string(data, pos)
+        (kind,), pos = struct.unpack_from("<I", data, pos), pos + 4
+        meta[key], pos = _value(data, pos, kind)
+    tensors = []
+    for _ in range(n_tensors):
+        name, pos = _string(data, pos)
+        (n_dims,) = struct.unpack_from("<I", data, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
+        (ggml_type,) = struct.unpack_from("<I", data, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 4 + 8  # and the offset, unused
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        n = 1
+        for d in dims:
+            n *= d
+        tensors.append((name, n // block * size))
+    return meta, tensors
+
+
+def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
+    (n,) = struct.unpack_from("<Q", data, pos)
+    return data[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
+
+
+def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
+    if kind in _SCALAR:
+        fmt = "<" + _SCALAR[kind]
+        return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
+    if kind == _STRING:
+        return _string(data, pos)
+    if kind != _ARRAY:
+        raise ValueError(f"unknown metadata type {kind}")
+    item, count = struct.unpack_from("<IQ", data, pos)
+    pos += 12
+    if item in _SCALAR:  # numeric arrays are kept (per-layer head counts); long ones only counted
+        width = struct.calcsize("<" + _SCALAR[item])
+        values = struct.unpack_from(f"<{count}{_SCALAR[item]}", data, pos) if count <= 4096 else count
+        return values, pos + count * width
+    if item == _STRING:  # the vocabulary: each string's length read and skipped, none decoded
+        length = _U64.unpack_from
+        for _ in range(count):
+            pos += 8 + length(data, pos)[0]
+        return count, pos
+    for _ in range(count):  # nested arrays: walked, not kept
+        _, pos = _value(data, pos, item)
+    return count, pos
+
+
+def _per_layer(value: object, n_layer: int, default: int) -> tuple[int, ...]:
+    """A hyperparameter that GGUF may store once or per layer."""
+    if isinstance(value, tuple):
+        return tuple(int(v) for v in value[:n_layer])
+    return (int(value) if isinstance(value, int) else default,) * n_layer
+
+
+def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]]) -> Footprint:
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def hp(key: str, default: int = 0) -> object:
+        return meta.get(f"{arch}.{key}", default)
+
+    n_layer = int(hp("block_count"))  # type: ignore[arg-type]
+    n_embd = int(hp("embedding_length"))  # type: ignore[arg-type]
+    n_head = _per_layer(hp("attention.head_count"), n_layer, 0)
+    kv_heads = hp("attention.head_count_kv", None)
+    n_head_kv = n_head if kv_heads is None else _per_layer(kv_heads, n_layer, 0)
+    layer_bytes, expert_bytes = [0] * n_layer, [0] * n_layer
+    input_bytes = output_bytes = tied_bytes = 0
+    names = {t for t, _ in tensors}
+    for tensor, size in tensors:
+        if m := _LAYER_RE.match(tensor):
+            i = int(m.group(1))
+            if i >= n_layer:  # MTP / next-n layers past the trunk: llama.cpp places them with the output
+                output_bytes += size
+                continue
+            layer_bytes[i] += size
+            if _EXPERTS_RE.search(tensor):
+                expert_bytes[i] += size
+        elif tensor.startswith("output"):
+            output_bytes += size
+        else:
+            input_bytes += size
+            if tensor == "token_embd.weight" and "output.weight" not in names:
+                output_bytes += size  # tied: llama.cpp loads a second copy for the output layer
+                tied_bytes = size
+    recurrent = "ssm.state_size" in {k.removeprefix(f"{arch}.") for k in meta} and not any(n_head)
+    kv = []
+    for i in range(n_layer):
+        head_dim = n_embd // n_head[i] if n_head[i] else 0
+        k_len = int(hp("attention.key_length", head_dim))  # type: ignore[arg-type]
+        v_len = int(hp("attention.value_length", head_dim))  # type: ignore[arg-type]
+        kv.append(KV_BYTES * n_head_kv[i] * (k_len + v_len))
+    n_vocab = meta.get("tokenizer.ggml.tokens", hp("vocab_size"))
+    return Footprint(
+        name=name,
+        arch=arch,
+        n_layer=n_layer,
+        n_ctx_train=int(hp("context_length")),  # type: ignore[arg-type]
+        n_embd=n_embd,
+        n_vocab=int(n_vocab) if isinstance(n_vocab, int) else 0,
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        layer_bytes=tuple(layer_bytes),
+        expert_bytes=tuple(expert_bytes),
+        kv_bytes_per_cell=tuple(kv),
+        recurrent=recurrent,
+        tied_bytes=tied_bytes,
+    )
+
+
+def compute_bytes_estimate(footprint: Footprint, n_ubatch: int) -> int:
+    """llama.cpp's compute buffer for one graph of `n_ubatch` tokens: the logits and two hidden-state rows per token.
+
+    It matched llama.cpp's own CPU accounting to the MiB on every shape tried (Qwen2.5 0.5B-14B, Llama 3.2 1B, a
+    Qwen3 MoE; `simulate`), independent of n_ctx (attention is fused). A GPU backend's is of the same order; no GPU
+    measured it in this change.
+    """
+    return 4 * n_ubatch * (footprint.n_vocab + 2 * footprint.n_embd)
+
+
+@dataclass(frozen=True, slots=True)
+class Simulated:
+    """llama.cpp's own count for a model and one context on the CPU (`no_alloc`: nothing allocated)."""
+
+    model_bytes: int  # llama_model_size
+    kv_bytes: int  # "llama_kv_cache: size = … MiB", to 0.01 MiB
+    compute_bytes: int  # "CPU compute buffer size = … MiB", to 0.01 MiB
+
+
+_MIB = re.compile(r"([\d.]+) MiB")
+
+
+def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_full: bool = True) -> Simulated:
+    """Load `path` with `no_alloc` (metadata only, allocations simulated) and create a context: llama.cpp's count.
+
+    `no_alloc` needs the weights read without mmap (`load_mode` NONE: llama.cpp asserts otherwise) and without the
+    CPU repack buffers; no weight is read either way. The sizes come from llama.cpp's log lines (the breakdown API
+    is C++ only). `swa_full`: sliding-window layers keep every cell, as localspec's contexts do when speculating.
+
+    Raises:
+        ModelFileError: llama.cpp could not load the file or create the context.
+    """
+    init()
+    params = llama_cpp.llama_model_default_params()
+    params.no_alloc, params.load_mode, params.use_extra_bufts, params.n_gpu_layers = True, 0, False, 0
+    with _captured() as lines:
+        model = llama_cpp.llama_model_load_from_file(os.fsencode(path), params)
+        if not model:
+            raise ModelFileError(f"llama.cpp could not read {path}{llama_error()}")
+        try:
+            cparams = llama_cpp.llama_context_default_params()
+            cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_ubatch, n_ubatch, 1
+            cparams.swa_full = swa_full
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+            if not ctx:
+                raise ModelFileError(f"llama.cpp could not size a context for {path}{llama_error()}")
+            llama_cpp.llama_free(ctx)
+            size = int(llama_cpp.llama_model_size(model))
+        finally:
+            llama_cpp.llama_model_free(model)
+
+    def mib(marker: str) -> int:  # summed: a sliding-window model has two caches
+        return round(
+            sum(float(m.group(1)) for line in lines if line.startswith(marker) and (m := _MIB.search(line))) * 2**20
+        )
+
+    return Simulated(size, mib("llama_kv_cache: size"), mib("sched_reserve:"))
+
+
+@contextmanager
+def _captured():
+    """llama.cpp's log lines (INFO and up) while the block runs."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler, level = Keep(logging.INFO), llama_log.level
+    llama_log.addHandler(handler)
+    llama_log.setLevel(min(level or logging.INFO, logging.INFO))
+    try:
+        yield lines
+    finally:
+        llama_log.removeHandler(handler)
+        llama_log.setLevel(level)
