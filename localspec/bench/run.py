@@ -209,7 +209,7 @@ def sampling_costs(
     for temperature in temperatures:
         sampling = Setting(temperature, 0).sampling
         rng = np.random.default_rng(0)
-        chain = target_chain(target.ctx, sampling, rng)
+        chain = target_chain(target.ctx, sampling, rng, drafting=False)  # what a plain generation's steps use
         methods = ["ours", "llama.cpp"] + (["numpy"] if chain is not None else [])
         n = max(1, min(rows, (target.ctx.n_ctx - len(prompt)) // len(methods)))
         times: dict[str, list[float]] = {m: [] for m in methods}

@@ -125,11 +125,15 @@ def chain_law(sampling: SamplingParams, seed: int = 0) -> ChainLaw:
     )
 
 
+WHOLE_ROWS_MAX = 2**17  # vocabularies up to this: llama.cpp's chain reads a row whole faster than numpy cuts it
+
+
 class DraftLaw:
-    """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law (a third
-    of numpy's cost right after a CPU decode; README "Where the Python time goes"), else numpy. The draw is always
-    ours, from the request's `rng`, so q is exactly the law the token came from whichever builds it. Keeps one chain,
-    for the settings last used."""
+    """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law and the
+    vocabulary is at most `WHOLE_ROWS_MAX` (a third of numpy's cost right after a CPU decode at 49k tokens; at
+    262k its C loop over every token costs more than numpy's cut; README "Where the Python time goes"), else numpy.
+    The draw is always ours, from the request's `rng`, so q is exactly the law the token came from whichever builds
+    it. Keeps one chain, for the settings last used."""
 
     def __init__(self) -> None:
         self._settings: tuple | None = None
@@ -139,7 +143,8 @@ class DraftLaw:
         settings = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.penalised)
         if settings != self._settings:
             self.close()
-            self._settings, self._chain = settings, chain_law(sampling) if chain_law_fits(ctx, sampling) else None
+            fits = chain_law_fits(ctx, sampling) and ctx.n_vocab <= WHOLE_ROWS_MAX
+            self._settings, self._chain = settings, chain_law(sampling) if fits else None
         if self._chain is not None:
             return ListLaw(*self._chain.law(ctx, -1))
         return sampling_dist(ctx.logits(-1), history, sampling)

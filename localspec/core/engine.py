@@ -145,7 +145,8 @@ class Generation:
         finally:
             stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
-        chain = target_chain(engine.target.ctx, self.sampling, self.rng)  # None: numpy builds the target's law
+        drafting = self.spec.draft_max > 0 and engine.drafter.kind != "none"
+        chain = target_chain(engine.target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
         try:
             yield from self._steps(history, chain)
         finally:

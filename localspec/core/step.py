@@ -15,7 +15,7 @@ import numpy as np
 
 from localspec.llama.sampler import ChainLaw
 
-from .drafters import DraftCost, Drafter, DraftRequest, Proposal, chain_law, chain_law_fits
+from .drafters import WHOLE_ROWS_MAX, DraftCost, Drafter, DraftRequest, Proposal, chain_law, chain_law_fits
 from .kv import Context, KVSequence
 from .sampling import Dist, ListLaw, SamplingParams, greedy_token, penalty_window, sampling_dist
 from .stats import Step
@@ -68,10 +68,16 @@ class TargetLaws(_VerifiedRows):
         return self._rows[i]
 
 
-def target_chain(ctx: Context, sampling: SamplingParams, rng: np.random.Generator) -> ChainLaw | None:
-    """llama.cpp's chain for the target's law during one generation, where it builds ours (`chain_law_fits`; None:
-    numpy). Its draws are seeded from `rng`, so a fixed seed still gives the same text."""
-    return chain_law(sampling, seed=int(rng.integers(2**32))) if chain_law_fits(ctx, sampling) else None
+def target_chain(
+    ctx: Context, sampling: SamplingParams, rng: np.random.Generator, *, drafting: bool = True
+) -> ChainLaw | None:
+    """llama.cpp's chain for the target's law during one generation, where it builds ours (`chain_law_fits`) and is
+    the cheaper: at most `WHOLE_ROWS_MAX` tokens, or a generation that never drafts (past that size its C loop over
+    every token costs more than numpy's cut on the verified rows; a plain step's single draw still gains). None:
+    numpy. Its draws are seeded from `rng`, so a fixed seed still gives the same text."""
+    if not chain_law_fits(ctx, sampling) or (drafting and ctx.n_vocab > WHOLE_ROWS_MAX):
+        return None
+    return chain_law(sampling, seed=int(rng.integers(2**32)))
 
 
 class ChainRow:

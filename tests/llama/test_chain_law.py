@@ -150,3 +150,30 @@ def test_a_plain_step_draws_from_the_law_verification_uses_for_that_row(tiny_mod
             chain.close()
         ctx.close()
         model.close()
+
+
+def test_who_builds_the_law_by_vocabulary_and_drafting(tiny_models, gemma_path):
+    """The chain where it is the cheaper (measured, README "Where the target's law is built"): the target's law
+    up to 2^17 tokens, or in a generation that never drafts; past that, numpy for a drafting generation and for
+    the draft's own law."""
+    from localspec.core.drafters import DraftLaw
+    from localspec.core.sampling import Dist, ListLaw
+
+    sampling = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+    for path, large in ((tiny_models.target, False), (gemma_path, True)):
+        model, ctx = rows(path, [2, 5, 9])
+        try:
+            rng = np.random.default_rng(0)
+            plain, drafting = target_chain(ctx, sampling, rng, drafting=False), target_chain(ctx, sampling, rng)
+            assert plain is not None and (drafting is None) == large
+            draft_law = DraftLaw()
+            assert isinstance(draft_law(ctx, [], sampling), Dist if large else ListLaw)
+            for chain in (plain, drafting):
+                if chain is not None:
+                    chain.close()
+            draft_law.close()
+            penalised = SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.2)
+            assert target_chain(ctx, penalised, rng, drafting=False) is None  # penalties: numpy's law
+        finally:
+            ctx.close()
+            model.close()
