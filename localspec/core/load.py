@@ -6,22 +6,26 @@ builds the drafter; `Engine.load` wraps the result. Everything opened is closed 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import InvalidParamsError
-from localspec.llama import rpc
+from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.model import Model
 
 from .bridge import VocabBridge
 from .drafters import Drafter, make_drafter
+from .head import MtpDrafter
 from .kv import KVSequence
-from .params import LoadParams, needs_draft_model
+from .params import AUTO_DRAFTER, LoadParams, needs_draft_model
 
 DEFAULT_N_CTX = 4096
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -53,17 +57,26 @@ def load_models(
     try:
         workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)
         placement = _own(owned, rpc.attach(workers)) if workers else None
+        missing = mtp.mtp_calls() if params.drafter in ("mtp", AUTO_DRAFTER) else ""
+        load_head = params.drafter in ("mtp", AUTO_DRAFTER) and not missing and placement is None
         target_model = _own(
             owned,
-            Model(target_path, n_gpu_layers=params.n_gpu_layers, placement=placement, progress=progress),
+            Model(
+                target_path,
+                n_gpu_layers=params.n_gpu_layers,
+                placement=placement,
+                progress=progress,
+                load_mtp=load_head,
+            ),
         )
         check_target(target_model)
+        kind = head_drafter(params.drafter, target_model, missing, placement is not None)
         draft_model = bridge = None
         if needs_draft_model(params.drafter):
             draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
-        speculating = params.drafter != "none"
+        speculating = kind != "none"
         n_ctx = params.n_ctx or min(DEFAULT_N_CTX, target_model.info.n_ctx_train)
         target = _sequence(owned, target_model, n_ctx, params, speculating)
         draft = None
@@ -73,12 +86,50 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
-        drafter = make_drafter(params.drafter, draft, bridge)
+        if kind == "mtp":
+            drafter: Drafter = _head_drafter(owned, target_model, target, n_ctx, params)
+        else:
+            drafter = make_drafter(kind, draft, bridge)
         return Loaded(target_model, target, drafter, bridge, owned)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> str:
+    """What `drafter` (a name in DRAFTERS, or AUTO_DRAFTER) becomes for this target: "auto" is "mtp" where the
+    target carries an MTP head this llama-cpp-python can run, else "none"; "mtp" without the calls drafts with
+    n-grams (one warning). Others stay.
+
+    Raises:
+        InvalidParamsError: --drafter mtp on a target without MTP layers.
+    """
+    if drafter not in ("mtp", AUTO_DRAFTER):
+        return drafter
+    if drafter == AUTO_DRAFTER and target.n_layer_nextn == 0:
+        return "none"
+    if drafter == "mtp" and target.n_layer_nextn == 0 and not missing:
+        raise InvalidParamsError(
+            f"--drafter mtp: {target.path.name} has no MTP (nextn) layers: give --draft PATH or use --drafter ngram"
+        )
+    if missing or remote:
+        why = "the MTP head does not run on RPC workers yet" if remote else "this llama-cpp-python has no MTP calls"
+        log.warning("%s: drafting with n-grams", why)
+        log.debug("missing MTP calls: %s", missing)
+        return "ngram"
+    return "mtp"
+
+
+def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:
+    """The target's own MTP head: a second context on its model, fed the target's hidden rows."""
+    mtp.emit_hidden(target.ctx)
+    head_ctx = _own(owned, mtp.HeadContext(model, n_ctx=n_ctx, n_threads=params.n_threads))
+    head = KVSequence(head_ctx, rollback="seq_rm")
+    head.warm()
+    info = model.info
+    ratio = model.n_layer_nextn / (info.n_layer + model.n_layer_nextn)  # the head is one more layer (and the output)
+    return MtpDrafter(target, head, mtp.hidden_rows, size_ratio=ratio)
 
 
 def _own(owned: list, obj):

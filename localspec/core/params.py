@@ -18,8 +18,11 @@ from localspec.llama.rpc import check_endpoint
 from .options import Limit, check_fields, option, options_of
 from .sampling import SamplingParams
 
-DRAFTERS = ("model", "ngram", "model+ngram", "none")
+DRAFTERS = ("model", "ngram", "model+ngram", "mtp", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded (ask `needs_draft_model`)
+# No draft file and no --drafter: the target's own MTP head where it has one (and llama-cpp-python can run it),
+# else plain decoding. `load_models` settles it; the engine's drafter says what it became (`Drafter.kind`).
+AUTO_DRAFTER = "auto"
 N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
@@ -80,7 +83,7 @@ BRIDGES = ("auto", "text", "shared")  # how a draft with another vocabulary draf
 class LoadParams:
     """How `Engine.load` loads the models and creates their contexts."""
 
-    drafter: str = "model"  # one of DRAFTERS; "model" and "model+ngram" need a draft file
+    drafter: str = "model"  # one of DRAFTERS or AUTO_DRAFTER; "model" and "model+ngram" need a draft file
     n_ctx: int | None = None  # None: min(4096, the target's training context)
     n_gpu_layers: int | None = None  # None: all layers when the build can offload; -1 too
     n_threads: int | None = None  # None: the cores other processes leave free, re-checked while generating
@@ -96,7 +99,7 @@ class LoadParams:
     bridge: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.drafter not in DRAFTERS:
+        if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):
             raise InvalidParamsError(f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}")
         if self.n_ctx is not None and self.n_ctx < N_CTX_MIN:
             raise InvalidParamsError(f"invalid load setting: n-ctx must be at least {N_CTX_MIN}")

@@ -1,0 +1,140 @@
+"""`MtpDrafter`: drafting with the target's own MTP head (DESIGN §1), one more `Drafter`.
+
+The head predicts the token after x_p from (x_p, the target's hidden row at p - 1), so its cache must follow the
+target's: the target context tells the drafter after every llama_decode (prefill, verify, a checkpoint's re-decode,
+a refill) and the drafter feeds the head those positions with the rows just computed. Drafting chains the head's
+own hidden rows; those positions are dropped again before the verify pass, which re-feeds them with the target's.
+Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
+The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLaw`, `greedy_token`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .drafters import CostMeter, DraftLaw, DraftRequest, Proposal
+from .kv import KVSequence, Progress
+from .sampling import greedy_token, penalty_window, top_probability
+
+
+class MtpDrafter:
+    """`--drafter mtp`: the target's MTP head drafts, in its own cache on the target's model.
+
+    Args:
+        target: the target's sequence; its context must keep every row's hidden state (`llama.mtp.emit_hidden`).
+        head: the head's sequence over a `llama.mtp.HeadContext` on the same model.
+        hidden_rows: reads the target context's last decode's hidden rows: (ctx, n) -> (n, n_embd) array.
+        size_ratio: the head's weights over the target's (what the policy estimates its cost from).
+    """
+
+    kind = "mtp"
+    needs_model = False
+
+    def __init__(self, target: KVSequence, head: KVSequence, hidden_rows, *, size_ratio: float) -> None:
+        self.target, self.head = target, head
+        self.caches = (head,)
+        self.meter = CostMeter(self.caches)
+        self.law = DraftLaw()
+        self.size_ratio = size_ratio
+        self._hidden_rows = hidden_rows
+        self._n_embd = target.ctx.model.info.n_embd
+        self._block: tuple[int, np.ndarray] = (0, np.zeros((0, self._n_embd), np.float32))  # last decode's rows
+        self._before: tuple[int, np.ndarray] | None = None  # the row just before that block, when known
+        target.ctx.after_decode = self._observe
+
+    @property
+    def n_ctx(self) -> int:
+        return self.head.ctx.n_ctx
+
+    def _row(self, pos: int) -> np.ndarray | None:
+        """The target's hidden row at `pos` if still known (zeros before the first position)."""
+        if pos < 0:
+            return np.zeros(self._n_embd, np.float32)
+        start, rows = self._block
+        if start <= pos < start + len(rows):
+            return rows[pos - start]
+        if self._before is not None and self._before[0] == pos:
+            return self._before[1]
+        return None
+
+    def _observe(self, tokens: list[int], n_past: int) -> None:
+        """After each target decode of `tokens` at n_past..: feed the head the positions whose rows are now known."""
+        before = self._row(n_past - 1)
+        self._before = None if before is None else (n_past - 1, before)
+        self._block = (n_past, self._hidden_rows(self.target.ctx, len(tokens)))
+        head = self.head
+        # Position n_past's inputs (its token, the row before it) did not change when the head already holds it.
+        same = head.n_past > n_past and head.tokens[n_past] == tokens[0]
+        keep = n_past + 1 if same else min(head.n_past, n_past)
+        head.rollback_to(keep)
+        if keep < n_past or (keep == n_past and before is None):
+            return  # the head lags: the next proposal re-derives the rows it lacks
+        rows = self._block[1][: len(tokens) - 1]  # row p - 1 feeds position p
+        if keep == n_past:
+            rows = np.vstack([before[None], rows])
+        else:
+            rows = rows[keep - n_past - 1 :]
+        if len(rows):
+            head.ctx.stage(rows, keep)
+            head.append(tokens[keep - n_past :], outputs=0)
+
+    def _aligned(self, n: int) -> bool:
+        """Whether the head holds positions 0..n-1 and the target's row at n - 1 is known (n = target.n_past)."""
+        if self.head.n_past > n:
+            self.head.rollback_to(n)
+        return self.head.n_past == n and self._row(n - 1) is not None
+
+    def _rederive(self) -> None:
+        """Re-decode the target's tail from the head's last position, so the head gets the rows it lacks."""
+        target = self.target
+        start = max(0, min(self.head.n_past, target.n_past) - 1)
+        tail = target.tokens[start:]
+        target.rollback_to(start)
+        target.append(tail, outputs=0)  # `_observe` feeds the head
+
+    def propose(self, request: DraftRequest) -> Proposal:
+        history, sampling, p_min = request.history, request.sampling, request.p_min
+        n = len(history) - 1  # the target holds history[:-1]
+        if not self._aligned(n):
+            self._rederive()
+        out = Proposal()
+        if not self._aligned(n) or request.k == 0:
+            out.cost = self.meter.take()
+            return out
+        head, sampled = self.head, request.sample and not sampling.greedy
+        recent = penalty_window(history, sampling)
+        head.ctx.stage(self._row(n - 1)[None], n)
+        head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
+        for i in range(request.k):
+            if sampled:
+                dist = self.law(head.ctx, recent + out.tokens, sampling)
+                token, confidence = dist.sample(request.rng), dist.top()[1]
+            else:
+                logits = head.ctx.logits(-1)  # (n_vocab,) view, valid until the next head decode
+                dist = None
+                token = greedy_token(logits, recent + out.tokens if sampling.penalised else recent, sampling)
+                confidence = top_probability(logits) if p_min > 0 else 1.0
+            if confidence < p_min:
+                break
+            out.tokens.append(token)
+            out.dists.append(dist)
+            if i < request.k - 1:
+                head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
+                head.append([token], outputs=1)
+        head.rollback_to(n + 1)  # the chained positions go; the verify pass feeds them with the target's rows
+        out.cost = self.meter.take()
+        return out
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
+        # The target's prefill already fed the head (`_observe`); only a head that lags needs more.
+        if not self._aligned(len(prompt) - 1):
+            self._rederive()
+        return self.meter.take().decoded  # the prompt's cost is the prefill's, not the first proposal's
+
+    def keep(self, n: int) -> None:
+        self.head.rollback_to(min(n, self.head.n_past))
+
+    def close(self) -> None:
+        """Stop following the target (the engine closes the contexts)."""
+        if self.target.ctx.after_decode == self._observe:
+            self.target.ctx.after_decode = None
