@@ -128,6 +128,7 @@ class Generation:
 
     def _run(self) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
+        stats.drafter = engine.drafter.kind
         t0 = time.perf_counter()
         engine.policy.start()
         try:
@@ -301,8 +302,11 @@ class Engine:
 
     @property
     def drafting_note(self) -> str:
-        """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary)."""
-        return self.bridge.describe() if self.bridge is not None and self.drafter.needs_model else ""
+        """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary): a
+        bridged draft's vocabulary, or the target's own head ("draft head: 1 MTP layer")."""
+        if self.bridge is not None and self.drafter.needs_model:
+            return self.bridge.describe()
+        return getattr(self.drafter, "note", "")
 
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True

@@ -46,6 +46,12 @@ class MtpDrafter:
     def n_ctx(self) -> int:
         return self.head.ctx.n_ctx
 
+    @property
+    def note(self) -> str:
+        """What the pre-flight found, for the user."""
+        n = self.head.ctx.model.n_layer_nextn
+        return f"draft head: {n} MTP layer{'s' if n > 1 else ''} (the target drafts for itself)"
+
     def _row(self, pos: int) -> np.ndarray | None:
         """The target's hidden row at `pos` if still known (zeros before the first position)."""
         if pos < 0:

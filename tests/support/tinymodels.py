@@ -857,6 +857,7 @@ def write_mtp_model(
     vocab: Vocab | None = None,
     shape: Qwen35Shape = Qwen35Shape(),
     trunk_mix: float = 0.3,
+    head_mix: float = 0.3,
     head_noise: float = 0.0,
     output_scale: float = 1.0,
     chat_template: bool | str = True,
@@ -866,8 +867,10 @@ def write_mtp_model(
     The trunk is "mostly echo": each layer's contribution to the residual stream is scaled by `trunk_mix`, so the
     next token depends mostly on the current one (f(x) = argmax output·norm(embd(x))) and partly on the context.
     The MTP block reads (token x_{t+1}, the trunk's hidden row at t) and predicts x_{t+2}; its `eh_proj` keeps the
-    token half and its attention and FFN add nothing (plus `head_noise`), so it predicts f(x_{t+1}) — what the
-    trunk would say at x_{t+1} without context. The head therefore agrees with the trunk often, not always.
+    token half plus `head_mix` of a random map of the hidden half, its attention adds `head_mix` of its output and
+    its FFN nothing (plus `head_noise`), so it predicts mostly f(x_{t+1}) — what the trunk would say at x_{t+1}
+    without context — while the hidden row and the head's own cache still matter (a stale one shows). The head
+    therefore agrees with the trunk often, not always.
     Tensor names, shapes and hparams keys follow llama.cpp's qwen35 loader (src/models/qwen35.cpp).
 
     Args:
@@ -876,6 +879,7 @@ def write_mtp_model(
         vocab: Vocabulary (default `make_vocab()`).
         shape: Layer sizes.
         trunk_mix: Scale of the trunk layers' residual contributions (0: a pure echo model).
+        head_mix: Weight of the hidden row and of the head's attention in its output (0: neither matters).
         head_noise: Relative noise on the head's weights (0: the head is the context-free trunk).
         output_scale: Multiplier of the output matrix (smaller: flatter laws at T > 0).
         chat_template: True for ChatML, False for none, or a Jinja template string.
@@ -940,7 +944,8 @@ def write_mtp_model(
         tensors |= norms | mixer | ffn(blk, trunk_mix)
     for il in range(shape.n_layer, shape.n_layer + shape.n_nextn):
         blk = f"blk.{il}"
-        eh_proj = np.concatenate([np.eye(d), np.zeros((d, d))], axis=1)  # (n_embd, 2*n_embd): keeps the token half
+        hidden_half = rng.standard_normal((d, d)) * head_mix / np.sqrt(d)
+        eh_proj = np.concatenate([np.eye(d), hidden_half], axis=1)  # (n_embd, 2*n_embd): mostly the token half
         head = {
             f"{blk}.attn_norm.weight": ones(d),
             f"{blk}.post_attention_norm.weight": ones(d),
@@ -948,7 +953,7 @@ def write_mtp_model(
             f"{blk}.nextn.enorm.weight": ones(d),
             f"{blk}.nextn.hnorm.weight": ones(d),
         }
-        head |= attention(blk, 0.0) | ffn(blk, 0.0)
+        head |= attention(blk, head_mix) | ffn(blk, 0.0)
         if head_noise:
             head = add_noise(head, head_noise, seed + il)
         tensors |= head
