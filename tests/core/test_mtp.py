@@ -245,3 +245,25 @@ def test_a_target_without_a_head_file_is_refused_in_one_line(tmp_path, capsys, l
     code = main(["generate", "hi", "--target", str(plain), "--drafter", "mtp", "--max-tokens", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "has no MTP" in err[0], err
+
+
+def test_models_and_doctor_name_the_head(mtp_path, tiny_models, localspec_home, capsys, monkeypatch):
+    """`models` says a pair's target can draft for itself; `doctor` says whether this build can run heads."""
+    from localspec.cli.doctor import _compute_findings
+
+    localspec_home.config_file.parent.mkdir(parents=True, exist_ok=True)
+    localspec_home.config_file.write_text(
+        'default = "mtp"\n[pairs.mtp]\ndescription = "tiny qwen35 with a head"\n'
+        f'target = {{ path = "{mtp_path}" }}\ndraft = {{ path = "{tiny_models.draft_noisy}" }}\n',
+        encoding="utf-8",
+    )
+    assert main(["models", "--json"]) == 0
+    [row] = [r for r in json.loads(capsys.readouterr().out) if r["name"] == "mtp"]
+    assert row["mtp_layers"] == 1
+    assert main(["models"]) == 0
+    assert "head    1 MTP layer in the target: it can draft for itself (--drafter mtp)" in capsys.readouterr().out
+    heads = {f.label: f.value for f in _compute_findings()}["MTP draft heads"]
+    assert heads.startswith("yes")
+    monkeypatch.setattr(mtp, "mtp_calls", lambda: "llama_get_embeddings_nextn")
+    heads = {f.label: f.value for f in _compute_findings()}["MTP draft heads"]
+    assert heads == "no (llama_get_embeddings_nextn): such targets draft with n-grams"
