@@ -267,3 +267,14 @@ def test_models_and_doctor_name_the_head(mtp_path, tiny_models, localspec_home, 
     monkeypatch.setattr(mtp, "mtp_calls", lambda: "llama_get_embeddings_nextn")
     heads = {f.label: f.value for f in _compute_findings()}["MTP draft heads"]
     assert heads == "no (llama_get_embeddings_nextn): such targets draft with n-grams"
+
+
+def test_bench_runs_the_head_against_plain(mtp_path, capsys, localspec_home):
+    args = ["bench", "--target", str(mtp_path), "--drafter", "mtp", "--k", "2", "--temperature", "0"]
+    assert main([*args, "--tokens", "16", "--rounds", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "draft:  the target MTP head (--drafter mtp)" in out
+    [row] = [line.split() for line in out.splitlines() if line.startswith("k=2 ")]
+    assert float(row[4].rstrip("%")) > 0  # the head's drafts were accepted
+    code = main(["bench", "--target", str(mtp_path), "--k", "2", "--tokens", "4"])  # no head asked, no draft: refused
+    assert code != 0 and "--drafter mtp" in capsys.readouterr().err
