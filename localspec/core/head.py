@@ -40,6 +40,7 @@ class MtpDrafter:
         self._n_embd = target.ctx.model.info.n_embd
         self._block: tuple[int, np.ndarray] = (0, np.zeros((0, self._n_embd), np.float32))  # last decode's rows
         self._before: tuple[int, np.ndarray] | None = None  # the row just before that block, when known
+        self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
         target.ctx.after_decode = self._observe
 
     @property
@@ -56,6 +57,8 @@ class MtpDrafter:
         """The target's hidden row at `pos` if still known (zeros before the first position)."""
         if pos < 0:
             return np.zeros(self._n_embd, np.float32)
+        if self.target.n_dropped != self._dropped:
+            return None
         start, rows = self._block
         if start <= pos < start + len(rows):
             return rows[pos - start]
@@ -68,7 +71,9 @@ class MtpDrafter:
         before = self._row(n_past - 1)
         self._before = None if before is None else (n_past - 1, before)
         self._block = (n_past, self._hidden_rows(self.target.ctx, len(tokens)))
+        self._dropped = self.target.n_dropped
         head = self.head
+        self._heal()
         # Position n_past's inputs (its token, the row before it) did not change when the head already holds it.
         same = head.n_past > n_past and head.tokens[n_past] == tokens[0]
         keep = n_past + 1 if same else min(head.n_past, n_past)
@@ -84,8 +89,15 @@ class MtpDrafter:
             head.ctx.stage(rows, keep)
             head.append(tokens[keep - n_past :], outputs=0)
 
+    def _heal(self) -> None:
+        """A head append cut short (Ctrl+C) while the engine did not own the head (another drafter in use) left
+        its cache and its tokens apart: bring them together before the next append."""
+        if self.head.ctx.pos_range()[1] + 1 != self.head.n_past:
+            self.head.repair()
+
     def _aligned(self, n: int) -> bool:
         """Whether the head holds positions 0..n-1 and the target's row at n - 1 is known (n = target.n_past)."""
+        self._heal()
         if self.head.n_past > n:
             self.head.rollback_to(n)
         return self.head.n_past == n and self._row(n - 1) is not None

@@ -278,3 +278,20 @@ def test_bench_runs_the_head_against_plain(mtp_path, capsys, localspec_home):
     assert float(row[4].rstrip("%")) > 0  # the head's drafts were accepted
     code = main(["bench", "--target", str(mtp_path), "--k", "2", "--tokens", "4"])  # no head asked, no draft: refused
     assert code != 0 and "--drafter mtp" in capsys.readouterr().err
+
+
+def test_a_long_chat_past_the_context_keeps_the_head_with_the_target(mtp_path):
+    """Turns past a full context: the hybrid target cannot shift, so the oldest turns go and the rest is re-read;
+    the head follows (each cache holds the fresh rendering) and every answer is the plain one."""
+    from core.test_long_chat import SPEC, chat
+
+    from localspec.core.session import ChatSession
+
+    with load(mtp_path) as engine, load(mtp_path, "none") as plain:
+        session, reference = ChatSession(engine, system="Be brief."), ChatSession(plain, system="Be brief.")
+        gens, refs = chat(session, range(14), spec=SPEC), chat(reference, range(14), spec=SPEC)
+        assert any(g.notices for g in gens)  # the window was cut at least once
+        assert sum(g.stats.accepted for g in gens) > 0
+        for gen, ref in zip(gens, refs, strict=True):
+            assert_identical(mtp_path, ref.prompt, ref.tokens, gen.tokens)
+        assert engine.drafter.head.n_past == engine.target.n_past
