@@ -16,6 +16,8 @@ from .drafters import CostMeter, DraftLaw, DraftRequest, Proposal
 from .kv import KVSequence, Progress
 from .sampling import greedy_token, penalty_window, top_probability
 
+FEED_BATCH = 32  # queued head positions fed in one decode (plain steps queue one each: a row copy, no decode)
+
 
 class MtpDrafter:
     """`--drafter mtp`: the target's MTP head drafts, in its own cache on the target's model.
@@ -41,6 +43,7 @@ class MtpDrafter:
         self._block: tuple[int, np.ndarray] = (0, np.zeros((0, self._n_embd), np.float32))  # last decode's rows
         self._before: tuple[int, np.ndarray] | None = None  # the row just before that block, when known
         self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
+        self._pending: tuple[list[int], list[np.ndarray]] = ([], [])  # positions head.n_past.. and their rows
         target.ctx.after_decode = self._observe
 
     @property
@@ -66,28 +69,51 @@ class MtpDrafter:
             return self._before[1]
         return None
 
+    @property
+    def n_fed(self) -> int:
+        """Positions the head holds or has queued (`_pending`): what it will hold after the next `_feed`."""
+        return self.head.n_past + len(self._pending[0])
+
+    def _fed_token(self, pos: int) -> int:
+        return self.head.tokens[pos] if pos < self.head.n_past else self._pending[0][pos - self.head.n_past]
+
+    def _forget_from(self, n: int) -> None:
+        """Forget the head's positions n.. (queued or cached)."""
+        tokens, rows = self._pending
+        if n >= self.head.n_past:
+            self._pending = (tokens[: n - self.head.n_past], rows[: n - self.head.n_past])
+        else:
+            self._pending = ([], [])
+            self.head.rollback_to(n)
+
     def _observe(self, tokens: list[int], n_past: int) -> None:
-        """After each target decode of `tokens` at n_past..: feed the head the positions whose rows are now known."""
+        """After each target decode of `tokens` at n_past..: queue for the head the positions whose rows are now
+        known (fed in one batch by `_feed`, so a plain step costs a row copy, not a head decode)."""
         before = self._row(n_past - 1)
         self._before = None if before is None else (n_past - 1, before)
         self._block = (n_past, self._hidden_rows(self.target.ctx, len(tokens)))
         self._dropped = self.target.n_dropped
-        head = self.head
-        self._heal()
-        # Position n_past's inputs (its token, the row before it) did not change when the head already holds it.
-        same = head.n_past > n_past and head.tokens[n_past] == tokens[0]
-        keep = n_past + 1 if same else min(head.n_past, n_past)
-        head.rollback_to(keep)
+        # Position n_past's inputs (its token, the row before it) did not change when the head already has it.
+        same = self.n_fed > n_past and self._fed_token(n_past) == tokens[0]
+        keep = n_past + 1 if same else min(self.n_fed, n_past)
+        self._forget_from(keep)
         if keep < n_past or (keep == n_past and before is None):
             return  # the head lags: the next proposal re-derives the rows it lacks
         rows = self._block[1][: len(tokens) - 1]  # row p - 1 feeds position p
-        if keep == n_past:
-            rows = np.vstack([before[None], rows])
-        else:
-            rows = rows[keep - n_past - 1 :]
-        if len(rows):
-            head.ctx.stage(rows, keep)
-            head.append(tokens[keep - n_past :], outputs=0)
+        rows = [before, *rows] if keep == n_past else list(rows[keep - n_past - 1 :])
+        self._pending[0].extend(tokens[keep - n_past :])
+        self._pending[1].extend(rows)
+        if len(self._pending[0]) >= FEED_BATCH:
+            self._feed()
+
+    def _feed(self) -> None:
+        """Decode the queued positions into the head's cache (outputs 0: its output matrix is not run)."""
+        tokens, rows = self._pending
+        self._pending = ([], [])  # taken first: a feed cut short leaves a head that lags, never a wrong queue
+        self._heal()
+        if tokens:
+            self.head.ctx.stage(np.stack(rows), self.head.n_past)  # (n, n_embd)
+            self.head.append(tokens, outputs=0)
 
     def _heal(self) -> None:
         """A head append cut short (Ctrl+C) while the engine did not own the head (another drafter in use) left
@@ -97,15 +123,15 @@ class MtpDrafter:
 
     def _aligned(self, n: int) -> bool:
         """Whether the head holds positions 0..n-1 and the target's row at n - 1 is known (n = target.n_past)."""
-        self._heal()
-        if self.head.n_past > n:
-            self.head.rollback_to(n)
+        if self.n_fed > n:
+            self._forget_from(n)
+        self._feed()
         return self.head.n_past == n and self._row(n - 1) is not None
 
     def _rederive(self) -> None:
         """Re-decode the target's tail from the head's last position, so the head gets the rows it lacks."""
         target = self.target
-        start = max(0, min(self.head.n_past, target.n_past) - 1)
+        start = max(0, min(self.n_fed, target.n_past) - 1)
         tail = target.tokens[start:]
         target.rollback_to(start)
         target.append(tail, outputs=0)  # `_observe` feeds the head
@@ -150,7 +176,7 @@ class MtpDrafter:
         return self.meter.take().decoded  # the prompt's cost is the prefill's, not the first proposal's
 
     def keep(self, n: int) -> None:
-        self.head.rollback_to(min(n, self.head.n_past))
+        self._forget_from(min(n, self.n_fed))
 
     def close(self) -> None:
         """Stop following the target (the engine closes the contexts)."""

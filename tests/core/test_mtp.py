@@ -132,7 +132,7 @@ def test_the_head_follows_the_target_through_prefix_reuse_and_rollbacks(mtp_path
         second = first + gen.tokens[:20] + engine.tokenize(" the man", add_special=False)
         gen2 = run_greedy(engine, second, k=3, n=30)
         history = second + gen2.tokens
-        assert engine.drafter.head.n_past == engine.target.n_past == len(history) - 1
+        assert engine.drafter.n_fed == engine.target.n_past == len(history) - 1
         running, row = propose(engine, history)
         engine.check_invariants()
     fresh, fresh_row = fresh_proposal(mtp_path, history)
@@ -294,4 +294,4 @@ def test_a_long_chat_past_the_context_keeps_the_head_with_the_target(mtp_path):
         assert sum(g.stats.accepted for g in gens) > 0
         for gen, ref in zip(gens, refs, strict=True):
             assert_identical(mtp_path, ref.prompt, ref.tokens, gen.tokens)
-        assert engine.drafter.head.n_past == engine.target.n_past
+        assert engine.drafter.n_fed == engine.target.n_past
