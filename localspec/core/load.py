@@ -37,6 +37,7 @@ class Loaded:
     drafter: Drafter
     bridge: VocabBridge | None
     owned: list = field(default_factory=list)
+    note: str = ""  # what loading must tell the user (the MTP head's fallback to n-grams)
 
 
 def load_models(
@@ -70,7 +71,7 @@ def load_models(
             ),
         )
         check_target(target_model)
-        kind = head_drafter(params.drafter, target_model, missing, placement is not None)
+        kind, note = head_drafter(params.drafter, target_model, missing, placement is not None)
         draft_model = bridge = None
         if needs_draft_model(params.drafter):
             draft_model = _own(owned, Model(draft_path, n_gpu_layers=params.n_gpu_layers))
@@ -90,25 +91,25 @@ def load_models(
             drafter: Drafter = _head_drafter(owned, target_model, target, n_ctx, params)
         else:
             drafter = make_drafter(kind, draft, bridge)
-        return Loaded(target_model, target, drafter, bridge, owned)
+        return Loaded(target_model, target, drafter, bridge, owned, note)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
 
 
-def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> str:
-    """What `drafter` (a name in DRAFTERS, or AUTO_DRAFTER) becomes for this target: "auto" is "mtp" where the
-    target carries an MTP head this llama-cpp-python can run, else "none"; "mtp" without the calls drafts with
-    n-grams (one warning). Others stay.
+def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tuple[str, str]:
+    """What `drafter` (a name in DRAFTERS, or AUTO_DRAFTER) becomes for this target, and what to tell the user:
+    "auto" is "mtp" where the target carries an MTP head this llama-cpp-python can run, else "none"; a head it
+    cannot run drafts with n-grams (one line). Others stay.
 
     Raises:
         InvalidParamsError: --drafter mtp on a target without MTP layers.
     """
     if drafter not in ("mtp", AUTO_DRAFTER):
-        return drafter
+        return drafter, ""
     if drafter == AUTO_DRAFTER and target.n_layer_nextn == 0:
-        return "none"
+        return "none", ""
     if drafter == "mtp" and target.n_layer_nextn == 0 and not missing:
         raise InvalidParamsError(
             f"--drafter mtp: {target.path.name} has no MTP (nextn) layers: give --draft PATH or use --drafter ngram"
@@ -117,8 +118,8 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> str
         why = "the MTP head does not run on RPC workers yet" if remote else "this llama-cpp-python has no MTP calls"
         log.warning("%s: drafting with n-grams", why)
         log.debug("missing MTP calls: %s", missing)
-        return "ngram"
-    return "mtp"
+        return "ngram", f"{why}: drafting with n-grams"
+    return "mtp", ""
 
 
 def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:

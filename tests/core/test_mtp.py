@@ -86,12 +86,19 @@ def test_the_head_is_chosen_when_the_target_has_one(mtp_path, tiny_models):
         load(tiny_models.target, "mtp")
 
 
-def test_without_the_staging_calls_it_drafts_with_ngrams(mtp_path, monkeypatch, caplog):
+def test_without_the_staging_calls_it_drafts_with_ngrams(mtp_path, monkeypatch, caplog, capsys, localspec_home):
     monkeypatch.setattr(mtp, "mtp_calls", lambda: "llama_get_embeddings_nextn")
     with caplog.at_level(logging.WARNING), load(mtp_path) as engine:
         assert engine.drafter.kind == "ngram"
     lines = [r.getMessage() for r in caplog.records if r.name.startswith("localspec.core")]
     assert lines == ["this llama-cpp-python has no MTP calls: drafting with n-grams"]
+    repeat = "the man said what the man said what the man said what the man"
+    args = ["generate", repeat, "--target", str(mtp_path), "--temperature", "0", "--max-tokens", "24", "--json"]
+    assert main([*args, "--draft-max", "3", "--no-adaptive", "--threads", "1"]) == 0
+    out, err = capsys.readouterr()
+    run = json.loads(out.splitlines()[-1])
+    assert run["drafter"] == "ngram" and run["stats"]["drafted"] > 0
+    assert err.splitlines()[0] == "localspec: note: this llama-cpp-python has no MTP calls: drafting with n-grams"
 
 
 def fresh_proposal(path, history: list[int], k: int = 4) -> tuple[list[int], np.ndarray]:
