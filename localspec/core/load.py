@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.errors import InvalidParamsError
+from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
@@ -87,9 +87,14 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
+        drafter: Drafter | None = None
         if kind == "mtp":
-            drafter: Drafter = _head_drafter(owned, target_model, target, n_ctx, params)
-        else:
+            try:
+                drafter = _head_drafter(owned, target_model, target, n_ctx, params)
+            except ContextError as e:  # llama.cpp would not make the head's context: the target still works
+                log.warning("the MTP head could not start (%s): drafting with n-grams", e)
+                kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
+        if drafter is None:
             drafter = make_drafter(kind, draft, bridge)
         return Loaded(target_model, target, drafter, bridge, owned, note)
     except BaseException:
@@ -114,11 +119,13 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tup
         raise InvalidParamsError(
             f"--drafter mtp: {target.path.name} has no MTP (nextn) layers: give --draft PATH or use --drafter ngram"
         )
-    if missing or remote:
-        why = "the MTP head does not run on RPC workers yet" if remote else "this llama-cpp-python has no MTP calls"
-        log.warning("%s: drafting with n-grams", why)
+    problem = missing and "this llama-cpp-python has no MTP calls"
+    problem = problem or (remote and "the MTP head does not run on RPC workers yet")
+    problem = problem or mtp.head_problem(target.info.arch, target.n_layer_nextn)
+    if problem:
+        log.warning("%s: drafting with n-grams", problem)
         log.debug("missing MTP calls: %s", missing)
-        return "ngram", f"{why}: drafting with n-grams"
+        return "ngram", f"{problem}: drafting with n-grams"
     return "mtp", ""
 
 

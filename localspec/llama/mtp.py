@@ -41,6 +41,25 @@ def mtp_calls() -> str:
     return ", ".join(missing)
 
 
+# Architectures whose MTP graph this llama.cpp builds (src/models/*: LLM_GRAPH_TYPE_DECODER_MTP). Most of them abort
+# (GGML_ASSERT) on a file with more than one MTP block; these three run any one of several (the first, here).
+MTP_ARCHES = frozenset(
+    "bailingmoe3 cohere2moe deepseek2 deepseek32 deepseek4 glm-dsa glm4moe glm5-next hy_v3 mimo2 nemotron_h_moe "
+    "qwen35 qwen35moe qwen3next step35".split()
+)
+MANY_BLOCK_ARCHES = frozenset({"mimo2", "hy_v3", "step35"})
+
+
+def head_problem(arch: str, n_layer_nextn: int) -> str:
+    """Why this llama.cpp cannot run a head of `n_layer_nextn` MTP blocks on `arch` ("" when it can): asked before
+    the head's context is made, since llama.cpp aborts the process rather than refuse."""
+    if arch not in MTP_ARCHES:
+        return f"this llama.cpp has no MTP graph for {arch}"
+    if n_layer_nextn > 1 and arch not in MANY_BLOCK_ARCHES:
+        return f"this llama.cpp runs a single MTP block of {arch}, and the file has {n_layer_nextn}"
+    return ""
+
+
 def emit_hidden(ctx: Context) -> None:
     """Make `ctx` keep every batch row's last hidden state (`hidden_rows`), not only the rows with logits."""
     _ext().llama_set_embeddings_nextn(ctx.handle, True, False)

@@ -22,7 +22,7 @@ from localspec.core.drafters import DraftRequest
 from localspec.core.engine import Engine
 from localspec.core.head import MtpDrafter
 from localspec.core.sampling import SamplingParams
-from localspec.errors import InvalidParamsError
+from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp
 from localspec.llama.context import Context
 from localspec.llama.model import Model
@@ -302,3 +302,24 @@ def test_a_long_chat_past_the_context_keeps_the_head_with_the_target(mtp_path):
         for gen, ref in zip(gens, refs, strict=True):
             assert_identical(mtp_path, ref.prompt, ref.tokens, gen.tokens)
         assert engine.drafter.n_fed == engine.target.n_past
+
+
+def test_a_head_llama_cpp_cannot_run_falls_back_in_one_line(mtp_path, monkeypatch):
+    """llama.cpp aborts the process on a head it cannot build (several blocks where it runs one): we ask first.
+    A head context that llama.cpp refuses falls back the same way."""
+    assert mtp.head_problem("qwen35", 1) == "" and mtp.head_problem("mimo2", 3) == ""
+    assert mtp.head_problem("qwen35", 2) == "this llama.cpp runs a single MTP block of qwen35, and the file has 2"
+    assert mtp.head_problem("llama", 1) == "this llama.cpp has no MTP graph for llama"
+    monkeypatch.setattr(mtp, "head_problem", lambda arch, n: f"this llama.cpp runs a single MTP block of {arch}")
+    with load(mtp_path) as engine:
+        assert engine.drafter.kind == "ngram"
+        assert engine.drafting_note == "this llama.cpp runs a single MTP block of qwen35: drafting with n-grams"
+    monkeypatch.undo()
+
+    def refused(*args, **kwargs):
+        raise ContextError("could not create a context")
+
+    monkeypatch.setattr(mtp.HeadContext, "__init__", refused)
+    with load(mtp_path) as engine:
+        assert engine.drafter.kind == "ngram"
+        assert engine.drafting_note == "the MTP head could not start: drafting with n-grams"
