@@ -2,7 +2,8 @@
 
 The head predicts the token after x_p from (x_p, the target's hidden row at p - 1), so its cache must follow the
 target's: the target context tells the drafter after every llama_decode (prefill, verify, a checkpoint's re-decode,
-a refill) and the drafter feeds the head those positions with the rows just computed. Drafting chains the head's
+a refill) and the drafter queues those positions with the rows just computed for the head, fed in one batch before
+the next draft (or every FEED_BATCH positions), so a plain step costs a row copy. Drafting chains the head's
 own hidden rows; those positions are dropped again before the verify pass, which re-feeds them with the target's.
 Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
 The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLaw`, `greedy_token`).
@@ -170,15 +171,11 @@ class MtpDrafter:
         return out
 
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
-        # The target's prefill already fed the head (`_observe`); only a head that lags needs more.
+        # The target's prefill already queued the head's positions (`_observe`); a head that lags needs more.
         if not self._aligned(len(prompt) - 1):
             self._rederive()
+            self._aligned(len(prompt) - 1)
         return self.meter.take().decoded  # the prompt's cost is the prefill's, not the first proposal's
 
     def keep(self, n: int) -> None:
         self._forget_from(min(n, self.n_fed))
-
-    def close(self) -> None:
-        """Stop following the target (the engine closes the contexts)."""
-        if self.target.ctx.after_decode == self._observe:
-            self.target.ctx.after_decode = None
