@@ -129,7 +129,7 @@ def render(report: BenchReport) -> list[str]:
         f"machine: {report.machine}",
         f"command: {report.command}",
         f"target: {report.target}",
-        f"draft:  {report.draft}",
+        f"draft:  {report.draft or 'the target MTP head (--drafter mtp)'}",
     ]
     if report.placement:
         lines.append(f"placement: {report.placement['text']}")

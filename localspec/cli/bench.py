@@ -102,8 +102,15 @@ def _plan(args: argparse.Namespace, paths: Paths):
         except PeerError as e:
             notes.append(f"llama-server not run: {e}")
     resolved = resolve_models(run, paths)
-    if resolved.draft is None:
-        raise InvalidParamsError("bench compares speculative with plain decoding: it needs a draft (--draft or --pair)")
+    head = run.drafter == "mtp"  # the target's own MTP head drafts: no draft file
+    if resolved.draft is None and not head:
+        raise InvalidParamsError(
+            "bench compares speculative with plain decoding: it needs a draft (--draft or --pair), or --drafter mtp "
+            "for a target with an MTP head"
+        )
+    if head and binary is not None:
+        notes.append("llama-server not run: --drafter mtp has no draft file to give it")
+        binary = None
     params = load_params(run, resolved.defaults, has_draft=True)
     rtts = []
     if params.rpc:
@@ -116,7 +123,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
             probe(Endpoint.parse(e))
     return BenchPlan(
         target=str(resolved.target),
-        draft=str(resolved.draft),
+        draft="" if head else str(resolved.draft),  # "": the target's own head
         params=params,
         chat_template=run.chat_template or resolved.defaults.chat_template,
         texts=texts,

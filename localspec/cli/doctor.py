@@ -18,7 +18,7 @@ from pathlib import Path
 
 from localspec.core import placement
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
-from localspec.llama import canary, cpu, devices, rpc, threads
+from localspec.llama import canary, cpu, devices, mtp, rpc, threads
 from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
@@ -150,6 +150,9 @@ def _compute_findings() -> list[Finding]:
             f"rebuild with RPC: {_reinstall(*(['cuda'] if has_gpu else []))}" if no_rpc else None,
         )
     )
+    missing = mtp.mtp_calls()
+    head = "yes: a target with MTP layers drafts for itself (--drafter mtp)"
+    found.append(Finding("MTP draft heads", f"no ({missing}): such targets draft with n-grams" if missing else head))
     found.append(Finding("CPU cores", f"{threads.physical_cores()} physical, {cpu_count()} usable threads"))
     found.append(_threads_finding())
     found.append(Finding("system info", devices.system_info()))
@@ -258,6 +261,8 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
         verdict = vocabulary_verdict(status)
         if verdict is not None:
             parts.append("same vocabulary" if verdict.kind == "same" else f"bridged ({verdict.reason})")
+            if verdict.head_layers:
+                parts.append(f"the target has {verdict.head_layers} MTP layer(s) (--drafter mtp)")
         mark = " [default]" if name == config.default else ""
         advice = None
         if not status.downloaded:

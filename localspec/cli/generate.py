@@ -220,6 +220,7 @@ def _completion_json(gen, split) -> dict:
         "tokens": gen.tokens,
         "from_draft": gen.from_draft,
         "finish_reason": gen.finish_reason,
+        "drafter": gen.engine.drafter.kind,
         "notices": gen.notices,
         "stats": gen.stats.to_dict(),
         "placement": gen.engine.plan.to_dict() if gen.engine.plan else None,

@@ -48,6 +48,10 @@ def _gib(n: int | None) -> str:
     return f"{n} B"
 
 
+def mtp_layers(n: int) -> str:
+    return f"{n} MTP layer{'s' if n > 1 else ''}"
+
+
 # --- models -------------------------------------------------------------------------------------------------
 
 
@@ -67,6 +71,7 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "draft": status.draft.ref,
         "downloaded": status.downloaded,
         "vocabulary": verdict.kind if verdict else None,  # "same" or "bridged" (None: not downloaded)
+        "mtp_layers": verdict.head_layers if verdict else None,  # the target's own draft head (--drafter mtp)
         "files": files,
         "settings": {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides()},
         "defined_in": str(pair.file),
@@ -90,6 +95,10 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         verdict = vocabulary_verdict(status)
         if verdict is not None and verdict.kind != "same":
             print(f"    vocab   {verdict.describe()} (the draft drafts through text)")
+        if verdict is not None and verdict.head_layers:
+            print(
+                f"    head    {mtp_layers(verdict.head_layers)} in the target: it can draft for itself (--drafter mtp)"
+            )
     missing = [s.pair.name for s in statuses if not s.downloaded]
     if missing:
         print(f"\nDownload a pair with `localspec pull NAME`. Your own pairs go in {paths.config_file}.")

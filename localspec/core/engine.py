@@ -129,6 +129,7 @@ class Generation:
 
     def _run(self) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
+        stats.drafter = engine.drafter.kind
         t0 = time.perf_counter()
         engine.policy.start()
         try:
@@ -232,6 +233,7 @@ class Engine:
         auto_threads: bool = False,
         bridge: VocabBridge | None = None,
         plan: GpuPlan | None = None,
+        load_note: str = "",
     ) -> None:
         self.target_model = target_model
         self.plan = plan  # where the models went (None: built without `load`)
@@ -247,6 +249,7 @@ class Engine:
         self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
         self.bridge = bridge  # how the draft drafts when its vocabulary is not the target's (None: same vocabulary)
+        self.load_note = load_note  # what loading found that the user must know (a head it could not run)
         for seq in self.caches:
             if seq.mode == "refill" and seq.probed:
                 self.cannot_roll_back = f"{seq.ctx.model.path.name} can neither drop a KV tail nor restore a state"
@@ -285,6 +288,7 @@ class Engine:
             auto_threads=params.n_threads is None,
             bridge=loaded.bridge,
             plan=loaded.plan,
+            load_note=loaded.note,
         )
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
@@ -306,8 +310,11 @@ class Engine:
 
     @property
     def drafting_note(self) -> str:
-        """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary)."""
-        return self.bridge.describe() if self.bridge is not None and self.drafter.needs_model else ""
+        """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary): a
+        bridged draft's vocabulary, or the target's own head ("draft head: 1 MTP layer")."""
+        if self.bridge is not None and self.drafter.needs_model:
+            return self.bridge.describe()
+        return getattr(self.drafter, "note", "") or self.load_note
 
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True

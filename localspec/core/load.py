@@ -11,16 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.errors import InvalidParamsError
-from localspec.llama import rpc
+from localspec.errors import ContextError, InvalidParamsError
+from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.model import Model, check_gguf_file
 
 from .bridge import VocabBridge
 from .drafters import Drafter, make_drafter
+from .head import MtpDrafter
 from .kv import KVSequence
-from .params import LoadParams, needs_draft_model
+from .params import AUTO_DRAFTER, LoadParams, needs_draft_model
 from .placement import DEFAULT_N_CTX, GpuPlan, ModelPlan, plan_load
 
 __all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
@@ -37,6 +38,7 @@ class Loaded:
     bridge: VocabBridge | None
     plan: GpuPlan  # where each model went (core/placement.py)
     owned: list = field(default_factory=list)
+    note: str = ""  # what loading must tell the user (the MTP head's fallback to n-grams)
 
 
 def load_models(
@@ -68,14 +70,19 @@ def load_models(
     try:
         workers = tuple(rpc.Endpoint.parse(e) for e in params.rpc)
         placement = _own(owned, rpc.attach(workers)) if workers else None
-        target_model = _own(owned, _open(target_path, plan.target, placement=placement, progress=progress))
+        missing = mtp.mtp_calls() if params.drafter in ("mtp", AUTO_DRAFTER) else ""
+        load_head = params.drafter in ("mtp", AUTO_DRAFTER) and not missing and placement is None
+        target_model = _own(
+            owned, _open(target_path, plan.target, placement=placement, progress=progress, load_mtp=load_head)
+        )
         check_target(target_model)
+        kind, note = head_drafter(params.drafter, target_model, missing, placement is not None)
         draft_model = bridge = None
         if uses_draft and plan.draft is not None:
             draft_model = _own(owned, _open(draft_path, plan.draft))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
-        speculating = params.drafter != "none"
+        speculating = kind != "none"
         n_ctx = plan.n_ctx
         target = _sequence(owned, target_model, n_ctx, params, speculating)
         draft = None
@@ -85,8 +92,16 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
-        drafter = make_drafter(params.drafter, draft, bridge)
-        return Loaded(target_model, target, drafter, bridge, plan, owned)
+        drafter: Drafter | None = None
+        if kind == "mtp":
+            try:
+                drafter = _head_drafter(owned, target_model, target, n_ctx, params)
+            except ContextError as e:  # llama.cpp would not make the head's context: the target still works
+                log.warning("the MTP head could not start (%s): drafting with n-grams", e)
+                kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
+        if drafter is None:
+            drafter = make_drafter(kind, draft, bridge)
+        return Loaded(target_model, target, drafter, bridge, plan, owned, note)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
@@ -96,6 +111,43 @@ def load_models(
 def _open(path: str | Path, plan: ModelPlan, **options) -> Model:
     """A model where its plan puts it: its layers on the GPU, its experts on the CPU."""
     return Model(path, n_gpu_layers=plan.gpu_layers, cpu_moe_layers=plan.cpu_moe_layers, **options)
+
+
+def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tuple[str, str]:
+    """What `drafter` (a name in DRAFTERS, or AUTO_DRAFTER) becomes for this target, and what to tell the user:
+    "auto" is "mtp" where the target carries an MTP head this llama-cpp-python can run, else "none"; a head it
+    cannot run drafts with n-grams (one line). Others stay.
+
+    Raises:
+        InvalidParamsError: --drafter mtp on a target without MTP layers.
+    """
+    if drafter not in ("mtp", AUTO_DRAFTER):
+        return drafter, ""
+    if drafter == AUTO_DRAFTER and target.n_layer_nextn == 0:
+        return "none", ""
+    if drafter == "mtp" and target.n_layer_nextn == 0 and not missing:
+        raise InvalidParamsError(
+            f"--drafter mtp: {target.path.name} has no MTP (nextn) layers: give --draft PATH or use --drafter ngram"
+        )
+    problem = missing and "this llama-cpp-python has no MTP calls"
+    problem = problem or (remote and "the MTP head does not run on RPC workers yet")
+    problem = problem or mtp.head_problem(target.info.arch, target.n_layer_nextn)
+    if problem:
+        log.warning("%s: drafting with n-grams", problem)
+        log.debug("missing MTP calls: %s", missing)
+        return "ngram", f"{problem}: drafting with n-grams"
+    return "mtp", ""
+
+
+def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:
+    """The target's own MTP head: a second context on its model, fed the target's hidden rows."""
+    mtp.emit_hidden(target.ctx)
+    head_ctx = _own(owned, mtp.HeadContext(model, n_ctx=n_ctx, n_threads=params.n_threads))
+    head = KVSequence(head_ctx, rollback="seq_rm")
+    head.warm()
+    info = model.info
+    ratio = model.n_layer_nextn / (info.n_layer + model.n_layer_nextn)  # the head is one more layer (and the output)
+    return MtpDrafter(target, head, mtp.hidden_rows, size_ratio=ratio)
 
 
 def _own(owned: list, obj):

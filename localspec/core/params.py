@@ -19,8 +19,11 @@ from localspec.llama.rpc import check_endpoint
 from .options import Limit, check_fields, option, options_of
 from .sampling import SamplingParams
 
-DRAFTERS = ("model", "ngram", "model+ngram", "none")
+DRAFTERS = ("model", "ngram", "model+ngram", "mtp", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded (ask `needs_draft_model`)
+# No draft file and no --drafter: the target's own MTP head where it has one (and llama-cpp-python can run it),
+# else plain decoding. `load_models` settles it; the engine's drafter says what it became (`Drafter.kind`).
+AUTO_DRAFTER = "auto"
 N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.
@@ -95,7 +98,7 @@ BRIDGES = ("auto", "text", "shared")  # how a draft with another vocabulary draf
 class LoadParams:
     """How `Engine.load` loads the models and creates their contexts."""
 
-    drafter: str = "model"  # one of DRAFTERS; "model" and "model+ngram" need a draft file
+    drafter: str = "model"  # one of DRAFTERS or AUTO_DRAFTER; "model" and "model+ngram" need a draft file
     n_ctx: int | None = None  # None: min(4096, the target's training context)
     n_gpu_layers: int | None = None  # the target's layers on the GPU (llama.cpp's count; -1: all); None: the plan's
     n_gpu_layers_draft: int | None = None  # the draft's; None: the plan's (core/placement.py)
@@ -114,7 +117,7 @@ class LoadParams:
     bridge: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.drafter not in DRAFTERS:
+        if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):
             raise InvalidParamsError(f"unknown drafter {self.drafter!r}: use {', '.join(DRAFTERS)}")
         if self.n_ctx is not None and self.n_ctx < N_CTX_MIN:
             raise InvalidParamsError(f"invalid load setting: n-ctx must be at least {N_CTX_MIN}")

@@ -193,7 +193,11 @@ class EstimatedCosts:
 
 
 def size_ratio(target_model: Model, drafter: Drafter) -> float:
-    """Draft weight bytes / target weight bytes (0 for a drafter without a model)."""
+    """Draft weight bytes / target weight bytes (0 for a drafter without a model; a head on the target's own model
+    says its share, `MtpDrafter.size_ratio`)."""
+    own = getattr(drafter, "size_ratio", None)
+    if own is not None:
+        return own
     return sum(seq.ctx.model.info.file_size for seq in drafter.caches) / target_model.info.file_size
 
 

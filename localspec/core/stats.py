@@ -57,6 +57,7 @@ LATEST = MappingProxyType({"merge": "latest"})  # field metadata: `Stats.merge` 
 class Stats:
     """Counters and timings of one generation (or, merged, of a session)."""
 
+    drafter: str = field(default="", metadata=LATEST)  # the drafter's name (DRAFTERS): "mtp" for the target's own head
     prompt_tokens: int = 0
     prefill_decoded: int = 0  # prompt tokens the target really decoded (the rest came from prefix reuse)
     draft_prefill_decoded: int = 0  # the same for the draft model

@@ -25,6 +25,7 @@ class PairVerdict:
 
     kind: str
     reason: str = ""
+    head_layers: int = 0  # MTP layers the target carries: it can draft for itself (`--drafter mtp`)
 
     def describe(self) -> str:
         """One line for `doctor` and `models`."""
@@ -39,7 +40,16 @@ def pair_verdict(target: Model, draft: Model) -> PairVerdict:
         if problem := _text_problem(model, role):
             return PairVerdict("unusable", problem)
     problem = pair_problem(target, draft) or _extra_text_token(target, draft)
-    return PairVerdict("bridged", problem) if problem else PairVerdict("same")
+    return PairVerdict("bridged" if problem else "same", problem or "", head_layers(target))
+
+
+def head_layers(model: Model) -> int:
+    """MTP ("nextn") layers the model's file carries, read from its metadata (a vocabulary-only load will do)."""
+    value = model.meta(f"{model.info.arch}.nextn_predict_layers")
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
 
 
 def _text_problem(model: Model, role: str) -> str | None:

@@ -15,6 +15,7 @@ import ctypes
 import math
 import os
 import time
+from collections.abc import Callable
 
 import llama_cpp
 import numpy as np
@@ -123,6 +124,7 @@ class Context:
         params.swa_full = swa_full
         params.n_rs_seq = n_rs_seq
         params.no_perf = True
+        self._configure(params)
         self._sampler = None
         if device_greedy:
             # A sampler chain in the graph; llama.cpp refuses more outputs per sequence than it was told to expect.
@@ -162,10 +164,14 @@ class Context:
         # item writes cost a fifth of three numpy slice assignments right after a decode, with the caches cold.
         self._token0, self._pos0, self._out0 = self._batch.token, self._batch.pos, self._batch.logits
         self._local = model.placement is None  # native calls made here, not on an RPC placement's thread
+        self.after_decode: Callable[[list[int], int], None] | None = None  # told (tokens, n_past) after each decode
         self._views: dict = {}  # logits row address -> (n_vocab,) view; (address, n) -> (n, n_vocab) block view
         for i in range(n):
             self._batch.n_seq_id[i] = 1
             self._batch.seq_id[i][0] = 0
+
+    def _configure(self, params) -> None:
+        """Last changes to the native context params before the context is made (a subclass's kind)."""
 
     @property
     def handle(self):
@@ -284,6 +290,8 @@ class Context:
             if rc == 1:
                 raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
             raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
+        if self.after_decode is not None:  # a draft head reads this decode's hidden rows (llama/mtp.py)
+            self.after_decode(tokens, n_past)
 
     def logits(self, i: int) -> np.ndarray:
         """Row `i` of the last decode's logits as a float32 view of shape (n_vocab,).

@@ -128,6 +128,7 @@ class Model:
         vocab_only: bool = False,
         placement: Placement | None = None,
         progress: Callable[[float], None] | None = None,
+        load_mtp: bool = False,
     ) -> None:
         """Load `path`.
 
@@ -140,6 +141,8 @@ class Model:
             vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
             placement: remote devices (RPC workers) for the layers, followed by this machine's GPUs if any.
             progress: called with the fraction loaded (0..1) while the weights load.
+            load_mtp: also load the model's MTP ("nextn") draft head, where it has one and this llama-cpp-python
+                can run it (`mtp.mtp_calls`); `n_layer_nextn` says what the file carries either way.
 
         Raises:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
@@ -157,6 +160,9 @@ class Model:
         # Layers on a GPU of this machine (not only on RPC workers): where sampling in the graph pays.
         self.on_local_gpu = n_gpu_layers != 0 and any(d.kind in ("gpu", "igpu") for _, d in device_handles())
         params.vocab_only = vocab_only
+        self.mtp_loaded = load_mtp and hasattr(params, "load_mtp")
+        if self.mtp_loaded:
+            params.load_mtp = True
         params.use_extra_bufts = repack_from_env()
         if cpu_moe_layers > 0:
             self._overrides = experts_on_cpu(cpu_moe_layers)  # kept alive as long as the model
@@ -185,6 +191,8 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(handle)
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self._vocab))
         self.info = self._read_info(vocab_only)
+        nextn = getattr(llama_cpp, "llama_model_n_layer_nextn", None)  # absent from older llama-cpp-pythons
+        self.n_layer_nextn = 0 if vocab_only or nextn is None else int(nextn(handle))  # MTP blocks in the file
         self._piece_cache: dict[int, bytes] = {}
 
     def _read_info(self, vocab_only: bool) -> ModelInfo:

@@ -139,6 +139,7 @@ def _parts(splits: Splits) -> dict[str, PartStats] | None:
 def speculation(stats: Stats, prompt_tokens: int, cache_n: int) -> dict:
     """Our own stats of a response: acceptance, tokens per target pass, the adaptive policy's latest decision."""
     return {
+        "drafter": stats.drafter,  # the drafter that drafted ("mtp": the target's own head)
         "acceptance_rate": finite(stats.acceptance_rate),
         "alpha": finite(stats.alpha),
         "tokens_per_target_pass": finite(stats.mean_tokens_per_pass),

@@ -223,7 +223,7 @@ def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -
 
 def _params(served: Served, request: Request):
     overrides = dict(request.overrides)
-    served.use_drafter(request.drafter or served.params.drafter)  # what the request leaves out: the server's
+    served.use_drafter(request.drafter or served.loaded_drafter)  # what the request leaves out: the server's
     try:
         sampling = sampling_params(overrides, served.defaults)
         sampling = dataclasses.replace(sampling, **request.penalties)

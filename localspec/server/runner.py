@@ -83,7 +83,7 @@ class Runner:
             flags.chat_template,
             think_flag=flags.think,
         )
-        log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, params.drafter)
+        log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
         return self.served
 
     def model_ids(self) -> list[str]:

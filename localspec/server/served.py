@@ -27,12 +27,14 @@ class Served:
     chat_template: str | None
     _format: ChatFormat | None = None
     drafter: str = ""  # the drafter in use now (a request may ask for another)
+    loaded_drafter: str = ""  # the drafter it was loaded with, what a request that names none gets
     think_flag: bool | None = None  # `serve --think on|off`
     _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
     _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
 
     def __post_init__(self) -> None:
-        self.drafter = self.drafter or self.params.drafter
+        self.drafter = self.drafter or self.engine.drafter.kind  # "auto" was settled by loading (mtp or none)
+        self.loaded_drafter = self.loaded_drafter or self.drafter
         drafter = self.engine.drafter
         self._draft_seq = drafter.caches[0] if drafter.needs_model else None
 
@@ -49,6 +51,14 @@ class Served:
                 400,
                 f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
                 "'none', or start the server with a pair that has a draft",
+                param="drafter",
+                code="unsupported_value",
+            )
+        if kind == "mtp" and kind not in self._drafters:  # the head is made with the target's cache, at load
+            raise ApiError(
+                400,
+                "the drafter 'mtp' needs the target's own MTP head and this server was loaded without it: ask for "
+                "'ngram' or 'none', or start the server on a target with MTP layers and no draft",
                 param="drafter",
                 code="unsupported_value",
             )

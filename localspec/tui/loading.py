@@ -72,8 +72,8 @@ def load_models(options: ChatOptions, choice: ResolvedPair, drafter: str | None,
     )
     progress(f"loading {what}…")
     engine = load_engine(choice.target, choice.draft, params, weights_progress(params, progress, step=5))
-    log.info("loaded %s (drafter %s, n_ctx %d)", what, params.drafter, engine.n_ctx)
-    return Loaded(engine, choice, params.drafter)
+    log.info("loaded %s (drafter %s, n_ctx %d)", what, engine.drafter.kind, engine.n_ctx)
+    return Loaded(engine, choice, engine.drafter.kind)
 
 
 def list_pairs(options: ChatOptions) -> list[PairRow]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from support import GREEDY
 from support.fakellm import LogitTable, fake_engine
+from support.tinymodels import write_mtp_model
 
 from localspec.cli.main import main
 from localspec.core import kv
@@ -118,18 +119,21 @@ def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)
-def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind):
+def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind, tmp_path):
     draft = tiny_models.draft_noisy if needs_draft_model(kind) else None
-    with Engine.load(tiny_models.target, draft, drafter=kind, n_ctx=256) as engine:
+    # The MTP head runs on the target's own model: a tiny qwen35 that carries one.
+    target = write_mtp_model(tmp_path / "tiny-mtp.gguf") if kind == "mtp" else tiny_models.target
+    with Engine.load(target, draft, drafter=kind, n_ctx=256) as engine:
         drafter = engine.drafter
         assert isinstance(drafter, Drafter) and drafter.kind == kind
         if kind == "none":
             assert engine.caches == (engine.target,)
             return
         assert drafter.needs_model == (kind in ("model", "model+ngram"))
-        # A drafter with a model owns exactly its cache, in the draft's context; a lookup owns none.
+        # A drafter with a model owns exactly its cache, in the draft's context; a head its own on the target's
+        # model; a lookup owns none.
         owned = [seq.ctx.model.path for seq in drafter.caches]
-        assert owned == ([draft] if drafter.needs_model else [])
+        assert owned == ([draft] if drafter.needs_model else [target] if kind == "mtp" else [])
         assert engine.caches == (engine.target, *drafter.caches)
         assert all(isinstance(seq.ctx, kv.Context) for seq in engine.caches)
         gen = engine.generate(engine.tokenize(REPEAT), sampling=GREEDY, spec=FIXED, max_tokens=8)

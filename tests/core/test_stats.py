@@ -28,7 +28,7 @@ def test_merge_adds_every_count_and_time_and_keeps_the_latest_choice():
     total.merge(second)
     for f in fields(Stats):
         mine, a, b = getattr(total, f.name), getattr(first, f.name), getattr(second, f.name)
-        if f.name in ("draft_length", "speculation_off", "decision"):  # what the latest step chose
+        if f.name in ("drafter", "draft_length", "speculation_off", "decision"):  # what the latest step chose
             assert mine == b, f.name
         elif isinstance(a, list):  # position by position, the shorter list padded with zeros
             assert (

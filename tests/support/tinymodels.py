@@ -865,3 +865,158 @@ def write_thinking_models(directory: Path) -> ThinkingModels:
         opened=write_echo_model(d / "thinking_opened.gguf", opened, vocab=vocab, chat_template=deepseek_r1_template()),
         no_switch=write_echo_model(d / "thinking_chatml.gguf", successors, vocab=vocab, chat_template=True),
     )
+
+
+# --- a qwen35 (hybrid: gated delta net + full attention) model with one MTP ("nextn") block ---------------------
+
+
+@dataclass(frozen=True)
+class Qwen35Shape:
+    """Hyperparameters of a tiny qwen35 model: `n_layer` trunk layers (every `full_attention_interval`-th is full
+    attention, the others gated delta net) and `n_nextn` MTP blocks after them (llama.cpp runs one)."""
+
+    n_embd: int = 64
+    n_layer: int = 2
+    n_nextn: int = 1
+    n_head: int = 4
+    n_head_kv: int = 2
+    head_dim: int = 16
+    n_ff: int = 128
+    full_attention_interval: int = 2
+    ssm_d_state: int = 16  # head_k_dim = head_v_dim
+    ssm_n_group: int = 2  # key heads
+    ssm_dt_rank: int = 2  # value heads
+
+
+def write_mtp_model(
+    path: Path,
+    *,
+    seed: int = 0,
+    vocab: Vocab | None = None,
+    shape: Qwen35Shape = Qwen35Shape(),
+    trunk_mix: float = 0.3,
+    head_mix: float = 0.3,
+    head_noise: float = 0.0,
+    output_scale: float = 1.0,
+    chat_template: bool | str = True,
+) -> Path:
+    """Write a tiny qwen35 GGUF model that carries `shape.n_nextn` MTP block(s) (F32, ~1 MB).
+
+    The trunk is "mostly echo": each layer's contribution to the residual stream is scaled by `trunk_mix`, so the
+    next token depends mostly on the current one (f(x) = argmax output·norm(embd(x))) and partly on the context.
+    The MTP block reads (token x_{t+1}, the trunk's hidden row at t) and predicts x_{t+2}; its `eh_proj` keeps the
+    token half plus `head_mix` of a random map of the hidden half, its attention adds `head_mix` of its output and
+    its FFN nothing (plus `head_noise`), so it predicts mostly f(x_{t+1}) — what the trunk would say at x_{t+1}
+    without context — while the hidden row and the head's own cache still matter (a stale one shows). The head
+    therefore agrees with the trunk often, not always.
+    Tensor names, shapes and hparams keys follow llama.cpp's qwen35 loader (src/models/qwen35.cpp).
+
+    Args:
+        path: Destination file.
+        seed: Seed for the weights.
+        vocab: Vocabulary (default `make_vocab()`).
+        shape: Layer sizes.
+        trunk_mix: Scale of the trunk layers' residual contributions (0: a pure echo model).
+        head_mix: Weight of the hidden row and of the head's attention in its output (0: neither matters).
+        head_noise: Relative noise on the head's weights (0: the head is the context-free trunk).
+        output_scale: Multiplier of the output matrix (smaller: flatter laws at T > 0).
+        chat_template: True for ChatML, False for none, or a Jinja template string.
+
+    Returns:
+        `path`.
+    """
+    vocab = vocab or make_vocab()
+    rng = np.random.default_rng(seed)
+    d, hd = shape.n_embd, shape.head_dim
+    n_q, n_kv = shape.n_head * hd, shape.n_head_kv * hd
+    key_dim, value_dim = shape.ssm_d_state * shape.ssm_n_group, shape.ssm_d_state * shape.ssm_dt_rank
+
+    def normal(*dims: int, std: float) -> np.ndarray:
+        return (rng.standard_normal(dims) * std).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    def ffn(blk: str, out_scale: float) -> dict[str, np.ndarray]:
+        return {
+            f"{blk}.ffn_gate.weight": normal(shape.n_ff, d, std=1.0 / np.sqrt(d)),  # (n_ff, n_embd)
+            f"{blk}.ffn_up.weight": normal(shape.n_ff, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.ffn_down.weight": normal(d, shape.n_ff, std=out_scale / np.sqrt(shape.n_ff)),  # (n_embd, n_ff)
+        }
+
+    def attention(blk: str, out_scale: float) -> dict[str, np.ndarray]:
+        return {
+            f"{blk}.attn_q.weight": normal(2 * n_q, d, std=2.0 / np.sqrt(d)),  # (query + gate, n_embd)
+            f"{blk}.attn_k.weight": normal(n_kv, d, std=2.0 / np.sqrt(d)),
+            f"{blk}.attn_v.weight": normal(n_kv, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.attn_output.weight": normal(d, n_q, std=out_scale / np.sqrt(n_q)),
+            f"{blk}.attn_q_norm.weight": ones(hd),
+            f"{blk}.attn_k_norm.weight": ones(hd),
+        }
+
+    def delta_net(blk: str, out_scale: float) -> dict[str, np.ndarray]:
+        conv_dim = 2 * key_dim + value_dim
+        return {
+            f"{blk}.attn_qkv.weight": normal(conv_dim, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.attn_gate.weight": normal(value_dim, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.ssm_conv1d.weight": normal(conv_dim, 4, std=0.5),  # ggml {d_conv, conv_dim}
+            f"{blk}.ssm_dt.bias": np.zeros(shape.ssm_dt_rank, dtype=np.float32),
+            f"{blk}.ssm_a": -np.ones(shape.ssm_dt_rank, dtype=np.float32),  # -exp(A_log)
+            f"{blk}.ssm_beta.weight": normal(shape.ssm_dt_rank, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.ssm_alpha.weight": normal(shape.ssm_dt_rank, d, std=1.0 / np.sqrt(d)),
+            f"{blk}.ssm_norm.weight": ones(shape.ssm_d_state),
+            f"{blk}.ssm_out.weight": normal(d, value_dim, std=out_scale / np.sqrt(value_dim)),
+        }
+
+    scales = _output_row_scales(vocab, control_scale=0.0, byte_scale=0.3) * output_scale
+    tensors = {
+        "token_embd.weight": normal(vocab.n_vocab, d, std=1.0),  # (n_vocab, n_embd)
+        "output_norm.weight": ones(d),
+        "output.weight": normal(vocab.n_vocab, d, std=1.0) * scales[:, None],
+    }
+    for il in range(shape.n_layer):
+        blk = f"blk.{il}"
+        recurrent = (il + 1) % shape.full_attention_interval != 0
+        mixer = delta_net(blk, trunk_mix) if recurrent else attention(blk, trunk_mix)
+        norms = {f"{blk}.attn_norm.weight": ones(d), f"{blk}.post_attention_norm.weight": ones(d)}
+        tensors |= norms | mixer | ffn(blk, trunk_mix)
+    for il in range(shape.n_layer, shape.n_layer + shape.n_nextn):
+        blk = f"blk.{il}"
+        hidden_half = rng.standard_normal((d, d)) * head_mix / np.sqrt(d)
+        eh_proj = np.concatenate([np.eye(d), hidden_half], axis=1)  # (n_embd, 2*n_embd): mostly the token half
+        head = {
+            f"{blk}.attn_norm.weight": ones(d),
+            f"{blk}.post_attention_norm.weight": ones(d),
+            f"{blk}.nextn.eh_proj.weight": eh_proj.astype(np.float32),
+            f"{blk}.nextn.enorm.weight": ones(d),
+            f"{blk}.nextn.hnorm.weight": ones(d),
+        }
+        head |= attention(blk, head_mix) | ffn(blk, 0.0)
+        if head_noise:
+            head = add_noise(head, head_noise, seed + il)
+        tensors |= head
+
+    def add_hparams(writer: gguf.GGUFWriter) -> None:
+        arch = writer.arch
+        writer.add_context_length(2048)
+        writer.add_embedding_length(d)
+        writer.add_block_count(shape.n_layer + shape.n_nextn)
+        writer.add_feed_forward_length(shape.n_ff)
+        writer.add_head_count(shape.n_head)
+        writer.add_head_count_kv(shape.n_head_kv)
+        writer.add_key_length(hd)
+        writer.add_value_length(hd)
+        writer.add_rope_dimension_count(hd)
+        writer.add_uint32(f"{arch}.nextn_predict_layers", shape.n_nextn)
+        writer.add_uint32(f"{arch}.full_attention_interval", shape.full_attention_interval)
+        writer.add_array(f"{arch}.rope.dimension_sections", [3, 3, 2, 0])  # sums to head_dim / 2
+        writer.add_layer_norm_rms_eps(1e-6)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_ssm_conv_kernel(4)
+        writer.add_ssm_inner_size(value_dim)
+        writer.add_ssm_state_size(shape.ssm_d_state)
+        writer.add_ssm_time_step_rank(shape.ssm_dt_rank)
+        writer.add_ssm_group_count(shape.ssm_n_group)
+        writer.add_vocab_size(vocab.n_vocab)
+
+    return _write_gguf(path, "qwen35", add_hparams, vocab, chat_template, tensors)
