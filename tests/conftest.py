@@ -8,6 +8,7 @@ milliseconds; `smollm2_path` is a real 135M chat model for the few tests that ne
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real_model)
+
+
+@pytest.fixture(autouse=True)
+def _localspec_logging_restored():
+    """`main()` sets the "localspec" logger up (its own file handler, no propagation): each test gets it back as it
+    was, so whether `caplog` sees our lines does not depend on which test ran `main()` before it."""
+    log = logging.getLogger("localspec")
+    propagate, level, handlers = log.propagate, log.level, list(log.handlers)
+    yield
+    for handler in [h for h in log.handlers if h not in handlers]:
+        log.removeHandler(handler)
+        handler.close()
+    log.propagate, log.level = propagate, level
