@@ -155,6 +155,21 @@ class DraftLaw:
         self._settings, self._chain = None, None
 
 
+def draft_token(
+    ctx: Context, law: DraftLaw, recent: list[int], drafted: list[int], request: DraftRequest, sampled: bool
+) -> tuple[Law | None, int, float]:
+    """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens:
+    (its law — None for a greedy draft, a one-hot —, the token, the draft's confidence for p_min). Drawn from the
+    law at T > 0 with p/q (`sampled`), else the greedy token."""
+    sampling = request.sampling
+    if sampled:
+        dist = law(ctx, recent + drafted, sampling)
+        return dist, dist.sample(request.rng), dist.top()[1]
+    logits = ctx.logits(-1)  # (n_vocab,) view, valid until the next decode
+    token = greedy_token(logits, recent + drafted if sampling.penalised else recent, sampling)
+    return None, token, top_probability(logits) if request.p_min > 0 else 1.0
+
+
 class NoDrafter:
     """`--drafter none`: proposes nothing, so every step is a plain target step."""
 
@@ -206,16 +221,10 @@ class ModelDrafter:
             if device_law:
                 dist = Dist.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
                 token, confidence = dist.sample(request.rng), dist.top()[1]
-            elif sampled:
-                dist = self.law(seq.ctx, recent + out.tokens, sampling)
-                token, confidence = dist.sample(request.rng), dist.top()[1]
-            elif device:
+            elif device and not sampled:
                 dist, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
             else:
-                logits = seq.ctx.logits(-1)  # (n_vocab,) view, valid until the next draft decode
-                dist = None  # greedy drafting draws from a one-hot law
-                token = greedy_token(logits, recent + out.tokens if sampling.penalised else recent, sampling)
-                confidence = top_probability(logits) if p_min > 0 else 1.0
+                dist, token, confidence = draft_token(seq.ctx, self.law, recent, out.tokens, request, sampled)
             if confidence < p_min:
                 break
             out.tokens.append(token)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafters import CostMeter, DraftLaw, DraftRequest, Proposal
+from .drafters import CostMeter, DraftLaw, DraftRequest, Proposal, draft_token
 from .kv import KVSequence, Progress
-from .sampling import greedy_token, penalty_window, top_probability
+from .sampling import penalty_window
 
 FEED_BATCH = 32  # queued head positions fed in one decode (plain steps queue one each: a row copy, no decode)
 
@@ -151,14 +151,7 @@ class MtpDrafter:
         head.ctx.stage(self._row(n - 1)[None], n)
         head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
         for i in range(request.k):
-            if sampled:
-                dist = self.law(head.ctx, recent + out.tokens, sampling)
-                token, confidence = dist.sample(request.rng), dist.top()[1]
-            else:
-                logits = head.ctx.logits(-1)  # (n_vocab,) view, valid until the next head decode
-                dist = None
-                token = greedy_token(logits, recent + out.tokens if sampling.penalised else recent, sampling)
-                confidence = top_probability(logits) if p_min > 0 else 1.0
+            dist, token, confidence = draft_token(head.ctx, self.law, recent, out.tokens, request, sampled)
             if confidence < p_min:
                 break
             out.tokens.append(token)
