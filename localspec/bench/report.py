@@ -55,6 +55,9 @@ class SamplingCost:
     localspec_us: float  # median: a plain step's draw (llama.cpp's chain for our law, or numpy; the argmax at T 0)
     llama_cpp_us: float  # median: llama.cpp's sampler chain on the same kind of row (`llama_sampler_sample`)
     numpy_us: float | None = None  # median: numpy's law and draw (`sampling_dist`), where the plain step uses the chain
+    k: int = 4  # drafts per verify pass below
+    verified_us: float | None = None  # median µs per row of a verify pass, read as verification reads it
+    llama_cpp_verified_us: float | None = None  # median µs per row: the chain sampling each row of the pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +181,10 @@ def render(report: BenchReport) -> list[str]:
         )
     if report.sampling:
         lines.append(
-            "sampling a freshly decoded row of the target, median µs: "
-            + "; ".join(
-                f"T {c.temperature:g}: localspec {c.localspec_us:.0f}, llama.cpp {c.llama_cpp_us:.0f}"
-                + (f" (numpy's law {c.numpy_us:.0f})" if c.numpy_us is not None else "")
-                for c in report.sampling
-            )
-            + f" ({report.sampling[0].rows} rows each; llama.cpp: its own sampler chain, as llama-server runs it)"
+            "sampling freshly decoded rows of the target, median µs per row, localspec / llama.cpp: "
+            + "; ".join(f"T {c.temperature:g}: {_sampling_costs(c)}" for c in report.sampling)
+            + f" ({report.sampling[0].rows} rows or passes each; llama.cpp: its own sampler chain, as llama-server"
+            " runs it)"
         )
     if report.busy:
         lines += ["", "one busy core (a busy-loop process on one core):"]
@@ -207,6 +207,17 @@ def render(report: BenchReport) -> list[str]:
         lines += [f"  {line}" for line in rpc_summary(report.rpc)]
     lines += [f"note: {n}" for n in report.notes]
     return lines
+
+
+def _sampling_costs(c: SamplingCost) -> str:
+    """One temperature's yardstick: the plain step's row and a verify pass's rows, ours / llama.cpp's (ratio)."""
+    text = f"plain step {c.localspec_us:.0f} / {c.llama_cpp_us:.0f} ({c.localspec_us / c.llama_cpp_us:.2f}×)"
+    if c.numpy_us is not None:
+        text += f" [numpy's law {c.numpy_us:.0f}]"
+    if c.verified_us is not None and c.llama_cpp_verified_us:
+        ratio = c.verified_us / c.llama_cpp_verified_us
+        text += f", verified row (k={c.k}) {c.verified_us:.0f} / {c.llama_cpp_verified_us:.0f} ({ratio:.2f}×)"
+    return text
 
 
 def to_json(report: BenchReport) -> str:

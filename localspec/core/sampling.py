@@ -20,7 +20,6 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -151,20 +150,22 @@ class Dist:
 
 
 class ListLaw:
-    """A law over a few tokens kept as Python lists (llama.cpp's chain hands them over, `ChainLaw.law`), with
-    `Dist`'s interface: probabilities, the top token and draws in Python floats — the same draws `Dist` makes of
-    the same law — and numpy arrays only when `ids`/`probs` are asked for (a residual)."""
+    """A law over a few tokens kept as Python lists, in the order they come (llama.cpp's chain hands them over best
+    first, `ChainLaw.law`), with `Dist`'s interface: probabilities, the top token and draws in Python floats, and
+    numpy arrays (ascending ids, as `Dist` keeps them) only when `ids`/`probs` are asked for (a residual)."""
 
     __slots__ = ("_ids", "_probs", "_arrays")
 
     def __init__(self, ids: list[int], probs: list[float]) -> None:
-        self._ids, self._probs = ids, probs  # ascending ids, their probabilities (summing to 1)
+        self._ids, self._probs = ids, probs  # distinct ids, their probabilities (summing to 1)
         self._arrays: Dist | None = None
 
     @property
     def dist(self) -> Dist:
         if self._arrays is None:
-            self._arrays = Dist(np.array(self._ids, dtype=np.int64), np.array(self._probs))
+            ids = np.array(self._ids, dtype=np.int64)
+            order = np.argsort(ids)
+            self._arrays = Dist(ids[order], np.array(self._probs)[order])
         return self._arrays
 
     @property
@@ -176,8 +177,7 @@ class ListLaw:
         return self.dist.probs
 
     def prob(self, token: int) -> float:
-        i = bisect_left(self._ids, token)
-        return self._probs[i] if i < len(self._ids) and self._ids[i] == token else 0.0
+        return self._probs[self._ids.index(token)] if token in self._ids else 0.0
 
     def top(self) -> tuple[int, float]:
         best = max(self._probs)

@@ -162,16 +162,36 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
 def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> Verdict:
     """How many drafts the target accepts, and the token it emits after them: greedy at T = 0, else p/q when the
     draft sampled from its law, else exact match."""
-    sampling = request.sampling
     if request.chain is not None and not drafts.tokens:  # a plain step: llama.cpp's chain draws, one native call
         return 0, request.chain.draw(ctx, 0)
+    rows = target_rows(drafts.tokens, ctx, request)
+    if isinstance(rows, TargetArgmax):
+        return verify_greedy(drafts.tokens, rows)
+    if request.sample:
+        return verify_pq(drafts.tokens, drafts.dists, rows, request.rng)
+    return verify_match(drafts.tokens, rows, request.rng)
+
+
+def target_rows(drafts: list[int], ctx: Context, request: DraftRequest) -> TargetArgmax | TargetLaws:
+    """The verify pass's k+1 rows as verification reads them: the target's argmax at T = 0, else its laws."""
+    sampling = request.sampling
     recent = penalty_window(request.history, sampling)
     if sampling.greedy:
-        return verify_greedy(drafts.tokens, TargetArgmax(ctx, recent, drafts.tokens, sampling))
-    laws = TargetLaws(ctx, recent, drafts.tokens, sampling, request.chain)
-    if request.sample:
-        return verify_pq(drafts.tokens, drafts.dists, laws, request.rng)
-    return verify_match(drafts.tokens, laws, request.rng)
+        return TargetArgmax(ctx, recent, drafts, sampling)
+    return TargetLaws(ctx, recent, drafts, sampling, request.chain)
+
+
+def verified_rows(drafts: list[int], ctx: Context, request: DraftRequest) -> None:
+    """Read every row of a verify pass as verification does when each draft is accepted: the argmax (T = 0), or
+    the law's probability of the draft, then the last row's draw. `localspec bench` times it (its yardstick)."""
+    rows = target_rows(drafts, ctx, request)
+    if isinstance(rows, TargetArgmax):
+        for i in range(len(drafts) + 1):
+            rows[i]
+        return
+    for i, token in enumerate(drafts):
+        rows[i].prob(token)
+    rows[len(drafts)].sample(request.rng)
 
 
 class StepClock:

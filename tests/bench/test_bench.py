@@ -93,6 +93,7 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
     assert [c["temperature"] for c in report["sampling"]] == [0.0, 0.8]
     for c in report["sampling"]:
         assert c["rows"] >= 1 and 0 < c["localspec_us"] < 1e6 and 0 < c["llama_cpp_us"] < 1e6
+        assert c["k"] == 4 and 0 < c["verified_us"] < 1e6 and 0 < c["llama_cpp_verified_us"] < 1e6
     for r in report["rows"]:  # greedy divergences carry the target's top-2 gap at that token
         for d in r["divergences"]:
             assert d["index"] >= 0 and d["top2_gap"] >= 0
@@ -106,8 +107,9 @@ def test_table_and_a_missing_peer_is_one_note(tiny_models, capsys, localspec_hom
     assert sum(line.startswith(("plain", "k=", "adaptive")) for line in lines) == 4
     notes = [line for line in lines if line.startswith("note: llama-server")]
     assert len(notes) == 1 and "no llama-server binary" in notes[0]
-    yardstick = [line for line in lines if line.startswith("sampling a freshly decoded row")]
-    assert len(yardstick) == 1 and "T 0: localspec" in yardstick[0] and "T 0.8" not in yardstick[0]
+    yardstick = [line for line in lines if line.startswith("sampling freshly decoded rows")]
+    assert len(yardstick) == 1 and "T 0: plain step" in yardstick[0] and "T 0.8" not in yardstick[0]
+    assert "verified row (k=4)" in yardstick[0]
     assert "Traceback" not in out + err
 
 
