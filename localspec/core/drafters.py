@@ -125,13 +125,16 @@ def chain_law(sampling: SamplingParams, seed: int = 0) -> ChainLaw:
     )
 
 
-WHOLE_ROWS_MAX = 2**17  # vocabularies up to this: llama.cpp's chain reads a row whole faster than numpy cuts it
+# Vocabularies up to this: llama.cpp's chain reads a drafted or verified row whole faster than numpy cuts it (49k:
+# 96–99 against 134–141 µs per verified row); at 128k numpy's cut is the cheaper (129–132 against 155–160 µs).
+WHOLE_ROWS_MAX = 2**16
 
 
 class DraftLaw:
     """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law and the
-    vocabulary is at most `WHOLE_ROWS_MAX` (a third of numpy's cost right after a CPU decode at 49k tokens; at
-    262k its C loop over every token costs more than numpy's cut; README "Where the Python time goes"), else numpy.
+    vocabulary is at most `WHOLE_ROWS_MAX` (cheaper than numpy right after a CPU decode at 49k tokens; at 128k and
+    262k its C loop over every token costs more than numpy's cut; README "Where the target's law is built"), else
+    numpy.
     The draw is always ours, from the request's `rng`, so q is exactly the law the token came from whichever builds
     it. Keeps one chain, for the settings last used."""
 
