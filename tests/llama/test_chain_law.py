@@ -8,7 +8,6 @@ itself: the plain step draws from the law that verification uses for the same ro
 
 from __future__ import annotations
 
-
 import llama_cpp
 import numpy as np
 import pytest
