@@ -239,11 +239,7 @@ def sampling_costs(
             verified = _verified_costs(engine, prompt, sampling, native, n, k)
         target.rollback_to(0)
         median = {m: statistics.median(t) * 1e6 for m, t in times.items()}
-        out.append(
-            SamplingCost(
-                temperature, n, median["ours"], median["llama.cpp"], median.get("numpy"), k, *verified
-            )
-        )
+        out.append(SamplingCost(temperature, n, median["ours"], median["llama.cpp"], median.get("numpy"), k, *verified))
     return out
 
 
