@@ -384,16 +384,17 @@ class Context:
         )
 
     def save_state(self) -> bytes:
-        """A copy of the sequence's state (KV cells or recurrent state)."""
+        """A copy of the sequence's state (KV cells or recurrent state): one copy out of llama.cpp's buffer (slicing
+        a ctypes byte array would build a Python int per byte: 0.4 s for a 12 MiB cache)."""
         size = llama_cpp.llama_state_seq_get_size(self.handle, 0)
         buf = (ctypes.c_uint8 * size)()
         written = self._call(llama_cpp.llama_state_seq_get_data, self.handle, buf, size, 0)
         if written == 0 and size:
             raise ContextError("llama.cpp could not save the sequence state")
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)
 
     def load_state(self, state: bytes) -> None:
-        """Replace the sequence's state with one from `save_state`."""
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if self._call(llama_cpp.llama_state_seq_set_data, self.handle, buf, len(state), 0) == 0:
+        """Replace the sequence's state with one from `save_state` (read in place, not copied)."""
+        data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        if self._call(llama_cpp.llama_state_seq_set_data, self.handle, data, len(state), 0) == 0:
             raise ContextError(f"llama.cpp could not restore the sequence state{llama_error()}")
