@@ -253,7 +253,7 @@ class BridgedDrafter(ModelDrafter):
         if self.seq.ctx.device_greedy:
             self.seq.ctx.device_law(0)  # the greedy chain: its logits reach the host (the shared mode maps them)
         self.seq.sync(self.mirror.draft, outputs=1)
-        if self.seq.needs_checkpoint:
+        if self.seq.needs_checkpoint(request.k, one_batch=False):  # drafted one by one
             self.seq.checkpoint()
         if self.bridge.mode == "shared":
             return self._propose_shared(request)

@@ -215,7 +215,7 @@ class ModelDrafter:
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
         seq.sync(request.history, outputs=1)
-        if seq.needs_checkpoint:
+        if seq.needs_checkpoint(request.k, one_batch=False):  # drafted one by one
             seq.checkpoint()
         out = Proposal()
         recent = penalty_window(request.history, sampling)

@@ -1,8 +1,9 @@
 """`KVSequence`: the single owner of one model's token history and n_past.
 
 Whatever is in the llama.cpp cache is exactly `tokens`, always: every append and rollback goes
-through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory and
-sliding-window caches that lost cells fall back to a state checkpoint, then to a full re-prefill.
+through here. Rollback removes the KV tail when the memory allows it; recurrent/hybrid memory made with
+llama.cpp's rollback snapshots (`n_rs_seq`) removes a tail of its last decode too ("snapshot"); otherwise, and
+sliding-window caches that lost cells, fall back to a state checkpoint, then to a full re-prefill.
 `drop` removes a span from the middle and shifts the rest back (context shifting), where the
 memory can move positions. `Context` is the protocol a cache is kept in: `llama.context.Context` is the
 llama.cpp one; the pure-logic tests run the same code over numpy fakes.
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROLLBACK_MODES = ("auto", "seq_rm", "checkpoint", "refill")
+ROLLBACK_MODES = ("auto", "seq_rm", "snapshot", "checkpoint", "refill")
 PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
 
 Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
@@ -36,10 +37,12 @@ class Context(Protocol):
 
     model: Model  # the weights it runs (`path` and `info` are read)
     n_ctx: int
+    n_batch: int  # most tokens per llama_decode (longer inputs are split)
     swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
     seconds_decoding: float  # time spent inside decode so far
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
     device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
+    n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
         """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""
@@ -127,6 +130,7 @@ class KVSequence:
         self.n_refills = 0  # full re-prefills forced by a failed rollback
         self.n_dropped = 0  # tokens removed from the middle by `drop` (context shifting)
         self.probed = rollback == "auto"
+        self._tail = 0  # tokens in the last decode: a "snapshot" rollback drops fewer (`_snapshot_rollback`)
         self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
 
@@ -134,17 +138,21 @@ class KVSequence:
     def n_past(self) -> int:
         return len(self.tokens)
 
-    @property
-    def needs_checkpoint(self) -> bool:
-        """True when a speculative decode must be preceded by `checkpoint()`."""
+    def needs_checkpoint(self, k: int, *, one_batch: bool = True) -> bool:
+        """True when k tokens about to be decoded, and perhaps rolled back, must be preceded by `checkpoint()`:
+        always for "checkpoint" memory; for "snapshot" memory unless they go in one batch (a verify pass: the
+        snapshots of earlier decodes are gone) of at most as many tokens as llama.cpp keeps snapshots for."""
+        if self.mode == "snapshot":
+            return not one_batch or k > self.ctx.n_rs_seq
         return self.mode == "checkpoint"
 
     def _probe(self) -> str:
-        """Find out once whether this memory can drop a partial tail (recurrent memory cannot)."""
+        """Find out once whether this memory can drop a partial tail (recurrent memory cannot, unless made with
+        rollback snapshots, and then only within its last decode)."""
         self.ctx.clear()
         self.ctx.decode([0, 0], 0, outputs=0)
         if self.ctx.remove_from(1) and self.ctx.pos_range()[1] == 0:
-            mode = "seq_rm"
+            mode = "snapshot" if self.ctx.n_rs_seq else "seq_rm"
         else:
             try:
                 self.ctx.load_state(self.ctx.save_state())
@@ -174,9 +182,12 @@ class KVSequence:
         """
         if progress is None or len(tokens) <= PROGRESS_CHUNK:
             if tokens:
+                self._tail = 0
                 self.ctx.decode(tokens, self.n_past, outputs=outputs)
                 self.tokens.extend(tokens)
                 self.n_decoded += len(tokens)
+                # llama.cpp keeps a snapshot after each token of a decode's (last) batch: a later one overwrites them
+                self._tail = len(tokens) if len(tokens) <= self.ctx.n_batch else 0
             return
         for start in range(0, len(tokens), PROGRESS_CHUNK):
             chunk = tokens[start : start + PROGRESS_CHUNK]
@@ -237,17 +248,34 @@ class KVSequence:
         if n == 0:
             self.ctx.clear()
             self.tokens.clear()
+            self._tail = 0
             return
         if self.mode == "seq_rm" and self._window_keeps(n) and self.ctx.remove_from(n) and self._holds_prefix(n):
             del self.tokens[n:]
             return
+        if self.mode == "snapshot" and self._snapshot_rollback(n):
+            return
         cp = self._checkpoint
         if cp is not None and cp.n_past <= n and self.mode != "refill":
+            self._tail = 0  # the restored state has no snapshots
             self.ctx.load_state(cp.state)
             keep, self.tokens = self.tokens[:n], self.tokens[: cp.n_past]
             self.append(keep[cp.n_past :], outputs=0)
             return
         self._refill(n)
+
+    def _snapshot_rollback(self, n: int) -> bool:
+        """Drop the tail after n with llama.cpp's snapshots, where they hold the state after token n: within the
+        last decode (the snapshots of earlier ones are overwritten, and llama.cpp would restore a stale one without
+        a word), at most n_rs_seq back, once."""
+        back, tail = self.n_past - n, self._tail
+        self._tail = 0  # single use: llama.cpp refuses a second rollback before the next decode
+        if not (back < tail and back <= self.ctx.n_rs_seq):
+            return False
+        if self.ctx.remove_from(n) and self._holds_prefix(n):
+            del self.tokens[n:]
+            return True
+        return False
 
     def _window_keeps(self, n: int) -> bool:
         # A sliding-window cache (without swa_full) reports success for any removal, but the logits
@@ -305,10 +333,14 @@ class KVSequence:
         (forget the tokens it lost). A tail that cannot be dropped ends in a re-prefill.
         """
         self._checkpoint = None
+        self._tail = 0  # the decode that was cut short may not have been recorded: its snapshots are unknown
         held = self.ctx.pos_range()[1] + 1
         if held < self.n_past:
             del self.tokens[held:]
-        elif held > self.n_past and not (self.ctx.remove_from(self.n_past) and self._holds_prefix(self.n_past)):
+        elif held > self.n_past and (
+            self.mode == "snapshot"  # a removal could land on a stale snapshot (see `_snapshot_rollback`)
+            or not (self.ctx.remove_from(self.n_past) and self._holds_prefix(self.n_past))
+        ):
             self._refill(self.n_past)
 
     def check(self) -> None:

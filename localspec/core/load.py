@@ -84,7 +84,7 @@ def load_models(
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
         speculating = kind != "none"
         n_ctx = plan.n_ctx
-        target = _sequence(owned, target_model, n_ctx, params, speculating)
+        target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS)
         draft = None
         if draft_model is not None:
             draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
@@ -155,7 +155,16 @@ def _own(owned: list, obj):
     return obj
 
 
-def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, speculating: bool) -> KVSequence:
+RS_SNAPSHOTS = 8  # a speculating hybrid target's rollback snapshots: the default draft_max (k beyond: a checkpoint)
+
+
+def _sequence(
+    owned: list, model: Model, n_ctx: int, params: LoadParams, speculating: bool, *, snapshots: int = 0
+) -> KVSequence:
+    """A model's context and its token history. `snapshots`: for a speculating target, llama.cpp's recurrent-state
+    rollback snapshots (`Context(n_rs_seq=…)`; kept only where the architecture has them, Qwen3.5 among them): a
+    hybrid target then drops a verify pass's rejected tail like any KV cache ("snapshot" rollback) instead of
+    saving its whole state — attention cache included — before every pass."""
     swa_full = params.swa_full
     if swa_full is None:
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
@@ -174,6 +183,7 @@ def _sequence(owned: list, model: Model, n_ctx: int, params: LoadParams, specula
             n_threads=params.n_threads,
             device_greedy=device,
             device_topk=params.device_sampling == "on",
+            n_rs_seq=snapshots if speculating and (model.info.is_hybrid or model.info.is_recurrent) else 0,
         ),
     )
     return KVSequence(ctx, rollback=params.rollback)

@@ -146,8 +146,8 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
     clock, history = StepClock(target.ctx), request.history
     drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
     clock.lap("draft")
-    if target.needs_checkpoint and drafts.tokens:
-        target.checkpoint()  # a cache that cannot drop a tail restores this instead
+    if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
+        target.checkpoint()  # a cache that cannot drop this tail restores this instead
     target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)  # 2. ONE pass: k+1 target rows
     clock.lap("verify")
     n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1

@@ -85,7 +85,9 @@ class Context:
             n_batch: most tokens per `llama_decode` (longer inputs are split).
             n_threads: CPU threads; None = physical cores.
             swa_full: full-size cache for sliding-window layers, so long rollbacks stay valid.
-            n_rs_seq: recurrent-state rollback snapshots per sequence (recurrent/hybrid models).
+            n_rs_seq: recurrent-state rollback snapshots per sequence (hybrid models whose architecture llama.cpp
+                supports for it, Qwen3.5 among them; clamped to 0 elsewhere — `self.n_rs_seq` is what it kept):
+                a tail of up to that many tokens of the last decode can then be removed.
             device_greedy: attach llama.cpp's greedy sampler to the graph, so every output row's argmax is taken
                 where the logits are computed (`sampled_token`); the logits are still delivered. `device_law`
                 swaps in a top-k chain instead (only k candidates leave the graph).
@@ -153,6 +155,7 @@ class Context:
         self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
         self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
         self._mem = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         n = self.n_batch

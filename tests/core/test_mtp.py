@@ -130,10 +130,10 @@ def propose(engine: Engine, history: list[int], k: int = 4) -> tuple[list[int], 
 
 
 def test_the_head_follows_the_target_through_prefix_reuse_and_rollbacks(mtp_path):
-    """After two generations that share a prefix (the hybrid target rolls back by checkpoint, then re-reads the
+    """After two generations that share a prefix (the hybrid target rolls back by its snapshots, then re-reads the
     second prompt), the running head drafts what a head fed from scratch drafts after the same history."""
     with load(mtp_path) as engine:
-        assert engine.target.mode == "checkpoint"  # the hybrid target's rollback path
+        assert engine.target.mode == "snapshot"  # the hybrid target drops a rejected tail with its snapshots
         first = engine.tokenize(PROMPT)
         gen = run_greedy(engine, first, k=3, n=40)
         second = first + gen.tokens[:20] + engine.tokenize(" the man", add_special=False)

@@ -1,0 +1,122 @@
+"""A hybrid target (Qwen3.5's gated delta net + attention) drops a verify pass's rejected tail with llama.cpp's
+recurrent-state snapshots (`n_rs_seq`) instead of saving its whole state before every pass.
+
+llama.cpp keeps a snapshot after each token of a decode's batch and overwrites them with the next decode; asked to
+roll back past what the last decode wrote, it restores a stale snapshot and says nothing (the second test shows
+it). `KVSequence` uses a snapshot only within the last decode, at most `n_rs_seq` back, once; everything else
+takes the checkpoint or re-prefill path. Each rollback is compared with a context that never held the tail, within
+BATCH_NOISE: the delta net's batched (chunked) and one-token kernels differ in the last bits (2e-6 measured here),
+while a stale state is off by more than 1e-3.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support import run_greedy
+from support.tinymodels import write_mtp_model
+
+from localspec.core.engine import Engine
+from localspec.core.kv import KVSequence
+from localspec.llama.context import Context
+from localspec.llama.model import Model
+
+BATCH_NOISE = 1e-4
+TOKENS = [5, 17, 29, 41, 53, 65, 77, 89, 101, 113, 125, 137, 149, 161, 173, 185]
+
+
+@pytest.fixture(scope="module")
+def hybrid_path(tmp_path_factory):
+    return write_mtp_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid.gguf", seed=3, output_scale=0.4)
+
+
+def fresh_logits(model: Model, tokens: list[int]) -> np.ndarray:
+    """The row after `tokens` in a context that only ever held them (one token at a time after the first 8)."""
+    with Context(model, n_ctx=128) as ctx:
+        seq = KVSequence(ctx)
+        seq.append(tokens[:8], outputs=0)
+        for t in tokens[8:]:
+            seq.append([t], outputs=1)
+        return ctx.logits(-1).copy()
+
+
+def test_a_verify_pass_tail_is_dropped_with_snapshots(hybrid_path):
+    with Model(hybrid_path) as model:
+        with Context(model, n_ctx=128, n_rs_seq=4) as ctx:
+            assert ctx.n_rs_seq == 4  # qwen35 keeps them (a mamba model's request is clamped to 0)
+            seq = KVSequence(ctx)
+            assert seq.mode == "snapshot"
+            assert not seq.needs_checkpoint(4) and seq.needs_checkpoint(5)  # a verify pass of ≤ 4 drafts: none
+            assert seq.needs_checkpoint(2, one_batch=False)  # drafted one by one: the snapshots do not reach
+            seq.append(TOKENS[:8], outputs=0)
+            seq.append(TOKENS[8:13], outputs=5)  # a verify pass: the last token + 4 drafts
+            seq.rollback_to(10)  # 2 drafts accepted
+            assert seq.n_refills == 0 and seq.n_past == 10
+            seq.check()
+            seq.append([TOKENS[10]], outputs=1)
+            rolled = ctx.logits(-1).copy()
+        assert np.abs(rolled - fresh_logits(model, TOKENS[:11])).max() < BATCH_NOISE
+
+
+def test_a_rollback_past_the_last_decode_does_not_trust_a_stale_snapshot(hybrid_path):
+    with Model(hybrid_path) as model:
+        # llama.cpp itself: after single-token decodes it "removes" 3 tokens and hands back a stale state.
+        with Context(model, n_ctx=128, n_rs_seq=4) as ctx:
+            ctx.decode(TOKENS[:8], 0, outputs=0)
+            for i, t in enumerate(TOKENS[8:12]):
+                ctx.decode([t], 8 + i, outputs=1)
+            assert ctx.remove_from(9)  # claims success
+            ctx.decode([TOKENS[9]], 9, outputs=1)
+            stale = ctx.logits(-1).copy()
+        right = fresh_logits(model, TOKENS[:10])
+        assert np.abs(stale - right).max() > 10 * BATCH_NOISE  # the hazard the guard exists for
+        # KVSequence: the same rollback re-reads the prefix instead (no checkpoint was taken), and is right.
+        with Context(model, n_ctx=128, n_rs_seq=4) as ctx:
+            seq = KVSequence(ctx)
+            seq.append(TOKENS[:8], outputs=0)
+            for t in TOKENS[8:12]:
+                seq.append([t], outputs=1)
+            seq.rollback_to(9)
+            assert seq.n_refills == 1
+            seq.append([TOKENS[9]], outputs=1)
+            assert np.abs(ctx.logits(-1) - right).max() < BATCH_NOISE
+            # Single use: a second rollback inside the same decode is refused by llama.cpp; it re-reads too.
+            seq.append(TOKENS[10:14], outputs=1)
+            seq.rollback_to(12)
+            seq.rollback_to(11)
+            assert seq.n_refills == 2
+            seq.append([TOKENS[11]], outputs=1)
+            assert np.abs(ctx.logits(-1) - fresh_logits(model, TOKENS[:12])).max() < BATCH_NOISE
+
+
+def test_an_interrupted_decode_is_repaired_without_a_snapshot(hybrid_path):
+    """`repair` after a decode whose bookkeeping never ran: the cache holds more than `tokens`, and removing the
+    difference would restore a snapshot that decode did not write."""
+    with Model(hybrid_path) as model, Context(model, n_ctx=128, n_rs_seq=4) as ctx:
+        seq = KVSequence(ctx)
+        seq.append(TOKENS[:8], outputs=0)
+        ctx.decode(TOKENS[8:10], 8, outputs=1)  # as if Ctrl+C landed before `tokens` was extended
+        seq.repair()
+        assert seq.n_refills == 1
+        seq.check()
+        seq.append([TOKENS[8]], outputs=1)
+        assert np.abs(ctx.logits(-1) - fresh_logits(model, TOKENS[:9])).max() < BATCH_NOISE
+
+
+def test_speculation_on_a_hybrid_target_saves_no_state_and_matches_plain(hybrid_path, monkeypatch):
+    """The MTP head drafting for its hybrid target: greedy text equals plain decoding, and no pass saved the
+    target's state (before: one whole-state copy, attention cache included, per speculative step)."""
+    prompt = TOKENS[:6]
+    with Engine.load(hybrid_path, None, drafter="none", n_ctx=256, n_threads=1) as engine:
+        plain = run_greedy(engine, prompt, 0, n=40)
+    saved = []
+    real = Context.save_state
+    monkeypatch.setattr(Context, "save_state", lambda self: saved.append(1) or real(self))
+    with Engine.load(hybrid_path, None, drafter="mtp", n_ctx=256, n_threads=1) as engine:
+        assert engine.target.mode == "snapshot"
+        saved.clear()  # the load's probe saved once
+        spec = run_greedy(engine, prompt, 3, n=40)
+        engine.check_invariants()
+    assert spec.stats.drafted > 0 and spec.stats.accepted < spec.stats.drafted  # both branches ran
+    assert spec.tokens == plain.tokens
+    assert not saved
