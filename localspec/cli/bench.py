@@ -7,6 +7,7 @@ module reads and checks the flags (the comma lists, the prompt file, the RPC wor
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -102,6 +103,15 @@ def _plan(args: argparse.Namespace, paths: Paths):
         except PeerError as e:
             notes.append(f"llama-server not run: {e}")
     resolved = resolve_models(run, paths)
+    if resolved.draft is None and resolved.name is not None and not run.drafter:
+        from localspec.llama.footprint import read_footprint
+
+        if not read_footprint(resolved.target).nextn_layers:
+            raise InvalidParamsError(
+                f"pair {resolved.name!r} has no draft and its target {resolved.target.name} no MTP head: bench has "
+                "nothing to compare with plain decoding (give the pair a draft)"
+            )
+        run = dataclasses.replace(run, drafter="mtp")  # a models.toml pair with no draft: its target's own head
     head = run.drafter == "mtp"  # the target's own MTP head drafts: no draft file
     if resolved.draft is None and not head:
         raise InvalidParamsError(

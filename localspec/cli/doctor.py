@@ -23,7 +23,7 @@ from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
-from localspec.models.pairs import pair_status, vocabulary_verdict
+from localspec.models.pairs import describe_head, head_layers_of, pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
 from .crashes import take_crashes
@@ -256,10 +256,12 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
         status = pair_status(pair, paths)
         parts = [
             f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
-            for s in (status.target, status.draft)
+            for s in status.files
         ]
         verdict = vocabulary_verdict(status)
-        if verdict is not None:
+        if status.draft is None:
+            parts.append(describe_head(head_layers_of(status)))
+        elif verdict is not None:
             parts.append("same vocabulary" if verdict.kind == "same" else f"bridged ({verdict.reason})")
             if verdict.head_layers:
                 parts.append(f"the target has {verdict.head_layers} MTP layer(s) (--drafter mtp)")
@@ -274,28 +276,30 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
                     else demo.INSTALL_HINT
                 )
         found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
-        if status.downloaded and status.target.path and status.draft.path:
-            found.append(_placement_finding(name, pair, status.target.path, status.draft.path, gpu_memory))
+        if status.downloaded and status.target.path:
+            draft = status.draft.path if status.draft else None
+            found.append(_placement_finding(name, pair, status.target.path, draft, gpu_memory))
         for endpoint in pair.spec.rpc or ():
             found.append(_worker_finding(name, endpoint))
     return found
 
 
-def _placement_finding(name: str, pair, target: Path, draft: Path, gpu_memory: int | None) -> Finding:
+def _placement_finding(name: str, pair, target: Path, draft: Path | None, gpu_memory: int | None) -> Finding:
     """Where the pair would go if loaded now (core/placement.py), with its own models.toml keys; with
-    `gpu_memory` on a build without a GPU, on a GPU of that size (said so)."""
+    `gpu_memory` on a build without a GPU, on a GPU of that size (said so). `draft` None: a target alone."""
     from localspec.llama.footprint import read_footprint
     from localspec.models.flags import RunFlags
     from localspec.models.loading import load_params
 
     label = f"placement of {name}"
     try:
-        params = load_params(RunFlags(gpu_memory=gpu_memory), pair.defaults(), has_draft=True)
+        params = load_params(RunFlags(gpu_memory=gpu_memory), pair.defaults(), has_draft=draft is not None)
         gpu = placement.local_gpu(params.gpu_memory)
         if gpu is None and params.gpu_memory is not None:
             gpu = placement.Gpu("a GPU (none in this build)", "hypothetical", params.gpu_memory, given=True)
         ask = placement.ask_of(params)
-        plan = placement.plan_pair(read_footprint(target), read_footprint(draft), ask, gpu, memory_bytes())
+        draft_footprint = read_footprint(draft) if draft is not None else None
+        plan = placement.plan_pair(read_footprint(target), draft_footprint, ask, gpu, memory_bytes())
     except LocalspecError as e:
         return Finding(label, "does not fit", str(e))
     return Finding(label, plan.describe())

@@ -13,7 +13,15 @@ import sys
 
 from localspec.errors import ConfigError, LocalspecError
 from localspec.models.catalog import ModelsConfig, load_config
-from localspec.models.pairs import PairStatus, PulledFile, pair_status, pull_pair, vocabulary_verdict
+from localspec.models.pairs import (
+    PairStatus,
+    PulledFile,
+    describe_head,
+    head_layers_of,
+    pair_status,
+    pull_pair,
+    vocabulary_verdict,
+)
 from localspec.paths import Paths
 
 
@@ -23,7 +31,7 @@ def register(subparsers) -> None:
     models.add_argument("--json", action="store_true", help="print a JSON list instead of text")
     models.set_defaults(func=cmd_models)
 
-    pull = subparsers.add_parser("pull", help="download a pair's target and draft from the Hugging Face Hub")
+    pull = subparsers.add_parser("pull", help="download a pair's target (and draft) from the Hugging Face Hub")
     pull.add_argument("pair", nargs="?", help="the pair to download (see `localspec models`)")
     pull.add_argument("--all", action="store_true", help="download every pair")
     pull.add_argument("--dry-run", action="store_true", help="only say what would be downloaded, and how much")
@@ -60,7 +68,7 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
     verdict = vocabulary_verdict(status)
     files = {
         s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None, "size": s.size}
-        for s in (status.target, status.draft)
+        for s in status.files
     }
     return {
         "name": pair.name,
@@ -68,10 +76,10 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "default": pair.name == config.default,
         "description": pair.description,
         "target": status.target.ref,
-        "draft": status.draft.ref,
+        "draft": status.draft.ref if status.draft else None,  # None: the target alone (its MTP head, if any)
         "downloaded": status.downloaded,
         "vocabulary": verdict.kind if verdict else None,  # "same" or "bridged" (None: not downloaded)
-        "mtp_layers": verdict.head_layers if verdict else None,  # the target's own draft head (--drafter mtp)
+        "mtp_layers": verdict.head_layers if verdict else head_layers_of(status),  # the target's own draft head
         "files": files,
         "settings": {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides()},
         "defined_in": str(pair.file),
@@ -79,7 +87,7 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
 
 
 def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
-    """List every pair with its source, both references and their download state."""
+    """List every pair with its source, its references and their download state."""
     config = load_config(paths)
     statuses = [pair_status(pair, paths) for pair in config.pairs.values()]
     if args.json:
@@ -89,9 +97,12 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         pair = status.pair
         tags = ", ".join(t for t in ("default" if pair.name == config.default else "", pair.source) if t)
         print(f"{pair.name} ({tags})" + (f" — {pair.description}" if pair.description else ""))
-        for s in (status.target, status.draft):
+        for s in status.files:
             state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
             print(f"    {s.role:<7} {s.ref}  [{state}]")
+        if status.draft is None:
+            print(f"    draft   {describe_head(head_layers_of(status))}")
+            continue
         verdict = vocabulary_verdict(status)
         if verdict is not None and verdict.kind != "same":
             print(f"    vocab   {verdict.describe()} (the draft drafts through text)")
@@ -121,7 +132,7 @@ def _describe(done: PulledFile) -> str:
 
 
 def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
-    """Download one pair (or all), then check that each draft fits its target."""
+    """Download one pair (or all), then check that each draft fits its target (a target alone: that it loads)."""
     config = load_config(paths)
     if args.all == bool(args.pair):
         raise ConfigError(f"name one pair to pull ({', '.join(config.pairs)}) or use --all, not both")
@@ -150,7 +161,7 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
         for item in done:
             print(_describe(item))
         if not args.dry_run:
-            print("  ok: the draft can draft for the target")
+            print("  ok: the draft can draft for the target" if len(done) > 1 else "  ok: the target loads")
     if unchecked:
         print(
             f"localspec: note: dry run: {len(unchecked)} of {len(names)} pair(s) could not be checked "

@@ -52,6 +52,9 @@ class Footprint:
     kv_bytes_per_cell: tuple[int, ...]  # each layer's K and V for one token (F16); 0 for recurrent layers
     recurrent: bool
     tied_bytes: int  # no output.weight: the token embeddings, loaded again for the output layer (else 0)
+    nextn_layers: int = (
+        0  # MTP ("nextn") blocks past the trunk: the model's own draft head (`{arch}.nextn_predict_layers`)
+    )
 
     @property
     def tensor_bytes(self) -> int:
@@ -205,7 +208,13 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
         kv_bytes_per_cell=tuple(kv),
         recurrent=recurrent,
         tied_bytes=tied_bytes,
+        nextn_layers=_count(hp("nextn_predict_layers")),
     )
+
+
+def _count(value: object) -> int:
+    """A header count as an int (0 when absent or not a number)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def compute_bytes_estimate(footprint: Footprint, n_ubatch: int) -> int:

@@ -1,4 +1,5 @@
-"""The models.toml schema: named target + draft pairs, where their files come from, and per-pair defaults.
+"""The models.toml schema: named pairs (a target and its draft, or a target alone), where their files come from, and
+per-pair defaults.
 
 The bundled file (shipped in the package) is read first; the user's file (`Paths.config_file`) adds pairs
 and replaces bundled ones by name, and its `default` wins. Validation is pydantic with unknown keys
@@ -136,15 +137,16 @@ class ModelSource(BaseModel):
 
 
 class PairSpec(BaseModel):
-    """One `[pairs.NAME]` table: a target, the draft that speaks for it, and defaults for using them."""
+    """One `[pairs.NAME]` table: a target, the draft that speaks for it (or none), and defaults for using them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: ModelSource
     """The model whose output you get."""
 
-    draft: ModelSource
-    """The small model that proposes tokens (same tokenizer as the target)."""
+    draft: ModelSource | None = None
+    """The small model that proposes tokens (same tokenizer as the target). None: the target alone, which drafts with
+    its own MTP head where it carries one (else it decodes plainly; `--drafter ngram` drafts with n-grams)."""
 
     description: str = ""
     """One line shown by `localspec models`."""
@@ -270,7 +272,8 @@ class Pair:
         return self.spec.target
 
     @property
-    def draft(self) -> ModelSource:
+    def draft(self) -> ModelSource | None:
+        """The draft model, or None for a target-only pair."""
         return self.spec.draft
 
     @property

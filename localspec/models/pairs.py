@@ -1,8 +1,9 @@
 """Pairs as files on this machine: what is downloaded, pulling a pair, resolving one to paths for the engine.
 
-A pair's two models come from the Hub (`hub`), a local path, or the builtin demo models (`demo`). This
-module answers "is it here?" without the network, pulls what is missing, and runs llama.cpp's pairing
-rules (`compat.check_pair`) on the two files, with a hint naming the curated drafts of the same family.
+A pair's models (a target and its draft, or a target alone that drafts with its own MTP head) come from the Hub
+(`hub`), a local path, or the builtin demo models (`demo`). This module answers "is it here?" without the network,
+pulls what is missing, and runs llama.cpp's pairing rules (`compat.check_pair`) on the two files, with a hint naming
+the curated drafts of the same family.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from localspec.errors import LocalspecError, ModelFileError
-from localspec.llama.compat import PairVerdict, check_pair, pair_verdict
+from localspec.llama.compat import PairVerdict, check_pair, check_target, head_layers, pair_verdict
+from localspec.llama.footprint import read_footprint
 from localspec.llama.model import Model, check_gguf_file
 from localspec.paths import Paths
 
@@ -30,6 +32,7 @@ DEMO_PAIR = "demo"
 _FAMILIES = (
     ("Llama 3", re.compile(r"llama-?3", re.IGNORECASE)),
     ("Qwen2.5", re.compile(r"qwen2\.5", re.IGNORECASE)),
+    ("Qwen3.5", re.compile(r"qwen_?3\.5", re.IGNORECASE)),  # before Qwen3: another vocabulary (248k tokens)
     ("Qwen3", re.compile(r"qwen_?3", re.IGNORECASE)),
     ("Gemma 3", re.compile(r"gemma-?3", re.IGNORECASE)),
     ("SmolLM2", re.compile(r"smollm2", re.IGNORECASE)),
@@ -49,15 +52,20 @@ class FileStatus:
 
 @dataclass(frozen=True, slots=True)
 class PairStatus:
-    """Both files of a pair."""
+    """The files of a pair: its target and its draft (None: a target-only pair)."""
 
     pair: Pair
     target: FileStatus
-    draft: FileStatus
+    draft: FileStatus | None
+
+    @property
+    def files(self) -> tuple[FileStatus, ...]:
+        """The target, then the draft if the pair has one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
 
     @property
     def downloaded(self) -> bool:
-        return self.target.downloaded and self.draft.downloaded
+        return all(f.downloaded for f in self.files)
 
 
 def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
@@ -79,8 +87,15 @@ def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
 
 
 def pair_status(pair: Pair, paths: Paths) -> PairStatus:
-    """The download state of both files of `pair` (no network)."""
-    return PairStatus(pair, local_status("target", pair.target, paths), local_status("draft", pair.draft, paths))
+    """The download state of the files of `pair` (no network)."""
+    draft = local_status("draft", pair.draft, paths) if pair.draft is not None else None
+    return PairStatus(pair, local_status("target", pair.target, paths), draft)
+
+
+def _sources(pair: Pair) -> list[tuple[Role, ModelSource]]:
+    """(role, source) of each model of `pair`: the target, then the draft if it has one."""
+    sources: list[tuple[Role, ModelSource]] = [("target", pair.target)]
+    return sources + ([("draft", pair.draft)] if pair.draft is not None else [])
 
 
 def family_of(ref: ModelSource) -> str | None:
@@ -96,7 +111,7 @@ def compat_hint(pair: Pair, config: ModelsConfig) -> str:
         {
             p.draft.label()
             for p in config.pairs.values()
-            if family and family_of(p.target) == family and p.draft != pair.draft
+            if p.draft is not None and family and family_of(p.target) == family and p.draft != pair.draft
         }
     )
     if not drafts:
@@ -105,15 +120,15 @@ def compat_hint(pair: Pair, config: ModelsConfig) -> str:
 
 
 def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str = "") -> ResolvedPair:
-    """Local paths of both models of `pair`, for loading. The demo target is derived here on first use.
+    """Local paths of the models of `pair`, for loading. The demo target is derived here on first use.
 
     `notice`: what loading it must tell the user (e.g. that it stands in for the default pair).
 
     Raises:
         ModelFileError: a file is not downloaded ("run `localspec pull NAME`") or not a GGUF file.
     """
-    resolved = {}
-    for role, ref in (("target", pair.target), ("draft", pair.draft)):
+    resolved: dict[str, Path | None] = {"draft": None}
+    for role, ref in _sources(pair):
         if ref.kind == "builtin":
             path = demo.builtin_path(ref.builtin or "", paths, derive=True)
         elif ref.kind == "path":
@@ -129,7 +144,9 @@ def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str 
         check_gguf_file(path)
         resolved[role] = path
     defaults = pair.defaults(compat_hint=compat_hint(pair, config), notice=notice)
-    return ResolvedPair(resolved["target"], resolved["draft"], pair.name, pair.name, defaults)
+    target = resolved["target"]
+    assert target is not None
+    return ResolvedPair(target, resolved["draft"], pair.name, pair.name, defaults)
 
 
 def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[Pair, str | None]:
@@ -178,7 +195,8 @@ def pull_pair(
     progress: hub.ProgressCallback | None = None,
     notify: Callable[[str], None] | None = None,
 ) -> list[PulledFile]:
-    """Make both files of `pair` available, then check that the draft fits the target.
+    """Make the files of `pair` available, then check that the draft fits the target (or, for a target alone, that
+    it can write text; `notify` is told whether it carries an MTP head to draft with).
 
     Args:
         pair: the pair.
@@ -195,20 +213,42 @@ def pull_pair(
         DownloadError, ModelFileError, IncompatibleDraftError: with a line that says what to do.
     """
     say = notify or log.info
-    done = [
-        _pull_one(role, ref, pair, paths, dry_run, progress, say)
-        for role, ref in (("target", pair.target), ("draft", pair.draft))
-    ]
-    if not dry_run:
-        verdict = check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
-        if verdict.kind == "bridged":
-            say(f"the vocabularies differ ({verdict.reason}): the draft will draft through text")
+    done = [_pull_one(role, ref, pair, paths, dry_run, progress, say) for role, ref in _sources(pair)]
+    if dry_run:
+        return done
+    if len(done) == 1:
+        layers = check_target_file(done[0].path)
+        say(describe_head(layers))
+        return done
+    verdict = check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
+    if verdict.kind == "bridged":
+        say(f"the vocabularies differ ({verdict.reason}): the draft will draft through text")
     return done
 
 
+def describe_head(layers: int | None) -> str:
+    """What a target-only pair drafts with, for `pull`, `models`, `doctor` and the chat's pair list."""
+    if layers is None:
+        return "no draft: the target drafts with its own MTP head if it has one (download it to see)"
+    if layers:
+        return f"no draft: the target drafts with its own MTP head ({layers} MTP layer{'s' if layers > 1 else ''})"
+    return "no draft and no MTP head: plain decoding (or --drafter ngram)"
+
+
+def head_layers_of(status: PairStatus) -> int | None:
+    """The MTP layers a downloaded target carries, read from its GGUF header (None: not downloaded or unreadable)."""
+    if not status.target.downloaded or status.target.path is None:
+        return None
+    try:
+        return read_footprint(status.target.path).nextn_layers
+    except LocalspecError:
+        return None
+
+
 def vocabulary_verdict(status: PairStatus) -> PairVerdict | None:
-    """How the draft of a downloaded pair drafts for its target (None when a file is missing or unreadable)."""
-    if not status.downloaded:
+    """How the draft of a downloaded pair drafts for its target (None when a file is missing or unreadable, or the
+    pair has no draft)."""
+    if not status.downloaded or status.draft is None:
         return None
     try:
         with _load_vocab(status.target.path) as target, _load_vocab(status.draft.path) as draft:
@@ -253,6 +293,20 @@ def _pull_one(
 def _load_vocab(path: Path) -> Model:
     """Load a model for the compatibility check: vocabulary only when the backend offers it."""
     return Model(path, n_gpu_layers=0, vocab_only=True)
+
+
+def check_target_file(path: Path | None) -> int:
+    """The pre-flight on a target alone: it loads and can write text. Returns the MTP layers it carries.
+
+    Raises:
+        ModelFileError: the file cannot be loaded, or it has no tokenizer.
+    """
+    assert path is not None
+    with _load_vocab(path) as target:
+        check_target(target)
+        layers = head_layers(target)
+    log.info("%s alone: %d MTP layer(s)", path.name, layers)
+    return layers
 
 
 def check_files(target_path: Path | None, draft_path: Path | None, *, hint: str = "") -> PairVerdict:

@@ -55,13 +55,7 @@ class Served:
                 code="unsupported_value",
             )
         if kind == "mtp" and kind not in self._drafters:  # the head is made with the target's cache, at load
-            raise ApiError(
-                400,
-                "the drafter 'mtp' needs the target's own MTP head and this server was loaded without it: ask for "
-                "'ngram' or 'none', or start the server on a target with MTP layers and no draft",
-                param="drafter",
-                code="unsupported_value",
-            )
+            raise ApiError(400, self._no_head(), param="drafter", code="unsupported_value")
         engine = self.engine
         self._drafters[self.drafter] = (engine.drafter, engine.policy)
         if kind in self._drafters:
@@ -69,6 +63,19 @@ class Served:
         else:
             engine.use_drafter(make_drafter(kind, self._draft_seq if needs_draft_model(kind) else None, engine.bridge))
         self.drafter = kind
+
+    def _no_head(self) -> str:
+        """Why a request cannot draft with the target's MTP head here, and what to do instead (one line)."""
+        target = self.engine.target_model
+        if target.n_layer_nextn == 0:
+            return (
+                f"the drafter 'mtp' needs an MTP head and the target {target.path.name} has none: ask for 'ngram' or "
+                "'none'"
+            )
+        return (
+            f"the drafter 'mtp' needs the target's MTP head, which this server did not load (it started with the "
+            f"drafter '{self.loaded_drafter}'): ask for 'ngram' or 'none', or restart it with --drafter mtp"
+        )
 
     @property
     def defaults(self) -> PairDefaults:

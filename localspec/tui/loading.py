@@ -18,7 +18,7 @@ from localspec.core.params import needs_draft_model
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
-from localspec.models.pairs import pair_status, pull_pair
+from localspec.models.pairs import head_layers_of, pair_status, pull_pair
 from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
@@ -43,8 +43,8 @@ class PairRow:
 
     name: str
     description: str
-    ready: bool  # both files are here (or it is the demo pair, derived on first load)
-    status: str  # "downloaded", "not downloaded", "offline demo" …
+    ready: bool  # its files are here (or it is the demo pair, derived on first load)
+    status: str  # "downloaded", "not downloaded", "offline demo" …; a target alone says what drafts for it
     default: bool
 
 
@@ -85,18 +85,22 @@ def list_pairs(options: ChatOptions) -> list[PairRow]:
     paths, config = options.paths, _config(options)
     rows = []
     for name, pair in sorted(config.pairs.items()):
-        downloaded = pair_status(pair, paths).downloaded
+        files = pair_status(pair, paths)
+        downloaded = files.downloaded
         if pair.target.kind == "builtin" and not downloaded:
             ready = demo.packaged_draft() is not None
             status = "offline demo" if ready else "needs localspec[demo]"
         else:
             ready, status = downloaded, "downloaded" if downloaded else "not downloaded"
+        if files.draft is None:  # the header read is cheap: no model is loaded for it
+            layers = head_layers_of(files)
+            status += ", no draft" if layers is None else ", MTP head" if layers else ", no draft, no head"
         rows.append(PairRow(name, pair.description, ready, status, name == config.default))
     return rows
 
 
 def pull(options: ChatOptions, name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:
-    """Download both files of pair `name` (huggingface_hub does caching and resuming) and check them.
+    """Download the files of pair `name` (huggingface_hub does caching and resuming) and check them.
 
     Raises:
         LocalspecError: unknown pair, network, disk, gated repository, incompatible draft.

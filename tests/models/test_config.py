@@ -51,12 +51,31 @@ def test_without_localspec_home_platform_folders_are_used():
 
 def test_bundled_file_has_six_curated_hub_pairs_a_demo_and_a_valid_default(localspec_home):
     config = load_config(localspec_home)
-    hub_pairs = [p for p in config.pairs.values() if p.target.kind == "hub" and p.draft.kind == "hub"]
+    hub_pairs = [p for p in config.pairs.values() if p.target.kind == "hub" and p.draft and p.draft.kind == "hub"]
     assert len(hub_pairs) >= 6
     assert config.pairs["demo"].target.kind == "builtin"
     assert config.default in config.pairs and config.pairs[config.default].target.kind == "hub"
     assert all(p.source == "bundled" and p.description for p in config.pairs.values())
     assert bundled_config_file().read_text(encoding="utf-8").count("confirmed") >= 1
+
+
+def test_the_bundled_file_has_a_target_only_mtp_pair_and_a_same_family_draft_pair(localspec_home):
+    """Issue #32: a laptop-size Qwen3.5 that keeps its MTP head, alone, and the same target with a small draft."""
+    config = load_config(localspec_home)
+    alone = [p for p in config.pairs.values() if p.draft is None]
+    assert [p.name for p in alone] == ["qwen3.5-9b-mtp"]
+    [with_draft] = [p for p in config.pairs.values() if p.draft is not None and p.target == alone[0].target]
+    assert "MTP" in alone[0].target.label() and "Qwen3.5-0.8B" in with_draft.draft.label()
+    assert (
+        alone[0].sampling_overrides()
+        == with_draft.sampling_overrides()
+        == {
+            "temperature": 0.7,
+            "top_p": 0.8,
+            "top_k": 20,
+            "min_p": 0.0,
+        }
+    )
 
 
 def test_every_bundled_pair_says_where_its_repositories_were_confirmed():

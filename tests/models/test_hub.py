@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.fakehub import FakeHub
+from support.tinymodels import write_mtp_model
 
 CHUNK = 10 * 1024 * 1024  # huggingface_hub streams downloads in 10 MiB chunks and resumes at chunk bounds
 
@@ -49,6 +50,10 @@ draft = "test/tiny-draft-GGUF:Q8_0"
 [pairs.nofile]
 target = { repo = "test/Qwen2.5-tiny-GGUF", file = "nope.gguf" }
 draft = "test/tiny-draft-GGUF:Q8_0"
+
+[pairs.alone]
+description = "a target that drafts with its own MTP head"
+target = "test/Qwen3.5-tiny-MTP-GGUF:Q8_0"
 """
 
 
@@ -56,6 +61,8 @@ draft = "test/tiny-draft-GGUF:Q8_0"
 def fake_hub(tiny_models, tmp_path):
     target = tiny_models.target.read_bytes()
     hub = FakeHub()
+    mtp = write_mtp_model(tmp_path / "tiny-mtp.gguf").read_bytes()
+    hub.add("test/Qwen3.5-tiny-MTP-GGUF", "Qwen3.5-tiny-Q8_0.gguf", mtp)
     hub.add("test/Qwen2.5-tiny-GGUF", "tiny-Q8_0.gguf", target)
     hub.add("test/Qwen2.5-tiny-GGUF", "tiny-Q4_K_M.gguf", target)
     hub.add("test/Qwen2.5-tiny-GGUF", "tiny-F16.gguf", target)
@@ -127,6 +134,25 @@ def test_pull_downloads_both_files_and_checks_the_pair(env, fake_hub, tiny_model
     assert len(fake_hub.file_gets("tiny-Q8_0.gguf")) == 1
     cached_target = next(p for p in cached_files(env) if p.name == "tiny-Q8_0.gguf")
     assert cached_target.read_bytes() == tiny_models.target.read_bytes()
+
+
+@pytest.mark.slow
+def test_pull_of_a_target_alone_downloads_the_target_only(env, fake_hub):
+    """A pair with no draft: `pull` fetches the target, checks that it loads and says what drafts for it."""
+    dry = cli(env, "pull", "alone", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert [line.split(":")[0] for line in dry.stdout.splitlines()[1:]] == ["  target  test/Qwen3.5-tiny-MTP-GGUF"]
+    result = cli(env, "pull", "alone")
+    assert result.returncode == 0, result.stderr
+    assert "target  test/Qwen3.5-tiny-MTP-GGUF:Q8_0: downloaded" in result.stdout
+    assert "no draft: the target drafts with its own MTP head (1 MTP layer)" in result.stdout
+    assert "ok: the target loads" in result.stdout and "draft  " not in result.stdout
+    assert [p.name for p in cached_files(env)] == ["Qwen3.5-tiny-Q8_0.gguf"]
+    gets = [r.path for r in fake_hub.requests if r.method == "GET" and "/resolve/" in r.path]
+    assert gets and all("Qwen3.5-tiny-MTP-GGUF" in p for p in gets)  # nothing else was fetched
+    listed = {p["name"]: p for p in json.loads(cli(env, "models", "--json").stdout)}
+    assert listed["alone"]["downloaded"] is True and listed["alone"]["draft"] is None
+    assert listed["alone"]["mtp_layers"] == 1
 
 
 @pytest.mark.slow
@@ -237,7 +263,9 @@ def test_models_json_lists_curated_and_user_pairs_with_download_state(env):
     result = cli(env, "models", "--json")
     assert result.returncode == 0, result.stderr
     pairs = {p["name"]: p for p in json.loads(result.stdout)}
-    curated = [p for p in pairs.values() if p["source"] == "bundled" and "/" in p["target"] and "/" in p["draft"]]
+    curated = [
+        p for p in pairs.values() if p["source"] == "bundled" and "/" in p["target"] and "/" in (p["draft"] or "/")
+    ]
     assert len(curated) >= 6
     assert {"name", "target", "draft", "downloaded", "source", "description"} <= set(pairs["tiny"])
     assert pairs["tiny"]["source"] == "user" and pairs["tiny"]["downloaded"] is True

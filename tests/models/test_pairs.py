@@ -90,6 +90,7 @@ def test_cached_size_counts_every_shard(tmp_path):
         ("bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama 3"),
         ("Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF", "Qwen2.5"),
         ("bartowski/Qwen_Qwen3-0.6B-GGUF", "Qwen3"),
+        ("unsloth/Qwen3.5-9B-MTP-GGUF", "Qwen3.5"),  # not Qwen3: another tokenizer
         ("ggml-org/gemma-3-1b-it-GGUF", "Gemma 3"),
         ("someone/mistral-GGUF", None),
     ],
@@ -104,6 +105,8 @@ def test_hint_names_the_curated_drafts_of_the_family_but_not_the_failing_one(loc
     assert hint.startswith("drafts known to fit Qwen2.5 targets: ")
     assert "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF" in hint and "Qwen/Qwen2.5-0.5B-Instruct-GGUF" not in hint
     assert "same model family" in compat_hint(config.get("qwen3-8b"), config)  # its own draft is the only one
+    alone = compat_hint(config.get("qwen3.5-9b-mtp"), config)  # a target alone: the family's curated drafts
+    assert alone == "drafts known to fit Qwen3.5 targets: ggml-org/Qwen3.5-0.8B-GGUF/Qwen3.5-0.8B-Q8_0.gguf"
 
 
 # --- local-path pairs ---------------------------------------------------------------------------------------
