@@ -92,11 +92,11 @@ class Context(Protocol):
         """(lowest, highest) position held; (-1, -1) when empty."""
         ...
 
-    def save_state(self) -> bytes:
-        """The sequence's state, for `load_state`."""
+    def save_state(self, *, partial: bool = False) -> bytes:
+        """The sequence's state, for `load_state`; `partial`: only a hybrid memory's recurrent part."""
         ...
 
-    def load_state(self, state: bytes) -> None:
+    def load_state(self, state: bytes, *, partial: bool = False) -> None:
         """Restore a `save_state` result; ContextError when the memory cannot."""
         ...
 
@@ -111,6 +111,7 @@ class Checkpoint:
 
     n_past: int
     state: bytes
+    partial: bool = False  # only a hybrid memory's recurrent part: the attention tail is removed after restoring it
 
 
 class KVSequence:
@@ -235,8 +236,11 @@ class KVSequence:
         return True
 
     def checkpoint(self) -> None:
-        """Save the state so a later `rollback_to` at or after this point can restore it."""
-        self._checkpoint = Checkpoint(self.n_past, self.ctx.save_state())
+        """Save the state so a later `rollback_to` at or after this point can restore it. A hybrid memory saves
+        its recurrent part alone — a size that does not grow with the context — and its attention tail is removed
+        on restore; the whole state would copy the attention cache every step."""
+        partial = self.ctx.model.info.is_hybrid
+        self._checkpoint = Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
 
     def rollback_to(self, n: int) -> None:
         """Keep only the first `n` tokens in the cache and in `tokens`."""
@@ -256,13 +260,17 @@ class KVSequence:
         if self.mode == "snapshot" and self._snapshot_rollback(n):
             return
         cp = self._checkpoint
-        if cp is not None and cp.n_past <= n and self.mode != "refill":
-            self._tail = 0  # the restored state has no snapshots
-            self.ctx.load_state(cp.state)
+        if cp is not None and cp.n_past <= n and self.mode != "refill" and self._restore(cp):
             keep, self.tokens = self.tokens[:n], self.tokens[: cp.n_past]
             self.append(keep[cp.n_past :], outputs=0)
             return
         self._refill(n)
+
+    def _restore(self, cp: Checkpoint) -> bool:
+        """Bring the memory back to `cp` (the tokens list is the caller's); False leaves it to a re-prefill."""
+        self._tail = 0  # the restored state has no snapshots
+        self.ctx.load_state(cp.state, partial=cp.partial)
+        return not cp.partial or (self.ctx.remove_from(cp.n_past) and self._holds_prefix(cp.n_past))
 
     def _snapshot_rollback(self, n: int) -> bool:
         """Drop the tail after n with llama.cpp's snapshots, where they hold the state after token n: within the

@@ -386,18 +386,22 @@ class Context:
             int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)),
         )
 
-    def save_state(self) -> bytes:
+    def save_state(self, *, partial: bool = False) -> bytes:
         """A copy of the sequence's state (KV cells or recurrent state): one copy out of llama.cpp's buffer (slicing
-        a ctypes byte array would build a Python int per byte: 0.4 s for a 12 MiB cache)."""
-        size = llama_cpp.llama_state_seq_get_size(self.handle, 0)
+        a ctypes byte array would build a Python int per byte: 0.4 s for a 12 MiB cache). `partial`: only the
+        recurrent part of a hybrid memory (its size does not grow with the context)."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        size = llama_cpp.llama_state_seq_get_size_ext(self.handle, 0, flags)
         buf = (ctypes.c_uint8 * size)()
-        written = self._call(llama_cpp.llama_state_seq_get_data, self.handle, buf, size, 0)
+        written = self._call(llama_cpp.llama_state_seq_get_data_ext, self.handle, buf, size, 0, flags)
         if written == 0 and size:
             raise ContextError("llama.cpp could not save the sequence state")
         return ctypes.string_at(buf, written)
 
-    def load_state(self, state: bytes) -> None:
-        """Replace the sequence's state with one from `save_state` (read in place, not copied)."""
+    def load_state(self, state: bytes, *, partial: bool = False) -> None:
+        """Replace the sequence's state with one from `save_state` (read in place, not copied); `partial` as there
+        (the attention cells stay: remove the tail after it)."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
-        if self._call(llama_cpp.llama_state_seq_set_data, self.handle, data, len(state), 0) == 0:
+        if self._call(llama_cpp.llama_state_seq_set_data_ext, self.handle, data, len(state), 0, flags) == 0:
             raise ContextError(f"llama.cpp could not restore the sequence state{llama_error()}")

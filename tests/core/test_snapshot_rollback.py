@@ -4,7 +4,7 @@ recurrent-state snapshots (`n_rs_seq`) instead of saving its whole state before 
 llama.cpp keeps a snapshot after each token of a decode's batch and overwrites them with the next decode; asked to
 roll back past what the last decode wrote, it restores a stale snapshot and says nothing (the second test shows
 it). `KVSequence` uses a snapshot only within the last decode, at most `n_rs_seq` back, once; everything else
-takes the checkpoint or re-prefill path. Each rollback is compared with a context that never held the tail, within
+takes the checkpoint or re-prefill path; a hybrid's checkpoint saves its recurrent part alone (the last test). Each rollback is compared with a context that never held the tail, within
 BATCH_NOISE: the delta net's batched (chunked) and one-token kernels differ in the last bits (2e-6 measured here),
 while a stale state is off by more than 1e-3.
 """
@@ -103,20 +103,48 @@ def test_an_interrupted_decode_is_repaired_without_a_snapshot(hybrid_path):
         assert np.abs(ctx.logits(-1) - fresh_logits(model, TOKENS[:9])).max() < BATCH_NOISE
 
 
-def test_speculation_on_a_hybrid_target_saves_no_state_and_matches_plain(hybrid_path, monkeypatch):
-    """The MTP head drafting for its hybrid target: greedy text equals plain decoding, and no pass saved the
-    target's state (before: one whole-state copy, attention cache included, per speculative step)."""
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+def test_speculation_on_a_hybrid_target_matches_plain(hybrid_path, monkeypatch, rollback):
+    """The MTP head drafting for its hybrid target: greedy text equals plain decoding both ways. With snapshots
+    ("auto") no pass saves the target's state (before: one whole-state copy, attention cache included, per
+    speculative step); forced to checkpoints, each pass saves the recurrent part alone."""
     prompt = TOKENS[:6]
     with Engine.load(hybrid_path, None, drafter="none", n_ctx=256, n_threads=1) as engine:
         plain = run_greedy(engine, prompt, 0, n=40)
     saved = []
     real = Context.save_state
-    monkeypatch.setattr(Context, "save_state", lambda self: saved.append(1) or real(self))
-    with Engine.load(hybrid_path, None, drafter="mtp", n_ctx=256, n_threads=1) as engine:
-        assert engine.target.mode == "snapshot"
+    monkeypatch.setattr(Context, "save_state", lambda self, **kw: saved.append(kw) or real(self, **kw))
+    with Engine.load(hybrid_path, None, drafter="mtp", n_ctx=256, n_threads=1, rollback=rollback) as engine:
+        assert engine.target.mode == ("snapshot" if rollback == "auto" else "checkpoint")
         saved.clear()  # the load's probe saved once
         spec = run_greedy(engine, prompt, 3, n=40)
         engine.check_invariants()
     assert spec.stats.drafted > 0 and spec.stats.accepted < spec.stats.drafted  # both branches ran
     assert spec.tokens == plain.tokens
-    assert not saved
+    assert saved == ([] if rollback == "auto" else [{"partial": True}] * len(saved)) and (rollback == "auto" or saved)
+
+
+def test_a_hybrid_checkpoint_saves_the_recurrent_part_alone(hybrid_path):
+    """Without snapshots (a hybrid draft, or k past them) the checkpoint holds the recurrent state only — the same
+    size at 8 and at 40 tokens, where the whole state grows with the attention cache — and restoring it, then
+    cutting the attention tail, gives the state a context that never held the tail has."""
+    tokens = (TOKENS * 3)[:40]
+    with Model(hybrid_path) as model:
+        with Context(model, n_ctx=128) as ctx:
+            seq = KVSequence(ctx)
+            assert seq.mode == "checkpoint" and seq.needs_checkpoint(1, one_batch=False)
+            seq.append(tokens[:8], outputs=0)
+            seq.checkpoint()
+            small = len(seq._checkpoint.state)
+            seq.append(tokens[8:40], outputs=0)
+            seq.checkpoint()
+            assert len(seq._checkpoint.state) == small < len(ctx.save_state())  # the whole state: 40 tokens' KV
+            for t in [3, 7, 11]:  # drafted one by one
+                seq.append([t], outputs=1)
+            seq.rollback_to(41)  # one accepted
+            assert seq.n_refills == 0 and seq.tokens == [*tokens, 3]
+            seq.check()
+            seq.append([9], outputs=1)
+            restored = ctx.logits(-1).copy()
+        assert np.abs(restored - fresh_logits(model, [*tokens, 3, 9])).max() < BATCH_NOISE
+        assert np.abs(restored - fresh_logits(model, [*tokens, 7, 9])).max() > 10 * BATCH_NOISE  # another history
