@@ -4,9 +4,10 @@ recurrent-state snapshots (`n_rs_seq`) instead of saving its whole state before 
 llama.cpp keeps a snapshot after each token of a decode's batch and overwrites them with the next decode; asked to
 roll back past what the last decode wrote, it restores a stale snapshot and says nothing (the second test shows
 it). `KVSequence` uses a snapshot only within the last decode, at most `n_rs_seq` back, once; everything else
-takes the checkpoint or re-prefill path; a hybrid's checkpoint saves its recurrent part alone (the last test). Each rollback is compared with a context that never held the tail, within
-BATCH_NOISE: the delta net's batched (chunked) and one-token kernels differ in the last bits (2e-6 measured here),
-while a stale state is off by more than 1e-3.
+takes the checkpoint or re-prefill path, and a hybrid's checkpoint saves its recurrent part alone (the last test).
+Each rollback is compared with a context that never held the tail, within BATCH_NOISE: the delta net's batched
+(chunked) and one-token kernels differ in the last bits (2e-6 measured here), while a stale state is off by more
+than 1e-3.
 """
 
 from __future__ import annotations
