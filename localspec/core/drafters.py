@@ -240,7 +240,10 @@ class ModelDrafter:
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         # Like the target, hold all but the last token; the first `propose` decodes it with logits.
         try:
-            return self.seq.sync(prompt[:-1], progress=progress)
+            decoded = self.seq.sync(prompt[:-1], progress=progress)
+            if decoded:
+                self.seq.anchor()  # a recurrent/hybrid draft restores this next turn (`KVSequence.anchor`)
+            return decoded
         finally:
             self.meter.take()  # the prompt's cost is the prefill's, not the first proposal's
 

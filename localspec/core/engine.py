@@ -134,6 +134,8 @@ class Generation:
         engine.policy.start()
         try:
             stats.prefill_decoded = engine.target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            if stats.prefill_decoded:
+                engine.target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
             # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
             drafter_room = len(self.prompt) < engine.drafter.n_ctx
             if drafter_room and engine.policy.wants_draft(self.spec.adaptive):

@@ -134,6 +134,7 @@ class KVSequence:
         self._tail = 0  # tokens in the last decode: a "snapshot" rollback drops fewer (`_snapshot_rollback`)
         self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
+        self._anchor: Checkpoint | None = None  # the last prompt's state (`anchor`)
 
     @property
     def n_past(self) -> int:
@@ -229,7 +230,7 @@ class KVSequence:
             return True
         if not self.ctx.remove_span(start, start + n):
             return False
-        self._checkpoint = None
+        self._checkpoint = self._anchor = None
         self.ctx.shift(start + n, -n)
         del self.tokens[start : start + n]
         self.n_dropped += n
@@ -242,6 +243,15 @@ class KVSequence:
         partial = self.ctx.model.info.is_hybrid
         self._checkpoint = Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
 
+    def anchor(self) -> None:
+        """Keep the state after a prompt, where the memory cannot drop an arbitrary tail (recurrent/hybrid): the
+        next turn of a chat diverges soon after it (a template that drops the last reply's reasoning, a
+        regenerate), and restoring it then beats re-reading the whole conversation. One at a time; a hybrid keeps
+        its recurrent part alone (`checkpoint`)."""
+        if self.mode in ("snapshot", "checkpoint") and self.tokens:
+            partial = self.ctx.model.info.is_hybrid
+            self._anchor = Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
+
     def rollback_to(self, n: int) -> None:
         """Keep only the first `n` tokens in the cache and in `tokens`."""
         assert 0 <= n <= self.n_past
@@ -249,6 +259,8 @@ class KVSequence:
             return
         if self._checkpoint is not None and n < self._checkpoint.n_past:
             self._checkpoint = None  # it holds tokens that are about to be dropped
+        if self._anchor is not None and n < self._anchor.n_past:
+            self._anchor = None
         if n == 0:
             self.ctx.clear()
             self.tokens.clear()
@@ -259,11 +271,13 @@ class KVSequence:
             return
         if self.mode == "snapshot" and self._snapshot_rollback(n):
             return
-        cp = self._checkpoint
-        if cp is not None and cp.n_past <= n and self.mode != "refill" and self._restore(cp):
-            keep, self.tokens = self.tokens[:n], self.tokens[: cp.n_past]
-            self.append(keep[cp.n_past :], outputs=0)
-            return
+        saved = [cp for cp in (self._checkpoint, self._anchor) if cp is not None]  # each holds ≤ n tokens
+        if saved and self.mode != "refill":
+            cp = max(saved, key=lambda c: c.n_past)  # the fewest tokens to decode again
+            if self._restore(cp):
+                keep, self.tokens = self.tokens[:n], self.tokens[: cp.n_past]
+                self.append(keep[cp.n_past :], outputs=0)
+                return
         self._refill(n)
 
     def _restore(self, cp: Checkpoint) -> bool:
@@ -340,7 +354,7 @@ class KVSequence:
         removal and the list update: the cache then holds more cells than `tokens` (drop them) or fewer
         (forget the tokens it lost). A tail that cannot be dropped ends in a re-prefill.
         """
-        self._checkpoint = None
+        self._checkpoint = self._anchor = None
         self._tail = 0  # the decode that was cut short may not have been recorded: its snapshots are unknown
         held = self.ctx.pos_range()[1] + 1
         if held < self.n_past:

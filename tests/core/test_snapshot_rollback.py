@@ -108,7 +108,8 @@ def test_an_interrupted_decode_is_repaired_without_a_snapshot(hybrid_path):
 def test_speculation_on_a_hybrid_target_matches_plain(hybrid_path, monkeypatch, rollback):
     """The MTP head drafting for its hybrid target: greedy text equals plain decoding both ways. With snapshots
     ("auto") no pass saves the target's state (before: one whole-state copy, attention cache included, per
-    speculative step); forced to checkpoints, each pass saves the recurrent part alone."""
+    speculative step), only the prompt's anchor is kept; forced to checkpoints, each pass saves the recurrent part
+    alone."""
     prompt = TOKENS[:6]
     with Engine.load(hybrid_path, None, drafter="none", n_ctx=256, n_threads=1) as engine:
         plain = run_greedy(engine, prompt, 0, n=40)
@@ -122,7 +123,8 @@ def test_speculation_on_a_hybrid_target_matches_plain(hybrid_path, monkeypatch, 
         engine.check_invariants()
     assert spec.stats.drafted > 0 and spec.stats.accepted < spec.stats.drafted  # both branches ran
     assert spec.tokens == plain.tokens
-    assert saved == ([] if rollback == "auto" else [{"partial": True}] * len(saved)) and (rollback == "auto" or saved)
+    assert saved == [{"partial": True}] * (1 if rollback == "auto" else len(saved))  # auto: the prompt's anchor alone
+    assert rollback == "auto" or len(saved) > 1
 
 
 def test_a_hybrid_checkpoint_saves_the_recurrent_part_alone(hybrid_path):
@@ -149,3 +151,25 @@ def test_a_hybrid_checkpoint_saves_the_recurrent_part_alone(hybrid_path):
             restored = ctx.logits(-1).copy()
         assert np.abs(restored - fresh_logits(model, [*tokens, 3, 9])).max() < BATCH_NOISE
         assert np.abs(restored - fresh_logits(model, [*tokens, 7, 9])).max() > 10 * BATCH_NOISE  # another history
+
+
+@pytest.mark.parametrize("which", ["hybrid", "recurrent"])
+def test_the_next_turn_restores_the_last_prompt_instead_of_rereading_the_chat(hybrid_path, tiny_models, which):
+    """A chat's next prompt keeps the last prompt and rewrites what came after it (a template that drops the
+    reply's reasoning). Memory that cannot drop an arbitrary tail restores the state saved after the last prompt
+    (`KVSequence.anchor`) and reads only what follows; before, it re-read the whole conversation. The second turn's
+    greedy text equals a fresh engine's on the same prompt."""
+    path = hybrid_path if which == "hybrid" else tiny_models.recurrent
+    draft, drafter = (None, "mtp") if which == "hybrid" else (path, "model")  # a recurrent draft anchors too
+    first = TOKENS[:12]
+    second = [*first, 7, 19, 31, 43]  # not what the first turn generated
+    with Engine.load(path, draft, drafter=drafter, n_ctx=256, n_threads=1) as engine:
+        assert engine.target.mode == ("snapshot" if which == "hybrid" else "checkpoint")
+        run_greedy(engine, first, 3, n=24)
+        again = run_greedy(engine, second, 3, n=24)
+        assert [seq.n_refills for seq in engine.caches] == [0] * len(engine.caches)  # before: each re-read it all
+        assert again.stats.prefill_decoded <= len(second) - len(first) + 1
+        engine.check_invariants()
+    with Engine.load(path, draft, drafter=drafter, n_ctx=256, n_threads=1) as engine:
+        fresh = run_greedy(engine, second, 3, n=24)
+    assert again.tokens == fresh.tokens
