@@ -67,7 +67,7 @@ class _Capture:
     """
 
     def __init__(self) -> None:
-        self.array = 0  # the address of the last llama_token_data_array it saw
+        self.data, self.size = 0, 0  # where the survivors of the last row lie (in the chain's own buffer), how many
         self._callback = _APPLY(self._on_apply)  # the callbacks live as long as the sampler
         self._apply = ctypes.cast(self._callback, llama_cpp.llama_sampler_i_apply)
         self._name = llama_cpp.llama_sampler_i_name(lambda _smpl: b"localspec-capture")
@@ -75,13 +75,13 @@ class _Capture:
         self.handle = llama_cpp.llama_sampler_init(ctypes.pointer(self._iface), None)
 
     def _on_apply(self, _smpl: int, array: int) -> None:
-        self.array = array
+        # The array itself lives on llama_sampler_sample's stack: read where its data lies now, not later.
+        self.data, self.size = _ARRAY_HEAD.unpack(ctypes.string_at(array, _ARRAY_HEAD.size))
         ctypes.c_int64.from_address(array + _SELECTED).value = 0
 
     def survivors(self) -> tuple[list[int], list[float], list[float]]:
         """The survivors' ids, logits and p fields, in the chain's order (best first after top-k)."""
-        data, size = _ARRAY_HEAD.unpack(ctypes.string_at(self.array, _ARRAY_HEAD.size))
-        raw = ctypes.string_at(data, _TOKEN_DATA_SIZE * size)
+        raw = ctypes.string_at(self.data, _TOKEN_DATA_SIZE * self.size)
         return array("i", raw)[0::3].tolist(), array("f", raw)[1::3].tolist(), array("f", raw)[2::3].tolist()
 
 
