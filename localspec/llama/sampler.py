@@ -79,10 +79,17 @@ class _Capture:
         self.data, self.size = _ARRAY_HEAD.unpack(ctypes.string_at(array, _ARRAY_HEAD.size))
         ctypes.c_int64.from_address(array + _SELECTED).value = 0
 
-    def survivors(self) -> tuple[list[int], list[float], list[float]]:
-        """The survivors' ids, logits and p fields, in the chain's order (best first after top-k)."""
-        raw = ctypes.string_at(self.data, _TOKEN_DATA_SIZE * self.size)
-        return array("i", raw)[0::3].tolist(), array("f", raw)[1::3].tolist(), array("f", raw)[2::3].tolist()
+    def survivors(self) -> tuple[list[int], list[float]]:
+        """The survivors' ids and logits, in the chain's order (best first after top-k)."""
+        raw = self._raw()
+        return array("i", raw)[0::3].tolist(), array("f", raw)[1::3].tolist()
+
+    def probabilities(self) -> list[float]:
+        """The survivors' p fields (what a `dist` before this sampler wrote), in the same order."""
+        return array("f", self._raw())[2::3].tolist()
+
+    def _raw(self) -> bytes:
+        return ctypes.string_at(self.data, _TOKEN_DATA_SIZE * self.size)  # llama_token_data: int32, float, float
 
 
 def _chain(links: list) -> object:
@@ -126,7 +133,7 @@ class ChainLaw:
         in double; the same operations here give the same numbers.
         """
         llama_cpp.llama_sampler_sample(self._law, ctx.handle, i)
-        ids, logits, _ = self._capture.survivors()
+        ids, logits = self._capture.survivors()
         best = logits[0]
         weights = [_EXPF(logit - best) for logit in logits]  # ctypes rounds the difference to float32
         total = list(accumulate(weights))[-1]  # in order, in double: dist's sum

@@ -43,8 +43,8 @@ def what_dist_wrote(ctx: Context, i: int, temperature, top_k, top_p, min_p) -> d
         llama_cpp.llama_sampler_chain_add(chain, link)
     try:
         llama_cpp.llama_sampler_sample(chain, ctx.handle, i)
-        ids, _, probs = capture.survivors()
-        return dict(zip(ids, probs))  # in dist's order
+        ids, _ = capture.survivors()
+        return dict(zip(ids, capture.probabilities()))  # in dist's order
     finally:
         llama_cpp.llama_sampler_free(chain)
 
