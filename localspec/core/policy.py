@@ -1,7 +1,10 @@
 """Adaptive draft length (DESIGN §3): choose k each step for the most tokens per second.
 
 `DraftPolicy` keeps a recency-weighted estimate α̂ of the per-token acceptance and picks k = argmax
-E(k) / (k·c + v(k)) with `MeasuredCosts`, this machine's step costs learned from the loop's own timings.
+E(k) / (k·c + v(k)) with `MeasuredCosts`, this machine's step costs learned from the loop's own timings, and
+keeps the k in use unless another is predicted `PolicyTuning.hold` faster: a verify pass of a new size costs
+llama.cpp its graph reuse, and on CUDA its captured graph (replayed only after two passes of one shape), so a k that
+follows every wobble of α̂ pays that on most passes (README "On a GPU": adaptive 1.32× where fixed k = 8 gave 1.63×).
 When no k ≥ 1 beats plain decoding it decodes plainly; each new generation opens with a short probe, and
 inside an answer probes are paid from a small budget earned while plain, so "off" is never final.
 It learns from the `Step` records the loop returns (one writer of the counters: the loop).
@@ -33,6 +36,7 @@ class PolicyTuning:
     min_evidence: int = 8  # drafted tokens verified before the draft may be judged not worth it
     forget: float = 0.2  # share of the older acceptance counts α̂ forgets at each verified step
     margin: float = 0.03  # speculate only when predicted at least this much faster than plain
+    hold: float = 0.05  # keep the draft length in use unless another is predicted at least this much faster
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
     explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
     retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
@@ -273,6 +277,7 @@ class DraftPolicy:
         self._steps_on = 0
         self._unmeasured = 0
         self._last = Choice(0)
+        self._held = 0  # the draft length speculation last ran with (`hold`)
         self._plain_rate = RecentMedian(tuning.window)  # tokens/s of recent plain steps
         self._spec_rate = RecentMedian(tuning.window)  # tokens/s of recent speculative steps
 
@@ -346,6 +351,10 @@ class DraftPolicy:
             return Choice(0, self.reason)  # off, nothing new learnt, no probe affordable yet: nothing to weigh
         self._probed = False
         k, speedup = self.best(limit, costs)
+        if 0 < self._held <= limit and k != self._held:
+            kept = self.speedup(self._held, costs)
+            if speedup <= kept * (1.0 + tuning.hold):
+                k, speedup = self._held, kept
         self._record_decision(k, speedup, costs)
         was_off = self.off
         off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
@@ -353,6 +362,7 @@ class DraftPolicy:
         if not off:
             self.state = PolicyState.ON
             self._start_probes = 0
+            self._held = k
             self._steps_on += 1
             if timed and self._steps_on % tuning.retime_every == 0:
                 return Choice(0, "adaptive: timing a plain step")

@@ -308,3 +308,31 @@ def test_the_policy_names_its_state_at_every_choice():
         choice = policy.choose(True, 8)
         policy.observe(timed_step(choice.k, choice.k, plain=0.010, draft_token=0.001))
     assert policy.state is PolicyState.ON and not policy.off
+
+
+def test_the_draft_length_in_use_holds_until_another_is_clearly_faster():
+    # A draft length that follows every wobble of α̂ changes the verify pass's shape, which costs llama.cpp its
+    # graph reuse (and on CUDA its captured graph) on most passes: the one in use stays unless another is
+    # predicted `hold` faster.
+    costs = EstimatedCosts(draft_ratio=0.1, batch_slope=0.15)
+    policy = policy_with_alpha(0.8, costs)
+    first = policy.choose(True, 8).k
+    ks = []
+    for alpha in (0.79, 0.81, 0.78, 0.82, 0.8):  # wobbles whose best k differ by one or two at most
+        policy.accepted = alpha
+        ks.append(policy.choose(True, 8).k)
+    fresh = {policy_with_alpha(a, costs).choose(True, 8).k for a in (0.79, 0.81, 0.78, 0.82, 0.8)}
+    assert len(fresh) > 1  # without the hold, k would move with these wobbles
+    assert ks == [first] * 5
+    policy.accepted = 0.95  # a real change: the best k is now predicted well over `hold` faster
+    assert policy.choose(True, 8).k > first
+    policy.accepted = 0.5
+    assert policy.choose(True, 8).k < first
+
+
+def test_without_a_hold_the_best_k_is_taken_at_every_step():
+    costs = EstimatedCosts(draft_ratio=0.1, batch_slope=0.15)
+    policy = policy_with_alpha(0.8, costs, hold=0.0)
+    for alpha in (0.78, 0.82, 0.9, 0.6):
+        policy.accepted = alpha
+        assert policy.choose(True, 8).k == policy_with_alpha(alpha, costs).choose(True, 8).k
