@@ -287,7 +287,6 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
 def _placement_finding(name: str, pair, target: Path, draft: Path | None, gpu_memory: int | None) -> Finding:
     """Where the pair would go if loaded now (core/placement.py), with its own models.toml keys; with
     `gpu_memory` on a build without a GPU, on a GPU of that size (said so). `draft` None: a target alone."""
-    from localspec.llama.footprint import read_footprint
     from localspec.models.flags import RunFlags
     from localspec.models.loading import load_params
 
@@ -298,8 +297,7 @@ def _placement_finding(name: str, pair, target: Path, draft: Path | None, gpu_me
         if gpu is None and params.gpu_memory is not None:
             gpu = placement.Gpu("a GPU (none in this build)", "hypothetical", params.gpu_memory, given=True)
         ask = placement.ask_of(params)
-        draft_footprint = read_footprint(draft) if draft is not None else None
-        plan = placement.plan_pair(read_footprint(target), draft_footprint, ask, gpu, memory_bytes())
+        plan = placement.plan_pair(*placement.footprints(target, draft, params), ask, gpu, memory_bytes())
     except LocalspecError as e:
         return Finding(label, "does not fit", str(e))
     return Finding(label, plan.describe())

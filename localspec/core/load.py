@@ -22,7 +22,7 @@ from .drafters import Drafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
 from .params import AUTO_DRAFTER, LoadParams, needs_draft_model
-from .placement import DEFAULT_N_CTX, GpuPlan, ModelPlan, plan_load
+from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, GpuPlan, ModelPlan, plan_load
 
 __all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
 log = logging.getLogger(__name__)
@@ -153,9 +153,6 @@ def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, par
 def _own(owned: list, obj):
     owned.append(obj)
     return obj
-
-
-RS_SNAPSHOTS = 8  # a speculating hybrid target's rollback snapshots: the default draft_max (k beyond: a checkpoint)
 
 
 def _sequence(

@@ -27,6 +27,7 @@ GIB, MIB = 2**30, 2**20
 DEFAULT_MARGIN = 1 * GIB
 N_UBATCH = 512  # the contexts' batch (llama/context.py), which sizes the compute buffer
 N_CTX_STEP = 256  # a shortened context is a multiple of this
+RS_SNAPSHOTS = 8  # a speculating hybrid target's rollback snapshots: the default draft_max (k beyond: a checkpoint)
 
 
 class PlacementError(LocalspecError):
@@ -182,7 +183,7 @@ def split_bytes(model: Footprint, gpu_layers: int, n_ctx: int, cpu_moe_layers: i
     first = n + 1 - on_gpu  # the first repeating layer on the GPU; index n is the output layer
     gpu, host, cache = 0, model.input_bytes, 0
     for i in range(n):
-        weights, kv = model.layer_bytes[i], model.kv_bytes_per_cell[i] * n_ctx
+        weights, kv = model.layer_bytes[i], model.cache_bytes(i, n_ctx)
         if i >= first:
             experts = model.expert_bytes[i] if i < cpu_moe_layers else 0
             gpu, host = gpu + weights - experts + kv, host + experts
@@ -392,6 +393,19 @@ def ask_of(params: LoadParams) -> Ask:
     )
 
 
+def footprints(target: str | Path, draft: str | Path | None, params: LoadParams) -> tuple[Footprint, Footprint | None]:
+    """The pair's footprints as their contexts will hold them: a target that may speculate keeps `RS_SNAPSHOTS`
+    rollback snapshots of its recurrent state where llama.cpp has them (Qwen3.5: 9 copies of ~50 MiB at 9B).
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+    """
+    target_footprint = read_footprint(target)
+    if params.drafter != "none":
+        target_footprint = target_footprint.with_snapshots(RS_SNAPSHOTS)
+    return target_footprint, read_footprint(draft) if draft is not None else None
+
+
 def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) -> GpuPlan:
     """The plan for loading these files on this machine: their headers, this build's GPU and the RAM available.
 
@@ -399,6 +413,5 @@ def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) 
         ModelFileError: a file whose GGUF header cannot be read.
         PlacementError: as `plan_pair`.
     """
-    draft_footprint = read_footprint(draft) if draft is not None else None
     gpu = local_gpu(params.gpu_memory)
-    return plan_pair(read_footprint(target), draft_footprint, ask_of(params), gpu, memory_bytes())
+    return plan_pair(*footprints(target, draft, params), ask_of(params), gpu, memory_bytes())

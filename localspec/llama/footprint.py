@@ -14,7 +14,7 @@ import os
 import re
 import struct
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import llama_cpp
@@ -25,6 +25,13 @@ from localspec.errors import ModelFileError
 from .log import init, llama_error, llama_log
 
 KV_BYTES = 2  # llama.cpp's default cache type, F16, per K or V element
+STATE_BYTES = 4  # a recurrent layer's conv and SSM states: F32
+# Hybrids whose attention layers are every `full_attention_interval`-th of the trunk (llama.cpp's default: 4)
+_INTERVAL_ARCHS = frozenset({"qwen3next", "qwen35", "qwen35moe", "qwen4exp", "minimax-01"})
+# Architectures whose recurrent state llama.cpp keeps rollback snapshots of (`n_rs_seq`; clamped to 0 elsewhere)
+RS_ROLLBACK_ARCHS = frozenset(
+    {"qwen35", "qwen35moe", "qwen4exp", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe", "bailingmoe3", "kimi-k3"}
+)
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.")
 # A MoE layer's experts: llama.cpp's own pattern for --cpu-moe (common.h, LLM_FFN_EXPS_REGEX), searched in names
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_(ch|)exps"
@@ -55,6 +62,9 @@ class Footprint:
     nextn_layers: int = (
         0  # MTP ("nextn") blocks past the trunk: the model's own draft head (`{arch}.nextn_predict_layers`)
     )
+    # each layer's recurrent state for one sequence (conv + SSM, F32), whatever the context length; 0 for attention
+    # layers. A context that keeps n rollback snapshots holds it 1 + n times (`with_snapshots`).
+    state_bytes_per_layer: tuple[int, ...] = ()
 
     @property
     def tensor_bytes(self) -> int:
@@ -73,6 +83,18 @@ class Footprint:
     def kv_bytes(self, n_ctx: int) -> int:
         """The KV cache of `n_ctx` cells, every layer."""
         return n_ctx * sum(self.kv_bytes_per_cell)
+
+    def cache_bytes(self, layer: int, n_ctx: int) -> int:
+        """What layer `layer` keeps besides its weights at `n_ctx` cells: its KV cache, or its recurrent state."""
+        state = self.state_bytes_per_layer[layer] if self.state_bytes_per_layer else 0
+        return self.kv_bytes_per_cell[layer] * n_ctx + state
+
+    def with_snapshots(self, n: int) -> Footprint:
+        """The footprint of a context that keeps `n` rollback snapshots of the recurrent state (llama.cpp's
+        `n_rs_seq`; only the architectures in `RS_ROLLBACK_ARCHS` keep any)."""
+        if not n or self.arch not in RS_ROLLBACK_ARCHS:
+            return self
+        return replace(self, state_bytes_per_layer=tuple(b * (1 + n) for b in self.state_bytes_per_layer))
 
 
 def read_footprint(path: str | os.PathLike) -> Footprint:
@@ -186,13 +208,19 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
             if tensor == "token_embd.weight" and "output.weight" not in names:
                 output_bytes += size  # tied: llama.cpp loads a second copy for the output layer
                 tied_bytes = size
-    recurrent = "ssm.state_size" in {k.removeprefix(f"{arch}.") for k in meta} and not any(n_head)
+    has_ssm = f"{arch}.ssm.state_size" in meta
+    recurrent = has_ssm and not any(n_head)
+    nextn = _count(hp("nextn_predict_layers"))
+    trunk = n_layer - nextn  # MTP blocks keep their cache in the head's own context, not the trunk's
+    recurrent_layers = _recurrent_layers(arch, hp, n_layer, trunk, n_head_kv, has_ssm)
+    state = _state_bytes(hp) if has_ssm else 0
     kv = []
     for i in range(n_layer):
         head_dim = n_embd // n_head[i] if n_head[i] else 0
         k_len = int(hp("attention.key_length", head_dim))  # type: ignore[arg-type]
         v_len = int(hp("attention.value_length", head_dim))  # type: ignore[arg-type]
-        kv.append(KV_BYTES * n_head_kv[i] * (k_len + v_len))
+        attention = i < trunk and not recurrent_layers[i]
+        kv.append(KV_BYTES * n_head_kv[i] * (k_len + v_len) if attention else 0)
     n_vocab = meta.get("tokenizer.ggml.tokens", hp("vocab_size"))
     return Footprint(
         name=name,
@@ -208,8 +236,32 @@ def _footprint(name: str, meta: dict[str, object], tensors: list[tuple[str, int]
         kv_bytes_per_cell=tuple(kv),
         recurrent=recurrent,
         tied_bytes=tied_bytes,
-        nextn_layers=_count(hp("nextn_predict_layers")),
+        nextn_layers=nextn,
+        state_bytes_per_layer=tuple(state if r else 0 for r in recurrent_layers),
     )
+
+
+def _recurrent_layers(arch: str, hp, n_layer: int, trunk: int, n_head_kv: tuple[int, ...], has_ssm: bool) -> tuple:
+    """Which layers are recurrent, as llama.cpp's loaders decide: an explicit `attention.recurrent_layers` list,
+    else every layer but each `full_attention_interval`-th of the trunk (Qwen3-Next/3.5), else (models with SSM
+    hyperparameters) the layers without KV heads (Mamba, Jamba, Granite/Nemotron hybrids)."""
+    listed = hp("attention.recurrent_layers", None)
+    if isinstance(listed, tuple):
+        return tuple(bool(v) for v in listed[:n_layer]) + (False,) * (n_layer - len(listed))
+    interval = hp("full_attention_interval", None)
+    if interval is not None or arch in _INTERVAL_ARCHS:
+        every = int(interval) if isinstance(interval, int) and interval > 0 else 4  # type: ignore[arg-type]
+        return tuple(i < trunk and (i + 1) % every != 0 for i in range(n_layer))
+    return tuple(has_ssm and n_head_kv[i] == 0 for i in range(n_layer))
+
+
+def _state_bytes(hp) -> int:
+    """One recurrent layer's state for one sequence (llama.cpp's n_embd_r + n_embd_s, F32): the convolution's last
+    d_conv − 1 inputs (the inner channels and the B/C groups) and the SSM state, d_state × d_inner."""
+    d_conv, d_inner, d_state = (int(hp(f"ssm.{key}")) for key in ("conv_kernel", "inner_size", "state_size"))  # type: ignore[arg-type]
+    n_group = int(hp("ssm.group_count"))  # type: ignore[arg-type]
+    conv = max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state)
+    return STATE_BYTES * (conv + d_state * d_inner)
 
 
 def _count(value: object) -> int:
@@ -234,17 +286,21 @@ class Simulated:
     model_bytes: int  # llama_model_size
     kv_bytes: int  # "llama_kv_cache: size = … MiB", to 0.01 MiB
     compute_bytes: int  # "CPU compute buffer size = … MiB", to 0.01 MiB
+    state_bytes: int = 0  # "llama_memory_recurrent: size = … MiB" (recurrent and hybrid models), to 0.01 MiB
 
 
 _MIB = re.compile(r"([\d.]+) MiB")
 
 
-def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_full: bool = True) -> Simulated:
+def simulate(
+    path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_full: bool = True, n_rs_seq: int = 0
+) -> Simulated:
     """Load `path` with `no_alloc` (metadata only, allocations simulated) and create a context: llama.cpp's count.
 
     `no_alloc` needs the weights read without mmap (`load_mode` NONE: llama.cpp asserts otherwise) and without the
     CPU repack buffers; no weight is read either way. The sizes come from llama.cpp's log lines (the breakdown API
-    is C++ only). `swa_full`: sliding-window layers keep every cell, as localspec's contexts do when speculating.
+    is C++ only). `swa_full`: sliding-window layers keep every cell, as localspec's contexts do when speculating;
+    `n_rs_seq`: recurrent-state rollback snapshots, as a speculating hybrid target keeps them.
 
     Raises:
         ModelFileError: llama.cpp could not load the file or create the context.
@@ -259,7 +315,7 @@ def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_fu
         try:
             cparams = llama_cpp.llama_context_default_params()
             cparams.n_ctx, cparams.n_batch, cparams.n_ubatch, cparams.n_seq_max = n_ctx, n_ubatch, n_ubatch, 1
-            cparams.swa_full = swa_full
+            cparams.swa_full, cparams.n_rs_seq = swa_full, n_rs_seq
             ctx = llama_cpp.llama_init_from_model(model, cparams)
             if not ctx:
                 raise ModelFileError(f"llama.cpp could not size a context for {path}{llama_error()}")
@@ -273,7 +329,7 @@ def simulate(path: str | os.PathLike, *, n_ctx: int, n_ubatch: int = 512, swa_fu
             sum(float(m.group(1)) for line in lines if line.startswith(marker) and (m := _MIB.search(line))) * 2**20
         )
 
-    return Simulated(size, mib("llama_kv_cache: size"), mib("sched_reserve:"))
+    return Simulated(size, mib("llama_kv_cache: size"), mib("sched_reserve:"), mib("llama_memory_recurrent: size"))
 
 
 @contextmanager

@@ -14,7 +14,9 @@ import json
 
 import pytest
 from support import shapes
+from support.tinymodels import Qwen35Shape, write_mtp_model
 
+from localspec.core.params import LoadParams
 from localspec.core.placement import (
     DEFAULT_MARGIN,
     GIB,
@@ -23,6 +25,7 @@ from localspec.core.placement import (
     Gpu,
     GpuPlan,
     PlacementError,
+    footprints,
     plan_pair,
     split_bytes,
 )
@@ -220,3 +223,23 @@ def test_the_readme_example_is_the_planners(shape, tmp_path):
     moe = [plan_pair(shape["moe"], None, Ask(), laptop(g), PLENTY).target.cpu_moe_layers for g in (8, 16)]
     assert moe == [31, 7]
     assert "the experts of the\nfirst 31 layers in CPU memory; on 16 GiB, those of 7" in readme
+
+
+def test_a_speculating_hybrid_target_plans_its_state_and_rollback_snapshots(tmp_path):
+    # A Qwen3.5-style target: KV only on its attention layers, a recurrent state on the others, and when it may
+    # speculate llama.cpp keeps 8 rollback snapshots of that state (load.py's RS_SNAPSHOTS) on the layer's device.
+    shape = Qwen35Shape(n_layer=8, full_attention_interval=4, ssm_d_state=64, ssm_dt_rank=8, ssm_n_group=4)
+    path = write_mtp_model(tmp_path / "hybrid.gguf", shape=shape)
+    plain, _ = footprints(path, None, LoadParams(drafter="none"))
+    drafting, _ = footprints(path, None, LoadParams(drafter="mtp"))
+    state = sum(plain.state_bytes_per_layer)
+    assert state > 0 and sum(drafting.state_bytes_per_layer) == 9 * state
+    gpu = Gpu("CUDA0", "", 8 * GIB)
+    on_gpu = {f: plan_pair(f, None, Ask(target_layers=-1), gpu, PLENTY).target.gpu_bytes for f in (plain, drafting)}
+    assert on_gpu[drafting] - on_gpu[plain] == 8 * state
+    # all on the CPU: the same bytes are host cache instead
+    on_cpu = {
+        f: plan_pair(f, None, Ask(target_layers=0), gpu, PLENTY).target.host_cache_bytes for f in (plain, drafting)
+    }
+    assert on_cpu[drafting] - on_cpu[plain] == 8 * state
+    assert plain.kv_bytes(4096) == 2 * 4096 * plain.kv_bytes_per_cell[3]  # two attention layers, not eight

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 from support import shapes
-from support.tinymodels import write_moe_model
+from support.tinymodels import Qwen35Shape, write_mamba_model, write_moe_model, write_mtp_model
 
 from localspec.errors import ModelFileError
 from localspec.llama.context import Context
@@ -64,6 +64,35 @@ def test_tiny_models_match_llama_cpps_own_count(tiny_models):
 def test_a_recurrent_model_has_no_kv_per_token(tiny_models):
     footprint = read_footprint(tiny_models.recurrent)
     assert footprint.recurrent and footprint.kv_bytes(4096) == 0
+
+
+# Qwen3.5's layout at a tiny size: 8 trunk layers, each 4th full attention, the rest gated delta net with a state
+# of ~140 KB each (so that llama.cpp's two-decimal MiB can tell a layer missing), and one MTP block
+HYBRID = Qwen35Shape(n_layer=8, full_attention_interval=4, ssm_d_state=64, ssm_dt_rank=8, ssm_n_group=4)
+
+
+@pytest.mark.parametrize("n_rs_seq", [0, 8], ids=["no-snapshots", "8-snapshots"])
+def test_a_hybrid_counts_kv_for_its_attention_layers_and_a_state_for_the_others(tmp_path, n_rs_seq):
+    path = write_mtp_model(tmp_path / "hybrid.gguf", shape=HYBRID)
+    footprint = read_footprint(path).with_snapshots(n_rs_seq)
+    counted = simulate(path, n_ctx=512, n_ubatch=256, n_rs_seq=n_rs_seq)
+    # layers 3 and 7 hold the KV cache (the MTP block's lives in the head's own context); six hold a state
+    assert [i for i, b in enumerate(footprint.kv_bytes_per_cell) if b] == [3, 7]
+    assert sum(1 for b in footprint.state_bytes_per_layer if b) == 6
+    assert abs(footprint.kv_bytes(512) - counted.kv_bytes) <= PRINTED
+    assert counted.state_bytes > 6 * 2**17 * (1 + n_rs_seq) * 0.9  # the state is what the comparison is about
+    assert abs(sum(footprint.state_bytes_per_layer) - counted.state_bytes) <= PRINTED
+
+
+def test_a_mamba_state_is_counted_and_has_no_snapshots(tmp_path):
+    # llama.cpp keeps no rollback snapshots for mamba (it clamps n_rs_seq to 0): neither does the footprint
+    path = write_mamba_model(tmp_path / "mamba.gguf", n_embd=256, n_layer=8)  # 8 states of 38 KiB
+    footprint = read_footprint(path)
+    assert all(footprint.state_bytes_per_layer)
+    for n_rs_seq in (0, 8):
+        counted = simulate(path, n_ctx=256, n_ubatch=256, n_rs_seq=n_rs_seq)
+        assert counted.state_bytes > 0.25 * MIB
+        assert abs(sum(footprint.with_snapshots(n_rs_seq).state_bytes_per_layer) - counted.state_bytes) <= PRINTED
 
 
 def test_a_damaged_header_is_one_line(tmp_path, tiny_models):
