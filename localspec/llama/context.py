@@ -11,6 +11,7 @@ device: a shift is applied by the next decode, which does go through the placeme
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -20,8 +21,9 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from localspec.errors import ContextError
+from localspec.errors import ContextError, ModelFileError
 
+from .footprint import read_footprint
 from .log import llama_error
 from .model import Model, ModelInfo
 from .threads import physical_cores
@@ -37,6 +39,9 @@ def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
     """Rough size of an F16 KV cache of `n_ctx` cells (for a friendly error before llama.cpp aborts)."""
     if info.is_recurrent or info.n_head == 0:
         return 0
+    if info.is_hybrid:  # a KV cache on its attention layers only: the header says which
+        with contextlib.suppress(ModelFileError):
+            return read_footprint(info.path).kv_bytes(n_ctx)
     head_dim = info.n_embd // info.n_head
     return 2 * 2 * info.n_layer * n_ctx * info.n_head_kv * head_dim
 

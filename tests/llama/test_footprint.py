@@ -15,7 +15,7 @@ from support import shapes
 from support.tinymodels import Qwen35Shape, write_mamba_model, write_moe_model, write_mtp_model
 
 from localspec.errors import ModelFileError
-from localspec.llama.context import Context
+from localspec.llama.context import Context, kv_bytes_estimate
 from localspec.llama.footprint import compute_bytes_estimate, read_footprint, simulate
 from localspec.llama.model import Model
 
@@ -82,6 +82,14 @@ def test_a_hybrid_counts_kv_for_its_attention_layers_and_a_state_for_the_others(
     assert abs(footprint.kv_bytes(512) - counted.kv_bytes) <= PRINTED
     assert counted.state_bytes > 6 * 2**17 * (1 + n_rs_seq) * 0.9  # the state is what the comparison is about
     assert abs(sum(footprint.state_bytes_per_layer) - counted.state_bytes) <= PRINTED
+
+
+def test_the_ram_check_before_a_context_counts_a_hybrids_attention_layers_only(tmp_path):
+    path = write_mtp_model(tmp_path / "hybrid.gguf", shape=HYBRID)
+    with Model(path, n_gpu_layers=0) as model:
+        assert model.info.is_hybrid
+        kv_layer = read_footprint(path).kv_bytes_per_cell[3]
+        assert kv_bytes_estimate(model.info, 4096) == 2 * 4096 * kv_layer  # layers 3 and 7, not all nine
 
 
 def test_a_mamba_state_is_counted_and_has_no_snapshots(tmp_path):
