@@ -20,6 +20,7 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -150,13 +151,13 @@ class Dist:
 
 
 class ListLaw:
-    """A law over a few tokens kept as Python lists, in the order they come (llama.cpp's chain hands them over best
+    """A law over a few tokens kept as Python sequences, in the order they come (llama.cpp's chain hands them over best
     first, `ChainLaw.law`), with `Dist`'s interface: probabilities, the top token and draws in Python floats, and
     numpy arrays (ascending ids, as `Dist` keeps them) only when `ids`/`probs` are asked for (a residual)."""
 
     __slots__ = ("_ids", "_probs", "_arrays")
 
-    def __init__(self, ids: list[int], probs: list[float]) -> None:
+    def __init__(self, ids: Sequence[int], probs: Sequence[float]) -> None:
         self._ids, self._probs = ids, probs  # distinct ids, their probabilities (summing to 1)
         self._arrays: Dist | None = None
 

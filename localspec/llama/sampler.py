@@ -18,17 +18,17 @@ import ctypes
 import ctypes.util
 import os
 import struct
-from array import array
-from itertools import accumulate
 
 import llama_cpp
 
 from .context import Context
 
-_TOKEN_DATA_SIZE = ctypes.sizeof(llama_cpp.llama_token_data)  # int32 id, float logit, float p
-_ARRAY_HEAD = struct.Struct("<QQ")  # llama_token_data_array's first fields: data, size
-_SELECTED = llama_cpp.llama_token_data_array.selected.offset
-_APPLY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)  # apply(sampler, token data array), as addresses
+_TOKEN_DATA = struct.Struct("<iff")  # llama_token_data: int32 id, float logit, float p
+assert _TOKEN_DATA.size == ctypes.sizeof(llama_cpp.llama_token_data)
+# llama_token_data_array as three 64-bit words: data, size, selected (then `sorted`)
+_ARRAY_HEAD = ctypes.POINTER(ctypes.c_uint64)
+assert [f.offset for f in (llama_cpp.llama_token_data_array.size, llama_cpp.llama_token_data_array.selected)] == [8, 16]
+_APPLY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, _ARRAY_HEAD)  # apply(sampler, token data array)
 MAX_TOP_K = 128  # llama.cpp's top-k is one std::partial_sort up to here (a bucket pass beyond)
 
 
@@ -62,8 +62,9 @@ class _Capture:
     """A sampler for the end of a chain: it keeps where the survivors lie and selects the first (a chain must select
     one). The survivors stay in the chain's own buffer until its next use.
 
-    Its callback takes plain addresses, not ctypes structures: building those on every row cost about a third of
-    the chain's own pass right after a decode (49,152 tokens: 25 µs of 67).
+    Its callback takes the array as a pointer to 64-bit words, not as a ctypes structure: building those on every
+    row cost about a third of the chain's own pass right after a decode (49,152 tokens: 25 µs of 67), and reading
+    the words through `string_at` cost 3 µs more per row than this.
     """
 
     def __init__(self) -> None:
@@ -74,22 +75,29 @@ class _Capture:
         self._iface = llama_cpp.llama_sampler_i(name=self._name, apply=self._apply)
         self.handle = llama_cpp.llama_sampler_init(ctypes.pointer(self._iface), None)
 
-    def _on_apply(self, _smpl: int, array: int) -> None:
+    def _on_apply(self, _smpl: int, head) -> None:
         # The array itself lives on llama_sampler_sample's stack: read where its data lies now, not later.
-        self.data, self.size = _ARRAY_HEAD.unpack(ctypes.string_at(array, _ARRAY_HEAD.size))
-        ctypes.c_int64.from_address(array + _SELECTED).value = 0
+        self.data, self.size = head[0], head[1]
+        head[2] = 0  # selected: the first survivor
 
-    def survivors(self) -> tuple[list[int], list[float]]:
+    def survivors(self) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """The survivors' ids and logits, in the chain's order (best first after top-k)."""
-        raw = self._raw()
-        return array("i", raw)[0::3].tolist(), array("f", raw)[1::3].tolist()
+        fields = self._fields()
+        return fields[0::3], fields[1::3]
 
-    def probabilities(self) -> list[float]:
+    def probabilities(self) -> tuple[float, ...]:
         """The survivors' p fields (what a `dist` before this sampler wrote), in the same order."""
-        return array("f", self._raw())[2::3].tolist()
+        return self._fields()[2::3]
 
-    def _raw(self) -> bytes:
-        return ctypes.string_at(self.data, _TOKEN_DATA_SIZE * self.size)  # llama_token_data: int32, float, float
+    def _fields(self) -> tuple:
+        """(id, logit, p) of each survivor, one after another: one unpack of the chain's buffer."""
+        unpack = _UNPACK.get(self.size)
+        if unpack is None:
+            unpack = _UNPACK[self.size] = struct.Struct("<" + "iff" * self.size).unpack
+        return unpack(ctypes.string_at(self.data, _TOKEN_DATA.size * self.size))
+
+
+_UNPACK: dict[int, object] = {}  # survivors' count -> the unpacker of that many llama_token_data
 
 
 def _chain(links: list) -> object:
@@ -125,8 +133,8 @@ class ChainLaw:
         """A token from row `i`'s law, drawn by llama.cpp (one native call)."""
         return int(llama_cpp.llama_sampler_sample(self._draw, ctx.handle, i))
 
-    def law(self, ctx: Context, i: int) -> tuple[list[int], list[float]]:
-        """Row `i`'s law as `dist` draws from it: (token ids, their probabilities), best first, as Python lists — a
+    def law(self, ctx: Context, i: int) -> tuple[tuple[int, ...], list[float]]:
+        """Row `i`'s law as `dist` draws from it: (token ids, their probabilities), best first, in Python floats — a
         few values, and a numpy call costs more than the whole walk right after a decode.
 
         `dist` weighs the survivors, sorted best first, by float32 expf(l − l_0) and draws against their running sum
@@ -134,10 +142,14 @@ class ChainLaw:
         """
         llama_cpp.llama_sampler_sample(self._law, ctx.handle, i)
         ids, logits = self._capture.survivors()
+        if len(ids) == 1:
+            return ids, [1.0]
         best = logits[0]
         weights = [_EXPF(logit - best) for logit in logits]  # ctypes rounds the difference to float32
-        total = list(accumulate(weights))[-1]  # in order, in double: dist's sum
-        return ids, [w / total for w in weights]
+        total = 0.0
+        for weight in weights:  # in order, in double: dist's sum
+            total += weight
+        return ids, [weight / total for weight in weights]
 
     def close(self) -> None:
         """Free both chains (idempotent)."""
