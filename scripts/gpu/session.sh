@@ -17,6 +17,8 @@ LIMIT=${LIMIT:-560}; TARGET=${TARGET:-qwen25-14b-shape}; AGREE=${AGREE:-0.8}; TO
 ROUNDS=${ROUNDS:-1}; MODELS=${MODELS:-/tmp/models}; W=${W:-/tmp/w}; PY=${PY:-python3}
 t0=$(date +%s); left() { echo $(( LIMIT - ($(date +%s) - t0) )); }; log() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 mkdir -p "$MODELS" "$W/src"
+# the host CPU, for issue 30: with AMX flags, run scripts/gpu/amx_check.sh in the next call
+lscpu | grep -E '^Model name'; echo "host AMX flags: $(grep -o -w -E 'amx_[a-z0-9]+' /proc/cpuinfo | sort -u | paste -sd' ')"
 [ -d "$W/src/llama_cpp_python-0.3.36" ] || tar xzf "$HERE/src.tar.gz" -C "$W/src"
 G=$W/src/llama_cpp_python-0.3.36/vendor/llama.cpp/gguf-py
 ( export PYTHONPATH=$G${PYTHONPATH:+:$PYTHONPATH}
