@@ -240,8 +240,7 @@ class KVSequence:
         """Save the state so a later `rollback_to` at or after this point can restore it. A hybrid memory saves
         its recurrent part alone — a size that does not grow with the context — and its attention tail is removed
         on restore; the whole state would copy the attention cache every step."""
-        partial = self.ctx.model.info.is_hybrid
-        self._checkpoint = Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
+        self._checkpoint = self._saved()
 
     def anchor(self) -> None:
         """Keep the state after a prompt, where the memory cannot drop an arbitrary tail (recurrent/hybrid): the
@@ -249,8 +248,12 @@ class KVSequence:
         regenerate), and restoring it then beats re-reading the whole conversation. One at a time; a hybrid keeps
         its recurrent part alone (`checkpoint`)."""
         if self.mode in ("snapshot", "checkpoint") and self.tokens:
-            partial = self.ctx.model.info.is_hybrid
-            self._anchor = Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
+            self._anchor = self._saved()
+
+    def _saved(self) -> Checkpoint:
+        """The state now, as `checkpoint` and `anchor` keep it: a hybrid memory's recurrent part alone."""
+        partial = self.ctx.model.info.is_hybrid
+        return Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
 
     def rollback_to(self, n: int) -> None:
         """Keep only the first `n` tokens in the cache and in `tokens`."""
