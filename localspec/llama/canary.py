@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from . import cpu
 CANARY_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")
 TIMEOUT = 120.0  # seconds for one child: loading and two decodes of a 2 MB model take well under one
 NOT_FINITE = "non-finite logits"
+DECODING = "decoding"  # the child's second line: the model and context are made, the first decode is next
 _BATCH = 8  # rows of the first decode: more than one, so batched kernels run (the AMX crash needed two)
 
 # Shapes every CPU kernel accepts: 256 is one K-quant super-block; 32 divides every row count (AMX needs it).
@@ -46,6 +48,7 @@ class CanaryResult:
     system_info: str = ""  # llama.cpp's system line as the child saw it ("" when it died before)
     log: str = ""  # the tail of the child's stderr: faulthandler's traceback on a crash
     note: str = ""  # what went wrong once but not on a second run ("" when nothing did)
+    loaded: bool = True  # the child made the model and its context: a crash came in a decode, not before
 
     @property
     def ok(self) -> bool:
@@ -122,8 +125,9 @@ def write_canary_model(path: Path, qtype: str, *, seed: int = 0) -> Path:
     return path
 
 
-def decode(path: Path) -> None:
-    """Decode a batch of _BATCH rows (all of them read back), then one more row, on the CPU.
+def decode(path: Path, on_loaded: Callable[[], None] = lambda: None) -> None:
+    """Decode a batch of _BATCH rows (all of them read back), then one more row, on the CPU; `on_loaded` runs
+    between making the model and its context and the first decode.
 
     Raises:
         ValueError: a row of logits is not finite (a kernel computed garbage).
@@ -132,6 +136,7 @@ def decode(path: Path) -> None:
     from .model import Model
 
     with Model(path, n_gpu_layers=0) as model, Context(model, n_ctx=_N_CTX, n_batch=_N_CTX) as ctx:
+        on_loaded()
         prompt = [_BOS, *range(_FIRST_BYTE + ord("a"), _FIRST_BYTE + ord("a") + _BATCH - 1)]  # <s> "abcdefg"
         ctx.decode(prompt, 0, outputs=len(prompt))
         rows = [ctx.logits(i).copy() for i in range(len(prompt))]
@@ -143,13 +148,14 @@ def decode(path: Path) -> None:
 
 
 def _child(path: str) -> int:
-    """The child's side: print the system line, decode, exit 0 (3, with the reason on stderr, when it could not)."""
+    """The child's side: print the system line, then DECODING once the model is loaded, decode, exit 0 (3, with the
+    reason on stderr, when it could not)."""
     faulthandler.enable(all_threads=True)
     from .devices import system_info
 
     print(system_info(), flush=True)
     try:
-        decode(Path(path))
+        decode(Path(path), on_loaded=lambda: print(DECODING, flush=True))
     except (ValueError, LocalspecError) as e:  # garbage numbers, or a setting llama.cpp was not even asked with
         print(e, file=sys.stderr)
         return 3
@@ -213,8 +219,10 @@ def _decode_in_children(paths: dict[str, Path], timeout: float) -> list[CanaryRe
             child.kill()
             out, err = child.communicate()
             code = None
-        line = out.strip().splitlines()[0] if out.strip() else ""
-        results.append(CanaryResult(qtype, _how_it_ended(code, err, timeout), line, err[-4000:]))
+        lines = out.strip().splitlines()
+        failure = _how_it_ended(code, err, timeout)
+        loaded = not failure or DECODING in lines[1:]
+        results.append(CanaryResult(qtype, failure, lines[0] if lines else "", err[-4000:], loaded=loaded))
     return results
 
 
@@ -246,6 +254,14 @@ def verdict(results: list[CanaryResult], host: cpu.HostCpu | None = None) -> str
         return (
             f"llama.cpp was built for {' '.join(missing)}, which {cpu_name} lacks, and died decoding {what}: "
             f"the wheel was built on another CPU; {rebuild}"
+        )
+    if not any(r.loaded for r in failed):
+        # Seen on an AMX host with every build, AMX or not (README "Every x86 CPU"): the crash came in llama.cpp's
+        # model set-up, and preloading the system's libstdc++ cured it — not a decode kernel.
+        return (
+            f"llama.cpp died loading {what} on {cpu_name}, before any decode: not a decode kernel; a second copy "
+            "of libstdc++ in the process did this once (LD_PRELOAD of the system's libstdc++.so.6 cured it); "
+            "report it with the output of `localspec doctor`"
         )
     if "AMX_INT8" in built:
         return (

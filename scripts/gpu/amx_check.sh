@@ -29,6 +29,11 @@ S=$W/src/llama_cpp_python-0.3.36
 SITE=${SITE:-/tmp/site}
 [ -d "$SITE/diskcache" ] || $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$HERE"/whl/*.whl
 export PYTHONPATH=$ROOT:$S:$S/vendor/llama.cpp/gguf-py:$SITE PYTHONUNBUFFERED=1
+# On the first AMX host (2026-11-27) every build died loading a model (llama_model::print_info) unless the system's
+# libstdc++ was loaded first, as cuda_env.sh does for the CUDA build; NOPRELOAD=1 shows that crash again.
+_STD=$(ldconfig -p | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
+[ -z "${NOPRELOAD:-}" ] && [ -n "$_STD" ] && export LD_PRELOAD=$_STD${LD_PRELOAD:+:$LD_PRELOAD}
+echo "LD_PRELOAD: ${LD_PRELOAD:-none}"
 
 # The pair, written while llama.cpp builds: a 1B-shape echo target and a small echo draft agreeing on 0.8.
 ( [ -f "$MODELS/cpu-target.gguf" ] || $PY "$HERE/make_model.py" "$MODELS/cpu-target.gguf" --preset llama32-1b \
@@ -58,14 +63,14 @@ for v in $VARIANTS; do
   else echo "$v: build FAILED"; tail -20 "$W/cpu-$v.build.log" "$W/cpu-$v.configure.log" 2>/dev/null; fi
 done
 log "built:$BUILT"
-for v in $BUILT; do  # the AMX buffer type is compiled in only with the AMX instructions
-  echo "$v: AMX kernels in libggml-cpu: $(strings "$W/cpu-$v/bin/libggml-cpu.so" | grep -q -x AMX && echo yes || echo no)"
-done
-
 on() {  # variant, command…: run with that build's llama.cpp
   local v=$1; shift
   LLAMA_CPP_LIB_PATH=$W/cpu-$v/bin LD_LIBRARY_PATH=$W/cpu-$v/bin "$@"
 }
+for v in $BUILT; do  # llama.cpp's system line says AMX_INT8 = 1 exactly when the AMX kernels are compiled in
+  amx=$(on "$v" $PY -c 'from localspec.llama.devices import system_info; print(system_info())' | grep -c 'AMX_INT8 = 1')
+  echo "$v: AMX kernels in the build: $([ "$amx" -gt 0 ] && echo yes || echo no)"
+done
 for v in $BUILT; do
   log "$v: canary"
   on "$v" timeout 300 $PY -m localspec.llama.canary; echo "$v: canary exit $?"
