@@ -10,6 +10,7 @@ sends (`widgets.render_stats` draws a `StatsView`).
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections import deque
@@ -22,7 +23,10 @@ from localspec.core.thinking import ANSWER, THINKING, PartStats, ThinkingSplit
 
 from .failure import error_text
 
+log = logging.getLogger(__name__)
+
 Runs = list[tuple[str, bool]]  # (text, came from the draft)
+PACE_STRETCH = 500  # tokens per stretch in the log's "answer pace" line
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +167,10 @@ def stream_generation(
     pending: dict[str, Runs] = {THINKING: [], ANSWER: []}
     runs: dict[str, Runs] = {THINKING: [], ANSWER: []}
     error = None
+    times: list[float] = []  # when each token came: the answer's pace, logged at its end
     try:
         for event in generation:
+            times.append(clock())
             for part, text, from_draft in split.feed(event, generation.stats):
                 add_run(pending[part], text, from_draft)
             now = clock()
@@ -187,7 +193,20 @@ def stream_generation(
         reasoning_runs=runs[THINKING],
         parts=split.parts() if split.markers else None,
     )
+    if len(times) > 1:
+        log.info("answer pace: %s", pace(times))
     emit(finished)
+
+
+def pace(times: list[float], stretch: int = PACE_STRETCH) -> str:
+    """Tokens per second over each stretch of `stretch` tokens, from the time each token came, e.g.
+    "0-500 61.2, 500-812 60.1 tok/s": a screen whose cost grows with the answer shows as a falling pace."""
+    parts = []
+    for start in range(0, len(times) - 1, stretch):
+        end = min(start + stretch, len(times) - 1)
+        seconds = times[end] - times[start]
+        parts.append(f"{start}-{end} {(end - start) / seconds:.1f}" if seconds > 0 else f"{start}-{end} –")
+    return ", ".join(parts) + " tok/s"
 
 
 def _keep(runs: dict[str, Runs], pending: dict[str, Runs]) -> None:
