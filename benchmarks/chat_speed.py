@@ -35,6 +35,7 @@ from pathlib import Path
 PROMPT = "Write a short poem about the sea."
 ANSI = re.compile(rb"\x1b(\[[0-9;?<>=]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[()][A-Z0-9]|[=>NOPMc78])")
 PACE = re.compile(r"answer pace: (.*)$")
+EXTRA_ENV: dict[str, str] = {}  # --env: set for both the chat and generate
 
 
 class Screen:
@@ -113,14 +114,17 @@ def _answer(db: Path, timeout: float) -> dict | None:
     return json.loads(row[0]) | {"finish_reason": row[1]} if row and row[0] else None
 
 
-def run_chat(python: str, flags: list[str], prompt: str, home: Path, size: tuple[int, int], limit: float) -> dict:
+def run_chat(
+    python: str, flags: list[str], prompt: str, home: Path, size: tuple[int, int], limit: float, profile: Path | None
+) -> dict:
     db = home / "data" / "chats.sqlite3"
     for old in db.parent.glob(db.name + "*"):  # the database and its WAL files: each run starts a new one
         old.unlink()
     log = home / "logs" / "localspec.log"
     mark = log.stat().st_size if log.exists() else 0
-    env = os.environ | {"LOCALSPEC_HOME": str(home), "TERM": "xterm-256color", "COLORTERM": "truecolor"}
-    screen = Screen([python, "-m", "localspec", "chat", *flags], env, size)
+    env = os.environ | {"LOCALSPEC_HOME": str(home), "TERM": "xterm-256color", "COLORTERM": "truecolor"} | EXTRA_ENV
+    profiler = ["-m", "cProfile", "-o", str(profile)] if profile else []  # the main thread: Textual's loop
+    screen = Screen([python, *profiler, "-m", "localspec", "chat", *flags], env, size)
     try:
         screen.wait_for("ready", 300)
         ui_before, all_before = screen.thread_seconds()
@@ -149,7 +153,7 @@ def _tail(log: Path, mark: int) -> list[str]:
 
 
 def run_generate(python: str, flags: list[str], prompt: str, home: Path) -> dict:
-    env = os.environ | {"LOCALSPEC_HOME": str(home)}
+    env = os.environ | {"LOCALSPEC_HOME": str(home)} | EXTRA_ENV
     done = subprocess.run(
         [python, "-m", "localspec", "generate", "--chat", "--json", *flags, prompt],
         env=env,
@@ -236,6 +240,8 @@ def main() -> int:
     parser.add_argument("--home", type=Path, help="LOCALSPEC_HOME for the runs (default: a fresh temporary folder)")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for both (repeatable)")
+    parser.add_argument("--profile", type=Path, help="profile the chat's main thread (cProfile) into this file")
     parser.add_argument(
         "--quiet",
         type=float,
@@ -249,8 +255,12 @@ def main() -> int:
     flags = [*(models or ["--pair", args.pair or "demo"]), "--temperature", str(args.temperature)]
     flags += ["--max-tokens", str(args.tokens), *args.extra]
     size = tuple(int(n) for n in args.size.split("x"))
+    EXTRA_ENV.update(item.split("=", 1) for item in args.env)
     home = args.home or Path(tempfile.mkdtemp(prefix="localspec-chat-speed-"))
-    print(f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} CPUs; flags: {' '.join(flags)}", flush=True)
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')} {os.cpu_count()} CPUs; flags: {' '.join(flags)}; env {EXTRA_ENV}",
+        flush=True,
+    )
     runs: list[dict] = []
     for r in range(args.rounds):
         order = ("generate", "chat") if r % 2 == 0 else ("chat", "generate")
@@ -260,7 +270,8 @@ def main() -> int:
                     wait_quiet(args.quiet)
                 others = OtherLoad()
                 if mode == "chat":
-                    stats = run_chat(args.python, flags, args.prompt, home, size, limit=60 + args.tokens)
+                    limit = 60 + args.tokens
+                    stats = run_chat(args.python, flags, args.prompt, home, size, limit, args.profile)
                 else:
                     stats = run_generate(args.python, flags, args.prompt, home)
                 other = others.cores()
