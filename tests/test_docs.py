@@ -23,7 +23,10 @@ PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted((ROOT 
 PAGES.append(ROOT / "scripts" / "gpu" / "README.md")
 CITATION = re.compile(r'\b(README|CONTRIBUTING|CHANGELOG|docs/[\w-]+)(?:\.md)?[,:]? "([^"\n]{2,120})"')
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
-SETUP = ("packaging/setup.sh demo && .venv/bin/localspec chat", "packaging/setup.sh test && .venv/bin/python -m pytest -q")
+SETUP = (  # the README's two set-up commands: install and chat, install and test
+    "packaging/setup.sh demo && .venv/bin/localspec chat",
+    "packaging/setup.sh test && .venv/bin/python -m pytest -q",
+)
 
 
 def citing_files() -> list[Path]:

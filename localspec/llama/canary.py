@@ -256,8 +256,8 @@ def verdict(results: list[CanaryResult], host: cpu.HostCpu | None = None) -> str
             f"the wheel was built on another CPU; {rebuild}"
         )
     if not any(r.loaded for r in failed):
-        # Seen on an AMX host with every build, AMX or not (docs/install.md "Every x86 CPU"): the crash came in llama.cpp's
-        # model set-up, and preloading the system's libstdc++ cured it — not a decode kernel.
+        # Seen on an AMX host with every build, AMX or not (docs/install.md "Every x86 CPU"): the crash came in
+        # llama.cpp's model set-up, and preloading the system's libstdc++ cured it — not a decode kernel.
         return (
             f"llama.cpp died loading {what} on {cpu_name}, before any decode: not a decode kernel; a second copy "
             "of libstdc++ in the process did this once (LD_PRELOAD of the system's libstdc++.so.6 cured it); "
