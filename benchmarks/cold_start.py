@@ -5,8 +5,8 @@ after another (warm), after a single-token `llama_decode`, after summing 300 MB 
 On this project's 2-core VM the sampling calls take 3-8× as long after a decode or after emptying the caches as
 back to back (2-5× after the sleep), while a plain Python loop (the control) barely slows: the Python time per drafted
 token that `localspec bench` reports there is mostly this cold start of numpy's code and data, not our code's share
-(README, "Where the Python time goes"). Not a test: the numbers depend on the machine and its load (printed with
-them).
+(docs/benchmarks.md "Where the Python time goes"). Not a test: the numbers depend on the machine and its load
+(printed with them).
 
     python benchmarks/cold_start.py MODEL.gguf [--rounds 40]
 """

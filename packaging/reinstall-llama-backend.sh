@@ -8,7 +8,7 @@
 # GCC 12 loads an empty AMX tile configuration (GCC's _tile_loadconfig declares an 8-byte read, so the stores that
 # fill the configuration are dropped as dead), and every quantized model then crashes in its first batched decode
 # on Intel CPUs with AMX. `amx` builds them anyway, from the sdist with packaging/patches/ggml-amx-tile-config.patch
-# (the configuration as a constant), for measuring them on such a CPU (README "Every x86 CPU").
+# (the configuration as a constant), for measuring them on such a CPU (docs/install.md "Every x86 CPU").
 #
 # pip's wheel cache keys a source build on the download URL, not on CMAKE_ARGS or the CPU, so a cached wheel would
 # be reused silently for another backend set or on another processor. This script therefore builds with pip's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Smoke test of `localspec chat` in a real terminal (tmux): start it, wait for the models, send a message,
-# wait for the whole answer, turn on draft-token colours, capture the screen, quit. Also makes the README
-# screenshot (the .ansi capture keeps the colours; the .txt one is plain).
+# wait for the whole answer, turn on draft-token colours, capture the screen, quit. Also makes the text
+# capture of docs/usage.md (the .ansi capture keeps the colours; the .txt one is plain).
 #
 # Usage: scripts/tmux_smoke.sh [CHAT FLAGS...]      e.g.  scripts/tmux_smoke.sh --pair demo
 # Env:   MESSAGE (what to send), OUT (capture folder, default ./smoke-out), WIDTH/HEIGHT (120x36),

@@ -35,6 +35,7 @@ LAYERS: dict[str, set[str]] = {
     "__main__": {"cli"},
 }
 NATIVE = "llama_cpp"  # llama-cpp-python: only `localspec.llama` may import it
+TOP = {"core", "models", "errors"}  # what the package top (the public API, `localspec.__all__`) may import
 
 
 def module_files(root: Path = PACKAGE_DIR, package: str = "localspec") -> dict[str, Path]:
@@ -234,6 +235,13 @@ def test_every_layer_imports_only_the_layers_below_it(broken_copy):
     assert layer_breaks(import_graph()) == []
     root = broken_copy("localspec.models.pairs", "from localspec.bench import run")
     assert layer_breaks(import_graph(root)) == ["localspec.models.pairs -> localspec.bench.run"]
+
+
+def test_the_package_top_imports_only_core_models_and_errors(broken_copy):
+    assert {layer(t) for t in import_graph()["localspec"]} == TOP  # the public API's imports are seen, lazy as they are
+    assert imports_outside(import_graph(), "", TOP) == []
+    root = broken_copy("localspec", "from localspec.tui import app")
+    assert imports_outside(import_graph(root), "", TOP) == ["localspec -> localspec.tui.app"]
 
 
 def test_the_package_docstring_names_every_layer():

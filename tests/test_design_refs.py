@@ -1,4 +1,4 @@
-"""Every "DESIGN §n" in the code, the tests and the README names a section of docs/DESIGN.md."""
+"""Every "DESIGN §n" in the code, the tests, the scripts and the Markdown pages names a section of docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ def sections(text: str) -> set[int]:
 
 
 def references() -> dict[str, set[int]]:
-    """Each file of the package, the tests and the README that cites DESIGN, with the sections it cites."""
-    files = [*ROOT.joinpath("localspec").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py"), ROOT / "README.md"]
+    """Each file of the package, the tests, the scripts and the pages that cites DESIGN, with the sections it cites."""
+    files = [*ROOT.joinpath("localspec").rglob("*.py"), *ROOT.joinpath("tests").rglob("*.py"), *ROOT.glob("*.md")]
+    files += [*ROOT.joinpath("docs").glob("*.md"), *ROOT.joinpath("benchmarks").rglob("*.py")]
+    files += [p for p in ROOT.joinpath("scripts").rglob("*") if p.suffix in {".py", ".sh", ".md"}]
     found = {}
     for path in files:
         if path == Path(__file__).resolve():

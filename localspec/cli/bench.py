@@ -22,7 +22,12 @@ from .textinput import replaced_notice, to_text
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="measure plain vs speculative speed side by side (and llama-server)")
+    p = subparsers.add_parser(
+        "bench",
+        help="measure plain vs speculative speed side by side (and llama-server)",
+        description="Measure plain and speculative decoding side by side, interleaved (and llama-server with --peer). "
+        "Docs: docs/benchmarks.md.",
+    )
     add_model_args(p)
     p.add_argument(
         "--k", dest="ks", default="2,4,8", help="fixed draft lengths to run (comma-separated; default 2,4,8)"

@@ -24,7 +24,12 @@ log = logging.getLogger(__name__)
 
 def register(subparsers) -> None:
     """Add `chat` to the `localspec` command."""
-    chat = subparsers.add_parser("chat", help="chat in the terminal, watching speculative decoding work")
+    chat = subparsers.add_parser(
+        "chat",
+        help="chat in the terminal, watching speculative decoding work",
+        description="Chat in the terminal with a pair, its speculative decoding shown live in a stats panel. "
+        "Docs: docs/usage.md.",
+    )
     add_model_args(chat)
     add_sampling_args(chat)
     chat.add_argument("--system", help="system prompt of new conversations")

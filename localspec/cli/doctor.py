@@ -173,7 +173,7 @@ def _cpu_findings(paths: Paths) -> list[Finding]:
         advice = f"this CPU lacks {' '.join(missing)}: rebuild here with packaging/setup.sh" if missing else None
         found.append(Finding("llama.cpp built for", f"{sets}{_repack_state(built)}", advice))
     if host and built is not None and "AMX_INT8" in host.features and "AMX_INT8" not in built:
-        found.append(Finding("AMX", "on this CPU, left out of the build (README: Every x86 CPU)"))
+        found.append(Finding("AMX", 'on this CPU, left out of the build (docs/install.md "Every x86 CPU")'))
     states = ", ".join(f"{r.qtype} {'ok' if r.ok else r.failure}" for r in results)
     failed = not all(r.ok for r in results)
     found.append(Finding("canary decode", states, canary.verdict(results, host) if failed else None))

@@ -23,8 +23,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         choices=DRAFTERS,
         help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
         "followed the last few tokens earlier in the prompt or output; fast for repeating or "
-        "editing a given text), model+ngram (lookup when it finds a match, else the model), none "
-        "(default: model with --draft/--pair, else none)",
+        "editing a given text), model+ngram (lookup when it finds a match, else the model), mtp (the target's own MTP "
+        "head), none (default: model with a draft, else the target's MTP head where it has one, else none)",
     )
     p.add_argument(
         "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"
@@ -33,7 +33,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--n-gpu-layers",
         type=int,
         help="the target's layers on the GPU, llama.cpp's count (the output layer is one; -1: all; default: the "
-        'placement plan\'s, README "GPU placement")',
+        'placement plan\'s, docs/models.md "GPU placement")',
     )
     p.add_argument("--n-gpu-layers-draft", type=int, help="the draft's layers on the GPU (default: the plan's)")
     p.add_argument(

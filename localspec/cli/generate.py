@@ -27,7 +27,12 @@ from .textinput import clean, read_stream, replaced_notice
 
 def register(sub) -> None:
     """Add `generate` to the `localspec` command."""
-    gen = sub.add_parser("generate", help="complete a prompt (stdin when PROMPT is absent)")
+    gen = sub.add_parser(
+        "generate",
+        help="complete a prompt (stdin when PROMPT is absent)",
+        description="Complete a prompt with exact speculative decoding: the text on stdout, one stats line on stderr. "
+        "Docs: docs/usage.md.",
+    )
     gen.add_argument(
         "prompt",
         nargs="?",

@@ -29,7 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="localspec", description="Local chat with exact speculative decoding on llama.cpp.")
+    parser = _Parser(
+        prog="localspec",
+        description="Local chat with exact speculative decoding on llama.cpp. Docs: README.md and docs/.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="also log to stderr")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     generate.register(sub)

@@ -27,17 +27,32 @@ from localspec.paths import Paths
 
 def register(subparsers) -> None:
     """Add `models`, `pull` and `doctor` to an argparse subparsers object (each sets `func`)."""
-    models = subparsers.add_parser("models", help="list the model pairs and what is downloaded")
+    models = subparsers.add_parser(
+        "models",
+        help="list the model pairs and what is downloaded",
+        description="List the pairs of models.toml (the bundled one and yours) and what of them is downloaded. "
+        "Docs: docs/models.md.",
+    )
     models.add_argument("--json", action="store_true", help="print a JSON list instead of text")
     models.set_defaults(func=cmd_models)
 
-    pull = subparsers.add_parser("pull", help="download a pair's target (and draft) from the Hugging Face Hub")
+    pull = subparsers.add_parser(
+        "pull",
+        help="download a pair's target (and draft) from the Hugging Face Hub",
+        description="Download a pair's target (and draft) from the Hugging Face Hub and check them. "
+        "Docs: docs/models.md.",
+    )
     pull.add_argument("pair", nargs="?", help="the pair to download (see `localspec models`)")
     pull.add_argument("--all", action="store_true", help="download every pair")
     pull.add_argument("--dry-run", action="store_true", help="only say what would be downloaded, and how much")
     pull.set_defaults(func=cmd_pull)
 
-    doctor = subparsers.add_parser("doctor", help="check devices, paths and downloads; say what to fix")
+    doctor = subparsers.add_parser(
+        "doctor",
+        help="check devices, paths and downloads; say what to fix",
+        description="Check this machine's build, devices, folders and downloads, and say what to fix. "
+        "Docs: docs/install.md.",
+    )
     doctor.add_argument(
         "--gpu-memory",
         metavar="SIZE",

@@ -27,7 +27,12 @@ DEFAULT_QUEUE = 8
 
 def register(sub) -> None:
     """Add `serve` to the `localspec` command."""
-    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (chat and completions) on the engine")
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (chat and completions) on the engine",
+        description="Serve a pair over HTTP with OpenAI's chat and completions API, decoding speculatively. "
+        "Docs: docs/serve.md.",
+    )
     add_model_args(p)
     add_sampling_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine)")

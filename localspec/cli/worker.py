@@ -21,7 +21,12 @@ from .interrupts import Interrupted, SignalGuard
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="serve this machine's devices to a localspec on another machine (RPC)")
+    p = sub.add_parser(
+        "worker",
+        help="serve this machine's devices to a localspec on another machine (RPC)",
+        description="Serve this machine's devices to a target loaded elsewhere, as a llama.cpp RPC worker. "
+        "Docs: docs/models.md.",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=rpc.DEFAULT_PORT, help=f"TCP port (default {rpc.DEFAULT_PORT})")
     p.add_argument("--threads", type=int, help="CPU threads when serving the CPU (default: one per physical core)")

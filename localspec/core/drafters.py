@@ -133,8 +133,8 @@ WHOLE_ROWS_MAX = 2**16
 class DraftLaw:
     """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law and the
     vocabulary is at most `WHOLE_ROWS_MAX` (cheaper than numpy right after a CPU decode at 49k tokens; at 128k and
-    262k its C loop over every token costs more than numpy's cut; README "Where the target's law is built"), else
-    numpy.
+    262k its C loop over every token costs more than numpy's cut; docs/benchmarks.md "Where the target's law is
+    built"), else numpy.
     The draw is always ours, from the request's `rng`, so q is exactly the law the token came from whichever builds
     it. Keeps one chain, for the settings last used."""
 

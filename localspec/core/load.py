@@ -167,7 +167,7 @@ def _sequence(
         # A sliding-window cache drops cells a long rollback needs; the full cache keeps them.
         swa_full = speculating and model.info.n_swa > 0
     # Greedy tokens from the graph: on a GPU only a token id leaves the device. On a CPU the logits are read here
-    # anyway, and a numpy argmax measured as fast (README, "Where sampling runs").
+    # anyway, and a numpy argmax measured as fast (docs/benchmarks.md "Where sampling runs").
     # The draft's law at T > 0 from the graph (top-k candidates only) is for `on` alone: on this CPU and on an H100
     # (8B/1B shapes) the in-graph top-k cost more than the Python it saved.
     device = params.device_sampling == "on" or (params.device_sampling == "auto" and model.on_local_gpu)

@@ -4,7 +4,8 @@
 E(k) / (k·c + v(k)) with `MeasuredCosts`, this machine's step costs learned from the loop's own timings, and
 keeps the k in use unless another is predicted `PolicyTuning.hold` faster: a verify pass of a new size costs
 llama.cpp its graph reuse, and on CUDA its captured graph (replayed only after two passes of one shape), so a k that
-follows every wobble of α̂ pays that on most passes (README "On a GPU": adaptive 1.32× where fixed k = 8 gave 1.63×).
+follows every wobble of α̂ pays that on most passes (docs/benchmarks.md "On a GPU": adaptive 1.32× where fixed
+k = 8 gave 1.63×).
 When no k ≥ 1 beats plain decoding it decodes plainly; each new generation opens with a short probe, and
 inside an answer probes are paid from a small budget earned while plain, so "off" is never final.
 It learns from the `Step` records the loop returns (one writer of the counters: the loop).

@@ -219,8 +219,8 @@ class _Blocks:
     """One logits row seen as a grid of `rows` × n_cols (row-major, as it lies in memory) and its column maxima.
 
     A "block" is a column: the entries j, j + n_cols, j + 2·n_cols, …. Its maxima are one reduction across the
-    grid's rows (elementwise, numpy's fast direction: faster than maxima of 1,024-entry runs, README "Measured:
-    `localspec bench`"), and a column that can reach a cut gathers only its `rows` entries.
+    grid's rows (elementwise, numpy's fast direction: faster than maxima of 1,024-entry runs, docs/benchmarks.md
+    "Sampling cost per row"), and a column that can reach a cut gathers only its `rows` entries.
     """
 
     __slots__ = ("row", "grid", "tail", "maxima")
@@ -365,7 +365,7 @@ def _top_k_law(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> D
     and their penalised values.
 
     In Python floats: for a few dozen candidates that is cheaper than the dozen numpy calls `_cut` makes, each of
-    which costs more right after a decode than warm (README, "Where the Python time goes").
+    which costs more right after a decode than warm (docs/benchmarks.md "Where the Python time goes").
     """
     ranked = sorted(zip(values.tolist(), ids.tolist()), key=lambda c: -c[0])[: params.top_k]  # ties: lower id first
     temperature = params.temperature

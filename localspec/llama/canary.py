@@ -1,8 +1,8 @@
 """The canary: can this llama.cpp build decode each quantization type on this CPU, without dying?
 
 A build that does not fit its CPU fails in native code, where no error can be raised: an instruction set the CPU
-lacks is SIGILL, and a broken kernel is SIGSEGV (llama.cpp's AMX kernels as GCC 12 builds them, README "Every x86
-CPU"), both in the first `llama_decode` of a quantized model. So each type is decoded in a child process:
+lacks is SIGILL, and a broken kernel is SIGSEGV (llama.cpp's AMX kernels as GCC 12 builds them, docs/install.md
+"Every x86 CPU"), both in the first `llama_decode` of a quantized model. So each type is decoded in a child process:
 a tiny model of that type, written on the spot with the `gguf` package and shaped so that llama.cpp picks the kernels
 a real model gets (repacked CPU kernels, AMX where built): one batch of several rows, then one row. The set-up and
 `localspec doctor` run it; `python -m localspec.llama.canary` is the set-up's check (one line, exit 1 on a crash).
@@ -256,8 +256,8 @@ def verdict(results: list[CanaryResult], host: cpu.HostCpu | None = None) -> str
             f"the wheel was built on another CPU; {rebuild}"
         )
     if not any(r.loaded for r in failed):
-        # Seen on an AMX host with every build, AMX or not (README "Every x86 CPU"): the crash came in llama.cpp's
-        # model set-up, and preloading the system's libstdc++ cured it — not a decode kernel.
+        # Seen on an AMX host with every build, AMX or not (docs/install.md "Every x86 CPU"): the crash came in
+        # llama.cpp's model set-up, and preloading the system's libstdc++ cured it — not a decode kernel.
         return (
             f"llama.cpp died loading {what} on {cpu_name}, before any decode: not a decode kernel; a second copy "
             "of libstdc++ in the process did this once (LD_PRELOAD of the system's libstdc++.so.6 cured it); "

@@ -97,7 +97,7 @@ class Context:
                 where the logits are computed (`sampled_token`); the logits are still delivered. `device_law`
                 swaps in a top-k chain instead (only k candidates leave the graph).
             device_topk: drafting at T > 0 may use `device_law` (set by `--device-sampling on` only: measured
-                slower than the host on a CPU and on an H100, README "Where sampling runs").
+                slower than the host on a CPU and on an H100, docs/benchmarks.md "Where sampling runs").
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.

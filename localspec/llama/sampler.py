@@ -3,12 +3,13 @@ chain as llama-server runs it (the yardstick `localspec bench` times our samplin
 
 llama.cpp samples a row by copying it into an array of n_vocab candidates (in C) and running a chain over it. Right
 after a decode on a CPU that is much cheaper than anything Python does: the decode streamed the weights through the
-caches, and every numpy call then pays cold misses (README, "Where the Python time goes"). So where no sampler runs
-in the graph, the target's law at T > 0 with top-k on is llama.cpp's chain: top-k, temperature, top-p, min-p — our
-law's order (DESIGN §2) — then its `dist` draw. A plain step is that one native call. A verified row needs the law
-itself: the same chain ends in a capture sampler instead of `dist`, and the law is rebuilt from the survivors exactly
-as `dist` computes it (its float32 weights expf(l − l_max), summed in double), so a drawn token and a verified one
-come from the same law, bit for bit (tests/llama/test_chain_law.py compares it with what `dist` itself writes).
+caches, and every numpy call then pays cold misses (docs/benchmarks.md "Where the Python time goes"). So where no
+sampler runs in the graph, the target's law at T > 0 with top-k on is llama.cpp's chain: top-k, temperature, top-p,
+min-p — our law's order (DESIGN §2) — then its `dist` draw. A plain step is that one native call. A verified row
+needs the law itself: the same chain ends in a capture sampler instead of `dist`, and the law is rebuilt from the
+survivors exactly as `dist` computes it (its float32 weights expf(l − l_max), summed in double), so a drawn token and
+a verified one come from the same law, bit for bit (tests/llama/test_chain_law.py compares it with what `dist`
+itself writes).
 """
 
 from __future__ import annotations

@@ -177,7 +177,7 @@ class PairSpec(BaseModel):
 
     n_gpu_layers: int | None = None
     """The target's layers on the GPU, as llama.cpp counts them (the output layer is one); -1 means all. Unset: the
-    placement plan's (README "GPU placement"); `--n-gpu-layers` wins."""
+    placement plan's (docs/models.md "GPU placement"); `--n-gpu-layers` wins."""
 
     n_gpu_layers_draft: int | None = None
     """The draft's layers on the GPU; unset: the plan's (the whole draft when it fits)."""

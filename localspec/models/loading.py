@@ -7,6 +7,7 @@ itself never sees argparse or pydantic. The chat app uses the same functions wit
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from localspec.core.params import (
 )
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
-from localspec.paths import Paths
+from localspec.paths import Paths, get_paths
 from localspec.progress import StatusLine
 
 from .flags import RunFlags
@@ -155,6 +156,38 @@ def weights_progress(
     return on_fraction
 
 
+def load_pair(
+    pair: str | None = None,
+    *,
+    paths: Paths | None = None,
+    progress: Callable[[float], None] | None = None,
+    **options: Any,
+) -> Engine:
+    """Load a pair of models.toml as an `Engine`: the Python API's `localspec.load`.
+
+    The pair's load settings apply (context length, drafter, GPU placement, RPC workers, bridge), under `options`;
+    its sampling defaults are the caller's to pass to each generation, as the CLI's flags do. The offline demo
+    pair's target is derived on its first use (a minute, once).
+
+    Args:
+        pair: the pair's name (`localspec models` lists them); None: the default pair, or the offline demo pair
+            standing in when that is not downloaded.
+        paths: localspec's folders; None: `get_paths()` (LOCALSPEC_HOME, else the platform's own folders).
+        progress: told the fraction of the target's weights loaded.
+        **options: fields of `LoadParams` that replace the pair's (`n_ctx=4096`, `drafter="ngram"`).
+
+    Returns:
+        The loaded engine: close it, or use it in a `with` block, to free the models.
+
+    Raises:
+        LocalspecError: an unknown pair, one not downloaded ("run `localspec pull NAME`"), a bad file or option.
+    """
+    flags = RunFlags(pair=pair)
+    resolved = resolve_models(flags, paths or get_paths())
+    params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
+    return load_engine(resolved.target, resolved.draft, dataclasses.replace(params, **options), progress)
+
+
 @contextmanager
 def open_engine(args: RunFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefaults]]:
     """Load the engine the flags describe; close it on exit."""
@@ -173,6 +206,7 @@ def open_engine(args: RunFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefa
 
 __all__ = [
     "load_engine",
+    "load_pair",
     "load_params",
     "open_engine",
     "resolve_models",

@@ -2,7 +2,7 @@
 # Run ON the GPU machine from the repository root (after bench.sh, or with the built parts carried):
 #   bash scripts/gpu/sampling_ab.sh     # writes $OUT/ds-{on,off}-{1,2}.json and prints each table
 # Where sampling should run on a GPU: `localspec bench` with `--device-sampling on` and `off`, alternated twice
-# (k 4, T 0 and 0.8) on the 8B/1B echo pair bench.sh writes (made here if missing). README, "On a GPU".
+# (k 4, T 0 and 0.8) on the 8B/1B echo pair bench.sh writes (made here if missing). docs/benchmarks.md "On a GPU".
 set -o pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); ROOT=$(cd "$HERE/../.." && pwd); OUT=${OUT:-$HERE/out}; M=${MODELS:-/tmp/models}
 mkdir -p "$M" "$OUT"

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call, for a session lent a GPU for a few minutes: build (unless the libs are carried), write the pair,
-# and run the two benchmarks the README's "On a GPU" section reports, each under a time limit so that the call
+# and run the two benchmarks docs/benchmarks.md "On a GPU" reports, each under a time limit so that the call
 # ends inside the device's per-command limit with whatever finished. Run ON the GPU machine from the repository
 # root, carrying scripts/gpu/src.tar.gz and scripts/gpu/whl (prepare.sh):
 #   bash scripts/gpu/session.sh

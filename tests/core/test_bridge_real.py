@@ -4,9 +4,9 @@
 SmolLM2 → Gemma runs on the shared tokens (94 % of SmolLM2's tokens are one Gemma token by their bytes); Gemma →
 SmolLM2 runs through text (18 % of Gemma's are SmolLM2 tokens). Greedy output must equal the target alone except at a
 near-tie, judged against the batched-vs-single-row logit noise measured at that very point (Gemma's Q4_K_M rows
-move by up to ~1.7 between a 5-row batch and single rows: README, "exactness"); texts that stress token boundaries
-must draft and verify without error, with both caches consistent; at T = 1 the first two tokens follow Gemma's own
-law (the negative control of that check runs on the tiny models, in test_bridge.py).
+move by up to ~1.7 between a 5-row batch and single rows: docs/DESIGN.md "How it works"); texts that stress token
+boundaries must draft and verify without error, with both caches consistent; at T = 1 the first two tokens follow
+Gemma's own law (the negative control of that check runs on the tiny models, in test_bridge.py).
 """
 
 from __future__ import annotations

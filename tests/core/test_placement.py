@@ -204,25 +204,25 @@ def test_without_a_gpu_everything_is_on_the_cpu_and_said(shape):
     assert any("expect paging" in w for w in weights.warnings)
 
 
-def test_the_readme_example_is_the_planners(shape, tmp_path):
-    """README "GPU placement": the 8 GiB worked example's line and figures are what the planner says."""
+def test_the_docs_example_is_the_planners(shape, tmp_path):
+    """docs/models.md "GPU placement": the 8 GiB worked example's line and figures are what the planner says."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    page = (Path(__file__).parents[2] / "docs" / "models.md").read_text(encoding="utf-8")
     t, d = shape["14b"], shape["0.5b"]
     plan = plan_pair(t, d, Ask(), laptop(8), PLENTY)
-    assert plan.describe() in readme
-    assert f"`-ngld {plan.draft.gpu_layers} -ngl {plan.target.gpu_layers}`" in readme
+    assert plan.describe() in page
+    assert f"`-ngld {plan.draft.gpu_layers} -ngl {plan.target.gpu_layers}`" in page
     figures = {
         "On 6 GiB": plan_pair(t, d, Ask(), laptop(6), PLENTY).target.layers_on_gpu,
         "draft on the CPU": plan_pair(t, d, Ask(draft_layers=0), laptop(8), PLENTY).target.layers_on_gpu,
         "16384": plan_pair(t, d, Ask(n_ctx=16384), laptop(8), PLENTY).target.layers_on_gpu,
         "1B draft": plan_pair(t, shape["1b"], Ask(), laptop(8), PLENTY).target.layers_on_gpu,
     }
-    assert figures == {"On 6 GiB": 19, "draft on the CPU": 36, "16384": 23, "1B draft": 29}  # as the README says
+    assert figures == {"On 6 GiB": 19, "draft on the CPU": 36, "16384": 23, "1B draft": 29}  # as the page says
     moe = [plan_pair(shape["moe"], None, Ask(), laptop(g), PLENTY).target.cpu_moe_layers for g in (8, 16)]
     assert moe == [31, 7]
-    assert "the experts of the\nfirst 31 layers in CPU memory; on 16 GiB, those of 7" in readme
+    assert "the experts of the\nfirst 31 layers in CPU memory; on 16 GiB, those of 7" in page
 
 
 def test_a_speculating_hybrid_target_plans_its_state_and_rollback_snapshots(tmp_path):

@@ -2,7 +2,7 @@
 a child that dies is named by its signal, and the one-line verdict names the CPU feature and the fix.
 
 On an Intel CPU with AMX, the build of the commit before this test died in the first batched decode of every
-quantized type (README "Every x86 CPU"), and its system line has AMX_INT8: the first and the last test here
+quantized type (docs/install.md "Every x86 CPU"), and its system line has AMX_INT8: the first and the last test here
 fail with that build on such a CPU. On an AMD CPU they pass with either build.
 """
 

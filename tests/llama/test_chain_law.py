@@ -151,9 +151,9 @@ def test_a_plain_step_draws_from_the_law_verification_uses_for_that_row(tiny_mod
 
 
 def test_who_builds_the_law_by_vocabulary_and_drafting(tiny_models, gemma_path):
-    """The chain where it is the cheaper (measured, README "Where the target's law is built"): the target's law
-    up to 2^16 tokens, or in a generation that never drafts; past that, numpy for a drafting generation and for
-    the draft's own law."""
+    """The chain where it is the cheaper (measured, docs/benchmarks.md "Where the target's law is built"): the
+    target's law up to 2^16 tokens, or in a generation that never drafts; past that, numpy for a drafting generation
+    and for the draft's own law."""
     from localspec.core.drafters import DraftLaw
     from localspec.core.sampling import Dist, ListLaw
 
