@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from pathlib import Path
 
 from textual import work
@@ -101,6 +102,7 @@ class ChatApp(App[int]):
         self._signals: signals.Watch | None = None  # the handlers this app installed
         self._hung_up = False  # SIGHUP came with the terminal gone: the output goes to /dev/null
         self.thinking_expanded = False  # thinking blocks stay unfolded after the answer starts (F8; a preference)
+        self._stats_drawn = 0.0  # time.monotonic() of the live stats' last redraw
 
     def get_driver_class(self):
         """Textual's terminal driver for this platform; on Linux and macOS the one whose Esc never types "^"."""
@@ -164,7 +166,7 @@ class ChatApp(App[int]):
         return self.query_one("#messages", VerticalScroll)
 
     def _set_status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(text, layout=False)  # one line, whatever it says
 
     def _progress(self, on: bool, total: float | None = None, done: float = 0) -> None:
         bar = self.query_one("#progress", ProgressBar)
@@ -214,8 +216,14 @@ class ChatApp(App[int]):
         """Redraw the stats panel (default: the chat's last answer and session figures)."""
         self.query_one(StatsPanel).show(view or self._view(generating=False))
 
-    def _refresh_stats(self) -> None:
-        if self.chat.turn is not None and self._live is not None:
+    def _refresh_stats(self, *, due: bool = False) -> None:
+        """Redraw the live stats, at most every `stats_interval` (`due`: whenever asked). A chunk's frame draws them
+        with the text, in one screen refresh; the timer only when no chunk came for that long."""
+        if self.chat.turn is None or self._live is None:
+            return
+        now = time.monotonic()
+        if due or now - self._stats_drawn >= self.options.stats_interval * 0.9:
+            self._stats_drawn = now
             self.draw_stats(self._view(generating=True))
 
     # --- loading and pulling --------------------------------------------------------------------------------
@@ -405,10 +413,9 @@ class ChatApp(App[int]):
         thinking_tokens = chunk.parts["thinking"].tokens if chunk.parts else None
         try:
             await self._answer.append(chunk.runs, chunk.thinking_runs, thinking_tokens)
+            self._refresh_stats(due=first)
         finally:
-            turn.gate.drawn()
-        if first:
-            self._refresh_stats()
+            self.set_timer(turn.gate.budget.pause(), turn.gate.drawn)
 
     def on_prompt_reading(self, message: PromptReading) -> None:
         if self.chat.turn is not None and message.turn_id == self.chat.turn.id:
@@ -418,6 +425,8 @@ class ChatApp(App[int]):
         if self.chat.turn is None or message.turn_id != self.chat.turn.id:
             return
         finished = message.finished
+        budget = self.chat.turn.gate.budget
+        log.info("screen: %d frames, the UI thread at %.1f %% of a core", budget.frames, 100 * budget.used)
         if self._answer is not None:
             await self._answer.finish(
                 finished.text,
@@ -502,9 +511,6 @@ class ChatApp(App[int]):
         """Colour draft tokens (and back to Markdown)."""
         self.screen.toggle_class("-provenance")
         on = self.screen.has_class("-provenance")
-        if on:
-            for message in self._messages.query(ChatMessage).filter(".assistant"):
-                message.refresh_provenance()
         self.draw_stats(self._view(generating=self.chat.turn is not None and self._live is not None))
         self.notify("draft tokens in green, target tokens plain" if on else "answers shown as Markdown")
 

@@ -124,13 +124,15 @@ class ChunkGate:
     """Back-pressure between the generating worker and the UI thread: at most one chunk in flight.
 
     The worker calls `sent()` when it posts a chunk; the UI's handler calls `drawn()` once the chunk is on
-    screen (even if drawing failed). Until then `ready()` is False and `stream_generation` keeps the new text
-    with it, to send in the next chunk: a slow UI never builds a queue of chunk messages in front of the keys.
+    screen (even if drawing failed), after the pause its `FrameBudget` asks for. Until then `ready()` is False and
+    `stream_generation` keeps the new text with it, to send in the next chunk: a slow UI never builds a queue of
+    chunk messages in front of the keys, and the screen takes only its share of the CPU from the models.
     """
 
     def __init__(self) -> None:
         self._drawn = threading.Event()
         self._drawn.set()
+        self.budget = FrameBudget()
 
     def sent(self) -> None:
         self._drawn.clear()
@@ -142,13 +144,60 @@ class ChunkGate:
         return self._drawn.is_set()
 
 
+class FrameBudget:
+    """How long the screen waits before it takes the next chunk, so that the UI thread uses at most `share` of one
+    core while an answer streams.
+
+    On a small CPU every millisecond the UI thread spends drawing is taken from llama.cpp's threads, which wait
+    for each other: measured on 2 cores, the chat's answers ran 0.80–0.90× `generate` while its screen used
+    10–15 % of a core. So the budget is a bucket on the UI thread's own CPU clock: since the answer's first frame
+    it may have used `share` of the time passed (plus `burst`); a frame that overdraws it waits until the bucket
+    refills. A fast machine draws up to `fastest` apart, a slow one less often, and never under one frame in
+    `slowest` seconds. Everything the UI thread does counts (the stats panel, keys), since all of it competes.
+    """
+
+    def __init__(
+        self,
+        share: float = 0.03,
+        fastest: float = 1 / 30,
+        slowest: float = 1.0,
+        burst: float = 0.02,
+        *,
+        cpu: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.share, self.fastest, self.slowest, self.burst = share, fastest, slowest, burst
+        self._cpu, self._clock = cpu, clock
+        self._origin: tuple[float, float] | None = None  # (clock, cpu) at the first frame
+        self.frames = 0
+
+    def pause(self) -> float:
+        """A frame was drawn: seconds to wait from now before taking the next chunk (call it in the UI thread)."""
+        now, cpu = self._clock(), self._cpu()
+        self.frames += 1
+        if self._origin is None:
+            self._origin = (now, cpu)
+            return self.fastest
+        spent = cpu - self._origin[1]
+        earned = self.share * (now - self._origin[0]) + self.burst
+        return min(self.slowest, max(self.fastest, (spent - earned) / self.share))
+
+    @property
+    def used(self) -> float:
+        """The UI thread's share of one core since the first frame (0 before the second)."""
+        if self._origin is None:
+            return 0.0
+        wall = self._clock() - self._origin[0]
+        return (self._cpu() - self._origin[1]) / wall if wall > 0 else 0.0
+
+
 def stream_generation(
     generation: Generation,
     emit: Callable[[Chunk | Reading | Finished], None],
     *,
     split: ThinkingSplit | None = None,
     ready: Callable[[], bool] = lambda: True,
-    interval: float = 1 / 20,
+    interval: float = 1 / 30,
     clock: Callable[[], float] = time.perf_counter,
 ) -> None:
     """Iterate `generation`, calling `emit` with batched `Chunk`s and one final `Finished`.

@@ -44,8 +44,10 @@ class ChatOptions(RunFlags):
     db_path: Path | None = None  # None: paths.db_path
     export_dir: Path | None = None  # None: the current directory
     cursor_blink: bool = True  # tests and snapshots turn it off
-    stats_interval: float = 0.25  # seconds between stats panel refreshes while generating
-    stream_interval: float = 0.1  # seconds between streamed text updates (the worker batches tokens)
+    stats_interval: float = 0.5  # seconds between stats panel refreshes while generating
+    # the shortest time between streamed text updates (the worker batches tokens; the screen's `FrameBudget` spaces
+    # them further on a CPU where drawing would take too much from the models)
+    stream_interval: float = 1 / 30
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ ChatMessage.user { border-left: thick $accent; }
 ChatMessage.assistant { border-left: thick $success; }
 ChatMessage.system { border-left: thick $warning; color: $text-muted; }
 ChatMessage .caption { color: $text-muted; }
-ChatMessage Markdown { margin: 0; padding: 0; }
 ChatMessage .prov-body { display: none; }
 Screen.-provenance ChatMessage.assistant .md-body { display: none; }
 Screen.-provenance ChatMessage.assistant .prov-body { display: block; }

@@ -1,10 +1,10 @@
 """The chat screen's widgets: the prompt box, one chat message, and the stats panel.
 
-A `ChatMessage` streams its answer through Textual's `MarkdownStream` (fragments are batched, blocks
-already parsed are not re-rendered) and re-renders once when the answer ends so code fences come out
-right; with token provenance on it shows the raw text with draft tokens coloured instead. A reasoning model's
-thinking streams into a dimmed `ThinkingBlock` above the answer, folded once the answer starts (unless the user
-keeps thinking unfolded). `render_stats` draws the stats panel's text from a `StatsView`. Widgets only draw what
+A `ChatMessage` streams its answer into a `BlockText` (tui/blocks.py: only the last, unfinished Markdown block is
+rendered again, so an update costs what changed, not the whole answer); with token provenance on it shows the raw
+text with draft tokens coloured instead, kept up to date beside it line by line. A reasoning model's thinking
+streams into a dimmed `ThinkingBlock` above the answer, folded once the answer starts (unless the user keeps
+thinking unfolded). `render_stats` draws the stats panel's text from a `StatsView`. Widgets only draw what
 handlers hand them; none of them knows about the engine.
 """
 
@@ -18,12 +18,12 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.strip import Strip
-from textual.widgets import Collapsible, Markdown, Static, TextArea
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Collapsible, Static, TextArea
 
 from localspec.core.stats import Stats
 from localspec.core.thinking import ANSWER, THINKING, PartStats
 
+from .blocks import BlockText, LineBlocks, MarkdownBlocks
 from .live import Runs, StatsView, add_run
 
 BAR_WIDTH = 12
@@ -31,6 +31,7 @@ DRAFT_STYLE = "bold green"  # tokens the draft proposed and the target accepted
 TARGET_STYLE = ""  # tokens the target produced itself
 ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt"}
 THINKING_KEY = "F8"  # the app's binding that folds and unfolds every thinking block
+STREAM_STEP = 4  # lines a streaming answer's height grows by at a time (`BlockText.step`)
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -129,16 +130,25 @@ class ThinkingBlock(Collapsible):
         self.runs: Runs = list(runs)
         self.tokens = tokens
         self.live = False  # thinking is streaming into it
+        self._body = BlockText(LineBlocks(), classes="think-body")
+        self._coloured = BlockText(LineBlocks(), classes="think-prov")
+        self._started = False  # text was shown (the thinking's leading line breaks are not)
+        self._feed(self.runs)
         super().__init__(
-            Static(self._plain(), classes="think-body", markup=False),
-            Static(provenance_text(self.runs), classes="think-prov"),
+            self._body,
+            self._coloured,
             title=self._heading(),
             collapsed=collapsed,
             classes="thinking" + ("" if self.runs else " -empty"),
         )
 
-    def _plain(self) -> str:
-        return "".join(text for text, _ in self.runs).strip()
+    def _feed(self, runs: Runs) -> None:
+        for text, from_draft in runs:
+            if not self._started:
+                text = text.lstrip()  # the thinking's leading line breaks are not shown
+                self._started = bool(text)
+            self._body.blocks.feed(text)
+            self._coloured.blocks.feed(text, DRAFT_STYLE if from_draft else TARGET_STYLE)
 
     def _heading(self) -> str:
         if self.live:
@@ -146,26 +156,37 @@ class ThinkingBlock(Collapsible):
         count = f" · {self.tokens} tokens" if self.tokens else ""
         return f"thought{count} ({THINKING_KEY})"
 
-    def add(self, runs: Runs, *, provenance: bool) -> None:
+    def add(self, runs: Runs) -> None:
         """Stream more thinking in (shown unfolded while it streams)."""
         for text, from_draft in runs:
             add_run(self.runs, text, from_draft)
-        self.live = True
-        self.remove_class("-empty")
-        self.refresh_text(provenance=provenance)
+        self._feed(runs)
+        self._body.changed()
+        self._coloured.changed()
+        if not self.live:
+            self.live = True
+            self.remove_class("-empty")
+            self.title = self._heading()
 
     def done(self, runs: Runs, tokens: int | None) -> None:
         """The thinking ended (the answer began, or the turn ended): its final text and token count."""
-        self.runs, self.tokens, self.live = list(runs), tokens, False
+        if list(runs) != self.runs:  # what was saved differs from what streamed: draw it anew
+            self.runs = list(runs)
+            self._body.replace(LineBlocks())
+            self._coloured.replace(LineBlocks())
+            self._started = False
+            self._feed(self.runs)
+        self.tokens, self.live = tokens, False
+        for view in (self._body, self._coloured):
+            view.blocks.close()
+            view.changed()
         self.set_class(not self.runs, "-empty")
-        self.refresh_text(provenance=True)
-
-    def refresh_text(self, *, provenance: bool) -> None:
-        """Redraw the text, the coloured text (when shown) and the title."""
-        self.query_one(".think-body", Static).update(self._plain())
-        if provenance:
-            self.query_one(".think-prov", Static).update(provenance_text(self.runs))
         self.title = self._heading()
+
+    @property
+    def text(self) -> str:
+        """The thinking as shown (its leading line breaks out)."""
+        return self._body.blocks.text().rstrip()
 
 
 class ChatMessage(Vertical, can_focus=True):
@@ -196,8 +217,9 @@ class ChatMessage(Vertical, can_focus=True):
         self.reasoning_runs: Runs = list(reasoning_runs or [])
         self.thinking_tokens = thinking_tokens
         self.thinking_expanded = thinking_expanded  # the user keeps thinking unfolded (the app's preference)
-        self._stream: MarkdownStream | None = None
         self._next_code = 0
+        self._markdown = BlockText(MarkdownBlocks(self.text), classes="md-body")
+        self._coloured = BlockText(_coloured(self.runs), classes="prov-body")
 
     def compose(self):
         yield Static(self._title(), classes="caption", markup=False)
@@ -205,24 +227,17 @@ class ChatMessage(Vertical, can_focus=True):
             yield Static(self.text, classes="plain-body", markup=False)
             return
         yield ThinkingBlock(self.reasoning_runs, tokens=self.thinking_tokens, collapsed=not self.thinking_expanded)
-        yield Markdown(self.text, classes="md-body")
-        yield Static(provenance_text(self.runs), classes="prov-body")
+        yield self._markdown
+        yield self._coloured
 
     def _title(self) -> str:
         return ROLE_NAMES.get(self.role, self.role) + (f" · {self.caption}" if self.caption else "")
-
-    @property
-    def _markdown(self) -> Markdown:
-        return self.query_one(".md-body", Markdown)
 
     @property
     def thinking(self) -> ThinkingBlock | None:
         """The thinking block (assistant messages only)."""
         blocks = self.query(ThinkingBlock)
         return blocks.first() if blocks else None
-
-    def _provenance_on(self) -> bool:
-        return self.role == "assistant" and self.screen.has_class("-provenance")
 
     async def append(self, runs: Runs, thinking_runs: Runs | None = None, thinking_tokens: int | None = None) -> None:
         """Add streamed text (a chunk's provenance runs): thinking into the block, the answer below it.
@@ -234,7 +249,7 @@ class ChatMessage(Vertical, can_focus=True):
         if thinking_runs and block is not None:
             if not block.live:
                 block.collapsed = False
-            block.add(thinking_runs, provenance=self._provenance_on())
+            block.add(thinking_runs)
         if not runs:
             return
         if block is not None and block.live:  # the answer starts: the thinking is done
@@ -244,11 +259,11 @@ class ChatMessage(Vertical, can_focus=True):
         self.text += fragment
         for text, from_draft in runs:
             add_run(self.runs, text, from_draft)
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self._markdown)
-        await self._stream.write(fragment)
-        if self._provenance_on():
-            self.refresh_provenance()
+            self._coloured.blocks.feed(text, DRAFT_STYLE if from_draft else TARGET_STYLE)
+        self._markdown.blocks.feed(fragment)
+        for view in (self._markdown, self._coloured):
+            view.step = STREAM_STEP
+            view.changed()
 
     async def finish(
         self,
@@ -258,12 +273,16 @@ class ChatMessage(Vertical, can_focus=True):
         reasoning_runs: Runs | None = None,
         thinking_tokens: int | None = None,
     ) -> None:
-        """The answer ended: stop streaming and render the whole text once (code fences included)."""
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
+        """The answer ended: its last block becomes final (the text is drawn anew only where it is not what
+        streamed)."""
+        if text != self.text or list(runs) != self.runs:
+            self._markdown.replace(MarkdownBlocks(text))
+            self._coloured.replace(_coloured(runs))
         self.text, self.runs, self.caption = text, list(runs), caption
-        await self._markdown.update(text)
+        for view in (self._markdown, self._coloured):
+            view.blocks.close()
+            view.step = 1
+            view.changed()
         self.query_one(".caption", Static).update(self._title())
         block = self.thinking
         if block is not None:
@@ -271,7 +290,6 @@ class ChatMessage(Vertical, can_focus=True):
             block.done(list(reasoning_runs or []), thinking_tokens)
             if was_live and text:  # thinking then an answer in the last chunk
                 block.collapsed = not self.thinking_expanded
-        self.refresh_provenance()
 
     def set_thinking_expanded(self, expanded: bool) -> None:
         """Fold or unfold the thinking block (the app's key, for every message)."""
@@ -279,14 +297,6 @@ class ChatMessage(Vertical, can_focus=True):
         block = self.thinking
         if block is not None and not block.live:
             block.collapsed = not expanded
-
-    def refresh_provenance(self) -> None:
-        """Redraw the coloured view (after a toggle, or as text streams while it is shown)."""
-        if self.role == "assistant":
-            self.query_one(".prov-body", Static).update(provenance_text(self.runs))
-            block = self.thinking
-            if block is not None:
-                block.refresh_text(provenance=True)
 
     def action_copy(self) -> None:
         """Copy the whole message to the clipboard."""
@@ -309,19 +319,16 @@ class StatsPanel(Static):
     """The live speculation numbers (see `render_stats`)."""
 
     def show(self, view: StatsView) -> None:
-        """Draw a stats snapshot."""
-        self.update(render_stats(view))
+        """Draw a stats snapshot (the panel's size is the layout's: nothing else moves)."""
+        self.update(render_stats(view), layout=False)
 
 
 # --- the stats panel's text and the provenance colours ------------------------------------------------------
 
 
-def provenance_text(runs: Runs) -> Text:
-    """Answer text with draft tokens coloured."""
-    text = Text()
-    for piece, from_draft in runs:
-        text.append(piece, DRAFT_STYLE if from_draft else TARGET_STYLE)
-    return text
+def _coloured(runs: Runs) -> LineBlocks:
+    """Answer text with the draft's tokens coloured, as lines."""
+    return LineBlocks([(text, DRAFT_STYLE if from_draft else TARGET_STYLE) for text, from_draft in runs])
 
 
 def _bar(fraction: float, width: int = BAR_WIDTH) -> str:

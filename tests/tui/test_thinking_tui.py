@@ -15,6 +15,7 @@ from textual.app import App
 from textual.widgets import Select, Static
 
 from localspec.tui.app import THINKING_PREFERENCE, make_app
+from localspec.tui.blocks import BlockText
 from localspec.tui.screens import SettingsScreen
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import DRAFT_STYLE, ChatMessage, StatsPanel, ThinkingBlock
@@ -38,7 +39,7 @@ def stats_text(app) -> str:
 
 
 def body(block: ThinkingBlock) -> str:
-    return str(block.query_one(".think-body", Static).render())
+    return block.text
 
 
 async def test_thinking_is_a_folded_block_above_the_answer_and_saved_apart(thinking_options, thinking_home):
@@ -92,9 +93,9 @@ async def test_draft_colours_work_inside_the_thinking(thinking_options):
         await send(pilot, "Hi")
         block = answers(app)[0].thinking
         await pilot.press("f8", "ctrl+t")
-        prov = block.query_one(".think-prov", Static)
-        assert prov.display and not block.query_one(".think-body", Static).display
-        rendered = prov.content
+        prov = block.query_one(".think-prov", BlockText)
+        assert prov.display and not block.query_one(".think-body", BlockText).display
+        rendered = prov.blocks.styled()
         assert isinstance(rendered, Text) and rendered.plain.strip() == REASONING_TEXT
         assert DRAFT_STYLE in {str(span.style) for span in rendered.spans}  # the draft's thinking tokens
 

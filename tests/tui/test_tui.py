@@ -16,9 +16,10 @@ import pytest
 from rich.text import Text
 from support.tui import open_settings, record_notifications, send, wait_ready, wait_until
 from textual import events
-from textual.widgets import DataTable, Input, Markdown, Static
+from textual.widgets import DataTable, Input, Static
 
 from localspec.tui.app import make_app
+from localspec.tui.blocks import BlockText
 from localspec.tui.conversation import Phase
 from localspec.tui.screens import ConfirmScreen, HistoryScreen, PairScreen, SettingsScreen, TextPromptScreen
 from localspec.tui.store import ChatStore
@@ -219,17 +220,17 @@ async def test_provenance_colours_draft_tokens(options, chat_home):
         await wait_ready(pilot)
         await send(pilot, "Hello")
         answer = answers(app)[0]
-        assert answer.query_one(".md-body", Markdown).display
+        assert answer.query_one(".md-body", BlockText).display
         await pilot.press("ctrl+t")
-        body = answer.query_one(".prov-body", Static)
-        assert body.display and not answer.query_one(".md-body", Markdown).display
-        rendered = body.content
+        body = answer.query_one(".prov-body", BlockText)
+        assert body.display and not answer.query_one(".md-body", BlockText).display
+        rendered = body.blocks.styled()
         assert isinstance(rendered, Text) and rendered.plain == answer.text
         styles = {str(span.style) for span in rendered.spans}
         assert DRAFT_STYLE in styles, "no token was coloured as a draft token"
         assert "draft token" in stats_text(app)
         await pilot.press("ctrl+t")
-        assert answer.query_one(".md-body", Markdown).display
+        assert answer.query_one(".md-body", BlockText).display
 
 
 async def test_settings_apply_from_the_next_message(options, chat_home):
