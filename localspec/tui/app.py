@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import signal
-from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -184,6 +183,10 @@ class ChatApp(App[int]):
     def _error(self, message: str) -> None:
         log.info("shown to the user: %s", message)
         self.notify(message, severity="error", timeout=8)
+
+    def _tell(self, notices: list[str]) -> None:
+        for notice in notices:
+            self.notify(notice, severity="warning", timeout=12)
 
     def _busy(self, what: str) -> bool:
         """True (and say why) when an answer or a load is in the way of `what`."""
@@ -356,12 +359,13 @@ class ChatApp(App[int]):
         if self.chat.session is None:
             self._error("no model is loaded: pick a pair (F2)")
             return
-        self.query_one(PromptInput).clear()
         try:
             turn = self.chat.send(text)
-        except LocalspecError as e:
+        except LocalspecError as e:  # not saved: the text stays in the prompt box
             self._error(str(e))
             return
+        self.query_one(PromptInput).clear()
+        self._tell(self.chat.take_notices())
         await self._messages.mount(ChatMessage("user", text))
         await self._start_turn(turn)
 
@@ -402,6 +406,7 @@ class ChatApp(App[int]):
         turn, first = self.chat.turn, self._live is None
         self._live = message.chunk
         chunk = message.chunk
+        self.chat.grow(chunk)  # saved as it grows, every few seconds
         thinking_tokens = chunk.parts["thinking"].tokens if chunk.parts else None
         try:
             await self._answer.append(chunk.runs, chunk.thinking_runs, thinking_tokens)
@@ -439,6 +444,7 @@ class ChatApp(App[int]):
         self._set_status(self._ready_text())
         if not_saved:
             self._error(not_saved)
+        self._tell(self.chat.take_notices())
         for notice in finished.notices:
             self.notify(notice, severity="warning", timeout=10)
         if finished.error:
@@ -607,8 +613,9 @@ class ChatApp(App[int]):
 
     def action_history(self) -> None:
         """Open the saved conversations."""
-        export_dir = self.options.export_dir or Path.cwd()
-        self.push_screen(HistoryScreen(self.chat.store, self.chat.saved_id, export_dir), self._history_closed)
+        self.push_screen(
+            HistoryScreen(self.chat.store, self.chat.saved_id, self.options.export_dir), self._history_closed
+        )
 
     async def _history_closed(self, result: tuple[str, int] | None) -> None:
         if result is None:
