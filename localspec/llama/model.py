@@ -21,7 +21,7 @@ from localspec.errors import ModelFileError
 from . import devices
 from .cpu import repack_from_env
 from .devices import device_handles
-from .footprint import EXPERTS_PATTERN
+from .footprint import EXPERTS_PATTERN, header_problem, read_header
 from .log import init, llama_error
 
 GGUF_MAGIC = b"GGUF"
@@ -153,6 +153,9 @@ class Model:
         self.placement = placement
         self._call = placement.call if placement is not None else _direct
         check_gguf_file(self.path)
+        # llama.cpp aborts the process on some damaged headers (GGML_ASSERT): they are refused here, in one line
+        if problem := header_problem(read_header(self.path)):
+            raise ModelFileError(f"could not load {self.path}: the file {problem}")
         params = llama_cpp.llama_model_default_params()
         if n_gpu_layers is None:
             n_gpu_layers = -1 if placement is not None or llama_cpp.llama_supports_gpu_offload() else 0
