@@ -148,7 +148,7 @@ class Model:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
             LocalspecError: the placement's devices were lost while loading.
         """
-        init()
+        init().recent_errors.clear()  # what llama.cpp logs from here on explains a failed load
         self.path = Path(path)
         self.placement = placement
         self._call = placement.call if placement is not None else _direct

@@ -18,7 +18,7 @@ from localspec.core.params import needs_draft_model
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
-from localspec.models.pairs import head_layers_of, pair_status, pull_pair
+from localspec.models.pairs import file_problems, head_report, pair_status, pull_pair
 from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
@@ -92,9 +92,10 @@ def list_pairs(options: ChatOptions) -> list[PairRow]:
             status = "offline demo" if ready else "needs localspec[demo]"
         else:
             ready, status = downloaded, "downloaded" if downloaded else "not downloaded"
-        if files.draft is None:  # the header read is cheap: no model is loaded for it
-            layers = head_layers_of(files)
-            status += ", no draft" if layers is None else ", MTP head" if layers else ", no draft, no head"
+        if file_problems(files):  # the header read is cheap: no model is loaded for it
+            ready, status = False, "damaged file: see `localspec models`"
+        elif files.draft is None:
+            status += f", {head_report(files.target.path if downloaded else None).short}"
         rows.append(PairRow(name, pair.description, ready, status, name == config.default))
     return rows
 

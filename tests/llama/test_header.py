@@ -137,3 +137,10 @@ def test_a_truncated_file_is_refused_before_llama_cpp_reads_its_vocabulary(tiny_
     assert "tensors end at byte" in str(caught.value)
     assert "truncated" in header_problem(read_header(tiny_models.truncated))
     assert header_problem(read_header(tiny_models.target)) == ""
+
+
+def test_a_refused_load_quotes_llama_cpps_most_specific_line(mtp_model, tmp_path):
+    path = rewrite_gguf(mtp_model, tmp_path / "no-head.gguf", {}, drop=lambda name: name.startswith("blk.2."))
+    with pytest.raises(ModelFileError) as caught:
+        Model(path, n_gpu_layers=0)
+    assert "(llama.cpp: tensor 'blk.2.attn_norm.weight' not found)" in str(caught.value)  # before: "failed to load"

@@ -1025,10 +1025,12 @@ def write_mtp_model(
 # --- damaged headers ------------------------------------------------------------------------------------------
 
 
-def rewrite_gguf(src: Path, dst: Path, changes: Mapping[str, object]) -> Path:
+def rewrite_gguf(
+    src: Path, dst: Path, changes: Mapping[str, object], drop: Callable[[str], bool] = lambda name: False
+) -> Path:
     """Copy the GGUF file `src` to `dst` with some metadata changed: each key of `changes` maps to a
     `(value, GGUFValueType)`, a `(list, GGUFValueType.ARRAY, item type)`, or None (the key removed). The tensors are
-    copied as they are. Returns `dst`."""
+    copied as they are, but those whose name `drop` is true for. Returns `dst`."""
     reader = gguf.GGUFReader(src)
     arch = str(reader.fields["general.architecture"].contents())
     writer = gguf.GGUFWriter(dst, arch)
@@ -1041,7 +1043,7 @@ def rewrite_gguf(src: Path, dst: Path, changes: Mapping[str, object]) -> Path:
     for name, change in changes.items():
         if change is not None:
             writer.add_key_value(name, *change)
-    for tensor in reader.tensors:
+    for tensor in (t for t in reader.tensors if not drop(t.name)):
         writer.add_tensor(
             tensor.name, tensor.data, raw_shape=list(reversed(tensor.shape)), raw_dtype=tensor.tensor_type
         )
