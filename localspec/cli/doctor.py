@@ -26,7 +26,7 @@ from localspec.models.catalog import ModelsConfig, bundled_config_file, load_con
 from localspec.models.pairs import file_problems, head_report, pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
-from .crashes import take_crashes
+from .crashes import Crash, take_crashes
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
 _SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "reinstall-llama-backend.sh"
@@ -178,7 +178,7 @@ def _cpu_findings(paths: Paths) -> list[Finding]:
     failed = not all(r.ok for r in results)
     found.append(Finding("canary decode", states, canary.verdict(results, host) if failed else None))
     for crash in take_crashes(paths):
-        found.append(Finding("last run", "crashed", crash.describe()))
+        found.append(Finding("last run", "crashed" if isinstance(crash, Crash) else "killed", crash.describe()))
     return found
 
 

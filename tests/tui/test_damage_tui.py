@@ -18,7 +18,6 @@ from support.tui import record_notifications, send, wait_ready, wait_until
 from textual.widgets import DataTable
 
 from localspec.tui.app import make_app
-from localspec.tui.conversation import RESAVED
 from localspec.tui.screens import HistoryScreen
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import ChatMessage, PromptInput
@@ -76,6 +75,8 @@ async def test_a_message_the_database_refuses_stays_in_the_prompt_box(options, c
 
 
 async def test_a_chat_deleted_in_another_window_goes_on_as_a_new_one_and_says_so(options, chat_home):
+    from localspec.tui.conversation import RESAVED
+
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
@@ -144,3 +145,40 @@ def test_a_chat_killed_mid_answer_keeps_what_it_had_written(chat_in_terminal, ch
         assert answer.content and "".join(t for t, _ in answer.provenance) == answer.content
     finally:
         store.close()
+
+
+def _next_command_on_a_terminal() -> str:
+    """What `localspec models` writes to its terminal (stderr on a pty)."""
+    import contextlib
+    import pty
+    import subprocess
+    import sys
+
+    main_side, terminal = pty.openpty()
+    try:
+        code = subprocess.run(
+            [sys.executable, "-m", "localspec", "models"], stdout=subprocess.DEVNULL, stderr=terminal, timeout=120
+        ).returncode
+        os.close(terminal)
+        seen = b""
+        with contextlib.suppress(OSError):  # EIO once the terminal side is closed and read empty
+            while chunk := os.read(main_side, 4096):
+                seen += chunk
+    finally:
+        os.close(main_side)
+    assert code == 0
+    return seen.decode("utf-8", errors="replace")
+
+
+@pytest.mark.slow
+def test_a_chat_killed_by_sigkill_has_its_terminal_reset_by_the_next_command(chat_in_terminal, chat_home):
+    from localspec.cli.crashes import TERMINAL_RESET
+
+    chat = chat_in_terminal()
+    chat.wait_for("ready ·".encode(), "ready (models loaded)")
+    os.kill(chat.process.pid, signal.SIGKILL)  # the OOM killer: the app cannot restore the terminal
+    assert chat.process.wait(timeout=WAIT) == -signal.SIGKILL
+    text = _next_command_on_a_terminal()  # before: nothing reset, nothing said
+    assert TERMINAL_RESET in text and "the last chat (`localspec chat --pair tiny" in text
+    assert "ended without cleaning up" in text and text.index(TERMINAL_RESET) < text.index("the last chat")
+    assert "ended without" not in _next_command_on_a_terminal()  # said once
