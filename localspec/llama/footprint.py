@@ -189,6 +189,8 @@ def _hparams_problem(header: Header) -> str:
     n_layer = count("block_count", None)
     if n_layer is None:
         return f"no {header.arch}.block_count"
+    if count("context_length", None) == 0:  # refused, not aborted on: raised as a problem without the abort
+        raise ValueError(f"{header.arch}.context_length 0: a model trained on no context")
     if not 0 < n_layer <= LLAMA_MAX_LAYERS:
         return f"block_count {n_layer}, not 1–{LLAMA_MAX_LAYERS}"
     nextn = count("nextn_predict_layers")

@@ -144,3 +144,21 @@ def test_a_refused_load_quotes_llama_cpps_most_specific_line(mtp_model, tmp_path
     with pytest.raises(ModelFileError) as caught:
         Model(path, n_gpu_layers=0)
     assert "(llama.cpp: tensor 'blk.2.attn_norm.weight' not found)" in str(caught.value)  # before: "failed to load"
+
+
+def test_a_context_length_of_0_says_the_header_is_damaged(tiny_models, tmp_path, capsys):
+    from support.badinput import assert_outcome, run_main
+
+    path = rewrite_gguf(tiny_models.target, tmp_path / "no-context.gguf", {"llama.context_length": (0, T.UINT32)})
+    outcome = run_main(["generate", "--target", path, "--max-tokens", "2", "Hi"], capsys)
+    # before: "n_ctx 4096 exceeds what no-context.gguf was trained for (0)", as if --n-ctx were the mistake
+    assert_outcome(outcome, 1, "has a damaged header (llama.context_length 0: a model trained on no context)")
+    assert "would abort" not in outcome.err
+
+
+def test_a_header_with_a_huge_block_count_is_one_line_under_generate(tiny_models, tmp_path, capsys):
+    from support.badinput import assert_outcome, run_main
+
+    path = rewrite_gguf(tiny_models.target, tmp_path / "huge.gguf", {"llama.block_count": (10**12, T.UINT64)})
+    outcome = run_main(["generate", "--target", path, "--max-tokens", "2", "Hi"], capsys)  # before: MemoryError
+    assert_outcome(outcome, 1, "block_count 1000000000000, not 1–512")
