@@ -511,3 +511,15 @@ def test_gpu_flags_on_a_build_without_a_gpu_are_said(world, capsys):
     outcome = run_main(["generate", "hi", "--max-tokens", "2", "--n-gpu-layers", "99", "--cpu-moe"], capsys)
     assert_outcome(outcome, 0)  # before: both ignored without a word
     assert "localspec: note: no GPU in this llama.cpp build: --n-gpu-layers 99, --cpu-moe ignored" in outcome.err
+
+
+def test_drafter_mtp_on_a_pair_without_a_head_is_said_before_anything_loads(world, capsys, monkeypatch):
+    from localspec.core import load
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flag was refused")
+
+    monkeypatch.setattr(load, "_open", no_load)
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", "--pair", "tiny", "--drafter", "mtp"], capsys)
+    # before: refused after loading both models, telling to "give --draft PATH" to a pair that has one
+    assert_outcome(outcome, 1, "has no MTP (nextn) layers: --drafter model (the pair's draft) or ngram")
