@@ -284,10 +284,15 @@ class ChatApp(App[int]):
             self.notify(notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
+        fallback = None
         if message.pulled:
             self.chat.pull_ended()
         else:
-            self.chat.load_failed()
+            fallback = self.chat.load_failed()
+        if fallback is not None:  # a switch that failed: the pair that worked comes back
+            self._error(f"{message.error}; loading {fallback.label} again")
+            self._start_load(fallback.name, choice=fallback, settings=self.chat.settings)
+            return
         self._progress(False)
         ready = self.chat.session is not None
         self._set_status(self._ready_text() if ready else "no model loaded: pick a pair (F2)")
@@ -566,6 +571,9 @@ class ChatApp(App[int]):
         if name is None or self._busy("switch pairs"):
             return
         row = next(r for r in rows if r.name == name)
+        if row.fix:  # a local file that is missing: nothing to download
+            self._error(row.fix)
+            return
         what = self.chat.pick_pair(name, downloaded=row.ready)
         if what == "loaded":
             self.notify(f"{name} is already loaded")

@@ -25,6 +25,7 @@ from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
 from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport, choose_thinking, thinking_choice
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+from localspec.models.resolved import ResolvedPair
 
 from .live import Chunk, ChunkGate, Finished, Runs, add_run
 from .loading import Loaded
@@ -139,6 +140,7 @@ class Conversation:
         self.thinking = ThinkingSupport()  # what the loaded model does about thinking
         self.default_think: bool | None = None  # --think, else the pair's `thinking` (None: the model's own)
         self._pending_settings: ChatSettings | None = None  # applied when the reload they asked for is done
+        self._fallback: ResolvedPair | None = None  # the pair a switch unloaded, until the new one is loaded
 
     # --- what is there ---------------------------------------------------------------------------------------
 
@@ -176,6 +178,7 @@ class Conversation:
         Args:
             settings: settings to use once loaded (a drafter change); default the pair's own.
         """
+        self._fallback = self.loaded.pair if self.loaded is not None else None  # loaded again if this load fails
         old = self.detach()
         self.phase = Phase.LOADING
         self._pending_settings = settings
@@ -230,10 +233,12 @@ class Conversation:
         self.settings = dataclasses.replace(self.settings, think=kept)
         return notices
 
-    def load_failed(self) -> None:
-        """The load ended without a pair."""
+    def load_failed(self) -> ResolvedPair | None:
+        """The load ended without a pair; returns the pair that was loaded before it, to load again (None: none)."""
         self.phase = Phase.NO_MODEL
         self._pending_settings = None
+        fallback, self._fallback = self._fallback, None
+        return fallback
 
     def detach(self) -> Engine | None:
         """Give up the loaded pair (to switch pairs or quit); returns its engine for the caller to close."""

@@ -182,3 +182,62 @@ def test_a_chat_killed_by_sigkill_has_its_terminal_reset_by_the_next_command(cha
     assert TERMINAL_RESET in text and "the last chat (`localspec chat --pair tiny" in text
     assert "ended without cleaning up" in text and text.index(TERMINAL_RESET) < text.index("the last chat")
     assert "ended without" not in _next_command_on_a_terminal()  # said once
+
+
+def _add_pairs(chat_home, tiny_models) -> None:
+    """ "notok": a target llama.cpp loads but that cannot write text (refused once loaded); "gone": a local file that
+    is not there; "bad": a target whose header llama.cpp would abort on (MTP layers past its blocks)."""
+    from gguf import GGUFValueType as T
+    from support.tinymodels import rewrite_gguf
+
+    bad = rewrite_gguf(
+        tiny_models.target, chat_home.config_dir / "bad.gguf", {"llama.nextn_predict_layers": (9, T.UINT32)}
+    )
+    with chat_home.config_file.open("a", encoding="utf-8") as f:
+        f.write(
+            f'[pairs.notok]\ntarget = {{ path = "{tiny_models.no_tokenizer}" }}\nn_ctx = 256\n'
+            '[pairs.gone]\ntarget = { path = "/nonexistent/gone.gguf" }\n'
+            f'[pairs.bad]\ntarget = {{ path = "{bad}" }}\n'
+        )
+
+
+async def _pick(pilot, name: str) -> None:
+    from localspec.tui.screens import PairScreen
+
+    app = pilot.app
+    await pilot.press("f2")
+    await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
+    table = app.screen.query_one(DataTable)
+    names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+    table.move_cursor(row=names.index(name))
+    await pilot.press("enter")
+
+
+async def test_a_failed_switch_loads_the_working_pair_again(options, chat_home, tiny_models):
+    _add_pairs(chat_home, tiny_models)
+    app = make_app(options)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        seen = record_notifications(app)
+        await send(pilot, "Hello")
+        await _pick(pilot, "notok")
+        await wait_until(pilot, lambda: any("no tokenizer" in s for s in seen), what="the failed switch")
+        # before: no model loaded after the failure, the chat stuck until another pair was picked
+        await wait_ready(pilot)
+        assert app.chat.loaded.pair.name == "tiny" and any("loading tiny again" in s for s in seen)
+        await send(pilot, "Still here?")
+        assert [m.role for m in app.chat.messages] == ["user", "assistant"] * 2
+
+
+@pytest.mark.parametrize(("pair", "said"), [("gone", "is not a file"), ("bad", "llama.cpp would abort")])
+async def test_f2_offers_no_download_for_a_local_file_missing_or_damaged(options, chat_home, tiny_models, pair, said):
+    from localspec.tui.screens import ConfirmScreen
+
+    _add_pairs(chat_home, tiny_models)
+    app = make_app(options)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        seen = record_notifications(app)
+        await _pick(pilot, pair)  # before: "Download it now, as `localspec pull` would?"
+        await wait_until(pilot, lambda: any(said in s for s in seen), what="the one line")
+        assert not isinstance(app.screen, ConfirmScreen) and app.chat.loaded.pair.name == "tiny"
