@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import json
+import logging
 import os
 import re
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from localspec.llama import model
 from localspec.paths import Paths
 
 # faulthandler's frames: '  File "/…/localspec/llama/context.py", line 258 in _submit'
@@ -66,6 +68,7 @@ class Crash:
     doing: str
     where: str  # the innermost frame of ours, "localspec/llama/context.py:258 in _submit", or ""
     log_file: Path
+    models: tuple[str, ...] = ()  # the files the run loaded, the last one last
 
     @property
     def left_the_terminal(self) -> bool:
@@ -76,9 +79,16 @@ class Crash:
         """One line for the next start and for doctor."""
         native = "in llama.cpp" if self.where.startswith("localspec/llama/") else "in native code"
         where = f" ({self.where})" if self.where else ""
+        if self.doing == _DOING["llama/model.py"] and self.models:  # the file is the first suspect, not the build
+            return (
+                f"the last run of `{self.command}` (started {self.started}) crashed {native} with {self.signal} "
+                f"while loading {self.models[-1]}{where}: the file may be damaged (`localspec models` checks its "
+                f"header; re-download it), see {self.log_file}; `localspec doctor` checks this build on this CPU"
+            )
+        models = f" with {' and '.join(Path(m).name for m in self.models)}" if self.models else ""
         return (
             f"the last run of `{self.command}` (started {self.started}) crashed {native} with {self.signal} "
-            f"while {self.doing}{where}: see {self.log_file}; `localspec doctor` checks this build on this CPU"
+            f"while {self.doing}{models}{where}: see {self.log_file}; `localspec doctor` checks this build on this CPU"
         )
 
 
@@ -101,16 +111,32 @@ class RunMark:
             self._file = fatal
         else:
             fatal.close()
-        mark = {
+        self._mark = {
             "pid": os.getpid(),
             "proc_start": _proc_start(os.getpid()),
             "command": command,
             "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "models": [],  # the files this run loaded, last last: a crash while loading one names it
         }
-        with contextlib.suppress(OSError):
-            self.path.write_text(json.dumps(mark), encoding="utf-8")
+        self._write()
+        self._listener = _Loading(self)
+        logging.getLogger(model.__name__).addHandler(self._listener)
+
+    def loading(self, path: str) -> None:
+        """The run starts loading the model file `path` (told by llama/model.py's log line)."""
+        if self.path is not None:
+            self._mark["models"].append(path)
+            self._write()
+
+    def _write(self) -> None:
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                self.path.write_text(json.dumps(self._mark), encoding="utf-8")
 
     def close(self) -> None:
+        if getattr(self, "_listener", None) is not None:
+            logging.getLogger(model.__name__).removeHandler(self._listener)
+            self._listener = None
         if self._file is not None:
             faulthandler.disable()
             self._file.close()
@@ -120,6 +146,18 @@ class RunMark:
                 with contextlib.suppress(OSError):
                     path.unlink()
         self.path = self.fatal = None
+
+
+class _Loading(logging.Handler):
+    """Hands the mark each model file the run starts to load (llama/model.py's `LOADING` line)."""
+
+    def __init__(self, mark: RunMark) -> None:
+        super().__init__(logging.INFO)
+        self.mark = mark
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == model.LOADING and record.args:
+            self.mark.loading(str(record.args[0]))
 
 
 def _proc_start(pid: int) -> str | None:
@@ -222,6 +260,7 @@ def _crash_in_file(mark: dict, fatal_file: Path, log_file: Path) -> Crash | None
             doing = _DOING_IN.get(frame["func"]) or _DOING.get(module, f"in {frame['func']}")
             where = f"localspec/{module}:{frame['line']} in {frame['func']}"
             break
+    models = mark.get("models")
     return Crash(
         command=str(mark.get("command", "localspec")),
         started=str(mark.get("started", "?")),
@@ -229,4 +268,5 @@ def _crash_in_file(mark: dict, fatal_file: Path, log_file: Path) -> Crash | None
         doing=doing,
         where=where,
         log_file=log_file,
+        models=tuple(str(m) for m in models) if isinstance(models, list) else (),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from .devices import device_handles
 from .footprint import EXPERTS_PATTERN, header_problem, read_header
 from .log import init, llama_error
 
+log = logging.getLogger(__name__)
+LOADING = "loading the model %s"  # logged as each file starts to load
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
@@ -184,6 +187,7 @@ class Model:
 
             callback = llama_cpp.llama_progress_callback(on_progress)
             params.progress_callback = callback
+        log.info(LOADING, self.path)  # a crash note names the file (cli/crashes.py listens)
         handle = self._call(llama_cpp.llama_model_load_from_file, os.fsencode(self.path), params)
         if not handle:
             raise ModelFileError(

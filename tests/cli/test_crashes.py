@@ -58,7 +58,7 @@ def test_a_crash_in_llama_decode_is_logged_and_told_once_by_the_next_command(loc
     notes = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
     assert len(notes) == 1, after.err
     assert "the last run of `localspec generate --target" in notes[0]
-    assert "crashed in llama.cpp with SIGSEGV while decoding (localspec/llama/context.py:" in notes[0]
+    assert "crashed in llama.cpp with SIGSEGV while decoding with target.gguf (localspec/llama/context.py:" in notes[0]
     assert str(localspec_home.log_file) in notes[0] and "localspec doctor" in notes[0]
     assert_outcome(after, 0)
     assert "note:" not in run_cli(["models"]).err  # told once
@@ -181,3 +181,25 @@ def test_a_damaged_run_mark_is_dropped_without_a_word(localspec_home, mark):
     outcome = run_cli(["models"])  # before: a ValueError or an OverflowError traceback, every command
     assert_outcome(outcome, 0)
     assert "note:" not in outcome.err and not list(runs.glob("12345.*"))
+
+
+CRASH_IN_LOAD = textwrap.dedent(
+    """
+    import ctypes, sys
+    import llama_cpp
+    from localspec.cli.main import main
+
+    llama_cpp.llama_model_load_from_file = lambda *args: ctypes.string_at(0)  # as a damaged file can make it
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_crash_while_loading_a_file_names_the_file_first(localspec_home, tiny_models):
+    args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
+    assert _run(CRASH_IN_LOAD, *args).returncode == -signal.SIGSEGV
+    after = run_cli(["models"])
+    [note] = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
+    # before: "while loading or reading a model …: `localspec doctor` checks this build", no file named
+    assert f"while loading {tiny_models.target} (localspec/llama/model.py:" in note
+    assert "the file may be damaged" in note and "re-download it" in note
