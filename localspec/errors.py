@@ -15,6 +15,26 @@ class ModelFileError(LocalspecError):
     """A model file is missing, not GGUF, truncated, or cannot be loaded."""
 
 
+class NonFiniteLogitsError(ModelFileError):
+    """A model's logits came out NaN or infinite: damaged weights, or a build that computes them wrongly.
+
+    Raised where a row is read (no model named yet); `naming` says whose row it was.
+    """
+
+    def __init__(self, detail: str = "", model: str = "") -> None:
+        self.detail, self.model = detail, model
+        who = model or "the model"
+        super().__init__(
+            f"{who} computed logits that are not numbers (NaN or infinite{detail}): its weights may be damaged, "
+            "or this llama.cpp build computes it wrongly — re-download it, or check the build with `localspec doctor`"
+        )
+
+    def naming(self, model: str, position: int | None = None) -> NonFiniteLogitsError:
+        """The same error, naming the model (and the position) whose row it was."""
+        where = f" at position {position}" if position is not None else ""
+        return NonFiniteLogitsError(f"{self.detail}{where}", model)
+
+
 class IncompatibleDraftError(LocalspecError):
     """The draft model cannot be paired with the target (different vocabulary)."""
 

@@ -23,10 +23,10 @@ from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
-from localspec.models.pairs import describe_head, head_layers_of, pair_status, vocabulary_verdict
+from localspec.models.pairs import file_problems, head_report, pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
-from .crashes import take_crashes
+from .crashes import Crash, take_crashes
 
 _REINSTALL = 'CMAKE_ARGS="{flags}" pip install --force-reinstall --no-deps --no-cache-dir llama-cpp-python{pin}'
 _SCRIPT = Path(__file__).resolve().parents[2] / "packaging" / "reinstall-llama-backend.sh"
@@ -178,7 +178,7 @@ def _cpu_findings(paths: Paths) -> list[Finding]:
     failed = not all(r.ok for r in results)
     found.append(Finding("canary decode", states, canary.verdict(results, host) if failed else None))
     for crash in take_crashes(paths):
-        found.append(Finding("last run", "crashed", crash.describe()))
+        found.append(Finding("last run", "crashed" if isinstance(crash, Crash) else "killed", crash.describe()))
     return found
 
 
@@ -259,8 +259,11 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
             for s in status.files
         ]
         verdict = vocabulary_verdict(status)
-        if status.draft is None:
-            parts.append(describe_head(head_layers_of(status)))
+        problems = file_problems(status)
+        if problems:
+            parts += problems
+        elif status.draft is None:
+            parts.append(head_report(status.target.path if status.target.downloaded else None).line)
         elif verdict is not None:
             parts.append("same vocabulary" if verdict.kind == "same" else f"bridged ({verdict.reason})")
             if verdict.head_layers:
@@ -276,7 +279,7 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
                     else demo.INSTALL_HINT
                 )
         found.append(Finding(f"{name}{mark} [{pair.source}]", "; ".join(parts), advice))
-        if status.downloaded and status.target.path:
+        if status.downloaded and status.target.path and not problems:
             draft = status.draft.path if status.draft else None
             found.append(_placement_finding(name, pair, status.target.path, draft, gpu_memory))
         for endpoint in pair.spec.rpc or ():

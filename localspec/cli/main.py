@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, not usage + error
+        if message.endswith("expected one argument"):  # the value began with '-' and was taken for a flag
+            message += " (a value that starts with '-' goes after '=': --flag=VALUE)"
         self.exit(2, f"localspec: error: {one_line(message)} (see `{self.prog} --help`)\n")
 
 

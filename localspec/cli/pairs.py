@@ -16,8 +16,9 @@ from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.pairs import (
     PairStatus,
     PulledFile,
-    describe_head,
+    file_problems,
     head_layers_of,
+    head_report,
     pair_status,
     pull_pair,
     vocabulary_verdict,
@@ -95,6 +96,7 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "downloaded": status.downloaded,
         "vocabulary": verdict.kind if verdict else None,  # "same" or "bridged" (None: not downloaded)
         "mtp_layers": verdict.head_layers if verdict else head_layers_of(status),  # the target's own draft head
+        "problems": file_problems(status),  # a damaged file, each in one line
         "files": files,
         "settings": {**pair.sampling_overrides(), **pair.speculative_overrides(), **pair.model_overrides()},
         "defined_in": str(pair.file),
@@ -115,8 +117,12 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         for s in status.files:
             state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
             print(f"    {s.role:<7} {s.ref}  [{state}]")
+        if problems := file_problems(status):
+            for problem in problems:
+                print(f"    damaged {problem}")
+            continue
         if status.draft is None:
-            print(f"    draft   {describe_head(head_layers_of(status))}")
+            print(f"    draft   {head_report(status.target.path if status.target.downloaded else None).line}")
             continue
         verdict = vocabulary_verdict(status)
         if verdict is not None and verdict.kind != "same":

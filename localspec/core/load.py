@@ -15,6 +15,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
+from localspec.llama.footprint import read_footprint
 from localspec.llama.model import Model, check_gguf_file
 
 from .bridge import VocabBridge
@@ -63,6 +64,8 @@ def load_models(
         if path is not None:
             check_gguf_file(Path(path))  # its own one-line errors before the plan reads the header
     plan = plan_load(target_path, draft_path if uses_draft else None, params)
+    if params.drafter == "mtp" and not mtp.mtp_calls() and plan_target_heads(target_path) == 0:  # before any load
+        raise InvalidParamsError(_no_head(Path(target_path).name, draft_path is not None))
     log.info("placement: %s", plan.describe())
     for warning in plan.warnings:
         log.warning("placement: %s", warning)
@@ -126,9 +129,7 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tup
     if drafter == AUTO_DRAFTER and target.n_layer_nextn == 0:
         return "none", ""
     if drafter == "mtp" and target.n_layer_nextn == 0 and not missing:
-        raise InvalidParamsError(
-            f"--drafter mtp: {target.path.name} has no MTP (nextn) layers: give --draft PATH or use --drafter ngram"
-        )
+        raise InvalidParamsError(_no_head(target.path.name, has_draft=False))
     problem = missing and "this llama-cpp-python has no MTP calls"
     problem = problem or (remote and "the MTP head does not run on RPC workers yet")
     problem = problem or mtp.head_problem(target.info.arch, target.n_layer_nextn)
@@ -137,6 +138,16 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tup
         log.debug("missing MTP calls: %s", missing)
         return "ngram", f"{problem}: drafting with n-grams"
     return "mtp", ""
+
+
+def plan_target_heads(target_path: str | Path) -> int:
+    """The MTP layers the target's header declares (its footprint, already read for the plan)."""
+    return read_footprint(target_path).nextn_layers
+
+
+def _no_head(name: str, has_draft: bool) -> str:
+    instead = "--drafter model (the pair's draft) or ngram" if has_draft else "give --draft PATH or use --drafter ngram"
+    return f"--drafter mtp: {name} has no MTP (nextn) layers: {instead}"
 
 
 def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:

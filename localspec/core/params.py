@@ -30,7 +30,8 @@ N_CTX_MIN = 16
 DEFAULT_MAX_TOKENS = 1024
 VERIFY_RULES = ("pq", "match")  # Leviathan's rejection sampling; exact match
 VERIFY_MODES = ("auto", *VERIFY_RULES)  # "auto": pq when T > 0, else greedy
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(i?B?)\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT])(i?B?)\s*$", re.IGNORECASE | re.ASCII)
+_SIZE_MAX = 2**50  # a PiB: past it a GPU's memory size is a typo
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +74,10 @@ def parse_size(text: str, source: str = "--gpu-memory") -> int:
     """
     m = _SIZE_RE.match(str(text))
     size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper()) if m else 0.0
-    if not 0 < size < 2**60:  # past an exbibyte (or inf) is a typo
-        raise InvalidParamsError(f"{source} {text!r} is not a memory size: write it like 8G, 7.5GiB or 8000M")
+    if not 0 < size <= _SIZE_MAX:
+        raise InvalidParamsError(
+            f"{source} {text!r} is not a memory size: write it like 8G, 7.5GiB or 8000M (ASCII digits, at most 1 PiB)"
+        )
     return int(size)
 
 

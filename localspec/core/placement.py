@@ -271,7 +271,7 @@ def plan_pair(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | N
             f"{gib(host_weights)} of weights on the CPU side and {gib(host_free)} of RAM available: expect paging "
             "(a smaller quant would fit)"
         )
-    return replace(plan, n_ctx_asked=ask.n_ctx, warnings=tuple(notes))
+    return replace(plan, n_ctx_asked=ask.n_ctx, warnings=(*plan.warnings, *notes))
 
 
 def _cache(plan: GpuPlan) -> int:
@@ -305,10 +305,14 @@ def _place(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None
     draft_ctx = min(n_ctx, draft.n_ctx_train or n_ctx) if draft is not None else n_ctx
     asked_moe = target.n_layer if ask.cpu_moe else 0
     if gpu is None:
-        note = "no GPU in this llama.cpp build" + (": --gpu-memory ignored" if ask.gpu_memory else "")
+        note = "no GPU in this llama.cpp build"
         # an asked --cpu-moe is passed on all the same: nothing to move without a GPU, and the same load path
         t_plan = _remote(target, ask, n_ctx) if ask.rpc else _placed(target, "target", 0, n_ctx, asked_moe)
         d_plan = _placed(draft, "draft", 0, draft_ctx) if draft else None
+        if ignored := _ignored_without_gpu(ask):  # said, never silent: the user asked for a GPU
+            return GpuPlan(
+                "CPU", None, ask.margin, t_plan, d_plan, n_ctx, ask.n_ctx, (), (f"{note}: {ignored} ignored",)
+            )
         return GpuPlan("CPU", None, ask.margin, t_plan, d_plan, n_ctx, ask.n_ctx, (note,))
     notes: list[str] = []
     budget = max(0, gpu.free - ask.margin)
@@ -336,6 +340,17 @@ def _place(target: Footprint, draft: Footprint | None, ask: Ask, gpu: Gpu | None
     if plan.gpu_bytes > budget and (t_given is not None or d_asked is not None):
         raise PlacementError(_gpu_error(target, draft, ask, gpu, n_ctx, plan, budget))
     return plan
+
+
+def _ignored_without_gpu(ask: Ask) -> str:
+    """The placement asks (flags or models.toml keys) that a build without a GPU cannot follow, named ("" for none)."""
+    asked = [
+        "--gpu-memory" if ask.gpu_memory else "",
+        f"--n-gpu-layers {ask.target_layers}" if ask.target_layers and not ask.rpc else "",
+        f"--n-gpu-layers-draft {ask.draft_layers}" if ask.draft_layers else "",
+        "--cpu-moe" if ask.cpu_moe else "",
+    ]
+    return ", ".join(a for a in asked if a)
 
 
 def _remote(target: Footprint, ask: Ask, n_ctx: int) -> ModelPlan:

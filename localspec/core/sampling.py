@@ -26,7 +26,13 @@ from itertools import accumulate
 
 import numpy as np
 
+from localspec.errors import NonFiniteLogitsError
+
 from .options import Limit, check_fields, limit, option
+
+GREEDY_BELOW = 1e-6
+"""A temperature below this is greedy: the law it asks for differs from the argmax only between logits closer than
+about 1e-5, and dividing by it overflows float32 (llama.cpp's chain, our float32 mass) well before 1e-38."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +42,10 @@ class SamplingParams:
     temperature: float = field(
         default=0.8,
         metadata=option(
-            "0 = greedy", pair=True, form="temperature (0 = greedy)", limit=Limit(0, 100, note="0 = greedy")
+            "0 = greedy (so is anything below 1e-6)",
+            pair=True,
+            form="temperature (0 = greedy)",
+            limit=Limit(0, 100, note="0 = greedy"),
         ),
     )
     top_k: int = field(
@@ -81,6 +90,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_fields(self, "sampling")
+        if self.temperature < GREEDY_BELOW:  # logits / T would overflow float32 long before T reaches 0
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def greedy(self) -> bool:
@@ -139,7 +150,9 @@ class Dist:
     @classmethod
     def from_logits(cls, ids: np.ndarray, logits: np.ndarray) -> Dist:
         """The softmax of `logits` (already divided by the temperature) over distinct `ids`, in float64."""
-        return cls.from_weights(ids, np.exp(np.asarray(logits, dtype=np.float64) - np.max(logits)))
+        best = np.max(logits)
+        _check_finite(best)
+        return cls.from_weights(ids, np.exp(np.asarray(logits, dtype=np.float64) - best))
 
     @classmethod
     def from_weights(cls, ids: np.ndarray, weights: np.ndarray) -> Dist:
@@ -194,6 +207,14 @@ class ListLaw:
 Law = Dist | ListLaw  # what a token is drawn from, and verification reads
 
 
+def _check_finite(best: float) -> None:
+    """Raise `NonFiniteLogitsError` unless a row's maximum (or its argmax's value) is finite. numpy's max propagates
+    NaN and its argmax returns the first NaN, so a value already computed tells whether any entry is NaN or +inf,
+    at no second pass over the row."""
+    if not math.isfinite(best):
+        raise NonFiniteLogitsError()
+
+
 def _draw(probs: list[float], u: float) -> int:
     """Inverse CDF in Python floats: the index whose running sum first passes u × the total."""
     cdf = list(accumulate(probs))
@@ -234,6 +255,7 @@ class _Blocks:
         self.tail = row[rows * n_cols :]  # (< rows,) the rest
         maxima = self.grid.max(axis=0)
         self.maxima = np.append(maxima, self.tail.max()) if self.tail.size else maxima
+        _check_finite(self.maxima.max())  # (n_cols,): a NaN anywhere in the row is in its column's maximum
 
     def lower_bound(self, need: int) -> float:
         """A value t with at least `need` entries ≥ t: the need-th largest column maximum (or, past the number
@@ -300,11 +322,15 @@ def _values(
 def greedy_token(logits: np.ndarray, history: list[int], params: SamplingParams) -> int:
     """The argmax after penalties (temperature 0); the lower id among equal values."""
     if not params.penalised and logits.dtype == np.float32:
-        return int(logits.argmax())  # every greedy step without penalties: one call on the row as it is
+        token = int(logits.argmax())  # every greedy step without penalties: one call on the row as it is
+        _check_finite(logits[token])
+        return token
     row = _as_row(logits)
     pen_ids, pen_values = _penalties(row, history, params)
     if not pen_ids.size:
-        return int(np.argmax(row))
+        token = int(np.argmax(row))
+        _check_finite(row[token])
+        return token
     # The best unpenalised token is among the len(pen_ids) + 1 largest raw values.
     blocks = _Blocks(row, len(pen_ids) + 1)
     ids, values = _values(row, blocks.above(blocks.lower_bound(len(pen_ids) + 1)), pen_ids, pen_values)
@@ -434,7 +460,9 @@ def _softmax(
     scaled = row.astype(np.float64)
     scaled[pen_ids] = pen_values
     scaled /= temperature
-    weights = np.exp(scaled - scaled.max())
+    best = scaled.max()
+    _check_finite(best)
+    weights = np.exp(scaled - best)
     ids = np.arange(row.shape[0], dtype=np.int64)
     if top_p < 1.0:  # the rare wide top-p: a full sort, once
         order = np.argsort(-scaled, kind="stable")
@@ -449,4 +477,5 @@ def top_probability(logits: np.ndarray) -> float:
     """Softmax probability of the argmax at temperature 1 (the draft's confidence, for p_min)."""
     row = _as_row(logits)
     m = row.max()
+    _check_finite(m)
     return 1.0 / float(np.exp(row - m).sum(dtype=np.float64))

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from localspec.errors import NonFiniteLogitsError
 from localspec.llama.sampler import ChainLaw
 
 from .drafters import WHOLE_ROWS_MAX, DraftCost, Drafter, DraftRequest, Proposal, chain_law, chain_law_fits
@@ -144,19 +145,30 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
         the timings. `Stats` and the draft policy both learn from it.
     """
     clock, history = StepClock(target.ctx), request.history
-    drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
+    try:
+        drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
+    except NonFiniteLogitsError as e:
+        raise e.naming(f"the draft ({_model_name(drafter.caches)})", len(history)) from None
     clock.lap("draft")
     if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
         target.checkpoint()  # a cache that cannot drop this tail restores this instead
     target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)  # 2. ONE pass: k+1 target rows
     clock.lap("verify")
-    n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
+    try:
+        n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
+    except NonFiniteLogitsError as e:
+        raise e.naming(f"the target ({_model_name((target,))})", len(history)) from None
     clock.lap("sampling")
     target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches
     drafter.keep(len(history) + n_accepted)
     clock.lap("verify")
     emitted = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
     return Step(emitted, len(drafts.tokens), n_accepted, **clock.timings(drafts.cost))
+
+
+def _model_name(caches: Sequence[KVSequence]) -> str:
+    """The file a drafter or the target reads its rows from, for a message."""
+    return caches[0].ctx.model.path.name if caches else "its n-grams"
 
 
 def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> Verdict:

@@ -141,7 +141,9 @@ def decode(path: Path, on_loaded: Callable[[], None] = lambda: None) -> None:
         ctx.decode(prompt, 0, outputs=len(prompt))
         rows = [ctx.logits(i).copy() for i in range(len(prompt))]
         ctx.decode([int(np.argmax(rows[-1]))], len(prompt))
-        rows.append(ctx.logits(0))
+        # A copy: the view is llama.cpp's output buffer, freed with the context. Read after it (as before), row 9
+        # was whatever the allocator had put there since: the "non-finite logits" of 1 canary run in 20 (issue 44).
+        rows.append(ctx.logits(0).copy())
     for i, row in enumerate(rows):
         if not np.isfinite(row).all():
             raise ValueError(f"{NOT_FINITE} in row {i + 1} of {len(rows)}")
@@ -184,7 +186,8 @@ def run_canary(types: tuple[str, ...] = CANARY_TYPES, *, timeout: float = TIMEOU
     """Decode a tiny model of each type in a child process of its own (all at once); one result per type.
 
     A type whose logits were not finite is decoded once more, alone: a broken kernel gives garbage every time,
-    while a one-off (seen here about once in a few hundred runs of Q4_K, never twice in a row) passes with a note.
+    while a one-off passes with a note. (The one-offs seen before, about 1 run in 20, were the canary's own: it read
+    its last row after the context was freed, `decode`.)
     """
     with tempfile.TemporaryDirectory(prefix="localspec-canary-") as folder:
         paths = {qtype: write_canary_model(Path(folder) / f"canary-{qtype}.gguf", qtype) for qtype in types}

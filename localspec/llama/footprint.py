@@ -97,77 +97,210 @@ class Footprint:
         return replace(self, state_bytes_per_layer=tuple(b * (1 + n) for b in self.state_bytes_per_layer))
 
 
-def read_footprint(path: str | os.PathLike) -> Footprint:
-    """The footprint of a GGUF file, from its header.
+@dataclass(frozen=True, slots=True)
+class Header:
+    """A GGUF file's header as read: its metadata, its tensors' sizes, and where their data ends."""
+
+    name: str  # the file's name
+    meta: dict[str, object]  # scalars, and arrays as their length or, when numeric and short, their values
+    tensors: tuple[tuple[str, int], ...]  # (name, bytes)
+    data_end: int  # the byte the tensors' data ends at: a shorter file is truncated
+    file_size: int
+
+    @property
+    def arch(self) -> str:
+        return str(self.meta.get("general.architecture", "unknown"))
+
+    def hparam(self, key: str, default: object = None) -> object:
+        """`{arch}.{key}` as the header holds it (or `default`)."""
+        return self.meta.get(f"{self.arch}.{key}", default)
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """The header of a GGUF file; every count in it is checked against the file's size before it is used.
 
     Raises:
-        ModelFileError: not a readable GGUF file (truncated header, unknown tensor type).
+        ModelFileError: not a readable GGUF header (truncated, corrupt, an unknown tensor type), in one line.
     """
     path = Path(path)
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            meta, tensors = _parse(data)
-    except (OSError, ValueError, struct.error, KeyError) as e:
+            meta, tensors, data_end = _parse(data)
+            size = len(data)
+    except OSError as e:
+        raise ModelFileError(f"could not read {path}: {e.strerror or e}") from None
+    except (ValueError, struct.error, KeyError, OverflowError, MemoryError, UnicodeError) as e:
         raise ModelFileError(
             f"could not load {path}: the file is truncated or corrupt (its GGUF header: {e}) — re-download it"
         ) from None
-    return _footprint(path.name, meta, tensors)
+    return Header(path.name, meta, tuple(tensors), data_end, size)
 
 
-def _parse(data: mmap.mmap) -> tuple[dict[str, object], list[tuple[str, int]]]:
-    """(metadata: scalars, and arrays as their length or, when numeric, their values; [(tensor name, bytes)])."""
+def read_footprint(path: str | os.PathLike) -> Footprint:
+    """The footprint of a GGUF file, from its header.
+
+    Raises:
+        ModelFileError: not a readable GGUF file (truncated, corrupt, unknown tensor type, a header llama.cpp would
+            abort on: `header_problem`).
+    """
+    header = read_header(path)
+    if problem := header_problem(header):
+        raise ModelFileError(f"could not load {path}: the file {problem}")
+    try:
+        return _footprint(header.name, header.meta, list(header.tensors))
+    except (ValueError, TypeError, ZeroDivisionError) as e:  # a size of the wrong type: llama.cpp refuses it too
+        raise ModelFileError(
+            f"could not load {path}: the file is truncated or corrupt (its GGUF header: {e}) — re-download it"
+        ) from None
+
+
+LLAMA_MAX_LAYERS = 512  # llama-hparams.h
+LLAMA_MAX_EXPERTS = 1024
+_ROPE_SCALING = ("none", "linear", "yarn", "longrope")  # llama-model.cpp: LLAMA_ROPE_SCALING_TYPES
+
+
+def header_problem(header: Header) -> str:
+    """What in a readable header makes the file unusable, as a phrase after "the file" ("" when nothing does): a file
+    cut short, or a value llama.cpp's loader asserts on (llama-model.cpp `load_hparams`: GGML_ASSERT ends the
+    process, where a refused file would be one line), checked before llama.cpp reads it."""
+    if header.data_end > header.file_size:
+        return (
+            f"is truncated or corrupt (its tensors end at byte {header.data_end:,}, the file has "
+            f"{header.file_size:,}) — re-download it"
+        )
+    try:
+        problem = _hparams_problem(header)
+    except ValueError as e:  # a value of the wrong type where a count belongs
+        return f"has a damaged header ({e}) — re-download it"
+    return f"has a damaged header ({problem}: llama.cpp would abort on it) — re-download it" if problem else ""
+
+
+def _hparams_problem(header: Header) -> str:
+    def count(key: str, default: int | None = 0) -> int | None:
+        value = header.hparam(key)
+        if value is None:
+            return default
+        if isinstance(value, tuple):  # per layer: the largest counts
+            value = max(value, default=0)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{header.arch}.{key} is {value!r}, not a count")
+        return value
+
+    n_layer = count("block_count", None)
+    if n_layer is None:
+        return f"no {header.arch}.block_count"
+    if count("context_length", None) == 0:  # refused, not aborted on: raised as a problem without the abort
+        raise ValueError(f"{header.arch}.context_length 0: a model trained on no context")
+    if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        return f"block_count {n_layer}, not 1–{LLAMA_MAX_LAYERS}"
+    nextn = count("nextn_predict_layers")
+    if nextn > n_layer:
+        return f"{nextn} MTP layers (nextn_predict_layers) in {n_layer} blocks"
+    n_expert, used = count("expert_count"), count("expert_used_count")
+    groups, groups_used = count("expert_group_count"), count("expert_group_used_count")
+    if n_expert > LLAMA_MAX_EXPERTS or used > n_expert:
+        return f"{used} of {n_expert} experts used per token"
+    if n_expert and (not used or groups >= n_expert):
+        return f"{used} of {n_expert} experts used per token in {groups} groups"
+    if n_expert and groups > 1 and (n_expert % groups or not 0 < groups_used < groups):
+        return f"{n_expert} experts in {groups} groups, {groups_used} used"
+    if not n_expert and groups:
+        return f"{groups} expert groups and no experts"
+    scaling = header.hparam("rope.scaling.type")
+    if scaling is not None and scaling not in _ROPE_SCALING:
+        return f"rope.scaling.type {scaling!r}, not one of {', '.join(_ROPE_SCALING)}"
+    if count("full_attention_interval", None) == 0:
+        return "full_attention_interval 0"  # llama.cpp divides by it
+    return _rope_problem(header, count)
+
+
+def _rope_problem(header: Header, count) -> str:
+    """ggml's rope asserts its rotary dimensions are even and within a head (ops.cpp), at the first decode."""
+    n_rot, n_head = count("rope.dimension_count", None), count("attention.head_count")
+    if n_rot is None or not n_head:
+        return ""
+    head_dim = count("attention.key_length", None) or count("embedding_length") // n_head
+    if n_rot % 2 or not 0 < n_rot <= head_dim:
+        return f"rope.dimension_count {n_rot} for heads of {head_dim}"
+    return ""
+
+
+_MIN_KV = 8 + 4 + 1  # bytes of the smallest metadata entry: a key's length, its type, one byte of value
+_MIN_TENSOR = 8 + 4 + 8 + 4 + 8  # a tensor's name length, n_dims, one dimension, its type and its offset
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def _parse(data: mmap.mmap) -> tuple[dict[str, object], list[tuple[str, int]], int]:
+    """(metadata, [(tensor name, bytes)], the byte the tensor data ends at); every count bounded by the file."""
     if data[:4] != b"GGUF":
         raise ValueError("no GGUF magic")
     version, n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
     if version < 2:
         raise ValueError(f"GGUF version {version} is too old")
+    if n_kv > len(data) // _MIN_KV or n_tensors > len(data) // _MIN_TENSOR:
+        raise ValueError(f"{n_kv:,} metadata entries and {n_tensors:,} tensors in {len(data):,} bytes")
     pos = 24
     meta: dict[str, object] = {}
     for _ in range(n_kv):
         key, pos = _string(data, pos)
         (kind,), pos = struct.unpack_from("<I", data, pos), pos + 4
         meta[key], pos = _value(data, pos, kind)
-    tensors = []
+    tensors, data_end = [], 0
     for _ in range(n_tensors):
         name, pos = _string(data, pos)
         (n_dims,) = struct.unpack_from("<I", data, pos)
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor {name!r} has {n_dims} dimensions")
         dims = struct.unpack_from(f"<{n_dims}Q", data, pos + 4)
-        (ggml_type,) = struct.unpack_from("<I", data, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 4 + 8  # and the offset, unused
+        ggml_type, offset = struct.unpack_from("<IQ", data, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 4 + 8
         block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
         n = 1
         for d in dims:
             n *= d
         tensors.append((name, n // block * size))
-    return meta, tensors
+        data_end = max(data_end, offset + n // block * size)
+    alignment = meta.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ValueError(f"general.alignment {alignment!r}")
+    return meta, tensors, -(-pos // alignment) * alignment + data_end
 
 
 def _string(data: mmap.mmap, pos: int) -> tuple[str, int]:
     (n,) = struct.unpack_from("<Q", data, pos)
+    if n > len(data) - pos - 8:
+        raise ValueError(f"a string of {n:,} bytes at byte {pos:,}, past the end of the file")
     return data[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
 
 
-def _value(data: mmap.mmap, pos: int, kind: int) -> tuple[object, int]:
+def _value(data: mmap.mmap, pos: int, kind: int, depth: int = 0) -> tuple[object, int]:
     if kind in _SCALAR:
         fmt = "<" + _SCALAR[kind]
         return struct.unpack_from(fmt, data, pos)[0], pos + struct.calcsize(fmt)
     if kind == _STRING:
         return _string(data, pos)
-    if kind != _ARRAY:
+    if kind != _ARRAY or depth > 2:
         raise ValueError(f"unknown metadata type {kind}")
     item, count = struct.unpack_from("<IQ", data, pos)
     pos += 12
+    left = len(data) - pos
     if item in _SCALAR:  # numeric arrays are kept (per-layer head counts); long ones only counted
         width = struct.calcsize("<" + _SCALAR[item])
+        if count > left // width:
+            raise ValueError(f"an array of {count:,} values at byte {pos:,}, past the end of the file")
         values = struct.unpack_from(f"<{count}{_SCALAR[item]}", data, pos) if count <= 4096 else count
         return values, pos + count * width
+    if count > left // 8:  # each string or nested array takes 8 bytes or more
+        raise ValueError(f"an array of {count:,} entries at byte {pos:,}, past the end of the file")
     if item == _STRING:  # the vocabulary: each string's length read and skipped, none decoded
         length = _U64.unpack_from
         for _ in range(count):
             pos += 8 + length(data, pos)[0]
+            if pos > len(data):
+                raise ValueError("a vocabulary string past the end of the file")
         return count, pos
     for _ in range(count):  # nested arrays: walked, not kept
-        _, pos = _value(data, pos, item)
+        _, pos = _value(data, pos, item, depth + 1)
     return count, pos
 
 

@@ -10,11 +10,14 @@ import ctypes
 import functools
 import logging
 import os
+import re
 from collections import deque
 
 import llama_cpp
 
 llama_log = logging.getLogger("localspec.llama")
+# "llama_model_load: error loading model: check_tensor_dims: " before the cause: the functions an error passed through
+_CALLERS = re.compile(r"^(?:(?:[A-Za-z_][\w:]*|error loading model): )+")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level; 5 = CONT
 
 
@@ -41,7 +44,12 @@ class LlamaLog:
         llama_log.log(py_level, "%s", line)
 
     def last_error(self) -> str:
-        return self.recent_errors[-1] if self.recent_errors else ""
+        """The most specific of the errors logged since they were last cleared: the first, which names the cause
+        ("tensor 'blk.2.attn_norm.weight' not found"; the lines after it say what failed because of it), without
+        the names of the functions it passed through."""
+        if not self.recent_errors:
+            return ""
+        return _CALLERS.sub("", self.recent_errors[0]) or self.recent_errors[0]
 
 
 @functools.cache

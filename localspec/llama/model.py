@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,9 +22,11 @@ from localspec.errors import ModelFileError
 from . import devices
 from .cpu import repack_from_env
 from .devices import device_handles
-from .footprint import EXPERTS_PATTERN
+from .footprint import EXPERTS_PATTERN, header_problem, read_header
 from .log import init, llama_error
 
+log = logging.getLogger(__name__)
+LOADING = "loading the model %s"  # logged as each file starts to load
 GGUF_MAGIC = b"GGUF"
 VOCAB_TYPES = {0: "none", 1: "spm", 2: "bpe", 3: "wpm", 4: "ugm", 5: "rwkv", 6: "plamo2", 7: "test"}
 
@@ -148,11 +151,14 @@ class Model:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
             LocalspecError: the placement's devices were lost while loading.
         """
-        init()
+        init().recent_errors.clear()  # what llama.cpp logs from here on explains a failed load
         self.path = Path(path)
         self.placement = placement
         self._call = placement.call if placement is not None else _direct
         check_gguf_file(self.path)
+        # llama.cpp aborts the process on some damaged headers (GGML_ASSERT): they are refused here, in one line
+        if problem := header_problem(read_header(self.path)):
+            raise ModelFileError(f"could not load {self.path}: the file {problem}")
         params = llama_cpp.llama_model_default_params()
         if n_gpu_layers is None:
             n_gpu_layers = -1 if placement is not None or llama_cpp.llama_supports_gpu_offload() else 0
@@ -181,6 +187,7 @@ class Model:
 
             callback = llama_cpp.llama_progress_callback(on_progress)
             params.progress_callback = callback
+        log.info(LOADING, self.path)  # a crash note names the file (cli/crashes.py listens)
         handle = self._call(llama_cpp.llama_model_load_from_file, os.fsencode(self.path), params)
         if not handle:
             raise ModelFileError(

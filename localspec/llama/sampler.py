@@ -17,11 +17,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import struct
 from collections.abc import Callable
 
 import llama_cpp
+
+from localspec.errors import NonFiniteLogitsError
 
 from .context import Context
 
@@ -132,8 +135,16 @@ class ChainLaw:
         self._law = _chain([*filters(), self._capture.handle])
 
     def draw(self, ctx: Context, i: int) -> int:
-        """A token from row `i`'s law, drawn by llama.cpp (one native call)."""
-        return int(llama_cpp.llama_sampler_sample(self._draw, ctx.handle, i))
+        """A token from row `i`'s law, drawn by llama.cpp (one native call).
+
+        Raises:
+            NonFiniteLogitsError: the drawn token's logit is NaN or infinite (a row of NaN, as damaged weights give;
+                a NaN elsewhere in the row is not looked for: that would be a second pass over it).
+        """
+        token = int(llama_cpp.llama_sampler_sample(self._draw, ctx.handle, i))
+        if not math.isfinite(ctx.logits(i)[token]):
+            raise NonFiniteLogitsError()
+        return token
 
     def law(self, ctx: Context, i: int) -> tuple[tuple[int, ...], list[float]]:
         """Row `i`'s law as `dist` draws from it: (token ids, their probabilities), best first, in Python floats — a
@@ -144,6 +155,8 @@ class ChainLaw:
         """
         llama_cpp.llama_sampler_sample(self._law, ctx.handle, i)
         ids, logits = self._capture.survivors()
+        if not ids or not all(math.isfinite(logit) for logit in logits):  # a few values (top-k): all looked at
+            raise NonFiniteLogitsError()
         if len(ids) == 1:
             return ids, [1.0]
         best = logits[0]

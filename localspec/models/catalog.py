@@ -22,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -157,13 +158,13 @@ class PairSpec(BaseModel):
     top_p: float | None = None
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
 
-    top_k: int | None = None
+    top_k: StrictInt | None = None
     """Keep the k most likely tokens; 0 disables."""
 
     min_p: float | None = None
     """Drop tokens less likely than min_p times the most likely one."""
 
-    draft_max: int | None = None
+    draft_max: StrictInt | None = None
     """Most tokens the draft proposes per step; 0 decodes without speculation."""
 
     p_min: float | None = None
@@ -172,14 +173,14 @@ class PairSpec(BaseModel):
     verify: str | None = None
     """Verification rule: "pq" (speculative sampling, default for T > 0) or "match" (exact match)."""
 
-    n_ctx: int | None = None
+    n_ctx: StrictInt | None = None
     """Context length in tokens."""
 
-    n_gpu_layers: int | None = None
+    n_gpu_layers: StrictInt | None = None
     """The target's layers on the GPU, as llama.cpp counts them (the output layer is one); -1 means all. Unset: the
     placement plan's (docs/models.md "GPU placement"); `--n-gpu-layers` wins."""
 
-    n_gpu_layers_draft: int | None = None
+    n_gpu_layers_draft: StrictInt | None = None
     """The draft's layers on the GPU; unset: the plan's (the whole draft when it fits)."""
 
     gpu_memory: str | None = None
@@ -216,6 +217,23 @@ class PairSpec(BaseModel):
     @classmethod
     def _check_load(cls, value: Any, info: ValidationInfo) -> Any:
         return _engine_check(LoadParams, info.field_name, value)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(value, bool) and "bool" not in str(annotation).lower():  # TOML's true is not 1
+            raise ValueError(f"{str(value).lower()} is not a value of {info.field_name}")
+        return value
+
+    @field_validator("gpu_memory", mode="before")
+    @classmethod
+    def _size_as_text(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str):
+            raise ValueError(
+                f'{value!r} is not a memory size: write it as a string with its unit, like "8G" or "7.5GiB"'
+            )
+        return value
 
     @field_validator("gpu_memory")
     @classmethod
@@ -354,20 +372,21 @@ def read_models_file(path: Path) -> ModelsFile:
 
 
 def _describe(path: Path, error: ValidationError) -> str:
-    """One line for the first validation error, naming the file, the pair and the field."""
-    errors = error.errors()
-    first = errors[0]
-    loc = [str(part) for part in first["loc"]]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key (check its spelling or remove it)"
-    else:
-        message = first["msg"].removeprefix("Value error, ")
-    if len(loc) >= 2 and loc[0] == "pairs":
-        where = f"pair {loc[1]!r}" + (f", field {'.'.join(loc[2:])!r}" if len(loc) > 2 else "")
-    else:
-        where = f"field {'.'.join(loc)!r}" if loc else "top level"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{path}: {where}: {message}{more}"
+    """One line naming the file and every invalid field, with its pair: "pair 'x', field 'n_ctx': …; field …"."""
+    parts, last_pair = [], None
+    for found in error.errors():
+        loc = [str(part) for part in found["loc"]]
+        if found["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling or remove it)"
+        else:
+            message = found["msg"].removeprefix("Value error, ")
+        if len(loc) >= 2 and loc[0] == "pairs":
+            pair = f"pair {loc[1]!r}, " if loc[1] != last_pair else ""
+            where, last_pair = pair + (f"field {'.'.join(loc[2:])!r}" if len(loc) > 2 else "the table"), loc[1]
+        else:
+            where = f"field {'.'.join(loc)!r}" if loc else "top level"
+        parts.append(f"{where}: {message}")
+    return f"{path}: {'; '.join(parts)}"
 
 
 def load_config(paths: Paths, *, bundled: Path | None = None) -> ModelsConfig:

@@ -22,7 +22,6 @@ from localspec.core.params import (
     LoadParams,
     PairDefaults,
     SpeculativeParams,
-    needs_draft_model,
 )
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
@@ -135,7 +134,7 @@ def load_engine(
     Raises:
         LocalspecError: as `Engine.load` (a model drafter without a draft file among them).
     """
-    return Engine.load(target, draft if needs_draft_model(params.drafter) else None, params, progress=progress)
+    return Engine.load(target, draft, params, progress=progress)  # the draft is opened only if the drafter uses it
 
 
 def weights_progress(

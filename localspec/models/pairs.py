@@ -17,8 +17,9 @@ from typing import Literal
 
 from localspec.errors import LocalspecError, ModelFileError
 from localspec.llama.compat import PairVerdict, check_pair, check_target, head_layers, pair_verdict
-from localspec.llama.footprint import read_footprint
+from localspec.llama.footprint import Header, header_problem, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
+from localspec.llama.mtp import head_problem
 from localspec.paths import Paths
 
 from . import demo, hub
@@ -217,8 +218,8 @@ def pull_pair(
     if dry_run:
         return done
     if len(done) == 1:
-        layers = check_target_file(done[0].path)
-        say(describe_head(layers))
+        check_target_file(done[0].path)
+        say(head_report(done[0].path).line)
         return done
     verdict = check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
     if verdict.kind == "bridged":
@@ -243,6 +244,71 @@ def head_layers_of(status: PairStatus) -> int | None:
         return read_footprint(status.target.path).nextn_layers
     except LocalspecError:
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadReport:
+    """What a target alone drafts with, as its header tells it (`head_report`)."""
+
+    line: str  # for pull, models and doctor
+    short: str  # for the chat's pair list
+
+
+def head_report(path: Path | None) -> HeadReport:
+    """What the target alone at `path` drafts with (None: not downloaded): its own MTP head, n-grams or nothing, or
+    why it cannot be used at all — from its header, so that a damaged file is never called usable."""
+    if path is None:
+        return HeadReport(describe_head(None), "no draft")
+    try:
+        header = read_header(path)
+    except LocalspecError as e:
+        return HeadReport(f"unusable: {e}", "unusable")
+    if problem := header_problem(header):
+        return HeadReport(f"unusable: {path.name} {problem}", "unusable")
+    tokenizer, tokens = header.meta.get("tokenizer.ggml.model"), header.meta.get("tokenizer.ggml.tokens")
+    if tokenizer in (None, "none") or not tokens:
+        return HeadReport(
+            f"unusable: {path.name} has no tokenizer to write text with: choose a GGUF that carries its tokenizer",
+            "no tokenizer",
+        )
+    layers = int(header.hparam("nextn_predict_layers", 0))  # type: ignore[call-overload]  # a count: checked above
+    if not layers:
+        return HeadReport(describe_head(0), "no draft, no head")
+    if block := _missing_head_block(header, layers):
+        return HeadReport(
+            f"no draft: its header claims {layers} MTP layer{'s' if layers > 1 else ''} but {block} has no tensors "
+            "(llama.cpp will likely refuse the file: re-download or re-convert it)",
+            "MTP head missing",
+        )
+    if problem := head_problem(header.arch, layers):
+        return HeadReport(f"no draft: {problem}: it drafts with n-grams", "n-gram drafts")
+    return HeadReport(describe_head(layers), "MTP head")
+
+
+def _missing_head_block(header: Header, layers: int) -> str:
+    """The first MTP block (the last `layers` of the blocks) the file has no tensors for ("" when it has all)."""
+    n_layer = header.hparam("block_count", 0)
+    present = {name.split(".")[1] for name, _ in header.tensors if name.startswith("blk.")}
+    for i in range(int(n_layer) - layers, int(n_layer)):  # type: ignore[call-overload]
+        if str(i) not in present:
+            return f"blk.{i}"
+    return ""
+
+
+def file_problems(status: PairStatus) -> list[str]:
+    """Why the downloaded files of a pair cannot be used, each in one line from its header (none: nothing seen)."""
+    found = []
+    for file in status.files:
+        if not file.downloaded or file.path is None:
+            continue
+        try:
+            problem = header_problem(read_header(file.path))
+        except LocalspecError as e:
+            found.append(f"the {file.role}: {e}")
+            continue
+        if problem:
+            found.append(f"the {file.role} {file.path.name} {problem}")
+    return found
 
 
 def vocabulary_verdict(status: PairStatus) -> PairVerdict | None:

@@ -53,6 +53,7 @@ class Runner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # waiting or running
+        self.stopping = False  # the server is stopping: what it cannot answer now is 503 + Retry-After
 
     # --- the pair ---------------------------------------------------------------------------------------------
 
@@ -151,6 +152,7 @@ class Runner:
     def cancel_all(self) -> None:
         """Cancel every waiting and running job (the server is stopping)."""
         with self._lock:
+            self.stopping = True
             jobs = list(self._jobs)
         for job in jobs:
             job.cancel()
@@ -174,11 +176,10 @@ class Runner:
 
     def _run_job(self, job: Job, pair: str | None, request: Request, emit: Emit) -> Outcome:
         try:
-            if job.cancelled:
-                log.info("a request cancelled before it began (client gone or server stopping)")
-                raise ApiError(499, "the request was cancelled", code="cancelled")
+            self._unless_cancelled(job, "before it began")
             if pair is not None and (self.served is None or self.served.name != pair):
                 self.load(pair)
+                self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
             if self.served is None:
                 raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
             return complete(self.served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
@@ -186,6 +187,22 @@ class Runner:
             job.generation = None
             with self._lock:
                 self._jobs.remove(job)
+
+    def _unless_cancelled(self, job: Job, when: str) -> None:
+        """Raise for a job cancelled before it generated: 503 + Retry-After when the server is stopping (a client
+        may retry on the next one), 499 when its client went away."""
+        if not job.cancelled:
+            return
+        log.info("a request cancelled %s (%s)", when, "server stopping" if self.stopping else "client gone")
+        if self.stopping:
+            raise ApiError(
+                503,
+                "the server is stopping: retry shortly",
+                type="server_error",
+                code="server_stopping",
+                headers={"Retry-After": "1"},
+            )
+        raise ApiError(499, "the request was cancelled", code="cancelled")
 
 
 def _reload(old: Served) -> Served | None:

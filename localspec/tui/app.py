@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from pathlib import Path
 
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
@@ -187,6 +186,10 @@ class ChatApp(App[int]):
         log.info("shown to the user: %s", message)
         self.notify(message, severity="error", timeout=8)
 
+    def _tell(self, notices: list[str]) -> None:
+        for notice in notices:
+            self.notify(notice, severity="warning", timeout=12)
+
     def _busy(self, what: str) -> bool:
         """True (and say why) when an answer or a load is in the way of `what`."""
         why = self.chat.busy(what)
@@ -289,10 +292,15 @@ class ChatApp(App[int]):
             self.notify(notice, severity="warning", timeout=12)
 
     def on_load_failed(self, message: LoadFailed) -> None:
+        fallback = None
         if message.pulled:
             self.chat.pull_ended()
         else:
-            self.chat.load_failed()
+            fallback = self.chat.load_failed()
+        if fallback is not None:  # a switch that failed: the pair that worked comes back
+            self._error(f"{message.error}; loading {fallback.label} again")
+            self._start_load(fallback.name, choice=fallback, settings=self.chat.settings)
+            return
         self._progress(False)
         ready = self.chat.session is not None
         self._set_status(self._ready_text() if ready else "no model loaded: pick a pair (F2)")
@@ -364,12 +372,13 @@ class ChatApp(App[int]):
         if self.chat.session is None:
             self._error("no model is loaded: pick a pair (F2)")
             return
-        self.query_one(PromptInput).clear()
         try:
             turn = self.chat.send(text)
-        except LocalspecError as e:
+        except LocalspecError as e:  # not saved: the text stays in the prompt box
             self._error(str(e))
             return
+        self.query_one(PromptInput).clear()
+        self._tell(self.chat.take_notices())
         await self._messages.mount(ChatMessage("user", text))
         await self._start_turn(turn)
 
@@ -410,6 +419,7 @@ class ChatApp(App[int]):
         turn, first = self.chat.turn, self._live is None
         self._live = message.chunk
         chunk = message.chunk
+        self.chat.grow(chunk)  # saved as it grows, every few seconds
         thinking_tokens = chunk.parts["thinking"].tokens if chunk.parts else None
         try:
             await self._answer.append(chunk.runs, chunk.thinking_runs, thinking_tokens)
@@ -448,6 +458,7 @@ class ChatApp(App[int]):
         self._set_status(self._ready_text())
         if not_saved:
             self._error(not_saved)
+        self._tell(self.chat.take_notices())
         for notice in finished.notices:
             self.notify(notice, severity="warning", timeout=10)
         if finished.error:
@@ -566,6 +577,9 @@ class ChatApp(App[int]):
         if name is None or self._busy("switch pairs"):
             return
         row = next(r for r in rows if r.name == name)
+        if row.fix:  # a local file that is missing: nothing to download
+            self._error(row.fix)
+            return
         what = self.chat.pick_pair(name, downloaded=row.ready)
         if what == "loaded":
             self.notify(f"{name} is already loaded")
@@ -613,8 +627,9 @@ class ChatApp(App[int]):
 
     def action_history(self) -> None:
         """Open the saved conversations."""
-        export_dir = self.options.export_dir or Path.cwd()
-        self.push_screen(HistoryScreen(self.chat.store, self.chat.saved_id, export_dir), self._history_closed)
+        self.push_screen(
+            HistoryScreen(self.chat.store, self.chat.saved_id, self.options.export_dir), self._history_closed
+        )
 
     async def _history_closed(self, result: tuple[str, int] | None) -> None:
         if result is None:

@@ -3,7 +3,9 @@
 `Conversation.messages` is THE list of messages, written here alone, on the UI thread: a turn hands the
 `ChatSession` of the loaded pair a snapshot to answer (`ChatSession.answer`), and `finish` adds the answer, so a
 pair switch only swaps the session; the system prompt is its first message; the chat database is written
-through as each operation happens. `Phase` says what the engine is doing. `ChatApp` calls these operations from
+through as each operation happens, the answer too as it grows (`grow`, every `SAVE_EVERY` seconds), and only into
+the saved conversation this window opened: one deleted in another window is saved again as a new one, and
+`notices` says so. `Phase` says what the engine is doing. `ChatApp` calls these operations from
 its UI thread and only draws the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
 """
@@ -13,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import math
 import threading
+import time
 
 from localspec.core.engine import Engine, Generation
 from localspec.core.params import needs_draft_model
@@ -21,15 +25,19 @@ from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
 from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport, choose_thinking, thinking_choice
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
+from localspec.models.resolved import ResolvedPair
 
-from .live import ChunkGate, Finished
+from .live import Chunk, ChunkGate, Finished, Runs, add_run
 from .loading import Loaded
 from .settings import ChatOptions, ChatSettings
-from .store import ChatStore, SavedConversation, StoredMessage
+from .store import ChatStore, ConversationGone, SavedConversation, StoredMessage
 
 log = logging.getLogger(__name__)
 
 TITLE_LENGTH = 60  # characters of the first message that name a saved conversation
+SAVE_EVERY = 2.0  # seconds between two saves of an answer as it grows (a crash loses at most this much of it)
+INTERRUPTED = "interrupted"  # the finish reason of an answer saved while it grows, until it ends
+RESAVED = "this chat was deleted in another window: it goes on as a new saved chat, with what this window shows of it"
 
 
 class Phase(enum.Enum):
@@ -67,6 +75,10 @@ class Turn:
         self._generation: Generation | None = None
         self.gate = ChunkGate()  # one streamed chunk in flight between the worker and the UI
         self.split: ThinkingSplit | None = None  # its thinking/answer split, once begun
+        self.runs: Runs = []  # the answer so far, as the UI received it (saved as it grows)
+        self.thinking_runs: Runs = []
+        self.answer_id: int | None = None  # its saved row, once saved
+        self.saved_at = -math.inf  # when it was last saved (time.monotonic())
 
     def begin(self) -> Generation:
         """Start the answer on the engine (in the worker thread that holds it); `split` separates its thinking.
@@ -112,6 +124,8 @@ class Conversation:
         system = options.system or ""
         self.messages: list[Message] = [Message("system", system)] if system.strip() else []
         self.saved_id: int | None = None  # the conversation's id in the store, once its first message is saved
+        self.saved_created: str | None = None  # and its creation time: another chat that took a freed id is not it
+        self.notices: list[str] = []  # what the user must be told since `take_notices` was last called
         self.phase = Phase.NO_MODEL
         self.pulling: str | None = None  # the pair being downloaded
         self.loaded: Loaded | None = None
@@ -126,6 +140,7 @@ class Conversation:
         self.thinking = ThinkingSupport()  # what the loaded model does about thinking
         self.default_think: bool | None = None  # --think, else the pair's `thinking` (None: the model's own)
         self._pending_settings: ChatSettings | None = None  # applied when the reload they asked for is done
+        self._fallback: ResolvedPair | None = None  # the pair a switch unloaded, until the new one is loaded
 
     # --- what is there ---------------------------------------------------------------------------------------
 
@@ -163,6 +178,7 @@ class Conversation:
         Args:
             settings: settings to use once loaded (a drafter change); default the pair's own.
         """
+        self._fallback = self.loaded.pair if self.loaded is not None else None  # loaded again if this load fails
         old = self.detach()
         self.phase = Phase.LOADING
         self._pending_settings = settings
@@ -217,10 +233,12 @@ class Conversation:
         self.settings = dataclasses.replace(self.settings, think=kept)
         return notices
 
-    def load_failed(self) -> None:
-        """The load ended without a pair."""
+    def load_failed(self) -> ResolvedPair | None:
+        """The load ended without a pair; returns the pair that was loaded before it, to load again (None: none)."""
         self.phase = Phase.NO_MODEL
         self._pending_settings = None
+        fallback, self._fallback = self._fallback, None
+        return fallback
 
     def detach(self) -> Engine | None:
         """Give up the loaded pair (to switch pairs or quit); returns its engine for the caller to close."""
@@ -256,15 +274,41 @@ class Conversation:
             LocalspecError: the message cannot be saved (then it is not added).
         """
         session = self._session()
-        if self.saved_id is None:
-            title = " ".join(text.split())[:TITLE_LENGTH]
-            pair = (self.loaded.pair.name or self.loaded.pair.label) if self.loaded else ""
-            self.saved_id = self.store.create_conversation(title, pair=pair, system=self.system)
-            if self.settings.think is not None:
-                self.store.set_think(self.saved_id, self.settings.think)
-        message_id = self.store.add_message(self.saved_id, "user", text)  # committed before generating
+        message_id = self._save({"role": "user", "content": text})  # committed before generating
         self.messages.append(Message("user", text))
         return self._start("send", session, text, message_id)
+
+    def _save(self, message: dict) -> int:
+        """Append `message` (`ChatStore.add_message`'s arguments) to the saved conversation this window opened, or
+        save the conversation on screen with it when there is none (the first message, or a chat another window
+        deleted: then `notices` says so); returns its id.
+
+        Raises:
+            LocalspecError: it cannot be saved (then nothing of it is).
+        """
+        if self.saved_id is not None:
+            try:
+                return self.store.add_message(self.saved_id, **message, created=self.saved_created)
+            except ConversationGone:
+                log.warning("saved conversation %d was deleted elsewhere: saving it again", self.saved_id)
+                self.saved_id = None
+                self.notices.append(RESAVED)
+        shown = [{"role": m.role, "content": m.content, "reasoning": m.reasoning} for m in self.dialogue]
+        first = next((m["content"] for m in (*shown, message) if m["role"] == "user"), message["content"])
+        pair = (self.loaded.pair.name or self.loaded.pair.label) if self.loaded else ""
+        self.saved_id, self.saved_created, ids = self.store.save_copy(
+            " ".join(first.split())[:TITLE_LENGTH],
+            [*shown, message],
+            pair=pair,
+            system=self.system,
+            think=self.settings.think,
+        )
+        return ids[-1]
+
+    def take_notices(self) -> list[str]:
+        """What the user must be told since the last call (a chat saved again, …); the list is emptied."""
+        notices, self.notices = self.notices, []
+        return notices
 
     def regenerate(self) -> Turn:
         """Drop the last answer (here and saved) and answer the last user message again.
@@ -327,26 +371,70 @@ class Conversation:
         Raises:
             LocalspecError: the answer cannot be saved (it stays in the conversation).
         """
+        turn = self.turn
         self._end_turn()
-        self.messages.append(Message("assistant", finished.text, finished.reasoning))
         self.session_stats.merge(finished.stats)
         self.answers += 1
         self.last_turn = finished.stats
         self.last_parts = finished.parts
-        if self.saved_id is not None:
-            stats = finished.stats.to_dict()
-            if finished.parts is not None:
-                stats["parts"] = {name: part.to_dict() for name, part in finished.parts.items()}
-            self.store.add_message(
-                self.saved_id,
-                "assistant",
-                finished.text,
-                finish_reason=finished.reason,
-                stats=stats,
-                provenance=finished.runs,
-                reasoning=finished.reasoning,
-                reasoning_provenance=finished.reasoning_runs or None,
-            )
+        stats = finished.stats.to_dict()
+        if finished.parts is not None:
+            stats["parts"] = {name: part.to_dict() for name, part in finished.parts.items()}
+        answer = {
+            "role": "assistant",
+            "content": finished.text,
+            "finish_reason": finished.reason,
+            "stats": stats,
+            "provenance": finished.runs,
+            "reasoning": finished.reasoning,
+            "reasoning_provenance": finished.reasoning_runs or None,
+        }
+        try:
+            if self.saved_id is not None:  # saved before the answer is on screen: a copy saved anew holds it once
+                self._save_answer(turn, answer)
+        finally:
+            self.messages.append(Message("assistant", finished.text, finished.reasoning))
+
+    def grow(self, chunk: Chunk, now: float | None = None) -> None:
+        """The answer being generated grew by `chunk`: saved (as "interrupted") at the first chunk and then every
+        `SAVE_EVERY` seconds, so that a crash, a kill or a power cut keeps all but its last seconds. A save that
+        fails is logged and tried again at the next; `finish` saves the whole answer and says what fails then."""
+        turn = self.turn
+        if turn is None:
+            return
+        for text, from_draft in chunk.runs:
+            add_run(turn.runs, text, from_draft)
+        for text, from_draft in chunk.thinking_runs:
+            add_run(turn.thinking_runs, text, from_draft)
+        now = time.monotonic() if now is None else now
+        if self.saved_id is None or now - turn.saved_at < SAVE_EVERY:
+            return
+        turn.saved_at = now
+        answer = {
+            "role": "assistant",
+            "content": "".join(text for text, _ in turn.runs),
+            "finish_reason": INTERRUPTED,
+            "provenance": list(turn.runs),
+            "reasoning": "".join(text for text, _ in turn.thinking_runs).strip(),
+            "reasoning_provenance": list(turn.thinking_runs) or None,
+        }
+        try:
+            self._save_answer(turn, answer)
+        except LocalspecError as e:
+            log.warning("the answer so far could not be saved: %s", e)
+
+    def _save_answer(self, turn: Turn | None, answer: dict) -> None:
+        """Save the answer of `turn`: its row rewritten when it was saved as it grew, else appended."""
+        if turn is not None and turn.answer_id is not None and self.saved_id is not None:
+            fields = {k: v for k, v in answer.items() if k not in ("role", "content")}
+            try:
+                self.store.update_message(self.saved_id, turn.answer_id, answer["content"], **fields)
+                return
+            except ConversationGone:
+                turn.answer_id = None
+        answer_id = self._save(answer)
+        if turn is not None:
+            turn.answer_id = answer_id
 
     def fail(self, turn: Turn) -> None:
         """The turn could not start: a message sent by it is taken back, here and from the store."""
@@ -356,11 +444,14 @@ class Conversation:
         if self.messages and self.messages[-1].role == "user":
             self.messages.pop()
         if self.saved_id is not None and turn.message_id is not None:
-            self.store.delete_message(self.saved_id, turn.message_id)
-            if not self.store.messages(self.saved_id):
-                # Its title came from the message just taken back: a conversation of nothing is not kept.
-                self.store.delete(self.saved_id)
-                self.saved_id = None
+            try:
+                self.store.delete_message(self.saved_id, turn.message_id)
+                if not self.store.messages(self.saved_id):
+                    # Its title came from the message just taken back: a conversation of nothing is not kept.
+                    self.store.delete(self.saved_id)
+                    self.saved_id = self.saved_created = None
+            except LocalspecError as e:  # the database is locked: the message stays saved, the text comes back
+                log.warning("the message that was not answered stays saved: %s", e)
 
     # --- the conversation as a whole -------------------------------------------------------------------------
 
@@ -369,14 +460,14 @@ class Conversation:
         del self.messages[self._n_system :]
         if self.session is not None:
             self.session.clear()  # forgets the window it kept of the old conversation
-        self.saved_id = None
+        self.saved_id = self.saved_created = None
         self.settings = dataclasses.replace(self.settings, think=None)  # a new chat starts at the default switch
         self.reset_stats()
 
     def forget(self, saved_id: int) -> None:
         """The saved conversation `saved_id` was deleted: if it is this one, it is no longer saved."""
         if saved_id == self.saved_id:
-            self.saved_id = None
+            self.saved_id = self.saved_created = None
 
     def open(self, saved_id: int) -> tuple[SavedConversation, list[StoredMessage]]:
         """Continue a saved conversation (its system prompt comes with it); returns it and its messages.
@@ -391,7 +482,7 @@ class Conversation:
         stored = self.store.messages(saved_id)
         system = [Message("system", saved.system)] if saved.system.strip() else []
         self.messages[:] = system + [Message(m.role, m.content, m.reasoning) for m in stored]
-        self.saved_id = saved_id
+        self.saved_id, self.saved_created = saved_id, saved.created
         think = saved.think if self.thinking.can_switch else None  # its own switch, where this model has one
         self.settings = dataclasses.replace(self.settings, think=think)
         self.reset_stats()

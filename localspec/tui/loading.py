@@ -18,7 +18,7 @@ from localspec.core.params import needs_draft_model
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
-from localspec.models.pairs import head_layers_of, pair_status, pull_pair
+from localspec.models.pairs import file_problems, head_report, pair_status, pull_pair
 from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
@@ -46,6 +46,7 @@ class PairRow:
     ready: bool  # its files are here (or it is the demo pair, derived on first load)
     status: str  # "downloaded", "not downloaded", "offline demo" …; a target alone says what drafts for it
     default: bool
+    fix: str = ""  # a local file that is missing: what to fix instead of downloading (never offered a pull)
 
 
 def choose_models(options: ChatOptions, pair: str | None, progress: Progress) -> ResolvedPair:
@@ -92,11 +93,26 @@ def list_pairs(options: ChatOptions) -> list[PairRow]:
             status = "offline demo" if ready else "needs localspec[demo]"
         else:
             ready, status = downloaded, "downloaded" if downloaded else "not downloaded"
-        if files.draft is None:  # the header read is cheap: no model is loaded for it
-            layers = head_layers_of(files)
-            status += ", no draft" if layers is None else ", MTP head" if layers else ", no draft, no head"
-        rows.append(PairRow(name, pair.description, ready, status, name == config.default))
+        fix = ""
+        missing = [
+            f for f, ref in zip(files.files, _refs(pair), strict=True) if ref.kind == "path" and not f.downloaded
+        ]
+        if problems := file_problems(files):  # the header read is cheap: no model is loaded for it
+            ready, status, fix = False, "damaged file: see `localspec models`", problems[0]
+        elif missing:
+            status = "file missing: fix its path in models.toml"
+            fix = (
+                f"the {missing[0].role} of pair {name!r} is not a file: {missing[0].ref} (fix its path in {pair.file})"
+            )
+        elif files.draft is None:
+            status += f", {head_report(files.target.path if downloaded else None).short}"
+        rows.append(PairRow(name, pair.description, ready, status, name == config.default, fix))
     return rows
+
+
+def _refs(pair) -> tuple:
+    """The pair's sources in the order of its files: the target's, then the draft's if it has one."""
+    return (pair.target,) if pair.draft is None else (pair.target, pair.draft)
 
 
 def pull(options: ChatOptions, name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:

@@ -21,7 +21,7 @@ from localspec.errors import LocalspecError
 
 from .loading import PairRow
 from .settings import DRAFTERS, FORM_FIELDS, ChatSettings
-from .store import ChatStore, export_conversation
+from .store import ChatStore, export_conversation, export_folder
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -209,9 +209,9 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         Binding("j", "export('json')", "Export .json"),
     ]
 
-    def __init__(self, store: ChatStore, current: int | None, export_dir: Path) -> None:
+    def __init__(self, store: ChatStore, current: int | None, export_dir: Path | None) -> None:
         super().__init__()
-        self.store, self.current, self.export_dir = store, current, export_dir
+        self.store, self.current, self.export_dir = store, current, export_dir  # None: resolved at each export
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide"):
@@ -263,7 +263,10 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
                 self._guarded(self.store.rename, cid, title.strip())
                 self.reload()
 
-        self.app.push_screen(TextPromptScreen("New title", self.store.get(cid).title), done)
+        if saved := self._guarded(self.store.get, cid):  # deleted in another window since the list was read
+            self.app.push_screen(TextPromptScreen("New title", saved.title), done)
+        else:
+            self.reload()
 
     def action_delete(self) -> None:
         """Delete the selected conversation after a confirmation."""
@@ -277,13 +280,16 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
                 if cid == self.current:
                     self.dismiss(("deleted", cid))
 
-        self.app.push_screen(ConfirmScreen(f"Delete {self.store.get(cid).title!r}?"), done)
+        if saved := self._guarded(self.store.get, cid):
+            self.app.push_screen(ConfirmScreen(f"Delete {saved.title!r}?"), done)
+        else:
+            self.reload()
 
     def action_export(self, fmt: str) -> None:
         """Write the selected conversation to the export folder."""
         cid = self._selected()
         if cid is not None:
-            path = self._guarded(export_conversation, self.store, cid, fmt, self.export_dir)
+            path = self._guarded(export_conversation, self.store, cid, fmt, export_folder(self.export_dir))
             if path:
                 self.notify(f"exported to {path}")
 

@@ -3,8 +3,10 @@
 The schema is versioned by `PRAGMA user_version` and built by `MIGRATIONS`, a list of small functions
 applied in order, each in its own transaction. A reasoning model's thinking is kept apart from the answer it
 preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too. The
-app commits the user's message before the answer is generated and the answer when it ends, so a crash or a
-kill mid-answer loses at most that answer.
+app commits the user's message before the answer is generated, the answer as it grows (`save_answer`, as
+"interrupted" until it ends) and when it ends, so a crash or a kill mid-answer loses only its last seconds.
+Several windows may share the file: ids are never reused (AUTOINCREMENT), and a message is appended only to the
+conversation its window opened (`add_message`'s `created`), never to one that took a deleted one's place.
 Export to Markdown and JSON lives here too: both read only what the database holds.
 """
 
@@ -29,6 +31,10 @@ Provenance = list[tuple[str, bool]]
 
 class HistoryError(LocalspecError):
     """The chat database cannot be opened, is from a newer localspec, or has no such conversation."""
+
+
+class ConversationGone(HistoryError):
+    """The conversation a window appends to was deleted (in another window) since it was opened."""
 
 
 def _m001_conversations(db: sqlite3.Connection) -> None:
@@ -62,7 +68,40 @@ def _m002_thinking(db: sqlite3.Connection) -> None:
     db.execute("CREATE TABLE preferences (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # the app's, as JSON
 
 
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (_m001_conversations, _m002_thinking)
+def _m003_ids_never_reused(db: sqlite3.Connection) -> None:
+    """Both tables rebuilt with AUTOINCREMENT, every row kept: a deleted chat's id never names another one.
+
+    SQLite's way to change a column (create, copy, drop, rename); `migrate` turns foreign keys off around the
+    step, so dropping the old conversations does not cascade into the messages."""
+    tables = {
+        "conversations": (
+            "id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, pair TEXT NOT NULL DEFAULT '',"
+            " system TEXT NOT NULL DEFAULT '', created TEXT NOT NULL, updated TEXT NOT NULL, think INTEGER"
+        ),
+        "messages": (
+            "id INTEGER PRIMARY KEY AUTOINCREMENT,"
+            " conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
+            " role TEXT NOT NULL CHECK (role IN ('user', 'assistant')), content TEXT NOT NULL, created TEXT NOT NULL,"
+            " finish_reason TEXT, stats TEXT, provenance TEXT, reasoning TEXT NOT NULL DEFAULT '',"
+            " reasoning_provenance TEXT"
+        ),
+    }
+    for table, columns in tables.items():
+        names = ", ".join(row[1] for row in db.execute(f"PRAGMA table_info({table})"))
+        db.execute(f"CREATE TABLE {table}_new ({columns})")
+        db.execute(f"INSERT INTO {table}_new ({names}) SELECT {names} FROM {table}")
+        db.execute(f"DROP TABLE {table}")
+        db.execute(f"ALTER TABLE {table}_new RENAME TO {table}")
+    db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
+    if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
+        raise sqlite3.IntegrityError("a message of no conversation")  # the step is rolled back whole
+
+
+MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
+    _m001_conversations,
+    _m002_thinking,
+    _m003_ids_never_reused,
+)
 """Schema steps; the database's user_version is how many have run. Append, never edit."""
 
 
@@ -114,12 +153,17 @@ def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Conne
             f"the chat database has schema version {version}, newer than this localspec "
             f"knows ({len(migrations)}): upgrade localspec"
         )
-    for number in range(version, len(migrations)):
-        with db:  # one transaction: a step is applied whole or not at all
-            db.execute("BEGIN")
-            migrations[number](db)
-            db.execute(f"PRAGMA user_version = {number + 1}")
-        log.info("chat database migrated to schema version %d", number + 1)
+    foreign_keys = db.execute("PRAGMA foreign_keys").fetchone()[0]
+    db.execute("PRAGMA foreign_keys = OFF")  # a table rebuilt must not cascade (it is a no-op inside a transaction)
+    try:
+        for number in range(version, len(migrations)):
+            with db:  # one transaction: a step is applied whole or not at all
+                db.execute("BEGIN")
+                migrations[number](db)
+                db.execute(f"PRAGMA user_version = {number + 1}")
+            log.info("chat database migrated to schema version %d", number + 1)
+    finally:
+        db.execute(f"PRAGMA foreign_keys = {int(foreign_keys)}")
     return len(migrations)
 
 
@@ -171,7 +215,7 @@ class ChatStore:
                 self.db.execute("BEGIN")
                 return self.db.execute(sql, params)
         except sqlite3.Error as e:
-            raise HistoryError(f"cannot save to the chat database {self.path}: {e}") from e
+            raise HistoryError(_write_error(self.path, e)) from e
 
     def create_conversation(self, title: str, *, pair: str = "", system: str = "") -> int:
         """Start a conversation; returns its id."""
@@ -179,6 +223,65 @@ class ChatStore:
         cur = self._write(
             "INSERT INTO conversations (title, pair, system, created, updated) VALUES (?, ?, ?, ?, ?)",
             (title, pair, system, now, now),
+        )
+        return int(cur.lastrowid)
+
+    def save_copy(
+        self, title: str, messages: Sequence[dict], *, pair: str = "", system: str = "", think: bool | None = None
+    ) -> tuple[int, str, list[int]]:
+        """Save a conversation and its messages in one transaction (a chat's first message, or a chat on screen
+        whose saved copy another window deleted).
+
+        Args:
+            messages: each the keyword arguments of `add_message` (role, content, and any of its fields).
+
+        Returns:
+            (its id, its `created`, the messages' ids).
+
+        Raises:
+            HistoryError: the database cannot be written (then nothing of it is).
+        """
+        now = _now()
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
+                cid = self.db.execute(
+                    "INSERT INTO conversations (title, pair, system, created, updated, think)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (title, pair, system, now, now, think),
+                ).lastrowid
+                ids = [self._insert(cid, now, **message) for message in messages]
+        except sqlite3.Error as e:
+            raise HistoryError(_write_error(self.path, e)) from e
+        return int(cid), now, ids
+
+    def _insert(
+        self,
+        conversation_id: int,
+        now: str,
+        role: str,
+        content: str,
+        *,
+        finish_reason: str | None = None,
+        stats: dict | None = None,
+        provenance: Provenance | None = None,
+        reasoning: str = "",
+        reasoning_provenance: Provenance | None = None,
+    ) -> int:
+        cur = self.db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
+            " reasoning, reasoning_provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                role,
+                content,
+                now,
+                finish_reason,
+                _json_or_none(stats),
+                _json_or_none(provenance),
+                reasoning,
+                _json_or_none(reasoning_provenance),
+            ),
         )
         return int(cur.lastrowid)
 
@@ -193,31 +296,85 @@ class ChatStore:
         provenance: Provenance | None = None,
         reasoning: str = "",
         reasoning_provenance: Provenance | None = None,
+        created: str | None = None,
     ) -> int:
-        """Append a message and commit it; returns its id."""
+        """Append a message and commit it; returns its id.
+
+        Args:
+            created: the conversation's `created` as the caller opened it: the message is added only if the
+                conversation is still that one (another window may have deleted it).
+
+        Raises:
+            ConversationGone: no such conversation (or not the one created then).
+            HistoryError: the database cannot be written (locked, full, read-only).
+        """
         now = _now()
         try:
             with self.db:
-                self.db.execute("BEGIN")
+                self.db.execute("BEGIN IMMEDIATE")  # the check and the insert see the same database
+                if not self._holds(conversation_id, created):
+                    raise ConversationGone(f"saved conversation {conversation_id} was deleted (in another window?)")
+                message_id = self._insert(
+                    conversation_id,
+                    now,
+                    role,
+                    content,
+                    finish_reason=finish_reason,
+                    stats=stats,
+                    provenance=provenance,
+                    reasoning=reasoning,
+                    reasoning_provenance=reasoning_provenance,
+                )
+                self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+        except sqlite3.Error as e:
+            raise HistoryError(_write_error(self.path, e)) from e
+        return message_id
+
+    def update_message(
+        self,
+        conversation_id: int,
+        message_id: int,
+        content: str,
+        *,
+        finish_reason: str | None = None,
+        stats: dict | None = None,
+        provenance: Provenance | None = None,
+        reasoning: str = "",
+        reasoning_provenance: Provenance | None = None,
+    ) -> None:
+        """Rewrite a saved answer (one that grew since it was saved) and commit it.
+
+        Raises:
+            ConversationGone: the message or its conversation was deleted.
+            HistoryError: the database cannot be written.
+        """
+        now = _now()
+        try:
+            with self.db:
+                self.db.execute("BEGIN IMMEDIATE")
                 cur = self.db.execute(
-                    "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
-                    " reasoning, reasoning_provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "UPDATE messages SET content = ?, finish_reason = ?, stats = ?, provenance = ?, reasoning = ?,"
+                    " reasoning_provenance = ? WHERE id = ? AND conversation_id = ?",
                     (
-                        conversation_id,
-                        role,
                         content,
-                        now,
                         finish_reason,
                         _json_or_none(stats),
                         _json_or_none(provenance),
                         reasoning,
                         _json_or_none(reasoning_provenance),
+                        message_id,
+                        conversation_id,
                     ),
                 )
+                if cur.rowcount == 0:
+                    raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
                 self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         except sqlite3.Error as e:
-            raise HistoryError(f"cannot save to the chat database {self.path}: {e}") from e
-        return int(cur.lastrowid)
+            raise HistoryError(_write_error(self.path, e)) from e
+
+    def _holds(self, conversation_id: int, created: str | None) -> bool:
+        row = self.db.execute("SELECT created FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        return row is not None and (created is None or row[0] == created)
 
     def delete_last_answer(self, conversation_id: int) -> bool:
         """Remove the conversation's last message if it is an answer (before regenerating it)."""
@@ -278,12 +435,16 @@ class ChatStore:
         """One conversation.
 
         Raises:
-            HistoryError: no such conversation.
+            ConversationGone: no such conversation.
         """
-        for conversation in self.conversations():
-            if conversation.id == conversation_id:
-                return conversation
-        raise HistoryError(f"no saved conversation {conversation_id}: it may have been deleted")
+        row = self.db.execute(
+            "SELECT c.id, c.title, c.pair, c.system, c.created, c.updated, COUNT(m.id), c.think FROM conversations c"
+            " LEFT JOIN messages m ON m.conversation_id = c.id WHERE c.id = ? GROUP BY c.id",
+            (conversation_id,),
+        ).fetchone()
+        if row is None:
+            raise ConversationGone(f"no saved conversation {conversation_id}: it may have been deleted")
+        return SavedConversation(*row[:7], think=None if row[7] is None else bool(row[7]))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         """A conversation's messages in order."""
@@ -306,6 +467,16 @@ class ChatStore:
             )
             for r in rows
         ]
+
+
+def _write_error(path: Path, error: sqlite3.Error) -> str:
+    """One line for a write that failed: a lock held by another process says who to wait for."""
+    if "locked" in str(error) or "busy" in str(error):
+        return (
+            f"cannot save to the chat database {path}: another localspec holds it locked; try again in a "
+            "moment (what you typed is kept)"
+        )
+    return f"cannot save to the chat database {path}: {error}"
 
 
 def _json_or_none(value) -> str | None:
@@ -340,6 +511,8 @@ def export_markdown(conversation: SavedConversation, messages: Sequence[StoredMe
         heading = "You" if message.role == "user" else "Assistant"
         if message.role == "assistant" and message.finish_reason == "cancelled":
             heading += " (stopped)"
+        elif message.role == "assistant" and message.finish_reason == "interrupted":
+            heading += " (cut short: the chat ended while writing it)"
         lines += [f"## {heading}", ""]
         if message.reasoning:  # the thinking, labelled and quoted, before the answer it led to
             lines += ["> **Thinking**", ">", *[f"> {line}".rstrip() for line in message.reasoning.splitlines()], ""]
@@ -369,6 +542,17 @@ def export_json(conversation: SavedConversation, messages: Sequence[StoredMessag
         ],
     }
     return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
+
+
+def export_folder(configured: Path | None) -> Path:
+    """Where exports go: the configured folder, else the working folder, else (it was deleted) the home folder."""
+    if configured is not None:
+        return Path(configured)
+    try:
+        return Path.cwd()
+    except OSError:
+        log.warning("the working folder is gone: exporting to the home folder")
+        return Path.home()
 
 
 def export_conversation(store: ChatStore, conversation_id: int, fmt: str, directory: Path) -> Path:

@@ -48,6 +48,8 @@ def answer_caption(stats: dict | None, finish_reason: str | None) -> str:
         parts.append("cut at max tokens")
     elif finish_reason == "error":
         parts.append("failed")
+    elif finish_reason == "interrupted":  # saved as it grew; the app ended before it did
+        parts.append("cut short: the chat ended while writing it")
     if stats:
         if stats.get("drafted"):
             parts.append(f"acceptance {stats.get('acceptance_rate', 0):.0%}")

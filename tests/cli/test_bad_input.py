@@ -463,3 +463,63 @@ def test_chat_without_a_terminal_is_one_line_not_a_spinning_screen(world):
     outcome = run_cli(["chat", "--pair", "tiny"], timeout=60)  # stdin and stdout are pipes, as from a script
     assert_outcome(outcome, 1, "chat needs a terminal for its screen and keys", log_file=world.log_file)
     assert "\x1b[" not in outcome.out + outcome.err  # not one escape sequence written
+
+
+# --- issue 44: sizes, models.toml types, a build without a GPU ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "match"),
+    [
+        (["--gpu-memory", "-1G"], 2, "--gpu-memory: expected one argument (a value that starts with '-' goes after"),
+        (["--gpu-memory=-1G"], 1, "--gpu-memory '-1G' is not a memory size"),
+        (["--gpu-memory", "99999999G"], 1, "at most 1 PiB"),  # before: accepted
+        (["--gpu-memory", "８G"], 1, "ASCII digits"),  # a full-width 8: before, accepted as 8G
+        (["--gpu-memory", "8G"], 0, None),
+    ],
+    ids=["negative", "negative-with-equals", "a-petabyte-and-more", "full-width", "8G"],
+)
+def test_gpu_memory_sizes(world, capsys, flags, code, match):
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
+    if code == 2:
+        assert outcome.code == 2 and len(outcome.err.splitlines()) == 1 and match in outcome.err
+        return
+    assert_outcome(outcome, code, match, log_file=world.log_file)
+
+
+def test_every_wrong_field_of_a_pair_is_named_and_true_is_not_a_number(chat_home, capsys):
+    chat_home.config_file.write_text(
+        '[pairs.x]\ntarget = { path = "/a.gguf" }\nn_gpu_layers = true\ngpu_memory = 8\nn_ctx = "big"\n'
+        'temperature = "hot"\ntop_k = -3\ncpu_moe = 1\n',
+        encoding="utf-8",
+    )
+    outcome = run_main(["models"], capsys)
+    assert_outcome(outcome, 1)
+    # before: "field 'temperature': … (and 5 more)", and n_gpu_layers = true taken as 1
+    for field in (
+        "n_gpu_layers': true is not a value",
+        "gpu_memory': 8 is not a memory size",
+        "'n_ctx'",
+        "'temperature'",
+        "'top_k'",
+        "'cpu_moe'",
+    ):
+        assert field in outcome.err, outcome.err
+
+
+def test_gpu_flags_on_a_build_without_a_gpu_are_said(world, capsys):
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", "--n-gpu-layers", "99", "--cpu-moe"], capsys)
+    assert_outcome(outcome, 0)  # before: both ignored without a word
+    assert "localspec: note: no GPU in this llama.cpp build: --n-gpu-layers 99, --cpu-moe ignored" in outcome.err
+
+
+def test_drafter_mtp_on_a_pair_without_a_head_is_said_before_anything_loads(world, capsys, monkeypatch):
+    from localspec.core import load
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the flag was refused")
+
+    monkeypatch.setattr(load, "_open", no_load)
+    outcome = run_main(["generate", "hi", "--max-tokens", "2", "--pair", "tiny", "--drafter", "mtp"], capsys)
+    # before: refused after loading both models, telling to "give --draft PATH" to a pair that has one
+    assert_outcome(outcome, 1, "has no MTP (nextn) layers: --drafter model (the pair's draft) or ngram")

@@ -49,19 +49,21 @@ def test_a_crash_in_llama_decode_is_logged_and_told_once_by_the_next_command(loc
     args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
     crashed = _run(CRASH_IN_DECODE, *args)
     assert crashed.returncode == -signal.SIGSEGV, crashed.stderr
-    log = localspec_home.log_file.read_text(encoding="utf-8", errors="replace")
-    assert "Fatal Python error: Segmentation fault" in log and "localspec/llama/context.py" in log
+    [fatal] = (localspec_home.log_dir / "runs").glob("*.fatal")  # the run's own file: no other run's block
+    block = fatal.read_text(encoding="utf-8", errors="replace")
+    assert "Fatal Python error: Segmentation fault" in block and "localspec/llama/context.py" in block
     assert list((localspec_home.log_dir / "runs").glob("*.json")), "the crashed run's mark stays behind"
 
     after = run_cli(["models"])
     notes = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
     assert len(notes) == 1, after.err
     assert "the last run of `localspec generate --target" in notes[0]
-    assert "crashed in llama.cpp with SIGSEGV while decoding (localspec/llama/context.py:" in notes[0]
+    assert "crashed in llama.cpp with SIGSEGV while decoding with target.gguf (localspec/llama/context.py:" in notes[0]
     assert str(localspec_home.log_file) in notes[0] and "localspec doctor" in notes[0]
     assert_outcome(after, 0)
     assert "note:" not in run_cli(["models"]).err  # told once
-    assert not list((localspec_home.log_dir / "runs").glob("*.json"))
+    assert not list((localspec_home.log_dir / "runs").glob("*"))
+    assert block in localspec_home.log_file.read_text(encoding="utf-8", errors="replace")  # moved into the log
 
 
 def test_doctor_tells_the_crash_in_its_report(localspec_home, tiny_models):
@@ -110,9 +112,9 @@ def _leave_a_crash(paths, command: str) -> None:
     time no process has, should the pid be reused)."""
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     paths.log_dir.joinpath("runs").mkdir(parents=True, exist_ok=True)
-    mark = {"pid": int(gone.stdout), "proc_start": "0", "command": command, "started": "then", "log_offset": 0}
+    mark = {"pid": int(gone.stdout), "proc_start": "0", "command": command, "started": "then"}
     (paths.log_dir / "runs" / f"{gone.stdout.strip()}.json").write_text(json.dumps(mark))
-    paths.log_file.write_text(
+    (paths.log_dir / "runs" / f"{gone.stdout.strip()}.fatal").write_text(
         "Fatal Python error: Segmentation fault\n\nCurrent thread 0x00007f (most recent call first):\n"
         '  File "/x/localspec/llama/model.py", line 90 in _direct\n'
         '  File "/x/localspec/llama/context.py", line 261 in _submit\n'
@@ -144,3 +146,60 @@ def test_a_crashed_chat_s_terminal_modes_are_turned_off_by_the_next_command(loca
     assert (TERMINAL_RESET in text) == reset
     if reset:
         assert text.index(TERMINAL_RESET) < text.index("the last run")
+
+
+def test_each_run_s_crash_is_its_own_whatever_ran_beside_it(localspec_home, tiny_models):
+    """A long run (a worker here; `serve` alike) beside a `generate` that crashes, then the long run killed -9:
+    before, the next command blamed the long run too (its mark's log offset lay before the crash's block)."""
+    port = _free_port()
+    beside = subprocess.Popen(
+        [sys.executable, "-m", "localspec", "worker", "--port", port], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    marks = localspec_home.log_dir / "runs"
+    try:
+        deadline = time.monotonic() + 60
+        while not (marks / f"{beside.pid}.json").exists() and beside.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
+        assert _run(CRASH_IN_DECODE, *args).returncode == -signal.SIGSEGV
+    finally:
+        beside.kill()
+        beside.wait()
+    after = run_cli(["models"])
+    notes = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
+    assert len(notes) == 1 and "the last run of `localspec generate --target" in notes[0], after.err
+    assert "worker" not in after.err
+
+
+@pytest.mark.parametrize(
+    "mark", ['{"pid": "abc"}', '{"pid": 9223372036854775808}', '{"pid": -5}', "[1, 2]", '{"pid": true}', "{"]
+)
+def test_a_damaged_run_mark_is_dropped_without_a_word(localspec_home, mark):
+    runs = localspec_home.log_dir / "runs"
+    runs.mkdir(parents=True)
+    (runs / "12345.json").write_text(mark)
+    outcome = run_cli(["models"])  # before: a ValueError or an OverflowError traceback, every command
+    assert_outcome(outcome, 0)
+    assert "note:" not in outcome.err and not list(runs.glob("12345.*"))
+
+
+CRASH_IN_LOAD = textwrap.dedent(
+    """
+    import ctypes, sys
+    import llama_cpp
+    from localspec.cli.main import main
+
+    llama_cpp.llama_model_load_from_file = lambda *args: ctypes.string_at(0)  # as a damaged file can make it
+    sys.exit(main(sys.argv[1:]))
+    """
+)
+
+
+def test_a_crash_while_loading_a_file_names_the_file_first(localspec_home, tiny_models):
+    args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
+    assert _run(CRASH_IN_LOAD, *args).returncode == -signal.SIGSEGV
+    after = run_cli(["models"])
+    [note] = [line for line in after.err.splitlines() if line.startswith("localspec: note:")]
+    # before: "while loading or reading a model …: `localspec doctor` checks this build", no file named
+    assert f"while loading {tiny_models.target} (localspec/llama/model.py:" in note
+    assert "the file may be damaged" in note and "re-download it" in note

@@ -199,7 +199,10 @@ def test_without_a_gpu_everything_is_on_the_cpu_and_said(shape):
     plan = plan_pair(shape["14b"], shape["0.5b"], Ask(gpu_memory=8 * GIB, target_layers=20), None, PLENTY)
     assert not plan.on_gpu and plan.gpu_bytes == 0
     assert plan.target.gpu_layers == 0 and plan.draft.gpu_layers == 0
-    assert plan.describe().startswith("CPU only; no GPU in this llama.cpp build: --gpu-memory ignored")
+    assert plan.describe().startswith(
+        "CPU only; no GPU in this llama.cpp build: --gpu-memory, --n-gpu-layers 20 ignored"
+    )
+    assert plan.warnings == ("no GPU in this llama.cpp build: --gpu-memory, --n-gpu-layers 20 ignored",)  # said
     weights = plan_pair(shape["14b"], shape["0.5b"], Ask(), None, 2 * GIB)
     assert any("expect paging" in w for w in weights.warnings)
 

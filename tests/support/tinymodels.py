@@ -1020,3 +1020,45 @@ def write_mtp_model(
         writer.add_vocab_size(vocab.n_vocab)
 
     return _write_gguf(path, "qwen35", add_hparams, vocab, chat_template, tensors)
+
+
+# --- damaged headers ------------------------------------------------------------------------------------------
+
+
+def rewrite_gguf(
+    src: Path, dst: Path, changes: Mapping[str, object], drop: Callable[[str], bool] = lambda name: False
+) -> Path:
+    """Copy the GGUF file `src` to `dst` with some metadata changed: each key of `changes` maps to a
+    `(value, GGUFValueType)`, a `(list, GGUFValueType.ARRAY, item type)`, or None (the key removed). The tensors are
+    copied as they are, but those whose name `drop` is true for. Returns `dst`."""
+    reader = gguf.GGUFReader(src)
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(dst, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in changes:
+            continue
+        vtype = gguf.GGUFValueType(field.types[0])
+        sub = gguf.GGUFValueType(field.types[-1]) if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub)
+    for name, change in changes.items():
+        if change is not None:
+            writer.add_key_value(name, *change)
+    for tensor in (t for t in reader.tensors if not drop(t.name)):
+        writer.add_tensor(
+            tensor.name, tensor.data, raw_shape=list(reversed(tensor.shape)), raw_dtype=tensor.tensor_type
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(dst)
+
+
+def patch_gguf(src: Path, dst: Path, offset_of: Callable[[bytes], int], value: bytes) -> Path:
+    """Copy `src` to `dst` with `value` written over the bytes at `offset_of(data)`: damage no writer makes (a
+    count larger than the file, a length past its end). Returns `dst`."""
+    data = bytearray(Path(src).read_bytes())
+    at = offset_of(bytes(data))
+    data[at : at + len(value)] = value
+    Path(dst).write_bytes(bytes(data))
+    return Path(dst)

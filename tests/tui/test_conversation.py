@@ -8,6 +8,7 @@ shows up — `messages`, the session the engine renders, and the database — ag
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
 import subprocess
 import sys
 
@@ -18,10 +19,11 @@ from localspec.core.engine import Engine
 from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 from localspec.models.resolved import ResolvedPair
-from localspec.tui.conversation import Conversation, Phase, Turn
-from localspec.tui.live import Finished, stream_generation
+from localspec.tui.conversation import RESAVED, SAVE_EVERY, Conversation, Phase, Turn
+from localspec.tui.live import Chunk, Finished, stream_generation
 from localspec.tui.loading import Loaded
 from localspec.tui.settings import ChatOptions
+from localspec.tui.store import ChatStore
 
 
 @pytest.fixture
@@ -280,3 +282,94 @@ def test_a_regenerate_says_whether_it_replaces_an_answer(conversation):
     again = conv.regenerate()
     assert not again.replaces_answer
     conv.finish(run(again))
+
+
+# --- two windows, a growing answer (issue 44) ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_windows(tiny_models, options, tmp_path):
+    """Two chat windows on one data folder: two real `ChatStore`s on one SQLite file, each with its own engine."""
+    path = tmp_path / "data" / "chats.sqlite3"
+    windows = []
+    for _ in range(2):
+        conv = Conversation(options, ChatStore(path))
+        conv.begin_load()
+        conv.attach(load(tiny_models))
+        windows.append(conv)
+    yield windows
+    for conv in windows:
+        engine = conv.detach()
+        if engine is not None:
+            engine.close()
+        conv.close()
+
+
+def test_a_chat_deleted_in_another_window_is_saved_again_never_into_the_next_chat(two_windows):
+    alice, bob = two_windows
+    alice.finish(run(alice.send("Alice: hello")))
+    assert alice.take_notices() == []
+    bob.store.delete(alice.saved_id)  # window B deletes the chat window A is in (the newest: its id was free)
+    bob.finish(run(bob.send("Bob: hi")))
+    turn = alice.send("Alice: are you there?")  # before: saved into Bob's chat, which had taken the freed id
+    alice.finish(run(turn))
+    assert alice.take_notices() == [RESAVED] and alice.take_notices() == []
+    assert [m for m, _ in saved(bob)] == ["user", "assistant"] and saved(bob)[0] == ("user", "Bob: hi")
+    assert alice.saved_id != bob.saved_id
+    assert [m.content for m in alice.dialogue] == [c for _, c in saved(alice)]  # the whole chat on screen, once
+    assert [r for r, _ in saved(alice)] == ["user", "assistant", "user", "assistant"]
+    assert alice.store.get(alice.saved_id).title == "Alice: hello"
+    assert sorted(c.title for c in alice.store.conversations()) == ["Alice: hello", "Bob: hi"]
+
+
+def test_an_answer_whose_chat_was_deleted_meanwhile_is_saved_with_the_chat(two_windows):
+    alice, bob = two_windows
+    turn = alice.send("Alice: hello")
+    finished = run(turn)
+    bob.store.delete(alice.saved_id)  # while the answer was being written
+    alice.finish(finished)  # before: refused by the database and lost
+    assert alice.take_notices() == [RESAVED]
+    assert saved(alice) == [("user", "Alice: hello"), ("assistant", finished.text)]
+    [_, answer] = alice.store.messages(alice.saved_id)
+    assert answer.finish_reason == "length" and answer.stats["emitted"] == 16
+
+
+def test_the_answer_is_saved_as_it_grows_then_rewritten_whole(conversation):
+    conv = conversation
+    turn = conv.send("Hello there")
+    chunks: list[Chunk] = []
+    done: list[Finished] = []
+    stream_generation(turn.begin(), lambda i: (chunks if isinstance(i, Chunk) else done).append(i), interval=0)
+    assert len(chunks) > 2
+    conv.grow(chunks[0], now=100.0)  # the first chunk is saved at once
+    [_, first] = conv.store.messages(conv.saved_id)
+    assert (first.role, first.finish_reason, first.content) == ("assistant", "interrupted", chunks[0].runs[0][0])
+    conv.grow(chunks[1], now=100.0 + SAVE_EVERY / 2)  # too soon: kept for the next save
+    assert conv.store.messages(conv.saved_id)[1].content == first.content
+    for chunk in chunks[2:-1]:
+        conv.grow(chunk, now=100.0 + SAVE_EVERY)  # saved at the first of these, the others kept
+    conv.grow(chunks[-1], now=100.0 + 2 * SAVE_EVERY)
+    [_, grown] = conv.store.messages(conv.saved_id)
+    text = "".join(t for c in chunks for t, _ in c.runs)
+    assert grown.id == first.id and grown.content == text and grown.finish_reason == "interrupted"
+    assert "".join(t for t, _ in grown.provenance) == text
+    conv.finish(done[0])
+    [_, answer] = conv.store.messages(conv.saved_id)
+    assert answer.id == first.id and answer.content == done[0].text == text and answer.finish_reason == "length"
+
+
+def test_a_failed_save_keeps_the_message_out_and_the_next_one_works(conversation):
+    conv = conversation
+    conv.finish(run(conv.send("Hello")))
+    other = sqlite3.connect(conv.store.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    conv.store.db.execute("PRAGMA busy_timeout = 50")
+    try:
+        with pytest.raises(LocalspecError, match="locked"):
+            conv.send("Second")
+        assert roles(conv) == ["user", "assistant"] and conv.phase is Phase.READY
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    conv.finish(run(conv.send("Second")))
+    assert [c for _, c in saved(conv)][2] == "Second"

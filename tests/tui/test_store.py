@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from localspec.tui.store import MIGRATIONS, ChatStore, HistoryError, export_conversation, migrate
+from localspec.tui.store import MIGRATIONS, ChatStore, ConversationGone, HistoryError, export_conversation, migrate
 
 
 def test_new_database_is_at_the_latest_version_in_wal_mode(store):
@@ -161,7 +161,7 @@ def test_the_thinking_migration_keeps_every_chat_of_the_schema_before_it(tmp_pat
 
     store = ChatStore(path)  # migrates
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 2
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
         chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
         assert [row[: len(chats_before[0])] for row in chats_after] == chats_before
         assert [(c.title, c.n_messages, c.think) for c in store.conversations()] == [
@@ -214,3 +214,112 @@ def test_exports_label_the_thinking(store, tmp_path):
     data = json.loads(export_conversation(store, cid, "json", tmp_path).read_text())
     assert [m["reasoning"] for m in data["messages"]] == ["", "We must give them\na kind word first.", "", ""]
     assert data["messages"][1]["content"] == "Hello world!"
+
+
+# --- two windows on one file (issue 44) --------------------------------------------------------------------------
+
+
+def test_two_stores_on_one_file_never_reuse_the_id_of_a_deleted_chat(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    a, b = ChatStore(path), ChatStore(path)  # two chat windows on one data folder
+    try:
+        alice = a.create_conversation("Alice's chat")
+        a.add_message(alice, "user", "Alice: hello")
+        b.delete(alice)  # the newest chat, deleted in the other window
+        bob = b.create_conversation("Bob's chat")
+        assert bob != alice
+        message = b.add_message(bob, "user", "Bob: hi")
+        b.delete_message(bob, message)
+        assert b.add_message(bob, "user", "Bob: hi again") != message  # message ids are not reused either
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_message_goes_only_to_the_conversation_its_window_opened(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    a, b = ChatStore(path), ChatStore(path)
+    try:
+        alice = a.create_conversation("Alice's chat")
+        created = a.get(alice).created
+        a.add_message(alice, "user", "Alice: hello", created=created)
+        b.delete(alice)
+        with pytest.raises(ConversationGone, match="deleted"):
+            a.add_message(alice, "user", "Alice: are you there?", created=created)
+        # A database moved away and started afresh reuses ids: the creation time tells the chats apart.
+        b.db.execute("DELETE FROM sqlite_sequence")
+        bob = b.create_conversation("Bob's chat")
+        assert bob == alice and b.get(bob).created != created
+        with pytest.raises(ConversationGone):
+            a.add_message(bob, "user", "Alice: still me", created=created)
+        assert [m.content for m in b.messages(bob)] == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_growing_answer_is_rewritten_in_place_and_a_deleted_one_is_said(store):
+    cid = store.create_conversation("chat")
+    store.add_message(cid, "user", "hi")
+    answer = store.add_message(cid, "assistant", "Hel", finish_reason="interrupted", provenance=[("Hel", True)])
+    store.update_message(cid, answer, "Hello world", finish_reason="stop", stats={"emitted": 3})
+    [_, saved] = store.messages(cid)
+    assert (saved.id, saved.content, saved.finish_reason) == (answer, "Hello world", "stop")
+    assert saved.stats == {"emitted": 3}
+    store.delete(cid)
+    with pytest.raises(ConversationGone):
+        store.update_message(cid, answer, "Hello world!")
+
+
+def test_a_database_locked_by_another_process_is_one_line_that_says_so(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    store = ChatStore(path)
+    cid = store.create_conversation("chat")
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    store.db.execute("PRAGMA busy_timeout = 50")
+    try:
+        with pytest.raises(HistoryError, match="locked") as caught:
+            store.add_message(cid, "user", "hello")
+        assert "\n" not in str(caught.value) and "kept" in str(caught.value)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+        store.close()
+
+
+def test_the_ids_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    old = ChatStore(path, migrations=MIGRATIONS[:2])  # the schema of the release before ids were kept apart
+    ids = [old.create_conversation(title, pair="demo", system="be brief") for title in ("one", "two", "three")]
+    for cid in ids:
+        old.add_message(cid, "user", f"question {cid}")
+        old.add_message(
+            cid,
+            "assistant",
+            f"answer {cid}",
+            finish_reason="stop",
+            stats={"emitted": 2},
+            provenance=[("answer", True)],
+            reasoning="hmm",
+            reasoning_provenance=[("hmm", False)],
+        )
+    old.set_think(ids[1], True)
+    old.set_preference("thinking_expanded", True)
+    chats_before = old.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
+    rows_before = old.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+    old.close()
+
+    store = ChatStore(path)  # migrates
+    try:
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall() == chats_before
+        assert store.db.execute("SELECT * FROM messages ORDER BY id").fetchall() == rows_before
+        assert store.db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert store.preference("thinking_expanded") is True and store.get(ids[1]).think is True
+        store.delete(ids[-1])  # the newest: its id must not come back
+        assert store.create_conversation("four") > ids[-1]
+        store.delete(ids[0])  # and the cascade still holds
+        assert store.db.execute("SELECT COUNT(*) FROM messages WHERE conversation_id = ?", (ids[0],)).fetchone() == (0,)
+    finally:
+        store.close()
