@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from localspec.core.sampling import SamplingParams, greedy_token, sampling_dist
+from localspec.core.sampling import SamplingParams, greedy_token, sampling_law
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
@@ -45,7 +45,7 @@ def main() -> None:
     hot, greedy = SamplingParams(temperature=0.8), SamplingParams(temperature=0)
     calls = {
         "argmax (T 0)": lambda r: greedy_token(r, [], greedy),
-        "law (T 0.8)": lambda r: sampling_dist(r, [], hot),
+        "law (T 0.8)": lambda r: sampling_law(r, [], hot),
         "Python loop": python_loop,
     }
     big = np.ones(300 * 2**20 // 8)

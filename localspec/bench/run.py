@@ -224,8 +224,15 @@ def sampling_costs(
                 for i in range(n):
                     for method in rotated(methods, i):
                         target.append([token], outputs=1)
+                        chained = chain if method == "ours" else None
                         request = DraftRequest(
-                            list(target.tokens), 0, sampling, True, 0.0, rng, chain if method == "ours" else None
+                            history=list(target.tokens),
+                            k=0,
+                            sampling=sampling,
+                            pq=True,
+                            p_min=0.0,
+                            rng=rng,
+                            chain=chained,
                         )
                         t0 = time.perf_counter()
                         if method == "llama.cpp":
@@ -273,7 +280,10 @@ def _verified_costs(
                 drafts = [prompt[(i + j) % len(prompt)] for j in range(k)]  # any tokens: the cost is the rows'
                 n_past = len(target.tokens)
                 target.append([token, *drafts], outputs=k + 1)
-                request = DraftRequest(list(target.tokens[: n_past + 1]), k, sampling, True, 0.0, rng, chain)
+                history = list(target.tokens[: n_past + 1])
+                request = DraftRequest(
+                    history=history, k=k, sampling=sampling, pq=True, p_min=0.0, rng=rng, chain=chain
+                )
                 t0 = time.perf_counter()
                 if method == "llama.cpp":
                     for row in range(k + 1):

@@ -43,6 +43,8 @@ class Context(Protocol):
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
     device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
     n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
+    # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
+    after_decode: Callable[[list[int], int], None] | None
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
         """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""

@@ -17,11 +17,11 @@ from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.model import Model, check_gguf_file
 
-from .bridge import VocabBridge
-from .drafters import Drafter, make_drafter
+from .bridge import BridgedDrafter, VocabBridge
+from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
-from .params import AUTO_DRAFTER, LoadParams, needs_draft_model
+from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
 from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, GpuPlan, ModelPlan, plan_load
 
 __all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
@@ -35,6 +35,7 @@ class Loaded:
     target_model: Model
     target: KVSequence
     drafter: Drafter
+    model_drafter: Drafter | None  # the draft model's drafter (plain or bridged) that `drafter` wraps or is
     bridge: VocabBridge | None
     plan: GpuPlan  # where each model went (core/placement.py)
     owned: list = field(default_factory=list)
@@ -82,7 +83,7 @@ def load_models(
             draft_model = _own(owned, _open(draft_path, plan.draft))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
-        speculating = kind != "none"
+        speculating = drafts(kind)
         n_ctx = plan.n_ctx
         target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS)
         draft = None
@@ -92,16 +93,16 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
-        drafter: Drafter | None = None
+        model_drafter = _model_drafter(draft, target_model, bridge) if draft is not None else None
+        head = None
         if kind == "mtp":
             try:
-                drafter = _head_drafter(owned, target_model, target, n_ctx, params)
+                head = _head_drafter(owned, target_model, target, n_ctx, params)
             except ContextError as e:  # llama.cpp would not make the head's context: the target still works
                 log.warning("the MTP head could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
-        if drafter is None:
-            drafter = make_drafter(kind, draft, bridge)
-        return Loaded(target_model, target, drafter, bridge, plan, owned, note)
+        drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
+        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
@@ -137,6 +138,13 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tup
         log.debug("missing MTP calls: %s", missing)
         return "ngram", f"{problem}: drafting with n-grams"
     return "mtp", ""
+
+
+def _model_drafter(draft: KVSequence, target: Model, bridge: VocabBridge | None) -> ModelDrafter:
+    """The draft model's drafter: over its own vocabulary through the bridge, else the target's."""
+    if bridge is not None:
+        return BridgedDrafter(draft, bridge)
+    return ModelDrafter(draft, size_ratio=draft.ctx.model.info.file_size / target.info.file_size)
 
 
 def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:
