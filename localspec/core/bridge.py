@@ -25,7 +25,7 @@ from localspec.llama.model import Model
 from localspec.llama.vocab import TextVocab
 
 from .drafters import DraftRequest, ModelDrafter, Proposal
-from .kv import KVSequence
+from .kv import KVSequence, common_prefix
 from .laws import ArrayLaw
 from .params import BRIDGES
 from .sampling import SamplingParams, greedy_token, top_probability
@@ -122,13 +122,6 @@ class VocabBridge:
         return f"draft tokenizer differs: drafting through text ({self.overlap:.0%} of the draft's tokens shared)"
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return int(np.argmax(np.asarray(a[:n]) != np.asarray(b[:n])))
-
-
 def _complete_utf8(data: bytes) -> int:
     """Length of the longest prefix of `data` that does not end inside a UTF-8 character."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -158,7 +151,7 @@ class HistoryMirror:
     def translate(self, history: list[int]) -> bool:
         """Bring `draft` up to `history`. Returns False when the history ends inside a character (bytes of a
         character still to come): `draft` then covers the history up to it."""
-        start = _common_prefix(self.target, history) - LOOK_BEHIND
+        start = common_prefix(self.target, history) - LOOK_BEHIND
         i = max(0, bisect.bisect_right(self.anchors, (start, math.inf)) - 1)
         n_target, n_draft = self.anchors[i]
         draft, anchors, end = self._tokenize(history, n_target, n_draft)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
@@ -52,6 +52,17 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
 
 
+class GenerateOptions(TypedDict, total=False):
+    """The keywords that start a generation, said once: `Engine.generate` takes them, and `ChatSession`'s `send`,
+    `reply`, `answer` and `regenerate` take them and `think`. Their defaults are `Generation`'s."""
+
+    sampling: SamplingParams  # how tokens are chosen (default: SamplingParams())
+    spec: SpeculativeParams  # how drafting and verification run (default: SpeculativeParams())
+    max_tokens: int  # most tokens in the answer (default: DEFAULT_MAX_TOKENS)
+    stop: Sequence[str]  # stop strings (default: none)
+    rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
+
+
 class Generation:
     """A running generation: iterate it once for `TokenEvent`s, then read `tokens`, `text`, `stats`.
 
@@ -65,9 +76,9 @@ class Generation:
         engine: Engine,
         prompt: list[int],
         *,
-        sampling: SamplingParams,
-        spec: SpeculativeParams,
-        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng: np.random.Generator | None = None,
     ) -> None:
@@ -345,18 +356,10 @@ class Engine:
         stats.decision = self.policy.decision
         return choice.k
 
-    def generate(
-        self,
-        prompt: list[int],
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        stop: Sequence[str] = (),
-        rng: np.random.Generator | None = None,
-    ) -> Generation:
-        """Start a generation continuing `prompt` (token ids). Iterate the result to run it."""
-        return Generation(self, prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
+    def generate(self, prompt: list[int], **options: Unpack[GenerateOptions]) -> Generation:
+        """Start a generation continuing `prompt` (token ids) with `options` (`GenerateOptions`). Iterate the result
+        to run it."""
+        return Generation(self, prompt, **options)
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Tokenize raw text for the target (BOS as the model wants; markup is NOT parsed)."""
