@@ -41,7 +41,8 @@ def main() -> None:
     parser.add_argument("model", help="a GGUF file (its vocabulary sets the row's size)")
     parser.add_argument("--rounds", type=int, default=40, help="timings per pause and call (default 40)")
     args = parser.parse_args()
-    logging.getLogger("localspec").setLevel(logging.ERROR)  # llama.cpp's loading remarks
+    for name in ("localspec", "llama.cpp"):  # our notes and llama.cpp's loading remarks
+        logging.getLogger(name).setLevel(logging.ERROR)
     hot, greedy = SamplingParams(temperature=0.8), SamplingParams(temperature=0)
     calls = {
         "argmax (T 0)": lambda r: greedy_token(r, [], greedy),

@@ -5,7 +5,9 @@ verification (core/verify.py) never asks which one it holds: `ArrayLaw` (numpy a
 builds, `sampling.sampling_law`), `ListLaw` (a few tokens as Python sequences: what llama.cpp's chain hands over,
 `ChainLawBuilder.law`) and `ChainRowLaw` (a verified row whose draw is the chain's own native call, its law rebuilt
 only when asked). A draft law of None is the one-hot law at the drafted token (a lookup, a greedy draft).
-A grammar (DESIGN §11) will restrict a law to the tokens it allows, renormalised: `Law.restricted`.
+A grammar will restrict a law to the tokens it allows, renormalised (`Law.restricted`): rejection sampling against the
+target's restricted law emits exactly that law whatever the draft proposed, and the draft's law restricted by the same
+mask keeps its proposals valid, as long as it is the law its tokens were drawn from.
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ class Law(Protocol):
         ...
 
     def restricted(self, allowed: np.ndarray) -> ArrayLaw | None:
-        """The law restricted to the tokens `allowed` marks, renormalised: p_G of DESIGN §11, where a grammar
-        hooks in. `allowed` is a (n_vocab,) bool mask; None when no allowed token has any probability."""
+        """The law restricted to the tokens `allowed` marks, renormalised: where a grammar hooks in. `allowed` is a
+        (n_vocab,) bool mask; None when no allowed token has any probability."""
         ...
 
 

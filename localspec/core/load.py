@@ -1,7 +1,9 @@
 """Loading policy: which models to open and how to set up their contexts (swa_full, device sampling, n_ctx).
 
-`load_models` opens the target (and the draft), checks them, creates each context and its `KVSequence`, and
-builds the drafter; `Engine.load` wraps the result. Everything opened is closed again if a later step fails.
+`load_models` plans the pair's placement from what this machine has (`plan_load`: the files' headers, this build's
+GPU, the RAM available; core/placement.py does the arithmetic), opens the target (and the draft), checks them,
+creates each context and its `KVSequence`, and builds the drafter; `Engine.load` wraps the result. Everything opened
+is closed again if a later step fails.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
+from localspec.llama.context import memory_bytes
+from localspec.llama.devices import devices
+from localspec.llama.footprint import Footprint, read_footprint
 from localspec.llama.model import Model, check_gguf_file
 
 from .bridge import BridgedDrafter, VocabBridge
@@ -22,9 +27,9 @@ from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
 from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
-from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, GpuPlan, ModelPlan, plan_load
+from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, Gpu, GpuPlan, ModelPlan, ask_of, plan_pair
 
-__all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
+__all__ = ["DEFAULT_N_CTX", "Loaded", "footprints", "load_models", "local_gpu", "plan_load"]
 log = logging.getLogger(__name__)
 
 
@@ -107,6 +112,43 @@ def load_models(
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def local_gpu(gpu_memory: int | None = None) -> Gpu | None:
+    """This build's first GPU, with `gpu_memory` as its free memory when given; None when the build has none.
+
+    With several GPUs llama.cpp spreads the offloaded layers over all of them: planning for the first alone is the
+    cautious side of that.
+    """
+    for device in devices():
+        if device.kind in ("gpu", "igpu"):
+            free = device.memory_free if gpu_memory is None else gpu_memory
+            return Gpu(device.name, device.description, free, given=gpu_memory is not None)
+    return None
+
+
+def footprints(target: str | Path, draft: str | Path | None, params: LoadParams) -> tuple[Footprint, Footprint | None]:
+    """The pair's footprints as their contexts will hold them: a target that may speculate keeps `RS_SNAPSHOTS`
+    rollback snapshots of its recurrent state where llama.cpp has them (Qwen3.5: 9 copies of ~50 MiB at 9B).
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+    """
+    target_footprint = read_footprint(target)
+    if drafts(params.drafter):
+        target_footprint = target_footprint.with_snapshots(RS_SNAPSHOTS)
+    return target_footprint, read_footprint(draft) if draft is not None else None
+
+
+def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) -> GpuPlan:
+    """The plan for loading these files on this machine: their headers, this build's GPU and the RAM available.
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+        PlacementError: as `plan_pair`.
+    """
+    gpu = local_gpu(params.gpu_memory)
+    return plan_pair(*footprints(target, draft, params), ask_of(params), gpu, memory_bytes())
 
 
 def _open(path: str | Path, plan: ModelPlan, **options) -> Model:

@@ -1,5 +1,5 @@
 """The `Law` protocol (core/laws.py): every row type answers alike for the same law, and a law restricted to the
-tokens a mask allows (where a grammar will hook, DESIGN §11) is the renormalised law on them — and verifying an
+tokens a mask allows (where a grammar will hook) is the renormalised law on them — and verifying an
 unrestricted draft against it emits exactly that law."""
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def test_every_row_type_speaks_the_law_protocol_alike(kind):
 
 
 def test_verifying_against_a_restricted_target_emits_the_restricted_law():
-    """DESIGN §11: a draft that knows nothing of the mask (it proposes forbidden tokens too) verified against the
+    """A draft that knows nothing of the mask (it proposes forbidden tokens too) verified against the
     restricted target law emits exactly that law."""
     target = ArrayLaw.from_weights(np.arange(6), np.array([0.3, 0.25, 0.2, 0.1, 0.1, 0.05]))
     draft = ArrayLaw.from_weights(np.arange(1, 7), np.array([0.1, 0.3, 0.2, 0.2, 0.1, 0.1]))

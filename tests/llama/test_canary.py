@@ -146,7 +146,7 @@ def test_localspec_repack_switches_llamacpp_s_repacked_layouts(tmp_path, monkeyp
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    logger = logging.getLogger("localspec.llama")
+    logger = logging.getLogger("llama.cpp")
     logger.addHandler(handler)
     old_level, logger.level = logger.level, logging.DEBUG
     monkeypatch.setenv(cpu.REPACK_ENV, setting)
