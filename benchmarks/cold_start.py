@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from localspec.core.sampling import SamplingParams, greedy_token, sampling_dist
+from localspec.core.sampling import SamplingParams, greedy_token, sampling_law
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
@@ -41,11 +41,12 @@ def main() -> None:
     parser.add_argument("model", help="a GGUF file (its vocabulary sets the row's size)")
     parser.add_argument("--rounds", type=int, default=40, help="timings per pause and call (default 40)")
     args = parser.parse_args()
-    logging.getLogger("localspec").setLevel(logging.ERROR)  # llama.cpp's loading remarks
+    for name in ("localspec", "llama.cpp"):  # our notes and llama.cpp's loading remarks
+        logging.getLogger(name).setLevel(logging.ERROR)
     hot, greedy = SamplingParams(temperature=0.8), SamplingParams(temperature=0)
     calls = {
         "argmax (T 0)": lambda r: greedy_token(r, [], greedy),
-        "law (T 0.8)": lambda r: sampling_dist(r, [], hot),
+        "law (T 0.8)": lambda r: sampling_law(r, [], hot),
         "Python loop": python_loop,
     }
     big = np.ones(300 * 2**20 // 8)

@@ -138,12 +138,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _localspec_logging_restored():
-    """`main()` sets the "localspec" logger up (its own file handler, no propagation): each test gets it back as it
-    was, so whether `caplog` sees our lines does not depend on which test ran `main()` before it."""
-    log = logging.getLogger("localspec")
-    propagate, level, handlers = log.propagate, log.level, list(log.handlers)
+    """`main()` sets the "localspec" and "llama.cpp" loggers up (its own file handler, no propagation): each test gets
+    them back as they were, so whether `caplog` sees the lines does not depend on which test ran `main()` before."""
+    logs = [logging.getLogger(name) for name in ("localspec", "llama.cpp")]
+    kept = [(log.propagate, log.level, list(log.handlers)) for log in logs]
     yield
-    for handler in [h for h in log.handlers if h not in handlers]:
-        log.removeHandler(handler)
-        handler.close()
-    log.propagate, log.level = propagate, level
+    for log, (propagate, level, handlers) in zip(logs, kept):
+        for handler in [h for h in log.handlers if h not in handlers]:
+            log.removeHandler(handler)
+            handler.close()  # a handler both loggers shared: closing it twice does no harm
+        log.propagate = propagate
+        log.setLevel(level)  # not `.level =`: setLevel also clears what the loggers cached of the old level

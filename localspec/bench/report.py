@@ -54,7 +54,7 @@ class SamplingCost:
     rows: int  # rows timed for each, in rotation
     localspec_us: float  # median: a plain step's draw (llama.cpp's chain for our law, or numpy; the argmax at T 0)
     llama_cpp_us: float  # median: llama.cpp's sampler chain on the same kind of row (`llama_sampler_sample`)
-    numpy_us: float | None = None  # median: numpy's law and draw (`sampling_dist`), where the plain step uses the chain
+    numpy_us: float | None = None  # median: numpy's law and draw (`sampling_law`), where the plain step uses the chain
     k: int = 4  # drafts per verify pass below
     verified_us: float | None = None  # median µs per row of a verify pass, read as verification reads it
     llama_cpp_verified_us: float | None = None  # median µs per row: the chain sampling each row of the pass

@@ -1,11 +1,12 @@
-"""`localspec bench`'s measuring: the settings, the order they run in, and what each setting's runs add up to.
+"""`localspec bench`'s runs: the settings, the order they run in, and what each setting's runs add up to.
 
 Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run in the order
 `interleaved` gives — for each round, for each prompt, every setting in a rotating order — so the machine's noise
 hits all alike. `run_bench` measures them; `run_rpc_bench` does it behind relays that add a round trip,
 `busy_rows` with one core kept busy, `run_peer` on llama-server. `rows_from` turns the tallies into the report's
 rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
-llama_decode and, greedy, where the output left plain decoding. `report.py` presents them; the flags are the CLI's.
+llama_decode and, greedy, where the output left plain decoding (exactness.py). The sampling yardstick is
+yardstick.py's, the whole bench suite.py's, the report report.py's; the flags are the CLI's.
 """
 
 from __future__ import annotations
@@ -20,19 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
-
-from localspec.core.drafters import DraftRequest, Proposal
 from localspec.core.engine import Engine, Generation
 from localspec.core.params import SpeculativeParams
 from localspec.core.placement import GpuPlan
 from localspec.core.policy import expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
-from localspec.core.step import accept_or_reject, target_chain, verified_rows
-from localspec.llama.sampler import NativeSampler
 
-from .report import BusyRow, Divergence, Row, RpcRow, SamplingCost
+from .exactness import divergences
+from .report import BusyRow, Divergence, Row, RpcRow
 
 DEFAULT_PROMPTS = (
     "Write a short story about a robot who learns to paint.",
@@ -151,154 +148,6 @@ def _expected(alpha: float, k: float) -> float:
     """E(k) for a fractional mean k (interpolated between the integers around it)."""
     lo = int(k)
     return expected_tokens(alpha, lo) + (k - lo) * (expected_tokens(alpha, lo + 1) - expected_tokens(alpha, lo))
-
-
-def plain_logits(engine: Engine, prompt: list[int], before: list[int]) -> np.ndarray:
-    """The target's logits for the token after `prompt + before`, computed the way plain decoding computed them:
-    the prompt prefilled (all but its last token), then one single-row decode per token. A batched decode of the
-    same positions can differ in the last bits (see `logit_noise`), enough to turn a near-tie.
-
-    Returns:
-        A (n_vocab,) copy.
-    """
-    target = engine.target
-    target.sync(prompt[:-1])
-    for token in [prompt[-1], *before]:
-        target.append([token], outputs=1)
-    return target.ctx.logits(-1).copy()
-
-
-def _top2_gap(engine: Engine, prompt: list[int], before: list[int]) -> float:
-    row = plain_logits(engine, prompt, before)
-    two = np.partition(row, row.shape[0] - 2)[-2:]
-    return float(abs(two[1] - two[0]))
-
-
-def logit_noise(engine: Engine, prompts: list[list[int]]) -> float:
-    """max |Δlogit| between the target's rows of one batched decode of each prompt and single-row decodes of the
-    same positions: how far apart "verify k+1 rows in one pass" and "decode them one by one" can land on this
-    model and build. A greedy answer that leaves plain decoding where the top-2 gap is below it is a near-tie."""
-    target, worst = engine.target, 0.0
-    for prompt in prompts:
-        rows = prompt[: min(512, target.ctx.n_ctx // 2)]  # the output rows of one decode fit in one batch
-        target.rollback_to(0)
-        target.append(rows, outputs=len(rows))
-        batched = target.ctx.logits_block(len(rows)).copy()  # (n, n_vocab)
-        target.rollback_to(0)
-        for i, token in enumerate(rows):
-            target.append([token], outputs=1)
-            worst = max(worst, float(np.abs(target.ctx.logits(-1) - batched[i]).max()))
-    return worst
-
-
-def sampling_costs(
-    engine: Engine, prompt: list[int], temperatures: Sequence[float], rows: int = 16, k: int = 4
-) -> list[SamplingCost]:
-    """Time sampling on freshly decoded rows of the target, ours against llama.cpp's own chain: a plain step's row,
-    and the rows of a verify pass.
-
-    Plain step: after the prompt, each single-token decode is sampled by one of: ours as a plain step does it (the
-    draw from the target's law — llama.cpp's chain where `target_chain` applies, else numpy; the argmax at T 0),
-    `NativeSampler` (the chain as llama-server runs it), and, where ours is the chain, numpy's law and draw. One of
-    each per three decodes, in an order rotated every three, so all meet the same cold caches after a decode.
-    Verified rows: each decode of k + 1 rows (a verify pass) is read by ours as verification reads it when every
-    draft is accepted (`verified_rows`), or by the chain sampling each row (what llama.cpp's own speculative
-    decoding does), in turn; µs per row. Not on a target that samples in the graph: llama.cpp's chain would hand
-    back the graph's token there.
-    """
-    target = engine.target
-    if target.ctx.device_greedy:
-        return []
-    out = []
-    for temperature in temperatures:
-        sampling = Setting(temperature, 0).sampling
-        rng = np.random.default_rng(0)
-        chain = target_chain(target.ctx, sampling, rng, drafting=False)  # what a plain generation's steps use
-        methods = ["ours", "llama.cpp"] + (["numpy"] if chain is not None else [])
-        n = max(1, min(rows, (target.ctx.n_ctx - len(prompt)) // len(methods)))
-        times: dict[str, list[float]] = {m: [] for m in methods}
-        target.sync(prompt[:-1])
-        token = prompt[-1]
-        with _native(sampling) as native:
-            try:
-                for i in range(n):
-                    for method in rotated(methods, i):
-                        target.append([token], outputs=1)
-                        request = DraftRequest(
-                            list(target.tokens), 0, sampling, True, 0.0, rng, chain if method == "ours" else None
-                        )
-                        t0 = time.perf_counter()
-                        if method == "llama.cpp":
-                            token = native.sample(target.ctx)
-                        else:
-                            token = accept_or_reject(Proposal(), target.ctx, request)[1]
-                        times[method].append(time.perf_counter() - t0)
-            finally:
-                if chain is not None:
-                    chain.close()
-            verified = _verified_costs(engine, prompt, sampling, native, n, k)
-        target.rollback_to(0)
-        median = {m: statistics.median(t) * 1e6 for m, t in times.items()}
-        out.append(SamplingCost(temperature, n, median["ours"], median["llama.cpp"], median.get("numpy"), k, *verified))
-    return out
-
-
-def _native(sampling: SamplingParams) -> NativeSampler:
-    return NativeSampler(
-        temperature=sampling.temperature,
-        top_k=sampling.top_k,
-        top_p=sampling.top_p,
-        min_p=sampling.min_p,
-        repeat_penalty=sampling.repeat_penalty,
-        frequency_penalty=sampling.frequency_penalty,
-        presence_penalty=sampling.presence_penalty,
-        repeat_last_n=sampling.repeat_last_n,
-    )
-
-
-def _verified_costs(
-    engine: Engine, prompt: list[int], sampling: SamplingParams, native: NativeSampler, passes: int, k: int
-) -> tuple[float, float]:
-    """(ours, llama.cpp's) median µs per row of a k-draft verify pass: `sampling_costs`'s second half."""
-    target = engine.target
-    rng = np.random.default_rng(1)
-    chain = target_chain(target.ctx, sampling, rng)  # what a speculative generation uses
-    passes = max(1, min(passes, (target.ctx.n_ctx - len(prompt)) // (2 * (k + 1))))
-    times: dict[str, list[float]] = {"ours": [], "llama.cpp": []}
-    target.sync(prompt[:-1])
-    token = prompt[-1]
-    try:
-        for i in range(passes):
-            for method in rotated(list(times), i):
-                drafts = [prompt[(i + j) % len(prompt)] for j in range(k)]  # any tokens: the cost is the rows'
-                n_past = len(target.tokens)
-                target.append([token, *drafts], outputs=k + 1)
-                request = DraftRequest(list(target.tokens[: n_past + 1]), k, sampling, True, 0.0, rng, chain)
-                t0 = time.perf_counter()
-                if method == "llama.cpp":
-                    for row in range(k + 1):
-                        native.sample(target.ctx, row)
-                else:
-                    verified_rows(drafts, target.ctx, request)
-                times[method].append((time.perf_counter() - t0) / (k + 1))
-                target.rollback_to(n_past + 1)
-                token = drafts[0]
-    finally:
-        if chain is not None:
-            chain.close()
-    return statistics.median(times["ours"]) * 1e6, statistics.median(times["llama.cpp"]) * 1e6
-
-
-def _divergences(engine: Engine, prompts: list[list[int]], plain: Tally, tally: Tally) -> tuple[Divergence, ...]:
-    found = []
-    for (round_, p), tokens in sorted(tally.tokens.items()):
-        base = plain.tokens.get((round_, p))
-        if base is None or round_ > 0:
-            continue  # greedy outputs repeat across rounds: the first is enough
-        i = next((i for i, (a, b) in enumerate(zip(base, tokens)) if a != b), None)
-        if i is not None:
-            found.append(Divergence(p, i, _top2_gap(engine, prompts[p], base[:i])))
-    return tuple(found)
 
 
 class BusyCore:
@@ -420,7 +269,7 @@ def rows_from(engine: Engine, prompts: list[list[int]], tallies: dict[Setting, T
         plain = plain_by_t.get(setting.temperature)
         div = ()
         if setting.temperature == 0 and setting.k != 0 and plain is not None:
-            div = _divergences(engine, prompts, plain, tally)
+            div = divergences(engine, prompts, plain.tokens, tally.tokens)
         rows.append(_row(setting, tally, plain, div))
     return rows
 

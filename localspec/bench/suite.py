@@ -1,5 +1,7 @@
-"""One whole `localspec bench`: load the pair once, run every setting interleaved, then llama-server as the peer and
-the busy-core rows, and return the report. The CLI (`localspec.cli.bench`) checks the flags and prints the report.
+"""One whole `localspec bench`: what it runs (`plan_bench`: the pair and its drafter, the settings, the peer, the
+relays' round trips), then the run itself — load the pair once, run every setting interleaved, the exactness checks
+and the sampling yardstick, then llama-server as the peer and the busy-core rows — and the report. The CLI
+(`localspec.cli.bench`) reads and checks the flags and prints the report.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ from pathlib import Path
 from localspec.core.params import LoadParams
 from localspec.core.placement import GpuPlan
 from localspec.core.session import ChatFormat, Message
-from localspec.errors import LocalspecError
-from localspec.llama.rpc import Endpoint
-from localspec.models.loading import load_engine, weights_progress
+from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.llama.rpc import Endpoint, probe
+from localspec.models.flags import RunFlags
+from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
+from localspec.paths import Paths
 
 from . import run as bench
+from .exactness import logit_noise
 from .report import BenchReport, machine_line, now
-from .run import Setting
+from .run import Setting, settings_for
+from .yardstick import sampling_costs
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,11 +47,87 @@ class BenchPlan:
     notes: list[str] = field(default_factory=list)  # what the report must say up front
 
 
+def plan_bench(
+    run: RunFlags,
+    paths: Paths,
+    *,
+    texts: list[str],
+    ks: list[int],
+    temperatures: list[float],
+    verifies: list[str],
+    tokens: int,
+    rounds: int,
+    rtts: list[float],
+    peer: str | None,
+    busy: bool,
+    command: str,
+) -> BenchPlan:
+    """What a bench of these checked flags runs: the pair (a models.toml pair with no draft drafts with its target's
+    MTP head), how it loads, the settings, llama-server as the peer where it can run, the round trips with RPC.
+
+    Args:
+        run: the model and thread flags, checked (`check_run_args`).
+        paths: localspec's folders.
+        texts, ks, temperatures, verifies, tokens, rounds, rtts, busy, command: the bench's checked flags.
+        peer: llama-server's path or folder ("": the one on PATH; None: no peer).
+
+    Raises:
+        LocalspecError: nothing to compare with plain decoding (no draft, no head), an RPC worker that does not
+            answer.
+    """
+    notes, binary = [], None
+    if peer is not None:
+        from .peer import PeerError, find_llama_server
+
+        try:
+            binary = find_llama_server(peer or None)
+        except PeerError as e:
+            notes.append(f"llama-server not run: {e}")
+    resolved = resolve_models(run, paths)
+    if resolved.draft is None and resolved.name is not None and not run.drafter:
+        from localspec.llama.footprint import read_footprint
+
+        if not read_footprint(resolved.target).nextn_layers:
+            raise InvalidParamsError(
+                f"pair {resolved.name!r} has no draft and its target {resolved.target.name} no MTP head: bench has "
+                "nothing to compare with plain decoding (give the pair a draft)"
+            )
+        run = dataclasses.replace(run, drafter="mtp")  # a models.toml pair with no draft: its target's own head
+    head = run.drafter == "mtp"  # the target's own MTP head drafts: no draft file
+    if resolved.draft is None and not head:
+        raise InvalidParamsError(
+            "bench compares speculative with plain decoding: it needs a draft (--draft or --pair), or --drafter mtp "
+            "for a target with an MTP head"
+        )
+    if head and binary is not None:
+        notes.append("llama-server not run: --drafter mtp has no draft file to give it")
+        binary = None
+    params = load_params(run, resolved.defaults, has_draft=True)
+    for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
+        probe(Endpoint.parse(e))
+    return BenchPlan(
+        target=str(resolved.target),
+        draft="" if head else str(resolved.draft),  # "": the target's own head
+        params=params,
+        chat_template=run.chat_template or resolved.defaults.chat_template,
+        texts=texts,
+        settings=settings_for(ks, temperatures, verifies),
+        temperatures=temperatures,
+        tokens=tokens,
+        rounds=rounds,
+        command=command,
+        rtts=rtts if params.rpc else [],
+        peer=binary,
+        busy=busy,
+        notes=notes,
+    )
+
+
 def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
     """Run `plan` (progress through `show`; "" erases it) and return its report.
 
     Raises:
-        LocalspecError: a model that does not load (the CLI has checked that each RPC worker answers).
+        LocalspecError: a model that does not load (`plan_bench` has checked that each RPC worker answers).
     """
     params, notes, busy, binary = plan.params, list(plan.notes), plan.busy, plan.peer
     relays = []
@@ -90,8 +172,8 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
         else:
             tallies = bench.run_bench(engine, prompts, chosen, tokens=tokens, rounds=rounds, progress=show)
             report.rows = bench.rows_from(engine, prompts, tallies)
-            report.logit_noise = bench.logit_noise(engine, prompts)
-            report.sampling = bench.sampling_costs(engine, prompts[0], plan.temperatures)
+            report.logit_noise = logit_noise(engine, prompts)
+            report.sampling = sampling_costs(engine, prompts[0], plan.temperatures)
         if binary is not None:
             _add_peer(report, binary, plan, engine.n_ctx, engine.plan, prompts, threads, show)
         if busy:

@@ -7,12 +7,11 @@ module reads and checks the flags (the comma lists, the prompt file, the RPC wor
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
-from localspec.bench import run as bench
 from localspec.bench.report import render, to_json
+from localspec.bench.run import DEFAULT_PROMPTS
 from localspec.errors import InvalidParamsError
 from localspec.paths import Paths
 from localspec.progress import StatusLine
@@ -72,16 +71,15 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
 
 
 def _plan(args: argparse.Namespace, paths: Paths):
-    """The bench's plan from its flags, every one checked before anything loads.
+    """The bench's plan from its flags, every one checked before anything loads (what it runs: `plan_bench`).
 
     Raises:
         LocalspecError: a flag out of range, no draft, a --prompts file that cannot be read.
     """
-    from localspec.bench.suite import BenchPlan
+    from localspec.bench.suite import plan_bench
     from localspec.core.options import limits_of
     from localspec.core.params import VERIFY_RULES, SpeculativeParams
     from localspec.core.sampling import SamplingParams
-    from localspec.models.loading import load_params, resolve_models
 
     from .checks import check_run_args
 
@@ -97,60 +95,22 @@ def _plan(args: argparse.Namespace, paths: Paths):
         raise InvalidParamsError(f"--verify takes {' and/or '.join(VERIFY_RULES)}")
     if args.tokens < 2 or args.rounds < 1:
         raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
-    texts = _read_prompts(args.prompts)
-    binary = None
-    notes = []
-    if args.peer is not None:
-        from localspec.bench.peer import PeerError, find_llama_server
-
-        try:
-            binary = find_llama_server(args.peer or None)
-        except PeerError as e:
-            notes.append(f"llama-server not run: {e}")
-    resolved = resolve_models(run, paths)
-    if resolved.draft is None and resolved.name is not None and not run.drafter:
-        from localspec.llama.footprint import read_footprint
-
-        if not read_footprint(resolved.target).nextn_layers:
-            raise InvalidParamsError(
-                f"pair {resolved.name!r} has no draft and its target {resolved.target.name} no MTP head: bench has "
-                "nothing to compare with plain decoding (give the pair a draft)"
-            )
-        run = dataclasses.replace(run, drafter="mtp")  # a models.toml pair with no draft: its target's own head
-    head = run.drafter == "mtp"  # the target's own MTP head drafts: no draft file
-    if resolved.draft is None and not head:
-        raise InvalidParamsError(
-            "bench compares speculative with plain decoding: it needs a draft (--draft or --pair), or --drafter mtp "
-            "for a target with an MTP head"
-        )
-    if head and binary is not None:
-        notes.append("llama-server not run: --drafter mtp has no draft file to give it")
-        binary = None
-    params = load_params(run, resolved.defaults, has_draft=True)
-    rtts = []
-    if params.rpc:
-        rtts = _parse_list(args.rtts, float, "rtt")
-        if any(not 0 <= r <= 1000 for r in rtts):
-            raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
-        from localspec.llama.rpc import Endpoint, probe
-
-        for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
-            probe(Endpoint.parse(e))
-    return BenchPlan(
-        target=str(resolved.target),
-        draft="" if head else str(resolved.draft),  # "": the target's own head
-        params=params,
-        chat_template=run.chat_template or resolved.defaults.chat_template,
-        texts=texts,
-        settings=bench.settings_for(ks, temperatures, verifies),
+    rtts = _parse_list(args.rtts, float, "rtt")  # used with RPC workers (the flag's or the pair's)
+    if any(not 0 <= r <= 1000 for r in rtts):
+        raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
+    return plan_bench(
+        run,
+        paths,
+        texts=_read_prompts(args.prompts),
+        ks=ks,
         temperatures=temperatures,
+        verifies=verifies,
         tokens=args.tokens,
         rounds=args.rounds,
-        command="localspec " + " ".join(sys.argv[1:]),
         rtts=rtts,
-        peer=binary,
+        peer=args.peer,
         busy=args.busy,
-        notes=notes,
+        command="localspec " + " ".join(sys.argv[1:]),
     )
 
 
@@ -191,7 +151,7 @@ def _parse_list(text: str, kind: type, name: str) -> list:
 def _read_prompts(path: str | None) -> list[str]:
     """The --prompts file's non-empty lines, or the bench's built-in prompts."""
     if path is None:
-        return list(bench.DEFAULT_PROMPTS)
+        return list(DEFAULT_PROMPTS)
     try:
         text, replaced = to_text(Path(path).read_bytes())
     except OSError as e:

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.core import placement
+from localspec.core import load, placement
 from localspec.errors import ConfigError, InvalidParamsError, LocalspecError
 from localspec.llama import canary, cpu, devices, mtp, rpc, threads
 from localspec.llama.context import memory_bytes
@@ -296,11 +296,11 @@ def _placement_finding(name: str, pair, target: Path, draft: Path | None, gpu_me
     label = f"placement of {name}"
     try:
         params = load_params(RunFlags(gpu_memory=gpu_memory), pair.defaults(), has_draft=draft is not None)
-        gpu = placement.local_gpu(params.gpu_memory)
+        gpu = load.local_gpu(params.gpu_memory)
         if gpu is None and params.gpu_memory is not None:
             gpu = placement.Gpu("a GPU (none in this build)", "hypothetical", params.gpu_memory, given=True)
         ask = placement.ask_of(params)
-        plan = placement.plan_pair(*placement.footprints(target, draft, params), ask, gpu, memory_bytes())
+        plan = placement.plan_pair(*load.footprints(target, draft, params), ask, gpu, memory_bytes())
     except LocalspecError as e:
         return Finding(label, "does not fit", str(e))
     return Finding(label, plan.describe())

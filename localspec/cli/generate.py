@@ -138,7 +138,7 @@ def _think(fmt, run: RunFlags, defaults, args: argparse.Namespace) -> bool | Non
     Raises:
         InvalidParamsError: the model's template has no switch (or the model does not think).
     """
-    from localspec.core.thinking import choose_thinking, thinking_choice
+    from localspec.core.thinking_support import choose_thinking, thinking_choice
 
     flag, pair = thinking_choice(run.think, "flag"), thinking_choice(defaults.thinking, "pair", args.pair)
     return choose_thinking(fmt.thinking, fmt.model.path.name, flag, pair)

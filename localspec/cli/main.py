@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from localspec.errors import LocalspecError
+from localspec.llama.log import LOG_NAME
 from localspec.paths import Paths, get_paths
 
 from . import bench, chat, generate, pairs, serve, worker
@@ -50,20 +51,23 @@ _HANDLER_MARK = "_localspec_handler"  # set on the handlers setup_logging adds, 
 
 
 def setup_logging(verbose: bool, paths: Paths) -> None:
-    """Log to the log file (llama.cpp's lines included); to stderr too with --verbose.
+    """Log ours and llama.cpp's lines (its own channel, `llama.cpp`) to the log file; to stderr too with --verbose.
 
     Idempotent: the handlers an earlier call added are kept when they still fit (same file, same
     --verbose) and replaced otherwise, so calling `main()` again never logs a line twice.
     """
-    root = logging.getLogger("localspec")
-    root.setLevel(logging.DEBUG)
-    root.propagate = False
+    loggers = [logging.getLogger(name) for name in ("localspec", LOG_NAME)]
+    for logger in loggers:
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
     wanted = (str(paths.log_file), verbose)
-    ours = [h for h in root.handlers if hasattr(h, _HANDLER_MARK)]
+    ours = [h for h in loggers[0].handlers if hasattr(h, _HANDLER_MARK)]
     if ours and all(getattr(h, _HANDLER_MARK) == wanted for h in ours):
         return
+    for logger in loggers:
+        for handler in [h for h in logger.handlers if hasattr(h, _HANDLER_MARK)]:
+            logger.removeHandler(handler)
     for handler in ours:
-        root.removeHandler(handler)
         handler.close()
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -79,7 +83,8 @@ def setup_logging(verbose: bool, paths: Paths) -> None:
     for handler in handlers:
         handler.setFormatter(fmt)
         setattr(handler, _HANDLER_MARK, wanted)
-        root.addHandler(handler)
+        for logger in loggers:
+            logger.addHandler(handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -100,7 +100,7 @@ def _check_think(flags, paths: Paths) -> None:
         LocalspecError: the model has no switch for "off", or does not think for "on".
     """
     from localspec.core.session import ChatFormat
-    from localspec.core.thinking import choose_thinking, thinking_choice
+    from localspec.core.thinking_support import choose_thinking, thinking_choice
     from localspec.llama.model import Model
     from localspec.models.loading import resolve_models
 

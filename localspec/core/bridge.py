@@ -25,9 +25,10 @@ from localspec.llama.model import Model
 from localspec.llama.vocab import TextVocab
 
 from .drafters import DraftRequest, ModelDrafter, Proposal
-from .kv import KVSequence
+from .kv import KVSequence, common_prefix
+from .laws import ArrayLaw
 from .params import BRIDGES
-from .sampling import Dist, SamplingParams, greedy_token, top_probability
+from .sampling import SamplingParams, greedy_token, top_probability
 
 log = logging.getLogger(__name__)
 
@@ -120,17 +121,6 @@ class VocabBridge:
             )
         return f"draft tokenizer differs: drafting through text ({self.overlap:.0%} of the draft's tokens shared)"
 
-    def make(self, seq: KVSequence) -> BridgedDrafter:
-        """The bridged model drafter over the draft's sequence (`make_drafter` wraps it for "model+ngram")."""
-        return BridgedDrafter(seq, self)
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    return int(np.argmax(np.asarray(a[:n]) != np.asarray(b[:n])))
-
 
 def _complete_utf8(data: bytes) -> int:
     """Length of the longest prefix of `data` that does not end inside a UTF-8 character."""
@@ -161,7 +151,7 @@ class HistoryMirror:
     def translate(self, history: list[int]) -> bool:
         """Bring `draft` up to `history`. Returns False when the history ends inside a character (bytes of a
         character still to come): `draft` then covers the history up to it."""
-        start = _common_prefix(self.target, history) - LOOK_BEHIND
+        start = common_prefix(self.target, history) - LOOK_BEHIND
         i = max(0, bisect.bisect_right(self.anchors, (start, math.inf)) - 1)
         n_target, n_draft = self.anchors[i]
         draft, anchors, end = self._tokenize(history, n_target, n_draft)
@@ -228,12 +218,16 @@ class HistoryMirror:
 
 
 class BridgedDrafter(ModelDrafter):
-    """A draft model with its own tokenizer (see the module's docstring for the two modes)."""
+    """A draft model with its own tokenizer (see the module's docstring for the two modes); `make_drafter` wraps it
+    for "model+ngram" as it does a `ModelDrafter`."""
 
     def __init__(self, seq: KVSequence, bridge: VocabBridge) -> None:
-        super().__init__(seq)
+        super().__init__(seq, size_ratio=bridge.draft.info.file_size / bridge.target.info.file_size)
         self.bridge = bridge
         self.mirror = HistoryMirror(bridge)
+
+    def describe(self) -> str:
+        return self.bridge.describe()
 
     def propose(self, request: DraftRequest) -> Proposal:
         out = self._propose(request)
@@ -314,21 +308,21 @@ class BridgedDrafter(ModelDrafter):
         seq, to_target, out = self.seq, self.bridge.draft_to_target, Proposal()
         k, sampling, p_min = request.k, request.sampling, request.p_min
         for i in range(k):
-            law: Dist | None = None
-            if request.sample and not sampling.greedy:
-                dist = self.law(seq.ctx, [], sampling)  # the draft's law over its own ids
-                token, confidence = dist.sample(request.rng), dist.top()[1]
-                ids = to_target[dist.ids]
+            law: ArrayLaw | None = None
+            if request.pq and not sampling.greedy:
+                own = self.laws(seq.ctx, [], sampling)  # the draft's law over its own ids
+                token, confidence = own.sample(request.rng), own.top()[1]
+                ids = to_target[own.ids]
                 shared = ids >= 0
                 if to_target[token] >= 0:  # conditioned on going on: renormalised on the shared tokens
-                    law = Dist.from_weights(ids[shared], dist.probs[shared])
+                    law = ArrayLaw.from_weights(ids[shared], own.probs[shared])
             else:
                 token, confidence = self._argmax(p_min)
             target_token = int(to_target[token])
             if target_token < 0 or confidence < p_min:
                 break  # no single target token (or the draft's end of turn): the draft ends here
             out.tokens.append(target_token)
-            out.dists.append(law)
+            out.laws.append(law)
             if i < k - 1:
                 seq.append([token], outputs=1)
         return out

@@ -1,39 +1,43 @@
 """Drafters propose the next k tokens, the law each was drawn from, and what drafting them cost.
 
-`ModelDrafter` runs a small model that shares the target's vocabulary in its own context.
+`ModelDrafter` runs a small model that shares the target's vocabulary in its own context (a draft with another
+vocabulary: core/bridge.py's `BridgedDrafter`; the target's own MTP head: core/head.py's `MtpDrafter`).
 `NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
 tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
-`LookupFirst` wraps a model drafter: the lookup first, the model when the history has no match. A draft with
-another vocabulary drafts through core/bridge.py, which `make_drafter` is handed. `NoDrafter` proposes nothing.
-Every drafter states what it needs and owns through the `Drafter` protocol (`needs_model`, `caches`) and is
-asked with one `DraftRequest`, so the loop never asks which class it holds.
+`LookupFirst` wraps a model drafter: the lookup first, the model when the history has no match. `NoDrafter`
+proposes nothing. `make_drafter` builds each kind of DRAFTERS from the built model drafter, or says why it cannot.
+Every drafter states what it needs, owns and costs through the `Drafter` protocol and is asked with one
+`DraftRequest`, so the loop, the policy and the engine never ask which class they hold.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from localspec.llama.sampler import MAX_TOP_K, ChainLaw, chain_law_available
+from localspec.errors import InvalidParamsError
+from localspec.llama.sampler import MAX_TOP_K, ChainLawBuilder, chain_law_available
 
 from .kv import Context, KVSequence, Progress
-from .params import DRAFTERS, needs_draft_model
-from .sampling import Dist, Law, ListLaw, SamplingParams, greedy_token, penalty_window, sampling_dist, top_probability
+from .laws import ArrayLaw, Law, ListLaw
+from .params import DRAFTERS
+from .sampling import SamplingParams, greedy_token, penalty_window, sampling_law, top_probability
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DraftRequest:
     """What one step asks of a drafter: up to k tokens after `history`, drawn how."""
 
     history: list[int]  # the tokens so far (the prompt and what was emitted); the drafter must not change it
     k: int  # most tokens to draft
     sampling: SamplingParams  # the target's sampling settings (the draft samples with them at T > 0)
-    sample: bool  # p/q verification: draw from the draft's law (else it drafts greedily, and T > 0 verifies by match)
+    pq: bool  # p/q verification: at T > 0 draw from the draft's law and say it (else draft greedily: exact match)
     p_min: float  # stop drafting when the draft's confidence falls below this
     rng: np.random.Generator
-    chain: ChainLaw | None = None  # the target's law at T > 0 where llama.cpp's chain builds it (`step.target_chain`)
+    chain: ChainLawBuilder | None = None  # the target's law builder where llama.cpp's chain builds it (`target_chain`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ class Proposal:
     """Drafted tokens x_1..x_k, the law each was drawn from (None = one-hot at the token), and their cost."""
 
     tokens: list[int] = field(default_factory=list)
-    dists: list[Law | None] = field(default_factory=list)
+    laws: list[Law | None] = field(default_factory=list)
     cost: DraftCost = DraftCost()
 
 
@@ -78,14 +82,23 @@ class Drafter(Protocol):
     """What the generation loop, the policy and the `Engine` may ask of a drafter — and all they ask.
 
     Every drafter speaks this, "none" included (`NoDrafter` proposes nothing), so the loop has no branch for any
-    kind. A drafter that reads the target (a model's own MTP head) is built with the target's sequence: after each
-    verify pass `keep(n)` tells it how much of the history is final, which is the row of that pass it continues.
+    kind. A drafter that reads the target (a model's own MTP head) is built with the target's sequence and follows
+    each of its decodes through `after_target_decode`, which `Engine.use_drafter` installs; after each verify pass
+    `keep(n)` tells it how much of the history is final, which is the row of that pass it continues.
     """
 
     kind: str  # its name in DRAFTERS
     needs_model: ClassVar[bool]  # drafts with the draft model: `Engine.load` loads one and passes its cache
+    drafts: ClassVar[bool]  # proposes tokens at all (False: `NoDrafter`, plain decoding)
     caches: tuple[KVSequence, ...]  # the caches it owns (the engine checks, repairs and times them); () for lookup
     n_ctx: int  # longest history it can draft after
+    size_ratio: float  # its weights over the target's (0: no model): the policy's cost estimate without a clock
+    # Told (tokens, n_past) after each target decode: a head that reads the target's rows; None for the others.
+    after_target_decode: Callable[[list[int], int], None] | None
+
+    def describe(self) -> str:
+        """What the user is told once about how it drafts ("" when there is nothing to say)."""
+        ...
 
     def propose(self, request: DraftRequest) -> Proposal:
         """Draft up to `request.k` tokens after `request.history`, with what that cost."""
@@ -105,9 +118,9 @@ class Drafter(Protocol):
 
 
 def chain_law_fits(ctx: Context, sampling: SamplingParams) -> bool:
-    """Whether llama.cpp's chain builds `sampling`'s law on `ctx`'s rows (`ChainLaw`, DESIGN §2): T > 0, top-k on
+    """Whether llama.cpp's chain builds `sampling`'s law on `ctx`'s rows (`ChainLawBuilder`, DESIGN §2): T > 0, top-k on
     (≤ MAX_TOP_K, below the vocabulary), no penalties (they look at each row's own history), a context that samples
-    on the host. Elsewhere numpy builds it (`sampling_dist`)."""
+    on the host. Elsewhere numpy builds it (`sampling_law`)."""
     return (
         not sampling.greedy
         and 0 < sampling.top_k <= MAX_TOP_K
@@ -118,9 +131,9 @@ def chain_law_fits(ctx: Context, sampling: SamplingParams) -> bool:
     )
 
 
-def chain_law(sampling: SamplingParams, seed: int = 0) -> ChainLaw:
-    """The chain for `sampling`'s law (where `chain_law_fits`); `seed` seeds its own draws (`ChainLaw.draw`)."""
-    return ChainLaw(
+def chain_law_builder(sampling: SamplingParams, seed: int = 0) -> ChainLawBuilder:
+    """The chain for `sampling`'s law (where `chain_law_fits`); `seed` seeds its own draws (`ChainLawBuilder.draw`)."""
+    return ChainLawBuilder(
         temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, min_p=sampling.min_p, seed=seed
     )
 
@@ -130,27 +143,27 @@ def chain_law(sampling: SamplingParams, seed: int = 0) -> ChainLaw:
 WHOLE_ROWS_MAX = 2**16
 
 
-class DraftLaw:
-    """The law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law and the
-    vocabulary is at most `WHOLE_ROWS_MAX` (cheaper than numpy right after a CPU decode at 49k tokens; at 128k and
-    262k its C loop over every token costs more than numpy's cut; docs/benchmarks.md "Where the target's law is
+class DraftLawBuilder:
+    """Builds the law a draft model samples its last row from at T > 0: llama.cpp's chain where it builds our law and
+    the vocabulary is at most `WHOLE_ROWS_MAX` (cheaper than numpy right after a CPU decode at 49k tokens; at 128k
+    and 262k its C loop over every token costs more than numpy's cut; docs/benchmarks.md "Where the target's law is
     built"), else numpy.
     The draw is always ours, from the request's `rng`, so q is exactly the law the token came from whichever builds
     it. Keeps one chain, for the settings last used."""
 
     def __init__(self) -> None:
         self._settings: tuple | None = None
-        self._chain: ChainLaw | None = None
+        self._chain: ChainLawBuilder | None = None
 
-    def __call__(self, ctx: Context, history: list[int], sampling: SamplingParams) -> Dist | ListLaw:
+    def __call__(self, ctx: Context, history: list[int], sampling: SamplingParams) -> ArrayLaw | ListLaw:
         settings = (sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p, sampling.penalised)
         if settings != self._settings:
             self.close()
             fits = chain_law_fits(ctx, sampling) and ctx.n_vocab <= WHOLE_ROWS_MAX
-            self._settings, self._chain = settings, chain_law(sampling) if fits else None
+            self._settings, self._chain = settings, chain_law_builder(sampling) if fits else None
         if self._chain is not None:
             return ListLaw(*self._chain.law(ctx, -1))
-        return sampling_dist(ctx.logits(-1), history, sampling)
+        return sampling_law(ctx.logits(-1), history, sampling)
 
     def close(self) -> None:
         if self._chain is not None:
@@ -159,15 +172,15 @@ class DraftLaw:
 
 
 def draft_token(
-    ctx: Context, law: DraftLaw, recent: list[int], drafted: list[int], request: DraftRequest, sampled: bool
+    ctx: Context, laws: DraftLawBuilder, recent: list[int], drafted: list[int], request: DraftRequest, sampled: bool
 ) -> tuple[Law | None, int, float]:
     """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens:
     (its law — None for a greedy draft, a one-hot —, the token, the draft's confidence for p_min). Drawn from the
-    law at T > 0 with p/q (`sampled`), else the greedy token."""
+    law `laws` builds at T > 0 with p/q (`sampled`), else the greedy token."""
     sampling = request.sampling
     if sampled:
-        dist = law(ctx, recent + drafted, sampling)
-        return dist, dist.sample(request.rng), dist.top()[1]
+        law = laws(ctx, recent + drafted, sampling)
+        return law, law.sample(request.rng), law.top()[1]
     logits = ctx.logits(-1)  # (n_vocab,) view, valid until the next decode
     token = greedy_token(logits, recent + drafted if sampling.penalised else recent, sampling)
     return None, token, top_probability(logits) if request.p_min > 0 else 1.0
@@ -178,8 +191,14 @@ class NoDrafter:
 
     kind = "none"
     needs_model = False
+    drafts = False
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30
+    size_ratio = 0.0
+    after_target_decode = None
+
+    def describe(self) -> str:
+        return ""
 
     def propose(self, request: DraftRequest) -> Proposal:
         return Proposal()
@@ -192,16 +211,27 @@ class NoDrafter:
 
 
 class ModelDrafter:
-    """Drafts with a small model. Its KV keeps the accepted prefix between steps."""
+    """Drafts with a small model. Its KV keeps the accepted prefix between steps.
+
+    Args:
+        seq: the draft model's sequence.
+        size_ratio: the draft's weight bytes over the target's.
+    """
 
     kind = "model"
     needs_model = True
+    drafts = True
+    after_target_decode = None
 
-    def __init__(self, seq: KVSequence) -> None:
+    def __init__(self, seq: KVSequence, *, size_ratio: float) -> None:
         self.seq = seq
         self.caches = (seq,)
+        self.size_ratio = size_ratio
         self.meter = CostMeter(self.caches)
-        self.law = DraftLaw()
+        self.laws = DraftLawBuilder()
+
+    def describe(self) -> str:
+        return ""
 
     @property
     def n_ctx(self) -> int:
@@ -210,7 +240,7 @@ class ModelDrafter:
 
     def propose(self, request: DraftRequest) -> Proposal:
         seq, sampling, p_min = self.seq, request.sampling, request.p_min
-        sampled = request.sample and not sampling.greedy
+        sampled = request.pq and not sampling.greedy
         device_law = seq.ctx.device_topk and sampled and not sampling.penalised
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
@@ -222,16 +252,16 @@ class ModelDrafter:
         device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0
         for i in range(request.k):
             if device_law:
-                dist = Dist.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
-                token, confidence = dist.sample(request.rng), dist.top()[1]
+                law = ArrayLaw.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
+                token, confidence = law.sample(request.rng), law.top()[1]
             elif device and not sampled:
-                dist, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
+                law, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
             else:
-                dist, token, confidence = draft_token(seq.ctx, self.law, recent, out.tokens, request, sampled)
+                law, token, confidence = draft_token(seq.ctx, self.laws, recent, out.tokens, request, sampled)
             if confidence < p_min:
                 break
             out.tokens.append(token)
-            out.dists.append(dist)
+            out.laws.append(law)
             if i < request.k - 1:
                 seq.append([token], outputs=1)
         out.cost = self.meter.take()
@@ -272,8 +302,11 @@ class NgramDrafter:
 
     kind = "ngram"
     needs_model = False
+    drafts = True
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30  # the lookup works on any history length
+    size_ratio = 0.0
+    after_target_decode = None
 
     def __init__(self, n_max: int = 3, n_min: int = 2) -> None:
         if not 1 <= n_min <= n_max:
@@ -284,6 +317,9 @@ class NgramDrafter:
         tokens = lookup(request.history, request.k, n_max=self.n_max, n_min=self.n_min)
         return Proposal(tokens, [None] * len(tokens))
 
+    def describe(self) -> str:
+        return ""
+
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         return 0
 
@@ -292,7 +328,14 @@ class NgramDrafter:
 
 
 def lookup(history: list[int], k: int, *, n_max: int, n_min: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram."""
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram.
+
+    A worked example, with `history` = [7, 1, 2, 8, 1, 2, 9, 1, 2], k = 2, n_max = 3, n_min = 2:
+    - n = 3: the suffix is (9, 1, 2); no earlier start i < 6 has tokens[i:i+3] == (9, 1, 2), so no match.
+    - n = 2: the suffix is (1, 2); it occurs earlier at starts 1 and 4 (start 7 is the suffix itself, left out).
+      The latest, 4, wins: the tokens after it, from index 4 + 2 = 6, are [9, 1], and that is the proposal.
+    Verification sees each as a one-hot draft law: x is accepted with probability target(x) under p/q.
+    """
     tokens = np.asarray(history, dtype=np.int64)  # (m,)
     m = len(tokens)
     for n in range(min(n_max, m - 1), n_min - 1, -1):
@@ -317,15 +360,21 @@ class LookupFirst:
 
     kind = "model+ngram"
     needs_model = True
+    drafts = True
+    after_target_decode = None
 
     def __init__(self, inner: Drafter, ngram: NgramDrafter | None = None) -> None:
         self.inner = inner
         self.ngram = ngram or NgramDrafter()
         self.caches = inner.caches
+        self.size_ratio = inner.size_ratio
 
     @property
     def n_ctx(self) -> int:
         return self.inner.n_ctx
+
+    def describe(self) -> str:
+        return self.inner.describe()
 
     def propose(self, request: DraftRequest) -> Proposal:
         found = self.ngram.propose(request)
@@ -338,29 +387,35 @@ class LookupFirst:
         self.inner.keep(n)
 
 
-class Bridge(Protocol):
-    """A way for a draft with another vocabulary to draft (core/bridge.py's `VocabBridge`)."""
+# Each kind of DRAFTERS: the kind of model drafter it is built around (None: it drafts without one), and how.
+BUILDERS: dict[str, tuple[str | None, Callable[[Drafter | None], Drafter]]] = {
+    "model": ("model", lambda model: model),
+    "ngram": (None, lambda _: NgramDrafter()),
+    "model+ngram": ("model", lambda model: LookupFirst(model)),
+    "mtp": ("mtp", lambda model: model),
+    "none": (None, lambda _: NoDrafter()),
+}
+_MODELS = {"model": "the draft model's drafter", "mtp": "the target's MTP head (`MtpDrafter`)"}
 
-    def make(self, seq: KVSequence) -> Drafter:
-        """The bridged model drafter over the draft's sequence."""
-        ...
 
-
-def make_drafter(kind: str, draft: KVSequence | None, bridge: Bridge | None = None) -> Drafter:
-    """The drafter named by `kind` (one of DRAFTERS).
+def make_drafter(kind: str, model: Drafter | None = None) -> Drafter:
+    """The drafter named by `kind` (one of DRAFTERS), built around `model` where it drafts with one.
 
     Args:
         kind: the drafter's name.
-        draft: the draft model's sequence when it needs one.
-        bridge: how that draft drafts when its vocabulary is not the target's (None: it is the same).
+        model: the built model drafter: the draft model's ("model", "model+ngram": a `ModelDrafter`, or a
+            `BridgedDrafter` for another vocabulary), or the target's own head ("mtp": core/head.py's `MtpDrafter`,
+            built with the target's sequence); None for "ngram" and "none".
+
+    Raises:
+        InvalidParamsError: an unknown kind, or a model that kind cannot draft with (one line saying why).
     """
-    if kind not in DRAFTERS:
-        raise ValueError(f"unknown drafter {kind!r}: one of {', '.join(DRAFTERS)}")
-    if (draft is not None) != needs_draft_model(kind):
-        raise ValueError(f"the drafter {kind!r} {'needs' if needs_draft_model(kind) else 'takes no'} draft model")
-    if kind == "none":
-        return NoDrafter()
-    if kind == "ngram":
-        return NgramDrafter()
-    model = bridge.make(draft) if bridge is not None else ModelDrafter(draft)
-    return LookupFirst(model) if kind == "model+ngram" else model
+    if kind not in BUILDERS:
+        raise InvalidParamsError(f"unknown drafter {kind!r}: one of {', '.join(DRAFTERS)}")
+    wanted, build = BUILDERS[kind]
+    given = f"was given the drafter {model.kind!r}" if model is not None else "was given none"
+    if wanted is None and model is not None:
+        raise InvalidParamsError(f"the drafter {kind!r} drafts without a model and {given}")
+    if wanted is not None and (model is None or model.kind != wanted):
+        raise InvalidParamsError(f"the drafter {kind!r} drafts with {_MODELS[wanted]} and {given}")
+    return build(model)

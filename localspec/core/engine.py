@@ -15,14 +15,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
 from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import threads
 from localspec.llama.model import Model
-from localspec.llama.sampler import ChainLaw
+from localspec.llama.sampler import ChainLawBuilder
 
 from .bridge import VocabBridge
 from .drafters import Drafter, DraftRequest
@@ -30,7 +30,7 @@ from .kv import KVSequence, PrefillStopped
 from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .placement import GpuPlan
-from .policy import DraftPolicy, size_ratio
+from .policy import DraftPolicy
 from .sampling import SamplingParams
 from .stats import Stats
 from .step import speculative_step, target_chain
@@ -52,6 +52,17 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
 
 
+class GenerateOptions(TypedDict, total=False):
+    """The keywords that start a generation, said once: `Engine.generate` takes them, and `ChatSession`'s `send`,
+    `reply`, `answer` and `regenerate` take them and `think`. Their defaults are `Generation`'s."""
+
+    sampling: SamplingParams  # how tokens are chosen (default: SamplingParams())
+    spec: SpeculativeParams  # how drafting and verification run (default: SpeculativeParams())
+    max_tokens: int  # most tokens in the answer (default: DEFAULT_MAX_TOKENS)
+    stop: Sequence[str]  # stop strings (default: none)
+    rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
+
+
 class Generation:
     """A running generation: iterate it once for `TokenEvent`s, then read `tokens`, `text`, `stats`.
 
@@ -65,9 +76,9 @@ class Generation:
         engine: Engine,
         prompt: list[int],
         *,
-        sampling: SamplingParams,
-        spec: SpeculativeParams,
-        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = DEFAULT_MAX_TOKENS,
         stop: Sequence[str] = (),
         rng: np.random.Generator | None = None,
     ) -> None:
@@ -148,7 +159,7 @@ class Generation:
         finally:
             stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
-        drafting = self.spec.draft_max > 0 and engine.drafter.kind != "none"
+        drafting = self.spec.draft_max > 0 and engine.drafter.drafts
         chain = target_chain(engine.target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
         try:
             yield from self._steps(history, chain)
@@ -156,7 +167,7 @@ class Generation:
             if chain is not None:
                 chain.close()
 
-    def _steps(self, history: list[int], chain: ChainLaw | None) -> Iterator[TokenEvent]:
+    def _steps(self, history: list[int], chain: ChainLawBuilder | None) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
         while True:
             reason = self._reason_to_stop(history)
@@ -170,7 +181,13 @@ class Generation:
             if engine.threads is not None:
                 engine.threads.check()
             request = DraftRequest(
-                history, k, self.sampling, self.spec.verify != "match", self.spec.p_min, self.rng, chain
+                history=history,
+                k=k,
+                sampling=self.sampling,
+                pq=self.spec.verify != "match",
+                p_min=self.spec.p_min,
+                rng=self.rng,
+                chain=chain,
             )
             step = speculative_step(engine.target, engine.drafter, request)
             engine.check_invariants()
@@ -233,6 +250,7 @@ class Engine:
         *,
         owned: Sequence = (),
         auto_threads: bool = False,
+        model_drafter: Drafter | None = None,
         bridge: VocabBridge | None = None,
         plan: GpuPlan | None = None,
         load_note: str = "",
@@ -240,16 +258,15 @@ class Engine:
         self.target_model = target_model
         self.plan = plan  # where the models went (None: built without `load`)
         self.target = target
-        self.drafter = drafter
-        # Every cache the engine keeps consistent: the target's first, then the drafter's own.
-        self.caches: tuple[KVSequence, ...] = (target, *drafter.caches)
         self.eog = target_model.eog_tokens()
         self.n_ctx = target.ctx.n_ctx
         self._owned = list(owned)
+        self.use_drafter(drafter)  # the drafter, its caches (the engine keeps them consistent) and its policy
         # Threads follow the cores other processes leave free, unless the caller fixed them.
         self.threads = threads.ThreadTuner([seq.ctx for seq in self.caches]) if auto_threads else None
-        self.policy = DraftPolicy(drafter, draft_size_ratio=size_ratio(target_model, drafter))
         self.cannot_roll_back = ""  # set when speculation would force a full re-prefill every step
+        # The draft model's own drafter (plain or bridged), what "model" and "model+ngram" draft with (`make_drafter`).
+        self.model_drafter = model_drafter
         self.bridge = bridge  # how the draft drafts when its vocabulary is not the target's (None: same vocabulary)
         self.load_note = load_note  # what loading found that the user must know (a head it could not run)
         for seq in self.caches:
@@ -288,6 +305,7 @@ class Engine:
             loaded.drafter,
             owned=loaded.owned,
             auto_threads=params.n_threads is None,
+            model_drafter=loaded.model_drafter,
             bridge=loaded.bridge,
             plan=loaded.plan,
             load_note=loaded.note,
@@ -295,8 +313,10 @@ class Engine:
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
         """Draft with `drafter` from the next generation on (the server's per-request drafter); its caches join
-        the engine's. A drafter may share a cache with the one it replaces (`make_drafter` on the same draft
-        sequence): the cache's token list stays its truth.
+        the engine's. A drafter may share a cache with the one it replaces (`make_drafter` around the same model
+        drafter): the cache's token list stays its truth. A drafter that follows the target's decodes (the target's
+        MTP head) is told of each from here on, and still after another drafter takes over: its cache stays
+        current, so coming back to it costs no re-read.
 
         Args:
             drafter: the drafter (`NoDrafter` for plain decoding).
@@ -306,23 +326,24 @@ class Engine:
             The policy now in use (keep it to hand back when this drafter is used again).
         """
         self.drafter = drafter
-        self.caches = (self.target, *drafter.caches)
-        self.policy = policy or DraftPolicy(drafter, draft_size_ratio=size_ratio(self.target_model, drafter))
+        # Every cache the engine keeps consistent: the target's first, then the drafter's own.
+        self.caches: tuple[KVSequence, ...] = (self.target, *drafter.caches)
+        if drafter.after_target_decode is not None:
+            self.target.ctx.after_decode = drafter.after_target_decode
+        self.policy = policy or DraftPolicy(draft_size_ratio=drafter.size_ratio)
         return self.policy
 
     @property
     def drafting_note(self) -> str:
         """What the user is told once about how the draft drafts ("" for a draft with the target's vocabulary): a
-        bridged draft's vocabulary, or the target's own head ("draft head: 1 MTP layer")."""
-        if self.bridge is not None and self.drafter.needs_model:
-            return self.bridge.describe()
-        return getattr(self.drafter, "note", "") or self.load_note
+        bridged draft's vocabulary, the target's own head ("draft head: 1 MTP layer"), or what loading found."""
+        return self.drafter.describe() or self.load_note
 
     def draft_length(
         self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
     ) -> int:
         """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room."""
-        no_drafter = self.drafter.kind == "none"
+        no_drafter = not self.drafter.drafts
         if no_drafter or spec.draft_max == 0 or self.cannot_roll_back:
             stats.speculation_off = "no drafter" if no_drafter else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
@@ -335,18 +356,10 @@ class Engine:
         stats.decision = self.policy.decision
         return choice.k
 
-    def generate(
-        self,
-        prompt: list[int],
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        stop: Sequence[str] = (),
-        rng: np.random.Generator | None = None,
-    ) -> Generation:
-        """Start a generation continuing `prompt` (token ids). Iterate the result to run it."""
-        return Generation(self, prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng)
+    def generate(self, prompt: list[int], **options: Unpack[GenerateOptions]) -> Generation:
+        """Start a generation continuing `prompt` (token ids) with `options` (`GenerateOptions`). Iterate the result
+        to run it."""
+        return Generation(self, prompt, **options)
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Tokenize raw text for the target (BOS as the model wants; markup is NOT parsed)."""

@@ -1,19 +1,21 @@
 """`MtpDrafter`: drafting with the target's own MTP head (DESIGN §1), one more `Drafter`.
 
 The head predicts the token after x_p from (x_p, the target's hidden row at p - 1), so its cache must follow the
-target's: the target context tells the drafter after every llama_decode (prefill, verify, a checkpoint's re-decode,
-a refill) and the drafter queues those positions with the rows just computed for the head, fed in one batch before
-the next draft (or every FEED_BATCH positions), so a plain step costs a row copy. Drafting chains the head's
+target's: the target context tells the drafter after every llama_decode — prefill, verify, a checkpoint's re-decode,
+a refill — through `after_target_decode` (which `Engine.use_drafter` installs), and the drafter queues those
+positions with the rows just computed for the head, fed in one batch before the next draft (or every FEED_BATCH
+positions), so a plain step costs a row copy. Drafting chains the head's
 own hidden rows; those positions are dropped again before the verify pass, which re-feeds them with the target's.
 Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
-The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLaw`, `greedy_token`).
+The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLawBuilder`,
+`greedy_token`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .drafters import CostMeter, DraftLaw, DraftRequest, Proposal, draft_token
+from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Proposal, draft_token
 from .kv import KVSequence, Progress
 from .sampling import penalty_window
 
@@ -32,12 +34,13 @@ class MtpDrafter:
 
     kind = "mtp"
     needs_model = False
+    drafts = True
 
     def __init__(self, target: KVSequence, head: KVSequence, hidden_rows, *, size_ratio: float) -> None:
         self.target, self.head = target, head
         self.caches = (head,)
         self.meter = CostMeter(self.caches)
-        self.law = DraftLaw()
+        self.laws = DraftLawBuilder()
         self.size_ratio = size_ratio
         self._hidden_rows = hidden_rows
         self._n_embd = target.ctx.model.info.n_embd
@@ -45,14 +48,13 @@ class MtpDrafter:
         self._before: tuple[int, np.ndarray] | None = None  # the row just before that block, when known
         self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
         self._pending: tuple[list[int], list[np.ndarray]] = ([], [])  # positions head.n_past.. and their rows
-        target.ctx.after_decode = self._observe
+        self.after_target_decode = self._observe  # installed on the target's context by `Engine.use_drafter`
 
     @property
     def n_ctx(self) -> int:
         return self.head.ctx.n_ctx
 
-    @property
-    def note(self) -> str:
+    def describe(self) -> str:
         """What the pre-flight found, for the user."""
         n = self.head.ctx.model.n_layer_nextn
         return f"draft head: {n} MTP layer{'s' if n > 1 else ''} (the target drafts for itself)"
@@ -146,16 +148,16 @@ class MtpDrafter:
         if not self._aligned(n) or request.k == 0:
             out.cost = self.meter.take()
             return out
-        head, sampled = self.head, request.sample and not sampling.greedy
+        head, sampled = self.head, request.pq and not sampling.greedy
         recent = penalty_window(history, sampling)
         head.ctx.stage(self._row(n - 1)[None], n)
         head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
         for i in range(request.k):
-            dist, token, confidence = draft_token(head.ctx, self.law, recent, out.tokens, request, sampled)
+            dist, token, confidence = draft_token(head.ctx, self.laws, recent, out.tokens, request, sampled)
             if confidence < p_min:
                 break
             out.tokens.append(token)
-            out.dists.append(dist)
+            out.laws.append(dist)
             if i < request.k - 1:
                 head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
                 head.append([token], outputs=1)

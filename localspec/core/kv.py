@@ -12,7 +12,7 @@ llama.cpp one; the pure-logic tests run the same code over numpy fakes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -43,6 +43,8 @@ class Context(Protocol):
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
     device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
     n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
+    # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
+    after_decode: Callable[[list[int], int], None] | None
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
         """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""
@@ -99,6 +101,21 @@ class Context(Protocol):
     def load_state(self, state: bytes, *, partial: bool = False) -> None:
         """Restore a `save_state` result; ContextError when the memory cannot."""
         ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token lists.
+
+    The usual case — one holds the other (a cache and the history that continues it) — is one comparison in C,
+    without copying the shorter one; otherwise the first difference is looked for token by token.
+    """
+    n = min(len(a), len(b))
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+        return n
+    i = 0
+    while a[i] == b[i]:
+        i += 1
+    return i
 
 
 class PrefillStopped(Exception):
@@ -338,13 +355,7 @@ class KVSequence:
         Raises:
             PrefillStopped: `progress` asked to stop; the cache holds a prefix of `tokens`.
         """
-        if tokens[: self.n_past] == self.tokens:
-            common = self.n_past  # the usual case: the cache holds a prefix of the wanted history
-        else:
-            common, limit = 0, min(len(tokens), self.n_past)
-            while common < limit and self.tokens[common] == tokens[common]:
-                common += 1
-        common = min(common, len(tokens) - outputs)
+        common = min(common_prefix(self.tokens, tokens), len(tokens) - outputs)
         before = self.n_decoded
         self.rollback_to(common)
         self.append(tokens[common:], outputs=outputs, progress=progress)

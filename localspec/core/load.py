@@ -1,7 +1,9 @@
 """Loading policy: which models to open and how to set up their contexts (swa_full, device sampling, n_ctx).
 
-`load_models` opens the target (and the draft), checks them, creates each context and its `KVSequence`, and
-builds the drafter; `Engine.load` wraps the result. Everything opened is closed again if a later step fails.
+`load_models` plans the pair's placement from what this machine has (`plan_load`: the files' headers, this build's
+GPU, the RAM available; core/placement.py does the arithmetic), opens the target (and the draft), checks them,
+creates each context and its `KVSequence`, and builds the drafter; `Engine.load` wraps the result. Everything opened
+is closed again if a later step fails.
 """
 
 from __future__ import annotations
@@ -15,17 +17,19 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
-from localspec.llama.footprint import read_footprint
+from localspec.llama.context import memory_bytes
+from localspec.llama.devices import devices
+from localspec.llama.footprint import Footprint, read_footprint
 from localspec.llama.model import Model, check_gguf_file
 
-from .bridge import VocabBridge
-from .drafters import Drafter, make_drafter
+from .bridge import BridgedDrafter, VocabBridge
+from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
-from .params import AUTO_DRAFTER, LoadParams, needs_draft_model
-from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, GpuPlan, ModelPlan, plan_load
+from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
+from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, Gpu, GpuPlan, ModelPlan, ask_of, plan_pair
 
-__all__ = ["DEFAULT_N_CTX", "Loaded", "load_models"]
+__all__ = ["DEFAULT_N_CTX", "Loaded", "footprints", "load_models", "local_gpu", "plan_load"]
 log = logging.getLogger(__name__)
 
 
@@ -36,6 +40,7 @@ class Loaded:
     target_model: Model
     target: KVSequence
     drafter: Drafter
+    model_drafter: Drafter | None  # the draft model's drafter (plain or bridged) that `drafter` wraps or is
     bridge: VocabBridge | None
     plan: GpuPlan  # where each model went (core/placement.py)
     owned: list = field(default_factory=list)
@@ -85,7 +90,7 @@ def load_models(
             draft_model = _own(owned, _open(draft_path, plan.draft))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
-        speculating = kind != "none"
+        speculating = drafts(kind)
         n_ctx = plan.n_ctx
         target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS)
         draft = None
@@ -95,20 +100,57 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
-        drafter: Drafter | None = None
+        model_drafter = _model_drafter(draft, target_model, bridge) if draft is not None else None
+        head = None
         if kind == "mtp":
             try:
-                drafter = _head_drafter(owned, target_model, target, n_ctx, params)
+                head = _head_drafter(owned, target_model, target, n_ctx, params)
             except ContextError as e:  # llama.cpp would not make the head's context: the target still works
                 log.warning("the MTP head could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
-        if drafter is None:
-            drafter = make_drafter(kind, draft, bridge)
-        return Loaded(target_model, target, drafter, bridge, plan, owned, note)
+        drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
+        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def local_gpu(gpu_memory: int | None = None) -> Gpu | None:
+    """This build's first GPU, with `gpu_memory` as its free memory when given; None when the build has none.
+
+    With several GPUs llama.cpp spreads the offloaded layers over all of them: planning for the first alone is the
+    cautious side of that.
+    """
+    for device in devices():
+        if device.kind in ("gpu", "igpu"):
+            free = device.memory_free if gpu_memory is None else gpu_memory
+            return Gpu(device.name, device.description, free, given=gpu_memory is not None)
+    return None
+
+
+def footprints(target: str | Path, draft: str | Path | None, params: LoadParams) -> tuple[Footprint, Footprint | None]:
+    """The pair's footprints as their contexts will hold them: a target that may speculate keeps `RS_SNAPSHOTS`
+    rollback snapshots of its recurrent state where llama.cpp has them (Qwen3.5: 9 copies of ~50 MiB at 9B).
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+    """
+    target_footprint = read_footprint(target)
+    if drafts(params.drafter):
+        target_footprint = target_footprint.with_snapshots(RS_SNAPSHOTS)
+    return target_footprint, read_footprint(draft) if draft is not None else None
+
+
+def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) -> GpuPlan:
+    """The plan for loading these files on this machine: their headers, this build's GPU and the RAM available.
+
+    Raises:
+        ModelFileError: a file whose GGUF header cannot be read.
+        PlacementError: as `plan_pair`.
+    """
+    gpu = local_gpu(params.gpu_memory)
+    return plan_pair(*footprints(target, draft, params), ask_of(params), gpu, memory_bytes())
 
 
 def _open(path: str | Path, plan: ModelPlan, **options) -> Model:
@@ -148,6 +190,13 @@ def plan_target_heads(target_path: str | Path) -> int:
 def _no_head(name: str, has_draft: bool) -> str:
     instead = "--drafter model (the pair's draft) or ngram" if has_draft else "give --draft PATH or use --drafter ngram"
     return f"--drafter mtp: {name} has no MTP (nextn) layers: {instead}"
+
+
+def _model_drafter(draft: KVSequence, target: Model, bridge: VocabBridge | None) -> ModelDrafter:
+    """The draft model's drafter: over its own vocabulary through the bridge, else the target's."""
+    if bridge is not None:
+        return BridgedDrafter(draft, bridge)
+    return ModelDrafter(draft, size_ratio=draft.ctx.model.info.file_size / target.info.file_size)
 
 
 def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:

@@ -21,6 +21,7 @@ from .sampling import SamplingParams
 
 DRAFTERS = ("model", "ngram", "model+ngram", "mtp", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded (ask `needs_draft_model`)
+PLAIN_DRAFTERS = ("none",)  # the drafters that propose nothing: plain decoding (ask `drafts`)
 # No draft file and no --drafter: the target's own MTP head where it has one (and llama-cpp-python can run it),
 # else plain decoding. `load_models` settles it; the engine's drafter says what it became (`Drafter.kind`).
 AUTO_DRAFTER = "auto"
@@ -84,6 +85,12 @@ def parse_size(text: str, source: str = "--gpu-memory") -> int:
 def needs_draft_model(drafter: str) -> bool:
     """Whether the drafter named `drafter` (one of DRAFTERS) drafts with the draft model: the one place that asks."""
     return drafter in MODEL_DRAFTERS
+
+
+def drafts(drafter: str) -> bool:
+    """Whether the drafter named `drafter` (one of DRAFTERS, or AUTO_DRAFTER) proposes tokens, before it is built:
+    the one place that asks (a built drafter says it itself, `Drafter.drafts`)."""
+    return drafter not in PLAIN_DRAFTERS
 
 
 # The user options (see `options.py`): flags, models.toml pair keys and the settings form all come from these.

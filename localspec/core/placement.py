@@ -5,20 +5,18 @@ runs k times a step, so on the CPU it costs the most), then the target's output 
 as fit, each with its KV cache — llama.cpp offloads from the top, and its `n_gpu_layers` counts the output as one
 layer. A MoE target keeps its experts on the CPU (`--cpu-moe`) before dense layers leave the GPU. The context is
 shortened only when host memory cannot hold the rest, only when the user did not ask for one, and the plan says so.
-Explicit layer counts win; counts that do not fit are one line saying what would. Pure arithmetic: sizes come from
-the files' headers (`llama.footprint`), the devices are given, so tests can play any laptop.
+Explicit layer counts win; counts that do not fit are one line saying what would. Pure arithmetic: the footprints
+(sizes from the files' headers, `llama.footprint`), the GPU and the RAM are given — core/load.py reads them from this
+machine (`plan_load`) — so tests can play any laptop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from localspec.errors import LocalspecError
-from localspec.llama.context import memory_bytes
-from localspec.llama.devices import devices
-from localspec.llama.footprint import Footprint, compute_bytes_estimate, read_footprint
+from localspec.llama.footprint import Footprint, compute_bytes_estimate
 
 from .params import LoadParams
 
@@ -383,19 +381,6 @@ def _gpu_error(
     )
 
 
-def local_gpu(gpu_memory: int | None = None) -> Gpu | None:
-    """This build's first GPU, with `gpu_memory` as its free memory when given; None when the build has none.
-
-    With several GPUs llama.cpp spreads the offloaded layers over all of them: planning for the first alone is the
-    cautious side of that.
-    """
-    for device in devices():
-        if device.kind in ("gpu", "igpu"):
-            free = device.memory_free if gpu_memory is None else gpu_memory
-            return Gpu(device.name, device.description, free, given=gpu_memory is not None)
-    return None
-
-
 def ask_of(params: LoadParams) -> Ask:
     """What the load parameters ask of the plan."""
     return Ask(
@@ -406,27 +391,3 @@ def ask_of(params: LoadParams) -> Ask:
         gpu_memory=params.gpu_memory,
         rpc=bool(params.rpc),
     )
-
-
-def footprints(target: str | Path, draft: str | Path | None, params: LoadParams) -> tuple[Footprint, Footprint | None]:
-    """The pair's footprints as their contexts will hold them: a target that may speculate keeps `RS_SNAPSHOTS`
-    rollback snapshots of its recurrent state where llama.cpp has them (Qwen3.5: 9 copies of ~50 MiB at 9B).
-
-    Raises:
-        ModelFileError: a file whose GGUF header cannot be read.
-    """
-    target_footprint = read_footprint(target)
-    if params.drafter != "none":
-        target_footprint = target_footprint.with_snapshots(RS_SNAPSHOTS)
-    return target_footprint, read_footprint(draft) if draft is not None else None
-
-
-def plan_load(target: str | Path, draft: str | Path | None, params: LoadParams) -> GpuPlan:
-    """The plan for loading these files on this machine: their headers, this build's GPU and the RAM available.
-
-    Raises:
-        ModelFileError: a file whose GGUF header cannot be read.
-        PlacementError: as `plan_pair`.
-    """
-    gpu = local_gpu(params.gpu_memory)
-    return plan_pair(*footprints(target, draft, params), ask_of(params), gpu, memory_bytes())

@@ -19,14 +19,9 @@ import enum
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from .stats import Decision, Step
-
-if TYPE_CHECKING:
-    from localspec.llama.model import Model
-
-    from .drafters import Drafter
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +192,6 @@ class EstimatedCosts:
         pass
 
 
-def size_ratio(target_model: Model, drafter: Drafter) -> float:
-    """Draft weight bytes / target weight bytes (0 for a drafter without a model; a head on the target's own model
-    says its share, `MtpDrafter.size_ratio`)."""
-    own = getattr(drafter, "size_ratio", None)
-    if own is not None:
-        return own
-    return sum(seq.ctx.model.info.file_size for seq in drafter.caches) / target_model.info.file_size
-
-
 def expected_tokens(alpha: float, k: int) -> float:
     """E(k) = (1 − α^(k+1)) / (1 − α): tokens emitted per target pass with k drafts."""
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
@@ -244,23 +230,20 @@ class DraftPolicy:
     decide. Inside a long answer, probes are paid from a budget earned while decoding plainly.
 
     Args:
-        drafter: the engine's drafter.
         costs: the timed cost model (default: measured on this machine; tests inject fixed ones).
         estimate: the cost model of runs that must not read the clock (default: from `draft_size_ratio`).
-        draft_size_ratio: draft weight bytes / target weight bytes (see `size_ratio`).
+        draft_size_ratio: draft weight bytes / target weight bytes (`Drafter.size_ratio`).
         tuning: the policy's constants.
     """
 
     def __init__(
         self,
-        drafter: Drafter | None = None,  # None: a policy tested without one
         *,
         costs: Costs | None = None,
         estimate: Costs | None = None,
         draft_size_ratio: float = 1.0,
         tuning: PolicyTuning = PolicyTuning(),
     ) -> None:
-        self.drafter = drafter
         self.tuning = tuning
         self.costs: Costs = costs if costs is not None else MeasuredCosts()
         self.estimate: Costs = estimate if estimate is not None else EstimatedCosts(draft_size_ratio)
@@ -410,16 +393,17 @@ class DraftPolicy:
     def observe(self, step: Step) -> None:
         """Learn from the step just run (call it with what `speculative_step` returned)."""
         last, self._last = self._last, Choice(0)
+        timing = step.timing
         self.costs.observe(
-            step.drafted, step.seconds_verify + step.seconds_sampling, step.seconds_draft, step.draft_decoded
+            step.drafted, timing.seconds_verify + timing.seconds_sampling, timing.seconds_draft, step.draft_decoded
         )
         self.verified += step.drafted
         if step.drafted:
             keep = 1.0 - self.tuning.forget
             self.accepted = keep * self.accepted + step.accepted
             self.seen = keep * self.seen + step.accepted + step.rejected
-        if step.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
-            (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / step.seconds)
+        if timing.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
+            (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / timing.seconds)
         self.lag = 0 if last.k else self.lag + step.emitted
         self._probed = self._probed or step.drafted > 0  # the next choice weighs what the drafts showed
         if last.reason and self.off:

@@ -1,7 +1,7 @@
 """The sampling transform shared by the draft and the target (DESIGN §2), at a cost that ignores the vocabulary.
 
 logits → repetition/frequency/presence penalties → temperature → softmax → top-k → top-p → min-p →
-renormalise. The result is a `Dist`: the exact law a token is drawn from, which speculative
+renormalise. The result is an `ArrayLaw` (core/laws.py): the exact law a token is drawn from, which speculative
 verification needs for both models. Randomness comes only from an injected numpy Generator.
 
 Nothing here sorts the vocabulary. A row of 262,144 logits is read once, as column maxima of a 64-row grid
@@ -20,7 +20,6 @@ version of the same law, which the tests compare against.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -28,6 +27,7 @@ import numpy as np
 
 from localspec.errors import NonFiniteLogitsError
 
+from .laws import ArrayLaw
 from .options import Limit, check_fields, limit, option
 
 GREEDY_BELOW = 1e-6
@@ -104,122 +104,12 @@ class SamplingParams:
         ) and self.repeat_last_n > 0
 
 
-_SMALL = 64  # a support this small is walked in Python floats: fewer numpy calls, each costly right after a decode
-
-
-@dataclass(slots=True)
-class Dist:
-    """A sampling distribution over a sparse support: token ids in ascending order, their probabilities."""
-
-    ids: np.ndarray  # (m,) int64, ascending, unique
-    probs: np.ndarray  # (m,) float64, sums to 1
-
-    @classmethod
-    def one_hot(cls, token: int) -> Dist:
-        return cls(np.array([token], dtype=np.int64), np.ones(1))
-
-    def prob(self, token: int) -> float:
-        """Probability of `token` (0 outside the support)."""
-        i = int(np.searchsorted(self.ids, token))
-        return float(self.probs[i]) if i < len(self.ids) and self.ids[i] == token else 0.0
-
-    def top(self) -> tuple[int, float]:
-        """The most probable token (the lower id among equals) and its probability."""
-        if len(self.probs) <= _SMALL:
-            probs = self.probs.tolist()
-            best = max(probs)
-            return int(self.ids[probs.index(best)]), best
-        i = int(np.argmax(self.probs))
-        return int(self.ids[i]), float(self.probs[i])
-
-    def sample(self, rng: np.random.Generator) -> int:
-        """Draw one token (inverse CDF: one uniform per draw)."""
-        u = rng.random()
-        if len(self.probs) <= _SMALL:  # the running sum in Python floats: the same sums, the same token
-            return int(self.ids[_draw(self.probs.tolist(), u)])
-        cdf = np.cumsum(self.probs)
-        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-        return int(self.ids[min(i, len(self.ids) - 1)])
-
-    def dense(self, n_vocab: int) -> np.ndarray:
-        """The distribution as a dense float64 vector of shape (n_vocab,)."""
-        out = np.zeros(n_vocab)
-        out[self.ids] = self.probs
-        return out
-
-    @classmethod
-    def from_logits(cls, ids: np.ndarray, logits: np.ndarray) -> Dist:
-        """The softmax of `logits` (already divided by the temperature) over distinct `ids`, in float64."""
-        best = np.max(logits)
-        _check_finite(best)
-        return cls.from_weights(ids, np.exp(np.asarray(logits, dtype=np.float64) - best))
-
-    @classmethod
-    def from_weights(cls, ids: np.ndarray, weights: np.ndarray) -> Dist:
-        """A `Dist` from non-negative weights on distinct `ids` (zeros dropped, normalised here)."""
-        keep = weights > 0
-        ids, weights = np.asarray(ids, dtype=np.int64)[keep], np.asarray(weights, dtype=np.float64)[keep]
-        order = np.argsort(ids, kind="stable")
-        return cls(ids[order], weights[order] / weights.sum())
-
-
-class ListLaw:
-    """A law over a few tokens kept as Python sequences, in the order they come (llama.cpp's chain hands them over best
-    first, `ChainLaw.law`), with `Dist`'s interface: probabilities, the top token and draws in Python floats, and
-    numpy arrays (ascending ids, as `Dist` keeps them) only when `ids`/`probs` are asked for (a residual)."""
-
-    __slots__ = ("_ids", "_probs", "_arrays")
-
-    def __init__(self, ids: Sequence[int], probs: Sequence[float]) -> None:
-        self._ids, self._probs = ids, probs  # distinct ids, their probabilities (summing to 1)
-        self._arrays: Dist | None = None
-
-    @property
-    def dist(self) -> Dist:
-        if self._arrays is None:
-            ids = np.array(self._ids, dtype=np.int64)
-            order = np.argsort(ids)
-            self._arrays = Dist(ids[order], np.array(self._probs)[order])
-        return self._arrays
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.dist.ids
-
-    @property
-    def probs(self) -> np.ndarray:
-        return self.dist.probs
-
-    def prob(self, token: int) -> float:
-        return self._probs[self._ids.index(token)] if token in self._ids else 0.0
-
-    def top(self) -> tuple[int, float]:
-        best = max(self._probs)
-        return self._ids[self._probs.index(best)], best
-
-    def sample(self, rng: np.random.Generator) -> int:
-        return self._ids[_draw(self._probs, rng.random())]
-
-    def dense(self, n_vocab: int) -> np.ndarray:
-        return self.dist.dense(n_vocab)
-
-
-Law = Dist | ListLaw  # what a token is drawn from, and verification reads
-
-
 def _check_finite(best: float) -> None:
     """Raise `NonFiniteLogitsError` unless a row's maximum (or its argmax's value) is finite. numpy's max propagates
     NaN and its argmax returns the first NaN, so a value already computed tells whether any entry is NaN or +inf,
     at no second pass over the row."""
     if not math.isfinite(best):
         raise NonFiniteLogitsError()
-
-
-def _draw(probs: list[float], u: float) -> int:
-    """Inverse CDF in Python floats: the index whose running sum first passes u × the total."""
-    cdf = list(accumulate(probs))
-    reach = u * cdf[-1]
-    return next((i for i, c in enumerate(cdf) if c > reach), len(cdf) - 1)
 
 
 def penalty_window(history: list[int], params: SamplingParams) -> list[int]:
@@ -337,7 +227,7 @@ def greedy_token(logits: np.ndarray, history: list[int], params: SamplingParams)
     return int(ids[np.argmax(values)])
 
 
-def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams) -> Dist:
+def sampling_law(logits: np.ndarray, history: list[int], params: SamplingParams) -> ArrayLaw:
     """The final sampling distribution for one row of logits.
 
     Args:
@@ -346,10 +236,10 @@ def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams
         params: the shared transform settings; temperature 0 gives a one-hot at the argmax.
 
     Returns:
-        The `Dist` a token at this position is drawn from.
+        The law a token at this position is drawn from.
     """
     if params.greedy:
-        return Dist.one_hot(greedy_token(logits, history, params))
+        return ArrayLaw.one_hot(greedy_token(logits, history, params))
     row = _as_row(logits)
     pen_ids, pen_values = _penalties(row, history, params)
     n_vocab = row.shape[0]
@@ -386,7 +276,7 @@ def sampling_dist(logits: np.ndarray, history: list[int], params: SamplingParams
     return _softmax(row, pen_ids, pen_values, params.temperature, top_p=params.top_p)
 
 
-def _top_k_law(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Dist:
+def _top_k_law(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> ArrayLaw:
     """Top-k, then top-p and min-p over the top-k set (what it is normalised over), on candidates `ids` (ascending)
     and their penalised values.
 
@@ -406,7 +296,7 @@ def _top_k_law(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> D
         keep = min(keep, next((i for i, c in enumerate(cdf) if c >= reach), len(cdf) - 1) + 1)
     kept = sorted((token, w) for (_, token), w in zip(ranked[:keep], weights))
     norm = math.fsum(w for _, w in kept)
-    return Dist(np.array([t for t, _ in kept], dtype=np.int64), np.array([w / norm for _, w in kept]))
+    return ArrayLaw(np.array([t for t, _ in kept], dtype=np.int64), np.array([w / norm for _, w in kept]))
 
 
 class _RowMass:
@@ -426,7 +316,7 @@ class _RowMass:
         return self._cache[key]
 
 
-def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _RowMass) -> Dist | None:
+def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _RowMass) -> ArrayLaw | None:
     """Top-p, then min-p, without top-k, on candidates sorted best first: a prefix of the penalised row in sorted
     order, whose total `mass` gives. None when top-p reaches past them. (With top-k: `_top_k_law`.)
     """
@@ -450,12 +340,12 @@ def _cut(ids: np.ndarray, values: np.ndarray, params: SamplingParams, mass: _Row
             keep = min(keep, cut + 1)
     ids, weights = ids[:keep], weights[:keep]
     order = np.argsort(ids)
-    return Dist(ids[order], weights[order] / weights.sum())
+    return ArrayLaw(ids[order], weights[order] / weights.sum())
 
 
 def _softmax(
     row: np.ndarray, pen_ids: np.ndarray, pen_values: np.ndarray, temperature: float, top_p: float = 1.0
-) -> Dist:
+) -> ArrayLaw:
     """The law over the whole vocabulary in float64 (no filter, or a top-p wider than every window)."""
     scaled = row.astype(np.float64)
     scaled[pen_ids] = pen_values
@@ -470,7 +360,7 @@ def _softmax(
         keep = int(np.searchsorted(cum, top_p * cum[-1], side="left")) + 1
         ids = np.sort(order[:keep])
         weights = weights[ids]
-    return Dist(ids, weights / weights.sum())
+    return ArrayLaw(ids, weights / weights.sum())
 
 
 def top_probability(logits: np.ndarray) -> float:

@@ -17,15 +17,15 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Unpack
 
 from localspec.errors import ChatTemplateError, ContextError
 from localspec.llama.model import Model
 from localspec.llama.templates import render_builtin_chat, render_jinja_chat
 
-from . import thinking, window
-from .engine import Engine, Generation
-from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
-from .sampling import SamplingParams
+from . import thinking, thinking_support, window
+from .engine import Engine, GenerateOptions, Generation
+from .params import DEFAULT_MAX_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class ChatFormat:
             render_builtin_chat(template_name, [])  # fail early on an unknown name
         control = sorted(model.control_tokens(), key=len, reverse=True)
         self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
-        self.thinking = thinking.detect(model, self.template)
+        self.thinking = thinking_support.detect(model, self.template)
 
     def tokens(self, messages: Sequence[Message], *, think: bool | None = None, limit: int | None = None) -> list[int]:
         """Token ids of the conversation followed by the assistant's generation prompt.
@@ -183,6 +183,12 @@ def fewest_tokens(model: Model, n_bytes: int) -> int:
     return 0 if n_bytes <= 256 else -(-n_bytes // model.longest_token_bytes())
 
 
+class AnswerOptions(GenerateOptions, total=False):
+    """`ChatSession`'s keywords: `Engine.generate`'s (`GenerateOptions`) and `think`."""
+
+    think: bool | None  # the template's thinking switch (default None: the model's default)
+
+
 class ChatSession:
     """A conversation kept warm in the engine's caches.
 
@@ -217,51 +223,29 @@ class ChatSession:
         self.render_mismatches = 0  # shifts whose kept tokens differed from the fresh rendering
         self.shift_fallback: str | None = None  # why this chat no longer tries to shift
 
-    def send(
-        self,
-        text: str,
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        stop: Sequence[str] = (),
-        rng=None,
-        think: bool | None = None,
-    ) -> Generation:
-        """Add a user message and start the assistant's answer; iterate the result to stream it.
-
-        The answer (partial if stopped early) joins the conversation when the iteration ends, its thinking apart.
-        """
+    def send(self, text: str, **options: Unpack[AnswerOptions]) -> Generation:
+        """Add a user message and start the assistant's answer with `options` (`AnswerOptions`); iterate the result
+        to stream it. The answer (partial if stopped early) joins the conversation when the iteration ends, its
+        thinking apart."""
         self.messages.append(Message("user", text))
-        return self.reply(sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng, think=think)
+        return self.reply(**options)
 
-    def regenerate(self, **kwargs) -> Generation:
+    def regenerate(self, **options: Unpack[AnswerOptions]) -> Generation:
         """Drop the last answer and generate it again."""
         if self.messages and self.messages[-1].role == "assistant":
             self.messages.pop()
         if not self.messages or self.messages[-1].role != "user":
             raise ContextError("nothing to regenerate: send a message first")
-        return self.reply(**kwargs)
+        return self.reply(**options)
 
-    def reply(
-        self,
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        stop: Sequence[str] = (),
-        rng=None,
-        think: bool | None = None,
-    ) -> Generation:
+    def reply(self, **options: Unpack[AnswerOptions]) -> Generation:
         """Start the answer to `messages` as they stand (ending with a user message); it joins them at the end.
 
         Raises:
             ContextError: the conversation does not end with a user message, or it does not fit n_ctx.
         """
-        generation = self.answer(
-            self.messages, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng, think=think
-        )
-        opened = self.format.opens_thinking(think)
+        generation = self.answer(self.messages, **options)
+        opened = self.format.opens_thinking(options.get("think"))
 
         def join(g: Generation) -> None:
             reasoning, content = thinking.split_text(self.format.thinking.markers, g.text, opened=opened)
@@ -271,31 +255,21 @@ class ChatSession:
         return generation
 
     def answer(
-        self,
-        messages: Sequence[Message],
-        *,
-        sampling: SamplingParams = SamplingParams(),
-        spec: SpeculativeParams = SpeculativeParams(),
-        max_tokens: int = DEFAULT_MAX_TOKENS,
-        stop: Sequence[str] = (),
-        rng=None,
-        think: bool | None = None,
+        self, messages: Sequence[Message], *, think: bool | None = None, **options: Unpack[GenerateOptions]
     ) -> Generation:
         """Start the assistant's answer to `messages`, a conversation its caller keeps (and adds the answer to).
 
         The caches stay warm from one call to the next as long as each conversation continues the last one.
         `think` is passed to the template's thinking switch (None: the model's default); `splitter(think)`
-        separates the answer's thinking as it streams.
+        separates the answer's thinking as it streams. `options`: as `Engine.generate` takes them.
 
         Raises:
             ContextError: `messages` does not end with a user message, or it does not fit n_ctx.
         """
         if not messages or messages[-1].role != "user":
             raise ContextError("nothing to answer: send a message first")
-        prompt = self._fit(messages, max_tokens, think)
-        generation = self.engine.generate(
-            prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=stop, rng=rng
-        )
+        prompt = self._fit(messages, options.get("max_tokens", DEFAULT_MAX_TOKENS), think)
+        generation = self.engine.generate(prompt, **options)
         if self.dropped:
             generation.notices.append(
                 f"the conversation is longer than the context: the {self.dropped} oldest messages were left out"

@@ -12,19 +12,30 @@ from types import MappingProxyType
 
 
 @dataclass(frozen=True, slots=True)
+class StepTiming:
+    """Where one step's time went (`StepClock` in core/step.py measures it)."""
+
+    seconds_draft: float = 0.0  # drafting, the draft model's catch-up included
+    seconds_verify: float = 0.0  # the target's decode and rollback
+    seconds_sampling: float = 0.0  # the target's sampling laws and accept/reject
+    seconds_draft_decode: float = 0.0  # of seconds_draft, inside llama_decode (the rest is Python)
+    seconds_verify_decode: float = 0.0  # of seconds_verify + seconds_sampling, inside llama_decode
+    seconds_bridging: float = 0.0  # of seconds_draft, moving between two vocabularies (a bridged draft)
+
+    @property
+    def seconds(self) -> float:
+        return self.seconds_draft + self.seconds_verify + self.seconds_sampling
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """What one step of the generation loop did: the one record `Stats` and the draft policy learn from."""
 
     tokens: tuple[tuple[int, bool], ...]  # (token, from_draft) emitted: the accepted drafts, then the target's
     drafted: int  # draft tokens verified
     accepted: int  # of those, accepted
-    seconds_draft: float = 0.0  # drafting, the draft model's catch-up included
-    seconds_verify: float = 0.0  # the target's decode and rollback
-    seconds_sampling: float = 0.0  # the target's sampling laws and accept/reject
     draft_decoded: int = 0  # tokens the draft model decoded (its drafts and any catch-up)
-    seconds_draft_decode: float = 0.0  # of seconds_draft, inside llama_decode (the rest is Python)
-    seconds_verify_decode: float = 0.0  # of seconds_verify + seconds_sampling, inside llama_decode
-    seconds_bridging: float = 0.0  # of seconds_draft, moving between two vocabularies (a bridged draft)
+    timing: StepTiming = StepTiming()
 
     @property
     def emitted(self) -> int:
@@ -33,10 +44,6 @@ class Step:
     @property
     def rejected(self) -> bool:
         return self.accepted < self.drafted
-
-    @property
-    def seconds(self) -> float:
-        return self.seconds_draft + self.seconds_verify + self.seconds_sampling
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,12 +107,13 @@ class Stats:
         self.accepted += n_accepted
         self.emitted += step.emitted
         self.rejections += step.rejected
-        self.seconds_draft += step.seconds_draft
-        self.seconds_verify += step.seconds_verify
-        self.seconds_sampling += step.seconds_sampling
-        self.seconds_draft_decode += step.seconds_draft_decode
-        self.seconds_verify_decode += step.seconds_verify_decode
-        self.seconds_bridging += step.seconds_bridging
+        timing = step.timing
+        self.seconds_draft += timing.seconds_draft
+        self.seconds_verify += timing.seconds_verify
+        self.seconds_sampling += timing.seconds_sampling
+        self.seconds_draft_decode += timing.seconds_draft_decode
+        self.seconds_verify_decode += timing.seconds_verify_decode
+        self.seconds_bridging += timing.seconds_bridging
         if k > len(self.drafted_by_position):
             grow = k - len(self.drafted_by_position)
             self.drafted_by_position.extend([0] * grow)

@@ -2,8 +2,8 @@
 
 `speculative_step` is the paper's Algorithm 1 for every drafter; k = 0 is plain decoding through the same code.
 `TargetLaws` and `TargetArgmax` read the verify pass's k+1 rows lazily (a row after a rejection is never computed).
-Where llama.cpp's chain builds the target's law (`target_chain`), a row is a `ChainRow`: drawing from it is one native
-call, and its law is rebuilt only when p/q needs its probabilities.
+Where llama.cpp's chain builds the target's law (`target_chain`), a row is a `ChainRowLaw`: drawing from it is one
+native call, and its law is rebuilt only when p/q needs its probabilities.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from localspec.errors import NonFiniteLogitsError
-from localspec.llama.sampler import ChainLaw
+from localspec.llama.sampler import ChainLawBuilder
 
-from .drafters import WHOLE_ROWS_MAX, DraftCost, Drafter, DraftRequest, Proposal, chain_law, chain_law_fits
+from .drafters import WHOLE_ROWS_MAX, DraftCost, Drafter, DraftRequest, Proposal, chain_law_builder, chain_law_fits
 from .kv import Context, KVSequence
-from .sampling import Dist, ListLaw, SamplingParams, greedy_token, penalty_window, sampling_dist
-from .stats import Step
+from .laws import ChainRowLaw, Law
+from .sampling import SamplingParams, greedy_token, penalty_window, sampling_law
+from .stats import Step, StepTiming
 from .verify import Verdict, verify_greedy, verify_match, verify_pq
 
 
@@ -54,69 +55,31 @@ class TargetLaws(_VerifiedRows):
         recent: list[int],
         drafts: list[int],
         sampling: SamplingParams,
-        chain: ChainLaw | None = None,
+        chain: ChainLawBuilder | None = None,
     ) -> None:
         super().__init__(ctx, recent, drafts, sampling)
         self._chain = chain
-        self._rows: dict[int, Dist | ChainRow] = {}
+        self._rows: dict[int, Law] = {}
 
-    def __getitem__(self, i: int) -> Dist | ChainRow:
+    def __getitem__(self, i: int) -> Law:
         if i not in self._rows:
             if self._chain is not None:
-                self._rows[i] = ChainRow(self._chain, self._ctx, i)
+                self._rows[i] = ChainRowLaw(self._chain, self._ctx, i)
             else:
-                self._rows[i] = sampling_dist(self._logits(i), self._history(i), self._sampling)
+                self._rows[i] = sampling_law(self._logits(i), self._history(i), self._sampling)
         return self._rows[i]
 
 
 def target_chain(
     ctx: Context, sampling: SamplingParams, rng: np.random.Generator, *, drafting: bool = True
-) -> ChainLaw | None:
+) -> ChainLawBuilder | None:
     """llama.cpp's chain for the target's law during one generation, where it builds ours (`chain_law_fits`) and is
     the cheaper: at most `WHOLE_ROWS_MAX` tokens, or a generation that never drafts (past that size its C loop over
     every token costs more than numpy's cut on the verified rows; a plain step's single draw still gains). None:
     numpy. Its draws are seeded from `rng`, so a fixed seed still gives the same text."""
     if not chain_law_fits(ctx, sampling) or (drafting and ctx.n_vocab > WHOLE_ROWS_MAX):
         return None
-    return chain_law(sampling, seed=int(rng.integers(2**32)))
-
-
-class ChainRow:
-    """Row i's law as llama.cpp's chain builds it, with `Dist`'s interface. `sample` is the chain's own draw (its
-    `dist` sampler and random state, not `rng`); the law itself is rebuilt from the chain's survivors only when p/q
-    asks for a probability — the same law the draw uses (`ChainLaw.law`). Valid until the context's next decode."""
-
-    __slots__ = ("_chain", "_ctx", "_i", "_law")
-
-    def __init__(self, chain: ChainLaw, ctx: Context, i: int) -> None:
-        self._chain, self._ctx, self._i = chain, ctx, i
-        self._law: ListLaw | None = None
-
-    @property
-    def law(self) -> ListLaw:
-        if self._law is None:
-            self._law = ListLaw(*self._chain.law(self._ctx, self._i))
-        return self._law
-
-    @property
-    def ids(self) -> np.ndarray:
-        return self.law.ids
-
-    @property
-    def probs(self) -> np.ndarray:
-        return self.law.probs
-
-    def prob(self, token: int) -> float:
-        return self.law.prob(token)
-
-    def top(self) -> tuple[int, float]:
-        return self.law.top()
-
-    def dense(self, n_vocab: int) -> np.ndarray:
-        return self.law.dense(n_vocab)
-
-    def sample(self, rng: np.random.Generator) -> int:
-        return self._chain.draw(self._ctx, self._i)
+    return chain_law_builder(sampling, seed=int(rng.integers(2**32)))
 
 
 class TargetArgmax(_VerifiedRows):
@@ -163,7 +126,7 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
     drafter.keep(len(history) + n_accepted)
     clock.lap("verify")
     emitted = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
-    return Step(emitted, len(drafts.tokens), n_accepted, **clock.timings(drafts.cost))
+    return Step(emitted, len(drafts.tokens), n_accepted, drafts.cost.decoded, clock.timing(drafts.cost))
 
 
 def _model_name(caches: Sequence[KVSequence]) -> str:
@@ -179,8 +142,8 @@ def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> V
     rows = target_rows(drafts.tokens, ctx, request)
     if isinstance(rows, TargetArgmax):
         return verify_greedy(drafts.tokens, rows)
-    if request.sample:
-        return verify_pq(drafts.tokens, drafts.dists, rows, request.rng)
+    if request.pq:
+        return verify_pq(drafts.tokens, drafts.laws, rows, request.rng)
     return verify_match(drafts.tokens, rows, request.rng)
 
 
@@ -220,14 +183,14 @@ class StepClock:
         self._seconds[phase] += now - self._last
         self._last = now
 
-    def timings(self, draft: DraftCost) -> dict[str, float | int]:
-        """`Step`'s timing fields: the phases, the target's decode time, and the drafter's own cost."""
-        return {
-            "seconds_draft": self._seconds["draft"],
-            "seconds_verify": self._seconds["verify"],
-            "seconds_sampling": self._seconds["sampling"],
-            "seconds_verify_decode": self._target.seconds_decoding - self._decoding,
-            "draft_decoded": draft.decoded,
-            "seconds_draft_decode": draft.seconds_decode,
-            "seconds_bridging": draft.seconds_bridging,
-        }
+    def timing(self, draft: DraftCost) -> StepTiming:
+        """The step's timing: the phases, the target's decode time, and the drafter's own."""
+        seconds = self._seconds
+        return StepTiming(
+            seconds_draft=seconds["draft"],
+            seconds_verify=seconds["verify"],
+            seconds_sampling=seconds["sampling"],
+            seconds_draft_decode=draft.seconds_decode,
+            seconds_verify_decode=self._target.seconds_decoding - self._decoding,
+            seconds_bridging=draft.seconds_bridging,
+        )

@@ -14,19 +14,11 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .kv import KVSequence
+from .kv import KVSequence, common_prefix
 
 log = logging.getLogger(__name__)
 
 MIN_SHIFT_GAIN = 32  # a shift must save at least this many decoded tokens to be worth doing
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n, limit = 0, min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @dataclass(frozen=True, slots=True)

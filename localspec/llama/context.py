@@ -206,8 +206,8 @@ class Context:
 
     @property
     def host_chains(self) -> bool:
-        """Whether llama.cpp's sampler chains can sample this context's rows on the host (`sampler.ChainLaw`): no
-        sampler in its graph (llama.cpp would hand back the graph's token) and its native calls made on this
+        """Whether llama.cpp's sampler chains can sample this context's rows on the host (`sampler.ChainLawBuilder`):
+        no sampler in its graph (llama.cpp would hand back the graph's token) and its native calls made on this
         thread (not an RPC placement's)."""
         return not self.device_greedy and self._local
 

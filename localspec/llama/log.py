@@ -1,7 +1,8 @@
 """llama.cpp's log lines routed to `logging`, and the last error it logged, for our own one-line messages.
 
 `init()` is the one entry to llama.cpp for every loader: it starts the backend and installs the log bridge,
-once per process.
+once per process. llama.cpp's lines go to their own channel, `llama.cpp` (LOG_NAME), not to one of ours: the CLI
+sends both to the log file, and a Python user can quiet one without the other.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections import deque
 
 import llama_cpp
 
-llama_log = logging.getLogger("localspec.llama")
+LOG_NAME = "llama.cpp"
+llama_log = logging.getLogger(LOG_NAME)
 # "llama_model_load: error loading model: check_tensor_dims: " before the cause: the functions an error passed through
 _CALLERS = re.compile(r"^(?:(?:[A-Za-z_][\w:]*|error loading model): )+")
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level; 5 = CONT

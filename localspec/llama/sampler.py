@@ -1,5 +1,5 @@
-"""llama.cpp's own sampler chains: `ChainLaw`, the target's law at T > 0 on a CPU context, and `NativeSampler`, the
-chain as llama-server runs it (the yardstick `localspec bench` times our sampling against).
+"""llama.cpp's own sampler chains: `ChainLawBuilder`, which builds the target's law at T > 0 on a CPU context, and
+`NativeSampler`, the chain as llama-server runs it (the yardstick `localspec bench` times our sampling against).
 
 llama.cpp samples a row by copying it into an array of n_vocab candidates (in C) and running a chain over it. Right
 after a decode on a CPU that is much cheaper than anything Python does: the decode streamed the weights through the
@@ -58,8 +58,8 @@ CHAIN_LAW_ENV = "LOCALSPEC_CHAIN_LAW"  # "off": numpy builds the target's law ev
 
 
 def chain_law_available() -> bool:
-    """Whether `ChainLaw` may build the target's law: the C library's expf was found (to rebuild `dist`'s weights)
-    and $LOCALSPEC_CHAIN_LAW is not "off"."""
+    """Whether `ChainLawBuilder` may build the target's law: the C library's expf was found (to rebuild `dist`'s
+    weights) and $LOCALSPEC_CHAIN_LAW is not "off"."""
     return _EXPF is not None and os.environ.get(CHAIN_LAW_ENV, "on") != "off"
 
 
@@ -112,8 +112,8 @@ def _chain(links: list) -> object:
     return chain
 
 
-class ChainLaw:
-    """The law llama.cpp's chain (top-k, temperature, top-p, min-p) gives a row, and its `dist` draw from it.
+class ChainLawBuilder:
+    """Builds the law llama.cpp's chain (top-k, temperature, top-p, min-p) gives a row, and draws from it (`dist`).
 
     For contexts with no sampler in their graph (`Context.device_greedy` off: llama.cpp would hand back the graph's
     token). One per generation: `dist` keeps its own random state, seeded here. `close()` frees both chains.

@@ -18,7 +18,8 @@ import numpy as np
 from localspec.core.engine import Generation, TokenEvent
 from localspec.core.params import DEFAULT_MAX_TOKENS
 from localspec.core.session import Message, fewest_tokens
-from localspec.core.thinking import ANSWER, ThinkingSplit, choose_thinking, thinking_choice
+from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
+from localspec.core.thinking_support import choose_thinking, thinking_choice
 from localspec.errors import ChatTemplateError, ContextError, LocalspecError
 from localspec.models.loading import sampling_params, speculative_params
 
@@ -68,9 +69,6 @@ class Job:
         self._cancelled.set()
         if (gen := self.generation) is not None:
             gen.cancel()
-
-
-Piece = tuple[str, str, bool]  # (part: thinking or answer, text, from_draft)
 
 
 @dataclass(frozen=True, slots=True)

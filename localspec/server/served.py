@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 
 from localspec.core.drafters import Drafter, make_drafter
 from localspec.core.engine import Engine
-from localspec.core.kv import KVSequence
 from localspec.core.params import LoadParams, PairDefaults, needs_draft_model
 from localspec.core.policy import DraftPolicy
 from localspec.core.session import ChatFormat
@@ -30,13 +29,10 @@ class Served:
     loaded_drafter: str = ""  # the drafter it was loaded with, what a request that names none gets
     think_flag: bool | None = None  # `serve --think on|off`
     _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
-    _draft_seq: KVSequence | None = None  # the draft model's cache, which the model drafters share
 
     def __post_init__(self) -> None:
         self.drafter = self.drafter or self.engine.drafter.kind  # "auto" was settled by loading (mtp or none)
         self.loaded_drafter = self.loaded_drafter or self.drafter
-        drafter = self.engine.drafter
-        self._draft_seq = drafter.caches[0] if drafter.needs_model else None
 
     def use_drafter(self, kind: str) -> None:
         """Draft with `kind` from the next generation on; each drafter keeps its own draft-length policy.
@@ -46,7 +42,8 @@ class Served:
         """
         if kind == self.drafter:
             return
-        if needs_draft_model(kind) and self._draft_seq is None:
+        model = self.engine.model_drafter  # the draft model's drafter, which the model drafters share
+        if needs_draft_model(kind) and model is None:
             raise ApiError(
                 400,
                 f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
@@ -61,7 +58,7 @@ class Served:
         if kind in self._drafters:
             engine.use_drafter(*self._drafters[kind])
         else:
-            engine.use_drafter(make_drafter(kind, self._draft_seq if needs_draft_model(kind) else None, engine.bridge))
+            engine.use_drafter(make_drafter(kind, model if needs_draft_model(kind) else None))
         self.drafter = kind
 
     def _no_head(self) -> str:

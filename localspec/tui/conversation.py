@@ -23,7 +23,8 @@ from localspec.core.engine import Engine, Generation
 from localspec.core.params import needs_draft_model
 from localspec.core.session import ChatSession, Message
 from localspec.core.stats import Stats
-from localspec.core.thinking import PartStats, ThinkingSplit, ThinkingSupport, choose_thinking, thinking_choice
+from localspec.core.thinking import PartStats, ThinkingSplit
+from localspec.core.thinking_support import ThinkingSupport, choose_thinking, thinking_choice
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 from localspec.models.resolved import ResolvedPair
 

@@ -16,7 +16,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
 
 from localspec.core.params import VERIFY_MODES
-from localspec.core.thinking import ThinkingSupport
+from localspec.core.thinking_support import ThinkingSupport
 from localspec.errors import LocalspecError
 
 from .loading import PairRow

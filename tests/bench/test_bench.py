@@ -145,7 +145,7 @@ def test_bad_flags_are_one_line(tiny_models, capsys, localspec_home, tmp_path, f
 
 
 def test_the_gap_of_a_divergence_is_read_from_plain_decodings_own_rows(tiny_models):
-    from localspec.bench.run import plain_logits
+    from localspec.bench.exactness import plain_logits
     from localspec.core.engine import Engine
 
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_threads=1) as engine:

@@ -197,17 +197,19 @@ def test_every_entry_point_has_the_same_max_tokens_default():
     import inspect
 
     from localspec.cli.main import build_parser
-    from localspec.core.engine import Engine
+    from localspec.core.engine import Engine, GenerateOptions, Generation
     from localspec.core.params import DEFAULT_MAX_TOKENS
     from localspec.core.session import ChatSession
     from localspec.tui.settings import ChatOptions, ChatSettings
 
     parser = build_parser()
     flags = {cmd: parser.parse_args([cmd]).max_tokens for cmd in ("generate", "chat")}
-    api = {
-        name: inspect.signature(fn).parameters["max_tokens"].default
-        for name, fn in [("generate", Engine.generate), ("send", ChatSession.send), ("answer", ChatSession.answer)]
-    }
+    # The Python API's entry points pass their keywords (`GenerateOptions`) on to `Generation`, which holds the default.
+    assert "max_tokens" in GenerateOptions.__annotations__
+    for fn in (Engine.generate, ChatSession.send, ChatSession.reply, ChatSession.answer, ChatSession.regenerate):
+        parameters = inspect.signature(fn).parameters
+        assert "max_tokens" not in parameters and parameters["options"].kind is inspect.Parameter.VAR_KEYWORD, fn
+    api = {"Generation": inspect.signature(Generation.__init__).parameters["max_tokens"].default}
     app = {"options": ChatOptions().max_tokens, "settings": ChatSettings().max_tokens}
     assert set(flags.values()) | set(api.values()) | set(app.values()) == {DEFAULT_MAX_TOKENS}, (flags, api, app)
 

@@ -20,8 +20,9 @@ from support.tinymodels import VARIANT_FEWER
 from localspec.core.bridge import BridgedDrafter, HistoryMirror, VocabBridge, _complete_utf8
 from localspec.core.drafters import DraftCost, DraftRequest, LookupFirst, lookup
 from localspec.core.engine import Engine
+from localspec.core.laws import ArrayLaw
 from localspec.core.params import SpeculativeParams
-from localspec.core.sampling import Dist, SamplingParams
+from localspec.core.sampling import SamplingParams
 from localspec.llama.compat import pair_verdict
 from localspec.llama.model import Model
 
@@ -180,6 +181,11 @@ def test_a_bpe_draft_drafts_for_a_sentencepiece_target(tiny_models):
     assert gen.stats.drafted > 0  # an unrelated model: it drafts, and is rarely right
 
 
+def ask(history: list[int]) -> DraftRequest:
+    """A greedy request for four drafts after `history`."""
+    return DraftRequest(history=history, k=4, sampling=GREEDY, pq=False, p_min=0.0, rng=np.random.default_rng(0))
+
+
 def test_lookup_first_then_the_bridge(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.vocab_near_size, n_ctx=512, drafter="model+ngram") as engine:
         drafter = engine.drafter
@@ -187,12 +193,12 @@ def test_lookup_first_then_the_bridge(tiny_models):
         assert isinstance(drafter.inner, BridgedDrafter)
         (draft,) = drafter.caches
         repeated = engine.tokenize(PROMPT + " the man said that the man said")
-        found = drafter.propose(DraftRequest(repeated, 4, GREEDY, False, 0.0, np.random.default_rng(0)))
+        found = drafter.propose(ask(repeated))
         assert found.tokens == lookup(repeated, 4, n_max=3, n_min=2) != []  # first the lookup ...
         assert draft.n_past == 0 and found.cost == DraftCost()  # ... and the bridged draft never ran
         fresh = engine.tokenize(PROMPT)
         assert lookup(fresh, 4, n_max=3, n_min=2) == []
-        bridged = drafter.propose(DraftRequest(fresh, 4, GREEDY, False, 0.0, np.random.default_rng(0)))
+        bridged = drafter.propose(ask(fresh))
         assert bridged.tokens and draft.n_past > 0  # then, with no match, the bridge
         assert bridged.cost.decoded == draft.n_decoded and bridged.cost.seconds_bridging > 0
         prompt = engine.tokenize(PROMPT + " the man said that the water was hot and")
@@ -289,13 +295,13 @@ def test_a_bridge_that_hands_over_the_law_in_draft_ids_fails_the_law(tiny_models
         bridge_map["map"] = self.draft_to_target.copy()
 
     monkeypatch.setattr(VocabBridge, "__init__", unmapped_law)
-    real_from_weights = Dist.from_weights
+    real_from_weights = ArrayLaw.from_weights
 
     def in_draft_ids(ids, weights):
         inverse = {int(t): d for d, t in enumerate(bridge_map["map"]) if t >= 0}
         return real_from_weights(np.array([inverse[int(t)] for t in ids]), weights)
 
-    monkeypatch.setattr(Dist, "from_weights", staticmethod(in_draft_ids))
+    monkeypatch.setattr(ArrayLaw, "from_weights", staticmethod(in_draft_ids))
     with Engine.load(tiny_models.target, tiny_models.vocab_shuffled, n_ctx=64, n_threads=1, bridge="shared") as engine:
         outcomes, _ = sample_law(engine, prompt, N_RUNS)
     verdict, _ = law_verdict(exact, outcomes, N_RUNS)

@@ -14,19 +14,19 @@ from support.tinymodels import write_mtp_model
 from localspec.cli.main import main
 from localspec.core import kv
 from localspec.core.drafters import (
-    DRAFTERS,
+    BUILDERS,
     Drafter,
     DraftRequest,
     LookupFirst,
     ModelDrafter,
     NgramDrafter,
     NoDrafter,
+    Proposal,
     lookup,
-    needs_draft_model,
+    make_drafter,
 )
 from localspec.core.engine import Engine
-from localspec.core.params import SpeculativeParams
-from localspec.core.policy import size_ratio
+from localspec.core.params import DRAFTERS, SpeculativeParams, needs_draft_model
 from localspec.errors import InvalidParamsError
 
 FIXED = SpeculativeParams(draft_max=6, adaptive=False)
@@ -48,13 +48,13 @@ def test_lookup_continues_the_latest_longest_match(history, k, n_min, want):
     assert lookup(history, k, n_max=3, n_min=n_min) == want
 
 
-def request(history: list[int], k: int, *, sample: bool = False, p_min: float = 0.0) -> DraftRequest:
-    return DraftRequest(history, k, GREEDY, sample, p_min, np.random.default_rng(0))
+def request(history: list[int], k: int, *, pq: bool = False, p_min: float = 0.0) -> DraftRequest:
+    return DraftRequest(history=history, k=k, sampling=GREEDY, pq=pq, p_min=p_min, rng=np.random.default_rng(0))
 
 
 def test_ngram_proposals_are_one_hot():
-    proposal = NgramDrafter().propose(request([1, 2, 3, 1, 2], 3, sample=True, p_min=0.9))
-    assert proposal.tokens == [3, 1, 2] and proposal.dists == [None, None, None]
+    proposal = NgramDrafter().propose(request([1, 2, 3, 1, 2], 3, pq=True, p_min=0.9))
+    assert proposal.tokens == [3, 1, 2] and proposal.laws == [None, None, None]
     assert proposal.cost.decoded == 0  # no model ran
 
 
@@ -148,10 +148,12 @@ class Wrapped:
 
     kind = "wrapped"
     needs_model = True
+    drafts = True
+    after_target_decode = None
 
     def __init__(self, inner: ModelDrafter) -> None:
-        self.inner, self.caches, self.n_ctx = inner, inner.caches, inner.n_ctx
-        self.propose, self.keep, self.prefill = inner.propose, inner.keep, inner.prefill
+        self.inner, self.caches, self.n_ctx, self.size_ratio = inner, inner.caches, inner.n_ctx, inner.size_ratio
+        self.propose, self.keep, self.prefill, self.describe = inner.propose, inner.keep, inner.prefill, inner.describe
 
 
 def test_the_engine_asks_the_protocol_not_the_class():
@@ -162,7 +164,7 @@ def test_the_engine_asks_the_protocol_not_the_class():
     engine = Engine(model.target_model, model.target, drafter)
     (draft,) = drafter.caches
     assert engine.caches == (engine.target, draft)
-    assert size_ratio(engine.target_model, drafter) == 0.25  # the draft's weights over the target's
+    assert drafter.size_ratio == 0.25  # the draft's weights over the target's (what the policy estimates from)
     list(engine.generate([1, 2, 3, 4, 0], sampling=GREEDY, spec=FIXED, max_tokens=10))
     assert draft.n_past > 0  # the wrapped drafter ran
     draft.tokens.append(0)  # the token list runs ahead of the cache, as after a cut-short decode
@@ -170,3 +172,55 @@ def test_the_engine_asks_the_protocol_not_the_class():
         engine.check_invariants()
     engine.repair()
     engine.check_invariants()
+
+
+class Head:
+    """A stand-in for the target's MTP head (`MtpDrafter`, which needs a real target): what `make_drafter` reads."""
+
+    kind = "mtp"
+    needs_model = False
+    drafts = True
+    caches = ()
+    n_ctx = 64
+    size_ratio = 0.05
+    after_target_decode = None
+
+    def describe(self) -> str:
+        return "draft head: 1 MTP layer"
+
+    def propose(self, request: DraftRequest) -> Proposal:
+        return Proposal()
+
+    def keep(self, n: int) -> None:
+        pass
+
+    def prefill(self, prompt: list[int], *, progress=None) -> int:
+        return 0
+
+
+def test_every_kind_has_a_builder():
+    assert set(BUILDERS) == set(DRAFTERS)
+    with pytest.raises(InvalidParamsError, match="unknown drafter 'lookup': one of model, ngram"):
+        make_drafter("lookup")
+
+
+@pytest.mark.parametrize("kind", DRAFTERS)
+def test_make_drafter_builds_each_kind_or_says_why_not_in_one_line(kind):
+    target = LogitTable(5, seed=0)
+    model = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), draft_size=250).drafter
+    head = Head()
+    right = {"model": model, "model+ngram": model, "mtp": head}.get(kind)
+    drafter = make_drafter(kind, right)
+    assert isinstance(drafter, Drafter) and drafter.kind == kind
+    assert drafter.drafts == (kind != "none") and drafter.needs_model == needs_draft_model(kind)
+    assert drafter.size_ratio == {"model": 0.25, "model+ngram": 0.25, "mtp": 0.05}.get(kind, 0.0)
+    assert drafter.describe() == ("draft head: 1 MTP layer" if kind == "mtp" else "")
+    assert drafter.caches == (right.caches if right is not None else ())
+    for wrong in (None, model, head):
+        if wrong is right:
+            continue
+        with pytest.raises(InvalidParamsError) as refused:
+            make_drafter(kind, wrong)
+        message = str(refused.value)
+        assert message.startswith(f"the drafter {kind!r} drafts with") and "\n" not in message
+        assert message.endswith("was given none" if wrong is None else f"was given the drafter {wrong.kind!r}")

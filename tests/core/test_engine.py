@@ -15,8 +15,9 @@ from support.fakellm import FakeModel, LogitTable, TableContext, fake_engine
 
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
+from localspec.core.laws import ArrayLaw
 from localspec.core.params import SpeculativeParams
-from localspec.core.sampling import Dist, SamplingParams, penalty_window, sampling_dist
+from localspec.core.sampling import SamplingParams, penalty_window, sampling_law
 from localspec.core.step import TargetArgmax, TargetLaws
 from localspec.errors import ContextError
 from localspec.llama.context import Context
@@ -101,8 +102,8 @@ def test_the_in_graph_top_k_law_is_the_hosts_top_k_law(tiny_models):
             for ctx in (host, device):
                 ctx.clear()
                 ctx.decode(tokens[:n], 0, outputs=1)
-            law = Dist.from_logits(*device.sampled_candidates(-1))
-            reference = sampling_dist(host.logits(-1), [], sampling)
+            law = ArrayLaw.from_logits(*device.sampled_candidates(-1))
+            reference = sampling_law(host.logits(-1), [], sampling)
             assert law.ids.tolist() == reference.ids.tolist()
             np.testing.assert_allclose(law.probs, reference.probs, rtol=1e-5)
         with pytest.raises(AssertionError, match="logits stay in the graph"):
@@ -323,7 +324,7 @@ def test_greedy_and_distribution_views_of_the_verified_rows_agree(repeat_penalty
     assert len(argmax) == len(laws) == len(drafts) + 1
     for i in range(len(drafts) + 1):
         token, law = argmax[i], laws[i]
-        assert type(token) is int and isinstance(law, Dist)  # each view has one return type
+        assert type(token) is int and isinstance(law, ArrayLaw)  # each view has one return type
         assert law.top() == (token, 1.0)
         if repeat_penalty == 1.0:
             assert token == int(np.argmax(table.logits(tuple([*history, *drafts][: len(history) + i]))))

@@ -15,11 +15,11 @@ from support import GREEDY, divergence
 from support.lawcheck import check_law, expected_tv
 
 from localspec.core.engine import Engine
-from localspec.core.kv import KVSequence
+from localspec.core.kv import KVSequence, common_prefix
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatSession, Message
-from localspec.core.window import common_prefix, plan_shift
+from localspec.core.window import plan_shift
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 

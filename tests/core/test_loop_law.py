@@ -117,7 +117,7 @@ def test_lookup_drafters_emit_the_target_law(law, drafter):
 def test_adaptive_draft_length_emits_the_target_law(law):
     """k chosen each step from α̂ (which depends on earlier outcomes) keeps the law exact."""
     engine = fake_engine(TARGET, DRAFT)
-    engine.policy = DraftPolicy(engine.drafter, costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
+    engine.policy = DraftPolicy(costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
     counts, stats = sample_first_tokens(engine, SpeculativeParams(draft_max=5), N_RUNS, seed=11)
     assert_law(counts, law)
     used = np.zeros(6, dtype=np.int64)
@@ -137,7 +137,7 @@ def test_greedy_speculative_equals_plain_greedy(drafter):
         list(plain)
         for spec in [SpeculativeParams(draft_max=k, adaptive=False) for k in (1, 3, 5)] + [SpeculativeParams()]:
             engine = fake_engine(TARGET, DRAFT, drafter)
-            engine.policy = DraftPolicy(engine.drafter, costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
+            engine.policy = DraftPolicy(costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
             gen = engine.generate(prompt, sampling=GREEDY_PENALISED, spec=spec, max_tokens=30)
             list(gen)
             assert gen.tokens == plain.tokens, (prompt, spec)

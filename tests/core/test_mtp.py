@@ -122,7 +122,8 @@ def propose(engine: Engine, history: list[int], k: int = 4) -> tuple[list[int], 
 
     drafter.head.ctx.logits = first_row
     try:
-        request = DraftRequest(history, k, SamplingParams(temperature=0), False, 0.0, np.random.default_rng(0))
+        greedy, rng = SamplingParams(temperature=0), np.random.default_rng(0)
+        request = DraftRequest(history=history, k=k, sampling=greedy, pq=False, p_min=0.0, rng=rng)
         out = drafter.propose(request)
     finally:
         del drafter.head.ctx.logits

@@ -15,7 +15,8 @@ import pytest
 from support.badinput import assert_outcome, run_main
 from support.tinymodels import make_llama_tensors, write_llama_model
 
-from localspec.core.sampling import GREEDY_BELOW, Dist, SamplingParams, greedy_token, sampling_dist, top_probability
+from localspec.core.laws import ArrayLaw
+from localspec.core.sampling import GREEDY_BELOW, SamplingParams, greedy_token, sampling_law, top_probability
 from localspec.errors import NonFiniteLogitsError
 
 LAWS = {
@@ -46,7 +47,7 @@ def test_a_row_with_a_nan_or_an_infinity_anywhere_is_refused(law, bad, where):
         if LAWS[law].greedy:
             greedy_token(row, history, LAWS[law])
         else:
-            sampling_dist(row, history, LAWS[law])
+            sampling_law(row, history, LAWS[law])
 
 
 def test_the_draft_confidence_and_a_candidates_law_are_checked_too():
@@ -55,7 +56,7 @@ def test_the_draft_confidence_and_a_candidates_law_are_checked_too():
     with pytest.raises(NonFiniteLogitsError):
         top_probability(row)
     with pytest.raises(NonFiniteLogitsError):
-        Dist.from_logits(np.arange(4), np.array([1.0, np.nan, 2.0, 0.5], dtype=np.float32))
+        ArrayLaw.from_logits(np.arange(4), np.array([1.0, np.nan, 2.0, 0.5], dtype=np.float32))
 
 
 def test_a_finite_row_with_minus_infinity_masked_tokens_still_samples():
@@ -63,7 +64,7 @@ def test_a_finite_row_with_minus_infinity_masked_tokens_still_samples():
     row[::3] = -np.inf  # masked tokens are -inf: not an error
     assert np.isfinite(row[greedy_token(row, [], LAWS["greedy"])])
     for law in ("top-k", "min-p", "top-p", "softmax"):
-        dist = sampling_dist(row, [], LAWS[law])
+        dist = sampling_law(row, [], LAWS[law])
         assert abs(dist.probs.sum() - 1) < 1e-9 and dist.probs[dist.ids % 3 == 0].sum() == 0
 
 
@@ -73,7 +74,7 @@ def test_a_temperature_below_the_threshold_is_greedy(temperature):
     assert params.greedy and params.temperature == 0.0
     assert SamplingParams(temperature=GREEDY_BELOW).temperature == GREEDY_BELOW  # the threshold itself samples
     row = row_of()
-    assert sampling_dist(row, [], params).ids.tolist() == [int(row.argmax())]
+    assert sampling_law(row, [], params).ids.tolist() == [int(row.argmax())]
 
 
 def _generate(args: list, capsys) -> dict:

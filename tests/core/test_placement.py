@@ -16,6 +16,7 @@ import pytest
 from support import shapes
 from support.tinymodels import Qwen35Shape, write_mtp_model
 
+from localspec.core.load import footprints
 from localspec.core.params import LoadParams
 from localspec.core.placement import (
     DEFAULT_MARGIN,
@@ -25,7 +26,6 @@ from localspec.core.placement import (
     Gpu,
     GpuPlan,
     PlacementError,
-    footprints,
     plan_pair,
     split_bytes,
 )

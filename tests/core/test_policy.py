@@ -19,7 +19,7 @@ from localspec.core.policy import (
     expected_tokens,
 )
 from localspec.core.sampling import SamplingParams
-from localspec.core.stats import Stats, Step
+from localspec.core.stats import Stats, Step, StepTiming
 
 CHEAP = EstimatedCosts(draft_ratio=0.05, batch_slope=0.1)  # a GPU-like pair: drafting pays off easily
 
@@ -151,7 +151,7 @@ def run(engine, sampling: SamplingParams, n: int = 40, spec: SpeculativeParams =
 
 def test_useless_draft_goes_off_through_the_loop():
     engine = fake_engine(TARGET, USELESS)
-    engine.policy = DraftPolicy(engine.drafter, costs=EstimatedCosts(draft_ratio=0.1, batch_slope=0.2))
+    engine.policy = DraftPolicy(costs=EstimatedCosts(draft_ratio=0.1, batch_slope=0.2))
     # Unseeded sampling (the policy reads its costs, as in real use), from a seeded stream: no flaky draws.
     rng = np.random.default_rng(11)
     gen = run(engine, SamplingParams(temperature=1.0), n=200, rng=rng)
@@ -176,7 +176,7 @@ def test_a_fixed_seed_never_consults_timed_costs_and_repeats_exactly():
     outputs = []
     for _ in range(2):
         engine = fake_engine(TARGET, LogitTable(5, seed=1, base=TARGET, noise=0.5), draft_size=100)
-        engine.policy = DraftPolicy(engine.drafter, costs=ClockCosts(), draft_size_ratio=0.1)
+        engine.policy = DraftPolicy(costs=ClockCosts(), draft_size_ratio=0.1)
         gen = run(engine, SamplingParams(temperature=1.0, seed=5), n=60)
         assert gen.stats.drafted > 0
         outputs.append(gen.tokens)
@@ -185,7 +185,7 @@ def test_a_fixed_seed_never_consults_timed_costs_and_repeats_exactly():
 
 def test_unseeded_runs_use_the_timed_costs():
     engine = fake_engine(TARGET, LogitTable(5, seed=1, base=TARGET, noise=0.5))
-    engine.policy = DraftPolicy(engine.drafter, costs=ClockCosts())
+    engine.policy = DraftPolicy(costs=ClockCosts())
     with pytest.raises(AssertionError, match="read the timed costs"):
         run(engine, SamplingParams(temperature=1.0))
 
@@ -210,9 +210,8 @@ def timed_step(k: int, accepted: int, *, plain: float, draft_token: float, slope
         ((0, False),) * (accepted + 1),
         k,
         accepted,
-        seconds_draft=k * draft_token,
-        seconds_verify=plain * (1 + slope * k),
         draft_decoded=k,
+        timing=StepTiming(seconds_draft=k * draft_token, seconds_verify=plain * (1 + slope * k)),
     )
 
 
@@ -278,7 +277,7 @@ def test_a_draft_as_costly_as_the_target_costs_under_five_percent():
             choice = policy.choose(True, min(8, 63 - emitted))
             step = timed_step(choice.k, choice.k, plain=plain, draft_token=plain, slope=slope)
             policy.observe(step)
-            spent += step.seconds
+            spent += step.timing.seconds
             emitted += step.emitted
             probes += choice.probe
         tokens += emitted

@@ -15,10 +15,10 @@ import pytest
 from support.lawcheck import LawCheck, check_law, expected_tv
 
 from localspec.cli.main import main
-from localspec.core.sampling import Dist
+from localspec.core.laws import ArrayLaw
 from localspec.llama.context import Context
 from localspec.llama.model import Model
-from localspec.llama.sampler import CHAIN_LAW_ENV, ChainLaw
+from localspec.llama.sampler import CHAIN_LAW_ENV, ChainLawBuilder
 
 PROMPT = "the man said what"  # chosen for a spread-out law and no near-tie at the top-4 boundary
 TOP_K = 4
@@ -26,9 +26,10 @@ N_CTX = 64
 THREADS = 1  # these 0.3 MB models decode 10-100× slower on two threads when the cores are shared
 RUNS = {"pq": 6000, "pq-numpy": 6000, "pq-device": 6000, "match": 4000, "none": 3000}
 MODES = {
-    # the target's law from llama.cpp's chain (`ChainLaw`: plain draws in C, verified rows rebuilt from its survivors)
+    # the target's law from llama.cpp's chain (`ChainLawBuilder`: plain draws in C, verified rows rebuilt from its
+    # survivors)
     "pq": ["--verify", "pq"],
-    # the target's law from numpy (`sampling_dist`), as on a context that samples in the graph
+    # the target's law from numpy (`sampling_law`), as on a context that samples in the graph
     "pq-numpy": ["--verify", "pq"],
     # the draft's law sampled in llama.cpp's graph (top-k + temperature; only k candidates leave it)
     "pq-device": ["--verify", "pq", "--device-sampling", "on"],
@@ -121,9 +122,9 @@ def test_generate_n_samples_the_target_law(tiny_models, reference, mode, capsys,
 def test_a_device_law_that_misstates_the_draws_fails(tiny_models, reference, capsys, localspec_home, monkeypatch):
     """Negative control of "pq-device": drafts drawn from the in-graph candidates' law while verification is told
     a sharper one (their logits doubled) — the bug a wrong temperature in the hand-over would be — fail the check."""
-    real = Dist.from_logits
+    real = ArrayLaw.from_logits
 
-    class Misstated(Dist):
+    class Misstated(ArrayLaw):
         __slots__ = ("drawn",)
 
         def sample(self, rng):
@@ -135,7 +136,7 @@ def test_a_device_law_that_misstates_the_draws_fails(tiny_models, reference, cap
         out.drawn = real(ids, logits)
         return out
 
-    monkeypatch.setattr(Dist, "from_logits", staticmethod(misstated))
+    monkeypatch.setattr(ArrayLaw, "from_logits", staticmethod(misstated))
     verdict, *_ = sample_law(tiny_models, reference, "pq-device", capsys)
     assert not verdict.ok, verdict
 
@@ -144,14 +145,14 @@ def test_a_device_law_that_misstates_the_draws_fails(tiny_models, reference, cap
 def test_a_chain_law_that_misstates_the_draws_fails(tiny_models, reference, capsys, localspec_home, monkeypatch):
     """Negative control of "pq": the chain draws the bonus tokens from its law while verification is told a sharper
     one (each probability squared, renormalised) — a rebuilt law that is not the one `dist` draws from fails."""
-    real = ChainLaw.law
+    real = ChainLawBuilder.law
 
     def misstated(self, ctx, i):
         ids, probs = real(self, ctx, i)
         squares = [p * p for p in probs]
         return ids, [s / sum(squares) for s in squares]
 
-    monkeypatch.setattr(ChainLaw, "law", misstated)
+    monkeypatch.setattr(ChainLawBuilder, "law", misstated)
     verdict, *_ = sample_law(tiny_models, reference, "pq", capsys)
     assert not verdict.ok, verdict
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from support.sampling_reference import reference_greedy, reference_law
 
-from localspec.core.sampling import Dist, SamplingParams, greedy_token, sampling_dist
+from localspec.core.laws import ArrayLaw
+from localspec.core.sampling import SamplingParams, greedy_token, sampling_law
 from localspec.core.verify import residual
 
 TEMPERATURES = (0.0, 0.3, 0.8, 1.5)
@@ -43,7 +44,7 @@ def history_for(rng: np.random.Generator, row: np.ndarray) -> list[int]:
     return best + rng.integers(0, row.shape[0], size=20).tolist() + best[:3]
 
 
-def assert_same_law(got: Dist, want: dict[int, float]) -> None:
+def assert_same_law(got: ArrayLaw, want: dict[int, float]) -> None:
     assert got.ids.tolist() == sorted(want), "supports differ"
     assert np.all(np.diff(got.ids) > 0), "ids must be ascending"
     expected = np.array([want[t] for t in got.ids.tolist()])
@@ -61,7 +62,7 @@ def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
         history = history_for(rng, row)
         for t, k, p, m in itertools.product(TEMPERATURES, top_ks, TOP_PS, MIN_PS):
             params = SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m, **PENALTIES[penalty])
-            assert_same_law(sampling_dist(row, history, params), reference_law(row, history, params))
+            assert_same_law(sampling_law(row, history, params), reference_law(row, history, params))
             checked += 1
         greedy = SamplingParams(temperature=0, **PENALTIES[penalty])
         assert greedy_token(row, history, greedy) == reference_greedy(row, history, greedy)
@@ -85,7 +86,7 @@ def test_same_law_at_a_real_vocabulary(params: SamplingParams) -> None:
     rng = np.random.default_rng(7)
     for row in (random_row(rng, 262_144, ties=False), (rng.standard_normal(262_144) * 0.5).astype(np.float32)):
         history = history_for(rng, row)
-        assert_same_law(sampling_dist(row, history, params), reference_law(row, history, params))
+        assert_same_law(sampling_law(row, history, params), reference_law(row, history, params))
 
 
 def test_dist_lookups_and_residual_match_dense_arithmetic() -> None:
@@ -94,8 +95,8 @@ def test_dist_lookups_and_residual_match_dense_arithmetic() -> None:
     for _ in range(200):
         t_ids = rng.choice(n_vocab, size=int(rng.integers(1, 20)), replace=False)
         d_ids = rng.choice(n_vocab, size=int(rng.integers(1, 20)), replace=False)
-        target = Dist.from_weights(t_ids, rng.random(len(t_ids)) + 1e-3)
-        draft = Dist.from_weights(d_ids, rng.random(len(d_ids)) + 1e-3)
+        target = ArrayLaw.from_weights(t_ids, rng.random(len(t_ids)) + 1e-3)
+        draft = ArrayLaw.from_weights(d_ids, rng.random(len(d_ids)) + 1e-3)
         dense_t, dense_d = target.dense(n_vocab), draft.dense(n_vocab)
         for token in range(n_vocab):
             assert target.prob(token) == dense_t[token]
@@ -106,8 +107,8 @@ def test_dist_lookups_and_residual_match_dense_arithmetic() -> None:
             np.testing.assert_allclose(got.dense(n_vocab), want / want.sum(), rtol=1e-12, atol=1e-15)
             assert np.all(np.diff(got.ids) > 0)
     # A one-hot draft inside a full-vocabulary target: no merge, the target minus the draft's token.
-    full = Dist(np.arange(n_vocab, dtype=np.int64), np.full(n_vocab, 1 / n_vocab))
-    rest = residual(full, Dist.one_hot(4))
+    full = ArrayLaw(np.arange(n_vocab, dtype=np.int64), np.full(n_vocab, 1 / n_vocab))
+    rest = residual(full, ArrayLaw.one_hot(4))
     assert 4 not in rest.ids.tolist() and len(rest.ids) == n_vocab - 1
 
 
@@ -127,7 +128,7 @@ def test_top_p_window_is_a_prefix_of_the_sorted_row() -> None:
     )
     law = reference_law(row, [penalised], params)
     assert len(law) == 11 and penalised not in law  # the 11th token is one of the -7.5 ones
-    assert_same_law(sampling_dist(row, [penalised], params), law)
+    assert_same_law(sampling_law(row, [penalised], params), law)
 
 
 class _Uniform:
@@ -148,12 +149,12 @@ def test_sample_and_top_are_the_same_on_small_and_large_supports() -> None:
         for _ in range(200):
             ids = np.sort(rng.choice(10 * size, size=size, replace=False)).astype(np.int64)
             weights = np.round(rng.random(size) * 4) + 1  # ties are common
-            law = Dist(ids, weights / weights.sum())
+            law = ArrayLaw(ids, weights / weights.sum())
             u = float(rng.random())
             cdf = np.cumsum(law.probs)
             want = int(ids[min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), size - 1)])
             assert law.sample(_Uniform(u)) == want
             best = int(np.argmax(law.probs))
             assert law.top() == (int(ids[best]), float(law.probs[best]))
-    edge = Dist(np.array([3, 9], dtype=np.int64), np.array([0.5, 0.5]))
+    edge = ArrayLaw(np.array([3, 9], dtype=np.int64), np.array([0.5, 0.5]))
     assert edge.sample(_Uniform(0.0)) == 3 and edge.sample(_Uniform(0.5)) == 9  # the CDF's right-continuity

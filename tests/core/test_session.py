@@ -7,9 +7,9 @@ from support import GREEDY
 from support.tinymodels import IM_END_ID, IM_START_ID
 
 from localspec.core.engine import Engine
+from localspec.core.kv import common_prefix
 from localspec.core.params import SpeculativeParams
 from localspec.core.session import ChatFormat, ChatSession, Message, fewest_tokens
-from localspec.core.window import common_prefix
 from localspec.errors import ChatTemplateError, ContextError
 
 SPEC = SpeculativeParams(draft_max=4, adaptive=False)

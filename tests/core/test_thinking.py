@@ -12,23 +12,12 @@ from support import GREEDY
 from support.tinymodels import ANSWER_TEXT, CHATML_TEMPLATE, REASONING_TEXT, qwen3_template
 
 from localspec.core.engine import Engine, TokenEvent
+from localspec.core.kv import common_prefix
 from localspec.core.params import SpeculativeParams
 from localspec.core.session import ChatFormat, ChatSession, Message
 from localspec.core.stats import Stats
-from localspec.core.thinking import (
-    ANSWER,
-    THINKING,
-    Markers,
-    MarkerScanner,
-    PartStats,
-    ThinkingSplit,
-    ThinkingSupport,
-    choose_thinking,
-    opened_by,
-    split_text,
-    thinking_choice,
-)
-from localspec.core.window import common_prefix
+from localspec.core.thinking import ANSWER, THINKING, MarkerScanner, PartStats, ThinkingSplit, opened_by, split_text
+from localspec.core.thinking_support import Markers, ThinkingSupport, choose_thinking, thinking_choice
 from localspec.errors import InvalidParamsError
 from localspec.llama.templates import render_jinja_chat
 
@@ -354,6 +343,8 @@ def test_one_function_owns_the_thinking_precedence_and_its_wording():
     assert thinking_choice(None, "flag") is None
     assert choose_thinking(switchable, "m", None, flag, pair) is False  # --think wins over the pair
     assert choose_thinking(switchable, "m", request, flag, pair) is True  # the request's own over both
+    assert choose_thinking(switchable, "m", pair, None, flag) is False  # THINK_SOURCES' order, not the arguments'
+    assert choose_thinking(switchable, "m", pair, flag, request) is True
     assert choose_thinking(switchable, "m", None, None, None) is None  # the model decides
     assert choose_thinking(always, "m", None, None, pair) is True  # "on" for a model that always thinks
     with pytest.raises(InvalidParamsError, match=r"m always thinks: .* so --think off cannot be followed; remove it"):

@@ -8,6 +8,7 @@ from support import PROMPT, assert_identical, run_greedy
 
 from localspec.core.drafters import make_drafter
 from localspec.core.engine import Engine
+from localspec.core.params import needs_draft_model
 
 
 def test_drafters_share_the_draft_cache_and_keep_their_policies(tiny_models):
@@ -17,7 +18,7 @@ def test_drafters_share_the_draft_cache_and_keep_their_policies(tiny_models):
         model_drafter, model_policy = engine.drafter, engine.policy
         draft_seq = model_drafter.caches[0]
         for kind in ("ngram", "model+ngram", "none", "model"):
-            drafter = model_drafter if kind == "model" else make_drafter(kind, draft_seq if "model" in kind else None)
+            drafter = make_drafter(kind, model_drafter if needs_draft_model(kind) else None)
             policy = engine.use_drafter(drafter, model_policy if kind == "model" else None)
             assert engine.caches == (engine.target, *drafter.caches)
             assert (policy is model_policy) == (kind == "model")

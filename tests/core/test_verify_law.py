@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from support.lawcheck import binomial_ok, broken_pq, check_law, chi2_sf
 
-from localspec.core.sampling import Dist
+from localspec.core.laws import ArrayLaw
 from localspec.core.verify import residual, verify_match, verify_pq
 
 N_TRIALS = 200_000
@@ -22,18 +22,18 @@ N_EDGE = 30_000
 VOCAB = 10
 
 
-def law(weights: dict[int, float]) -> Dist:
-    """A `Dist` from {token: weight}."""
+def law(weights: dict[int, float]) -> ArrayLaw:
+    """An `ArrayLaw` from {token: weight}."""
     ids = np.array(list(weights), dtype=np.int64)
-    return Dist.from_weights(ids, np.array(list(weights.values()), dtype=np.float64))
+    return ArrayLaw.from_weights(ids, np.array(list(weights.values()), dtype=np.float64))
 
 
-def dense(dist: Dist) -> np.ndarray:
+def dense(dist: ArrayLaw) -> np.ndarray:
     return dist.dense(VOCAB)  # (VOCAB,)
 
 
 def run_trials(
-    kernel: Callable, target: Dist, draft: Dist | None, n: int, seed: int, draft_token: int | None = None
+    kernel: Callable, target: ArrayLaw, draft: ArrayLaw | None, n: int, seed: int, draft_token: int | None = None
 ) -> tuple[np.ndarray, int]:
     """Emitted-token histogram (VOCAB,) and number of accepted drafts over n one-token trials.
 
@@ -62,7 +62,7 @@ def match(tokens, draft_dists, target_dists, rng):
     return verify_match(tokens, target_dists, rng)
 
 
-def overlapping_pair() -> tuple[Dist, Dist]:
+def overlapping_pair() -> tuple[ArrayLaw, ArrayLaw]:
     """A target and a draft that share some tokens, differ on others, and each miss a few."""
     rng = np.random.default_rng(11)
     target = law(dict(zip(range(0, 8), rng.dirichlet(np.full(8, 0.8)))))

@@ -146,9 +146,10 @@ def test_localspec_repack_switches_llamacpp_s_repacked_layouts(tmp_path, monkeyp
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    logger = logging.getLogger("localspec.llama")
+    logger = logging.getLogger("llama.cpp")
     logger.addHandler(handler)
-    old_level, logger.level = logger.level, logging.DEBUG
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)  # setLevel, not .level: the logger caches what its level let through before
     monkeypatch.setenv(cpu.REPACK_ENV, setting)
     try:
         with Model(write_canary_model(tmp_path / "q4_0.gguf", "Q4_0"), n_gpu_layers=0):

@@ -1,4 +1,4 @@
-"""`ChainLaw`: the target's law as llama.cpp's chain builds it, and its `dist` draw from exactly that law.
+"""`ChainLawBuilder`: the target's law as llama.cpp's chain builds it, and its `dist` draw from exactly that law.
 
 A plain step draws with llama.cpp's `dist`; a verified row's law is rebuilt from the chain's survivors. They must be
 one law, bit for bit: `dist` writes each survivor's probability after its draw, and the rebuilt law must round to
@@ -14,11 +14,11 @@ import pytest
 from support.lawcheck import check_law
 
 from localspec.core.drafters import DraftRequest, Proposal
-from localspec.core.sampling import SamplingParams, sampling_dist
+from localspec.core.sampling import SamplingParams, sampling_law
 from localspec.core.step import TargetLaws, accept_or_reject, target_chain
 from localspec.llama.context import Context
 from localspec.llama.model import Model
-from localspec.llama.sampler import ChainLaw, _Capture
+from localspec.llama.sampler import ChainLawBuilder, _Capture
 
 SETTINGS = [  # (temperature, top_k, top_p, min_p)
     (0.8, 40, 0.95, 0.05),  # the defaults
@@ -63,7 +63,7 @@ def test_the_rebuilt_law_is_the_one_dist_draws_from_bit_for_bit(which, tiny_mode
     try:
         checked = 0
         for settings in SETTINGS:
-            law = ChainLaw(**dict(zip(("temperature", "top_k", "top_p", "min_p"), settings)), seed=0)
+            law = ChainLawBuilder(**dict(zip(("temperature", "top_k", "top_p", "min_p"), settings)), seed=0)
             try:
                 for i in range(8):
                     ids, probs = law.law(ctx, i)
@@ -88,11 +88,11 @@ def test_the_law_is_ours_up_to_float32_rounding(gemma_path):
     try:
         for temperature, top_k, top_p, min_p in SETTINGS:
             params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-            law = ChainLaw(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=0)
+            law = ChainLawBuilder(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=0)
             try:
                 for i in range(8):
                     ids, probs = law.law(ctx, i)
-                    ours = sampling_dist(ctx.logits(i), [], params)
+                    ours = sampling_law(ctx.logits(i), [], params)
                     order = np.argsort(ids)
                     assert np.array(ids)[order].tolist() == ours.ids.tolist(), (temperature, top_k, i)
                     assert np.max(np.abs(np.array(probs)[order] - ours.probs)) < 1e-5
@@ -105,8 +105,8 @@ def test_the_law_is_ours_up_to_float32_rounding(gemma_path):
 
 def test_the_chains_draws_follow_its_law_and_another_law_fails(tiny_models):
     model, ctx = rows(tiny_models.target, [2, 5, 9])
-    law = ChainLaw(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, seed=5)
-    hotter = ChainLaw(temperature=1.6, top_k=4, top_p=1.0, min_p=0.0, seed=5)
+    law = ChainLawBuilder(temperature=1.0, top_k=4, top_p=1.0, min_p=0.0, seed=5)
+    hotter = ChainLawBuilder(temperature=1.6, top_k=4, top_p=1.0, min_p=0.0, seed=5)
     try:
         ids, probs = law.law(ctx, 2)
         assert len(ids) == 4 and max(probs) < 0.9  # a spread-out row, or the check would prove little
@@ -135,7 +135,7 @@ def test_a_plain_step_draws_from_the_law_verification_uses_for_that_row(tiny_mod
     chain = target_chain(ctx, sampling, rng)
     try:
         assert (chain is None) == (path == "numpy")
-        request = DraftRequest([2, 5, 9, 11], 0, sampling, True, 0.0, rng, chain)
+        request = DraftRequest(history=[2, 5, 9, 11], k=0, sampling=sampling, pq=True, p_min=0.0, rng=rng, chain=chain)
         law = TargetLaws(ctx, [], [], sampling, chain)[0]
         drawn = [accept_or_reject(Proposal(), ctx, request)[1] for _ in range(12_000)]
         counts = [drawn.count(t) for t in law.ids.tolist()]
@@ -154,8 +154,8 @@ def test_who_builds_the_law_by_vocabulary_and_drafting(tiny_models, gemma_path):
     """The chain where it is the cheaper (measured, docs/benchmarks.md "Where the target's law is built"): the
     target's law up to 2^16 tokens, or in a generation that never drafts; past that, numpy for a drafting generation
     and for the draft's own law."""
-    from localspec.core.drafters import DraftLaw
-    from localspec.core.sampling import Dist, ListLaw
+    from localspec.core.drafters import DraftLawBuilder
+    from localspec.core.laws import ArrayLaw, ListLaw
 
     sampling = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
     for path, large in ((tiny_models.target, False), (gemma_path, True)):
@@ -164,8 +164,8 @@ def test_who_builds_the_law_by_vocabulary_and_drafting(tiny_models, gemma_path):
             rng = np.random.default_rng(0)
             plain, drafting = target_chain(ctx, sampling, rng, drafting=False), target_chain(ctx, sampling, rng)
             assert plain is not None and (drafting is None) == large
-            draft_law = DraftLaw()
-            assert isinstance(draft_law(ctx, [], sampling), Dist if large else ListLaw)
+            draft_law = DraftLawBuilder()
+            assert isinstance(draft_law(ctx, [], sampling), ArrayLaw if large else ListLaw)
             for chain in (plain, drafting):
                 if chain is not None:
                     chain.close()

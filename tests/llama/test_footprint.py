@@ -126,7 +126,7 @@ def test_experts_on_the_cpu_load_and_decode(tmp_path):
     """--cpu-moe through tensor_buft_overrides: llama.cpp says each expert tensor went to the CPU, and the model
     decodes the same logits as without (on a CPU-only build the override moves nothing)."""
     path = write_moe_model(tmp_path / "moe.gguf")
-    llama_log = logging.getLogger("localspec.llama")
+    llama_log = logging.getLogger("llama.cpp")
     rows = {}
     for n_layers in (0, 1, 2):
         kept, level = Lines(), llama_log.level

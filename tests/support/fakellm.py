@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from localspec.core.drafters import make_drafter
+from localspec.core.drafters import ModelDrafter, make_drafter
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
+from localspec.core.params import needs_draft_model
 
 
 class LogitTable:
@@ -63,6 +64,7 @@ class TableContext:
         self.device_topk = False  # no top-k chain: a sampled draft reads the table's logits
         self.n_batch, self.n_rs_seq = n_ctx, 0  # one batch holds anything; no recurrent snapshots
         self.seconds_decoding = 0.0  # a table lookup is not timed
+        self.after_decode = None  # no draft head reads a table
         self.n_vocab = table.n_vocab
         self.tokens: list[int] = []
         self._rows: list[np.ndarray | None] = []  # batch index -> logits of the last decode
@@ -115,7 +117,8 @@ def fake_engine(
     """A real `Engine` over fake contexts: `drafter` is one of localspec.core.params.DRAFTERS."""
     target_model = FakeModel("target")
     target_seq = KVSequence(TableContext(target, target_model), rollback="seq_rm")
-    draft_seq = None
-    if drafter in ("model", "model+ngram"):
+    model = None
+    if needs_draft_model(drafter):
         draft_seq = KVSequence(TableContext(draft, FakeModel("draft", draft_size)), rollback="seq_rm")
-    return Engine(target_model, target_seq, make_drafter(drafter, draft_seq))
+        model = ModelDrafter(draft_seq, size_ratio=draft_size / target_model.info.file_size)
+    return Engine(target_model, target_seq, make_drafter(drafter, model))

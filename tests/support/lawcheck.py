@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localspec.core.sampling import Dist
+from localspec.core.laws import ArrayLaw
 
 P_MIN = 1e-4  # chi-square p-value below which a law is rejected (seeded tests: no flakiness, only margin)
 MAX_SIGMA = 6.0
@@ -116,7 +116,7 @@ def expected_tv(probs, n: int) -> float:
 def broken_pq(draft_tokens, draft_dists, target_dists, rng):
     """verify_pq with the classic mistake: on rejection, resample from the target, not the residual."""
     for i, token in enumerate(draft_tokens):
-        target, draft = target_dists[i], draft_dists[i] or Dist.one_hot(token)
+        target, draft = target_dists[i], draft_dists[i] or ArrayLaw.one_hot(token)
         if rng.random() * draft.prob(token) < target.prob(token):
             continue
         return i, target.sample(rng)

@@ -54,9 +54,9 @@ def snapshot_home(chat_home, tmp_path, monkeypatch):
     """chat_home with no bundled pairs (the pair list is only the test's) and one saved conversation; the pair is
     planned as on a build without a GPU, so that the pair screen's placement line does not hold this machine's free
     GPU memory."""
-    from localspec.core import placement
+    from localspec.core import load
 
-    monkeypatch.setattr(placement, "local_gpu", lambda gpu_memory=None: None)
+    monkeypatch.setattr(load, "local_gpu", lambda gpu_memory=None: None)
     bundled = tmp_path / "bundled.toml"
     bundled.write_text("", encoding="utf-8")
     store = ChatStore(chat_home.db_path)
