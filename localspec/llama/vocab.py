@@ -45,3 +45,25 @@ class TextVocab:
     def n_text(self) -> int:
         """How many distinct byte strings the vocabulary can write as one token."""
         return len(self.by_bytes)
+
+
+_CONTROL = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL
+_USER_DEFINED = llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+
+
+def grammar_pieces(model: Model) -> list[bytes]:
+    """Each token's bytes as a grammar library reads a vocabulary (core/grammar.py): the bytes it writes, and for a
+    control token (or a user-defined one that looks like markup, `<tool_call>`) b"\\xff" + its text — the marker
+    llguidance gives special tokens, so a grammar names them as `<|im_end|>` and no text ever matches them. One
+    llama.cpp call per token (about a second at 262,144 tokens): the caller keeps the result."""
+    vocab = model._vocab
+    pieces = []
+    for token in range(model.n_vocab):
+        attr = int(llama_cpp.llama_vocab_get_attr(vocab, token))
+        if attr & _CONTROL or attr & _USER_DEFINED:
+            text = model.token_piece_text(token).encode("utf-8")
+            if attr & _CONTROL or (text.startswith(b"<") and text.endswith(b">")):
+                pieces.append(b"\xff" + text)
+                continue
+        pieces.append(model.token_bytes(token))
+    return pieces
