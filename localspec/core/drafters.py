@@ -21,6 +21,7 @@ import numpy as np
 from localspec.errors import InvalidParamsError
 from localspec.llama.sampler import MAX_TOP_K, ChainLawBuilder, chain_law_available
 
+from .grammar import Constraint, masked, masked_argmax
 from .kv import Context, KVSequence, Progress
 from .laws import ArrayLaw, Law, ListLaw
 from .params import DRAFTERS
@@ -38,6 +39,10 @@ class DraftRequest:
     p_min: float  # stop drafting when the draft's confidence falls below this
     rng: np.random.Generator
     chain: ChainLawBuilder | None = None  # the target's law builder where llama.cpp's chain builds it (`target_chain`)
+    # A grammar's matcher (core/grammar.py): a drafter that drafts under it masks its law and pushes each token
+    # (`Constraint.push`); the step pushes the others' and ends one-hot drafts at the first token it forbids.
+    grammar: Constraint | None = None
+    forced: int = 0  # the last `forced` tokens of `history` were forced by the grammar: not yet decoded by the target
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,12 +182,17 @@ def draft_token(
     """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens:
     (its law — None for a greedy draft, a one-hot —, the token, the draft's confidence for p_min). Drawn from the
     law `laws` builds at T > 0 with p/q (`sampled`), else the greedy token."""
-    sampling = request.sampling
+    sampling, grammar = request.sampling, request.grammar
     if sampled:
         law = laws(ctx, recent + drafted, sampling)
+        if grammar is not None:  # drawn from the masked law, and that is the law verification is told
+            law = masked(law, grammar.mask(), lambda: ctx.logits(-1), recent + drafted, sampling)
         return law, law.sample(request.rng), law.top()[1]
     logits = ctx.logits(-1)  # (n_vocab,) view, valid until the next decode
-    token = greedy_token(logits, recent + drafted if sampling.penalised else recent, sampling)
+    window = recent + drafted if sampling.penalised else recent
+    token = greedy_token(logits, window, sampling)
+    if grammar is not None:
+        token = masked_argmax(token, grammar.mask(), lambda: logits, window, sampling)
     return None, token, top_probability(logits) if request.p_min > 0 else 1.0
 
 
@@ -241,7 +251,8 @@ class ModelDrafter:
     def propose(self, request: DraftRequest) -> Proposal:
         seq, sampling, p_min = self.seq, request.sampling, request.p_min
         sampled = request.pq and not sampling.greedy
-        device_law = seq.ctx.device_topk and sampled and not sampling.penalised
+        free = request.grammar is None  # a grammar masks the host's row: no token chosen in the graph
+        device_law = seq.ctx.device_topk and sampled and not sampling.penalised and free
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
         seq.sync(request.history, outputs=1)
@@ -249,7 +260,7 @@ class ModelDrafter:
             seq.checkpoint()
         out = Proposal()
         recent = penalty_window(request.history, sampling)
-        device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0
+        device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0 and free
         for i in range(request.k):
             if device_law:
                 law = ArrayLaw.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
@@ -262,6 +273,8 @@ class ModelDrafter:
                 break
             out.tokens.append(token)
             out.laws.append(law)
+            if request.grammar is not None:
+                request.grammar.push(token)
             if i < request.k - 1:
                 seq.append([token], outputs=1)
         out.cost = self.meter.take()

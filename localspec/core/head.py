@@ -158,6 +158,8 @@ class MtpDrafter:
                 break
             out.tokens.append(token)
             out.laws.append(dist)
+            if request.grammar is not None:  # drafted under the grammar (`draft_token` masked its law)
+                request.grammar.push(token)
             if i < request.k - 1:
                 head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
                 head.append([token], outputs=1)

@@ -17,6 +17,7 @@ from localspec.errors import NonFiniteLogitsError
 from localspec.llama.sampler import ChainLawBuilder
 
 from .drafters import WHOLE_ROWS_MAX, DraftCost, Drafter, DraftRequest, Proposal, chain_law_builder, chain_law_fits
+from .grammar import Constraint, TokenMask, masked, masked_argmax
 from .kv import Context, KVSequence
 from .laws import ChainRowLaw, Law
 from .sampling import SamplingParams, greedy_token, penalty_window, sampling_law
@@ -25,10 +26,15 @@ from .verify import Verdict, verify_greedy, verify_match, verify_pq
 
 
 class _VerifiedRows(Sequence):
-    """The k+1 rows of a verify pass, read lazily: row i sees the drafts x_1..x_i as history."""
+    """The k+1 rows of a verify pass, read lazily: row i sees the drafts x_1..x_i as history. After tokens a grammar
+    forced (`shifted`: decoded in the same batch before the drafts, their rows not output), row i is the pass's
+    output row i - (k+1), counted from the end as llama.cpp does."""
 
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
+    def __init__(
+        self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams, shifted: bool = False
+    ) -> None:
         self._ctx, self._recent, self._drafts, self._sampling = ctx, recent, drafts, sampling
+        self._base = -(len(drafts) + 1) if shifted else 0  # row i is the context's row _base + i
         self._block: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -37,9 +43,9 @@ class _VerifiedRows(Sequence):
     def _logits(self, i: int) -> np.ndarray:
         """Row i's logits: the pass's rows are one block, found with two native calls whatever k is."""
         if not self._drafts:
-            return self._ctx.logits(0)
+            return self._ctx.logits(self._base)
         if self._block is None:
-            self._block = self._ctx.logits_block(len(self._drafts) + 1)
+            self._block = self._ctx.logits_block(len(self._drafts) + 1, self._base)
         return self._block[i]
 
     def _history(self, i: int) -> list[int]:
@@ -47,7 +53,8 @@ class _VerifiedRows(Sequence):
 
 
 class TargetLaws(_VerifiedRows):
-    """The target's sampling laws for the k+1 verified rows, computed lazily (by llama.cpp's chain where `chain`)."""
+    """The target's sampling laws for the k+1 verified rows, computed lazily (by llama.cpp's chain where `chain`);
+    under a grammar each row's law masked by the grammar at that row (core/grammar.py `masked`)."""
 
     def __init__(
         self,
@@ -56,18 +63,37 @@ class TargetLaws(_VerifiedRows):
         drafts: list[int],
         sampling: SamplingParams,
         chain: ChainLawBuilder | None = None,
+        masks: RowMasks | None = None,
     ) -> None:
-        super().__init__(ctx, recent, drafts, sampling)
-        self._chain = chain
+        super().__init__(ctx, recent, drafts, sampling, shifted=masks is not None and masks.shifted)
+        self._chain, self._masks = chain, masks
         self._rows: dict[int, Law] = {}
 
     def __getitem__(self, i: int) -> Law:
         if i not in self._rows:
             if self._chain is not None:
-                self._rows[i] = ChainRowLaw(self._chain, self._ctx, i)
+                law: Law = ChainRowLaw(self._chain, self._ctx, self._base + i)
             else:
-                self._rows[i] = sampling_law(self._logits(i), self._history(i), self._sampling)
+                law = sampling_law(self._logits(i), self._history(i), self._sampling)
+            if self._masks is not None:
+                law = masked(law, self._masks[i], lambda: self._logits(i), self._history(i), self._sampling)
+            self._rows[i] = law
         return self._rows[i]
+
+
+class RowMasks:
+    """The grammar's mask at each verified row: row i's after the step's forced tokens and drafts x_1..x_i (pushed
+    into the matcher as rows are read; a row after a draft the grammar forbids is never read: its draft is rejected
+    with certainty, since the target's masked law gives it no mass)."""
+
+    def __init__(self, grammar: Constraint, n_forced: int, drafts: list[int]) -> None:
+        self._grammar, self._n_forced, self._drafts = grammar, n_forced, drafts
+        self.shifted = n_forced > 0  # the forced tokens' rows come first in the pass, unread
+
+    def __getitem__(self, i: int) -> TokenMask:
+        mask = self._grammar.mask_at(self._n_forced + i, self._drafts, self._n_forced)
+        assert mask is not None, "a row after a forbidden draft was read"
+        return mask
 
 
 def target_chain(
@@ -88,14 +114,26 @@ class TargetArgmax(_VerifiedRows):
     device sampler (only the token id leaves the device), else from the logits; with penalties each row depends
     on the drafts before it and is computed from its logits."""
 
-    def __init__(self, ctx: Context, recent: list[int], drafts: list[int], sampling: SamplingParams) -> None:
-        super().__init__(ctx, recent, drafts, sampling)
+    def __init__(
+        self,
+        ctx: Context,
+        recent: list[int],
+        drafts: list[int],
+        sampling: SamplingParams,
+        masks: RowMasks | None = None,
+    ) -> None:
+        super().__init__(ctx, recent, drafts, sampling, shifted=masks is not None and masks.shifted)
         self._device = ctx.device_greedy and not sampling.penalised
+        self._masks = masks
 
     def __getitem__(self, i: int) -> int:
         if self._device:
-            return self._ctx.sampled_token(i)
-        return greedy_token(self._logits(i), self._history(i), self._sampling)
+            token = self._ctx.sampled_token(self._base + i)
+        else:
+            token = greedy_token(self._logits(i), self._history(i), self._sampling)
+        if self._masks is None:
+            return token
+        return masked_argmax(token, self._masks[i], lambda: self._logits(i), self._history(i), self._sampling)
 
 
 def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest) -> Step:
@@ -107,26 +145,48 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
         What happened: the emitted tokens (the accepted drafts, then one token from the target), the counts and
         the timings. `Stats` and the draft policy both learn from it.
     """
-    clock, history = StepClock(target.ctx), request.history
+    clock, history, forced = StepClock(target.ctx), request.history, request.forced
     try:
         drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
     except NonFiniteLogitsError as e:
         raise e.naming(f"the draft ({_model_name(drafter.caches)})", len(history)) from None
+    if request.grammar is not None and drafts.tokens:
+        drafts = admitted(drafts, request.grammar, forced)
     clock.lap("draft")
     if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
         target.checkpoint()  # a cache that cannot drop this tail restores this instead
-    target.append([history[-1], *drafts.tokens], outputs=len(drafts.tokens) + 1)  # 2. ONE pass: k+1 target rows
+    # 2. ONE pass: k+1 target rows (after the tokens a grammar forced, decoded in the same batch, rows unread)
+    target.append([*history[len(history) - 1 - forced :], *drafts.tokens], outputs=len(drafts.tokens) + 1)
     clock.lap("verify")
     try:
         n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
     except NonFiniteLogitsError as e:
         raise e.naming(f"the target ({_model_name((target,))})", len(history)) from None
     clock.lap("sampling")
-    target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches
+    target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches (and the grammar)
     drafter.keep(len(history) + n_accepted)
+    if request.grammar is not None:
+        request.grammar.end_step(forced + n_accepted, token)
     clock.lap("verify")
-    emitted = tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
+    emitted = tuple((t, False) for t in history[len(history) - forced :])
+    emitted += tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
     return Step(emitted, len(drafts.tokens), n_accepted, drafts.cost.decoded, clock.timing(drafts.cost))
+
+
+def admitted(drafts: Proposal, grammar: Constraint, forced: int) -> Proposal:
+    """The drafts as verification sees them under a grammar. A drafter that drafts under the grammar (a model draft:
+    its law masked) has pushed its tokens already; the others' are pushed here while allowed. At the first token the
+    grammar forbids, a one-hot draft (a lookup, a greedy draft: no randomness decided it) ends, exactly as if the
+    drafter had stopped before it; a sampled one stays, and the target's masked law rejects it with certainty —
+    cutting it would bias the draft's law, which must stay the one its tokens were drawn from."""
+    for i, token in enumerate(drafts.tokens):
+        if grammar.position > forced + i:
+            continue  # pushed by the drafter
+        if not grammar.push(token):
+            if drafts.laws[i] is None:
+                return Proposal(drafts.tokens[:i], drafts.laws[:i], drafts.cost)
+            break
+    return drafts
 
 
 def _model_name(caches: Sequence[KVSequence]) -> str:
@@ -137,8 +197,8 @@ def _model_name(caches: Sequence[KVSequence]) -> str:
 def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> Verdict:
     """How many drafts the target accepts, and the token it emits after them: greedy at T = 0, else p/q when the
     draft sampled from its law, else exact match."""
-    if request.chain is not None and not drafts.tokens:  # a plain step: llama.cpp's chain draws, one native call
-        return 0, request.chain.draw(ctx, 0)
+    if request.chain is not None and not drafts.tokens and request.grammar is None:
+        return 0, request.chain.draw(ctx, 0)  # a plain step: llama.cpp's chain draws, one native call
     rows = target_rows(drafts.tokens, ctx, request)
     if isinstance(rows, TargetArgmax):
         return verify_greedy(drafts.tokens, rows)
@@ -151,9 +211,10 @@ def target_rows(drafts: list[int], ctx: Context, request: DraftRequest) -> Targe
     """The verify pass's k+1 rows as verification reads them: the target's argmax at T = 0, else its laws."""
     sampling = request.sampling
     recent = penalty_window(request.history, sampling)
+    masks = RowMasks(request.grammar, request.forced, drafts) if request.grammar is not None else None
     if sampling.greedy:
-        return TargetArgmax(ctx, recent, drafts, sampling)
-    return TargetLaws(ctx, recent, drafts, sampling, request.chain)
+        return TargetArgmax(ctx, recent, drafts, sampling, masks)
+    return TargetLaws(ctx, recent, drafts, sampling, request.chain, masks)
 
 
 def verified_rows(drafts: list[int], ctx: Context, request: DraftRequest) -> None:

@@ -343,19 +343,22 @@ class Context:
         llama_cpp.llama_set_n_threads(self.handle, n, n)
         self.n_threads = n
 
-    def logits_block(self, n: int) -> np.ndarray:
-        """Rows 0..n-1 of the last decode's logits as one float32 view of shape (n, n_vocab).
+    def logits_block(self, n: int, start: int = 0) -> np.ndarray:
+        """Rows start..start+n-1 of the last decode's logits as one float32 view of shape (n, n_vocab) (a negative
+        `start` counts the decode's output rows from the end, as llama.cpp does: -n is the first of the last n).
 
         llama.cpp keeps the output rows of a one-sequence batch contiguous and in order; where it does not,
         the rows are copied into one array.
         """
-        first, last = self._native(_logits_address, 0), self._native(_logits_address, n - 1)
+        first, last = self._native(_logits_address, start), self._native(_logits_address, start + n - 1)
         if not first or not last:
-            raise ContextError(f"no logits for rows 0..{n - 1}: they were not requested in the last decode")
+            raise ContextError(
+                f"no logits for rows {start}..{start + n - 1}: they were not requested in the last decode"
+            )
         if last - first == (n - 1) * self.n_vocab * ctypes.sizeof(ctypes.c_float):
             view = self._views.get((first, n))
             return self._view((first, n), first, (n, self.n_vocab)) if view is None else view
-        return np.stack([self.logits(i) for i in range(n)])
+        return np.stack([self.logits(start + i) for i in range(n)])
 
     def remove_from(self, pos: int) -> bool:
         """Remove every cell at position ≥ pos; False when the memory cannot drop a partial tail."""
