@@ -269,12 +269,10 @@ class ModelDrafter:
                 law, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
             else:
                 law, token, confidence = draft_token(seq.ctx, self.laws, recent, out.tokens, request, sampled)
-            if confidence < p_min:
-                break
+            if confidence < p_min or (request.grammar is not None and not request.grammar.push(token)):
+                break  # unsure, or past the grammar's end (nothing follows an end of generation)
             out.tokens.append(token)
             out.laws.append(law)
-            if request.grammar is not None:
-                request.grammar.push(token)
             if i < request.k - 1:
                 seq.append([token], outputs=1)
         out.cost = self.meter.take()

@@ -92,8 +92,8 @@ class GrammarVocab:
             bos_token_id = None
             tokens = pieces
 
-            def __call__(self, text: bytes) -> list[int]:
-                return tokenize(text.decode("utf-8", errors="replace"))
+            def __call__(self, text: bytes | str) -> list[int]:  # bytes, or str if a first call with bytes failed
+                return tokenize(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
 
         self.n_vocab = len(pieces)
         self.tokenizer = llguidance.LLTokenizer(
@@ -228,8 +228,9 @@ class Constraint:
         return self._masks[n]
 
     def push(self, token: int) -> bool:
-        """Consume `token` if the grammar allows it here; False (nothing consumed) if it does not."""
-        if not self.mask().allows(token):
+        """Consume `token` if the grammar allows it here; False (nothing consumed) if it does not, or if the grammar
+        has ended (after an end of generation the matcher takes more but would not count them for a rollback)."""
+        if self.matcher.is_stopped() or not self.mask().allows(token):
             return False
         if not self.matcher.consume_token(token):
             raise GrammarError(f"the grammar refused a token its mask allowed: {self.matcher.get_error()}")

@@ -154,12 +154,10 @@ class MtpDrafter:
         head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
         for i in range(request.k):
             dist, token, confidence = draft_token(head.ctx, self.laws, recent, out.tokens, request, sampled)
-            if confidence < p_min:
-                break
+            if confidence < p_min or (request.grammar is not None and not request.grammar.push(token)):
+                break  # unsure, or past the grammar's end (`draft_token` masked its law under a grammar)
             out.tokens.append(token)
             out.laws.append(dist)
-            if request.grammar is not None:  # drafted under the grammar (`draft_token` masked its law)
-                request.grammar.push(token)
             if i < request.k - 1:
                 head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
                 head.append([token], outputs=1)
