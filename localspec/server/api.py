@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
 from localspec.core.params import DRAFTERS, OPTIONS
 
@@ -30,7 +31,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logit_bias": (None, {}),
     "modalities": (None, ["text"]),
     "audio": (None,),
@@ -102,6 +102,31 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    """`response_format.json_schema`: the schema the answer must validate against (OpenAI's structured outputs)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)] = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None  # true or false: the answer is constrained to the schema either way
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class ResponseFormat(_Strict):
+    """`response_format`: free text, any JSON object, or JSON that validates against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_given(cls, value):
+        if value is not None and value.schema_ is None:
+            raise ValueError("'schema' is required: the JSON schema the answer must follow")
+        return value
+
+
 def _within(name: str, bound: Limit) -> AfterValidator:
     def check(value):
         if problem := bound.problem(name, value):
@@ -142,6 +167,24 @@ class _Common(_Options):
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
+    response_format: ResponseFormat | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _format_complete(cls, value):
+        if value is not None and value.type == "json_schema" and value.json_schema is None:
+            raise ValueError("'json_schema' is required with type 'json_schema'")
+        return value
+
+    @property
+    def grammar(self) -> Grammar | None:
+        """The grammar `response_format` asks for (None: free text)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return Grammar.json_object()
+        return Grammar.json_schema(fmt.json_schema.schema_)
 
     @field_validator("stop")
     @classmethod

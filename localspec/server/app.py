@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localspec.core.grammar import GrammarError
 from localspec.core.params import OVERRIDE_OPTIONS
 from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
@@ -271,7 +272,15 @@ def _request(parsed, *, messages=None, prompt=None) -> request_mod.Request:
         penalties=penalties,
         drafter=parsed.drafter,
         think=getattr(parsed, "think", None),
+        grammar=_grammar(parsed),
     )
+
+
+def _grammar(parsed):
+    try:
+        return parsed.grammar
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="response_format.json_schema.schema", code="invalid_schema") from None
 
 
 async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Request, kind: str) -> Response:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from localspec.core.engine import Generation, TokenEvent
+from localspec.core.grammar import CompiledGrammar, Grammar, GrammarError
 from localspec.core.params import DEFAULT_MAX_TOKENS
 from localspec.core.session import Message, fewest_tokens
 from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
@@ -42,6 +43,8 @@ class Request:
     penalties: Mapping[str, float] = field(default_factory=dict)  # presence_penalty / frequency_penalty
     drafter: str | None = None
     think: bool | None = None  # chat_template_kwargs.enable_thinking (None: --think, the pair's, the model's)
+    grammar: Grammar | None = None  # what the answer must match (`response_format`); None: free text
+    grammar_param: str = "response_format"  # the field that asked for it, named by a refusal
 
 
 @dataclass(slots=True)
@@ -121,6 +124,7 @@ def complete(
     prompt = _prompt_tokens(served, request, think)
     max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
     sampling, spec = _params(served, request)
+    grammar = _grammar(served, request)
     rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
     emit(Started(len(prompt), served.name))
     generations: list[Generation] = []
@@ -129,7 +133,9 @@ def complete(
         if job.cancelled:
             log.info("choice %d cancelled before it began (client gone or server stopping)", index)
             break
-        gen = engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng)
+        gen = engine.generate(
+            prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng, grammar=grammar
+        )
         split = served.chat_format().splitter(think) if request.messages is not None else None
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
@@ -143,6 +149,20 @@ def complete(
         splits.append(split)
         emit(Ended(index, gen, split))
     return Outcome(served, len(prompt), generations, splits)
+
+
+def _grammar(served: Served, request: Request) -> CompiledGrammar | None:
+    """The request's grammar compiled for the target's vocabulary.
+
+    Raises:
+        ApiError: a schema or grammar the library cannot compile (400, naming what it refused).
+    """
+    if request.grammar is None:
+        return None
+    try:
+        return served.engine.compile_grammar(request.grammar)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=request.grammar_param, code="invalid_schema") from None
 
 
 def _think(served: Served, request: Request) -> bool | None:

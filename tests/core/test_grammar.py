@@ -176,9 +176,7 @@ def test_t1_pq_against_the_masked_target_emits_it_and_a_lying_draft_does_not(see
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "drafter,k", [("none", 0), ("model", 1), ("model", 3), ("ngram", 3), ("model+ngram", 3)]
-)
+@pytest.mark.parametrize("drafter,k", [("none", 0), ("model", 1), ("model", 3), ("ngram", 3), ("model+ngram", 3)])
 def test_t2_the_loop_under_a_grammar_emits_the_masked_target_law(law, grammar, drafter, k):
     engine = engine_for(drafter)
     counts, stats = first_tokens(engine, grammar, SpeculativeParams(draft_max=k, adaptive=False), N_RUNS, seed=k)

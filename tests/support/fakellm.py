@@ -84,7 +84,9 @@ class TableContext:
         return row
 
     def logits_block(self, n: int, start: int = 0) -> np.ndarray:
-        return np.stack([self.logits(start + i) for i in range(n)])  # (n, n_vocab); a negative start counts from the end
+        return np.stack(
+            [self.logits(start + i) for i in range(n)]
+        )  # (n, n_vocab); a negative start counts from the end
 
     def sampled_token(self, i: int) -> int:
         assert self.device_greedy, "a context without the in-graph sampler"
