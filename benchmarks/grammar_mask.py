@@ -120,7 +120,7 @@ def time_llguidance(v: dict) -> tuple[str, float]:
     matcher = llg.LLMatcher(tok, llg.LLMatcher.grammar_from_json_schema(SCHEMA))
     mask = allocate_token_bitmask(1, len(v["pieces"]))
     times = []
-    for rnd in range(3):
+    for _round in range(3):
         for token in v["walk"]:
             t = time.perf_counter()
             fill_next_token_bitmask(matcher, mask)
@@ -144,7 +144,7 @@ def time_xgrammar(v: dict) -> tuple[str, float]:
     matcher = xgr.GrammarMatcher(compiled)
     mask = np.full((1, (len(v["pieces"]) + 31) // 32), -1, dtype=np.int32)
     times = []
-    for rnd in range(3):
+    for _round in range(3):
         for token in v["walk"]:
             t = time.perf_counter()
             matcher.fill_next_token_bitmask(mask)
@@ -184,7 +184,7 @@ def measure(path: str) -> None:
             libs[name] = fn
         except ImportError:
             print(f"# {name} is not importable here: skipped", file=sys.stderr)
-    print("µs per row: median / mean / 90th percentile, the first walk · the next two; build: the tokenizer and the schema, once")
+    print("µs per row: median / mean / 90th percentile, the first walk · the next two; build: vocabulary + schema")
     print("| vocabulary | rows | " + " | ".join(f"{n} (build)" for n in libs) + " | sampling_law |")
     print("|---|---|" + "---|" * len(libs) + "---|")
     for v in vocabs:

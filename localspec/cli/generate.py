@@ -11,10 +11,11 @@ import argparse
 import functools
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
-from localspec.errors import ContextError, WorkerLostError
+from localspec.errors import ContextError, InvalidParamsError, WorkerLostError
 from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 from localspec.progress import StatusLine
@@ -44,6 +45,11 @@ def register(sub) -> None:
     gen.add_argument("--system", help="system prompt (with --chat)")
     gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
     gen.add_argument("--json", action="store_true", help="one JSON object per completion per line")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema", metavar="FILE", help="the answer is JSON that validates against this JSON schema"
+    )
+    shape.add_argument("--grammar", metavar="FILE", help="the answer matches this grammar (Lark or llama.cpp's GBNF)")
     gen.add_argument(
         "--truncate",
         action="store_true",
@@ -91,6 +97,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
     from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
+    grammar = _grammar(args)
     with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
         for note in (defaults.notice, engine.drafting_note, *(engine.plan.warnings if engine.plan else ())):
@@ -117,7 +124,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
         rng = np.random.default_rng(sampling.seed)  # one stream: the N completions are independent draws
         for i in range(args.n):
             gen = engine.generate(
-                tokens, sampling=sampling, spec=spec, max_tokens=run.max_tokens, stop=run.stop, rng=rng
+                tokens, sampling=sampling, spec=spec, max_tokens=run.max_tokens, stop=run.stop, rng=rng, grammar=grammar
             )
             gen.notices.extend(notices)
             gen.on_prefill = _prefill_line(StatusLine())
@@ -130,6 +137,25 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
             guard.generation = None
             guard.check()
     return 0
+
+
+def _grammar(args: argparse.Namespace):
+    """The grammar --json-schema or --grammar names (None: free text).
+
+    Raises:
+        InvalidParamsError: the file cannot be read, or the schema is not JSON.
+    """
+    from localspec.core.grammar import Grammar
+
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    flag = "--json-schema" if args.json_schema else "--grammar"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidParamsError(f"{flag} {path}: cannot read it ({e.__class__.__name__}: {e})") from None
+    return Grammar.json_schema(text) if args.json_schema else Grammar("grammar", text)
 
 
 def _think(fmt, run: RunFlags, defaults, args: argparse.Namespace) -> bool | None:

@@ -23,7 +23,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import threads
 from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
-from localspec.llama.vocab import grammar_pieces
+from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 
 from .bridge import VocabBridge
 from .drafters import Drafter, DraftRequest
@@ -388,7 +388,8 @@ class Engine:
         if grammar not in self._grammars:
             if self._grammar_vocab is None:
                 model = self.target_model
-                self._grammar_vocab = GrammarVocab(grammar_pieces(model), sorted(self.eog), model.tokenize)
+                tokenize = grammar_tokenizer(model)
+                self._grammar_vocab = GrammarVocab(grammar_pieces(model), sorted(self.eog), tokenize)
             if len(self._grammars) >= 16:
                 self._grammars.pop(next(iter(self._grammars)))
             self._grammars[grammar] = self._grammar_vocab.compile(grammar)

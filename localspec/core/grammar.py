@@ -24,7 +24,7 @@ from localspec.errors import InvalidParamsError
 from .laws import Law
 from .sampling import SamplingParams, greedy_token, sampling_law
 
-GRAMMAR_KINDS = ("json_schema", "json_object", "lark", "gbnf", "regex")
+GRAMMAR_KINDS = ("json_schema", "json_object", "grammar", "lark", "gbnf", "regex")  # "grammar": Lark or GBNF
 # JSON as OpenAI's structured outputs write it: no whitespace between tokens, so keys, quotes and braces are forced.
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
@@ -67,11 +67,11 @@ class Grammar:
             return llguidance.LLMatcher.grammar_from_lark(self.text)
         if self.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(self.text)
-        if self.kind == "gbnf":
+        if self.kind in ("gbnf", "grammar"):  # llguidance reads GBNF into Lark (Lark passes through)
             try:
                 return llguidance.grammar_from("gbnf", self.text)
             except ValueError as e:
-                raise GrammarError(f"the GBNF grammar cannot be read: {e}") from None
+                raise GrammarError(f"the grammar cannot be read: {_one_line(str(e))}") from None
         raise GrammarError(f"unknown grammar kind {self.kind!r}: one of {', '.join(GRAMMAR_KINDS)}")
 
 
@@ -119,9 +119,8 @@ class GrammarVocab:
 
 
 def _name(grammar: Grammar) -> str:
-    return {"json_schema": "JSON schema", "json_object": "JSON grammar", "regex": "regular expression"}.get(
-        grammar.kind, f"{grammar.kind.upper() if grammar.kind == 'gbnf' else 'Lark'} grammar"
-    )
+    names = {"json_schema": "JSON schema", "json_object": "JSON grammar", "regex": "regular expression"}
+    return names.get(grammar.kind, {"gbnf": "GBNF grammar", "lark": "Lark grammar"}.get(grammar.kind, "grammar"))
 
 
 def _one_line(message: str) -> str:

@@ -67,3 +67,16 @@ def grammar_pieces(model: Model) -> list[bytes]:
                 continue
         pieces.append(model.token_bytes(token))
     return pieces
+
+
+def grammar_tokenizer(model: Model):
+    """The model's tokenizer for text that continues other text (what a grammar library tokenizes forced text with):
+    a SentencePiece vocabulary would add its word-start space to the text's first piece, so the text is tokenized
+    after a newline and the newline's tokens dropped."""
+    mark = model.tokenize("\n")
+
+    def tokenize(text: str) -> list[int]:
+        tokens = model.tokenize("\n" + text)
+        return tokens[len(mark) :] if tokens[: len(mark)] == mark else model.tokenize(text)
+
+    return tokenize

@@ -23,8 +23,8 @@ class Person(BaseModel):
 def server(smollm2_path, tmp_path_factory):
     home = tmp_path_factory.mktemp("grammar-home")
     (home / "models.toml").write_text(
-        f'default = "smol"\n[pairs.smol]\ntarget = {{ path = "{smollm2_path}" }}\ndraft = {{ path = "{smollm2_path}" }}\n'
-        "temperature = 0.0\nn_ctx = 2048\n",
+        f'default = "smol"\n[pairs.smol]\ntarget = {{ path = "{smollm2_path}" }}\n'
+        f'draft = {{ path = "{smollm2_path}" }}\ntemperature = 0.0\nn_ctx = 2048\n',
         encoding="utf-8",
     )
     running = start_server(home, "--draft-max", "4", "--no-adaptive")
