@@ -72,8 +72,12 @@ def dump(out: str) -> None:
             cut = pieces[:131072]
             vocabs.insert(
                 1,
-                {"name": "128k (Gemma 3's first 131,072)", "pieces": cut, "eos": [e for e in eos if e < len(cut)],
-                 "walk": greedy(cut)(text.encode())},
+                {
+                    "name": "128k (Gemma 3's first 131,072)",
+                    "pieces": cut,
+                    "eos": [e for e in eos if e < len(cut)],
+                    "walk": greedy(cut)(text.encode()),
+                },
             )
         model.close()
     with open(out, "wb") as f:
