@@ -12,6 +12,8 @@ back to the template the way it reads it, so its own rule decides what a later t
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import re
 import uuid
@@ -21,7 +23,7 @@ from typing import Unpack
 
 from localspec.errors import ChatTemplateError, ContextError
 from localspec.llama.model import Model
-from localspec.llama.templates import render_builtin_chat, render_jinja_chat
+from localspec.llama.templates import render_builtin_chat, render_jinja_chat, template_variables
 
 from . import thinking, thinking_support, window
 from .engine import Engine, GenerateOptions, Generation
@@ -37,9 +39,11 @@ CUT_TO = 0.5
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    role: str  # "system", "user" or "assistant"
+    role: str  # "system", "user", "assistant" (or "tool": a tool's result)
     content: str  # an answer's text without its thinking
     reasoning: str = ""  # an answer's thinking (markers out)
+    tool_calls: tuple[dict, ...] = ()  # an assistant's calls: {"id", "type", "function": {"name", "arguments"}}
+    tool_call_id: str = ""  # a tool's result: the call it answers
 
 
 class ChatFormat:
@@ -65,7 +69,14 @@ class ChatFormat:
         self._control_re = re.compile("|".join(map(re.escape, control))) if control else None
         self.thinking = thinking_support.detect(model, self.template)
 
-    def tokens(self, messages: Sequence[Message], *, think: bool | None = None, limit: int | None = None) -> list[int]:
+    def tokens(
+        self,
+        messages: Sequence[Message],
+        *,
+        think: bool | None = None,
+        limit: int | None = None,
+        tools: list[dict] | None = None,
+    ) -> list[int]:
         """Token ids of the conversation followed by the assistant's generation prompt.
 
         Args:
@@ -74,12 +85,13 @@ class ChatFormat:
                 template without a switch — `ThinkingSupport.check` is the callers' refusal).
             limit: when given, a conversation whose text alone proves it `limit` tokens or more is refused before it
                 is tokenized (a huge body then costs a rendering, not a tokenizer pass).
+            tools: the template's `tools` variable (OpenAI's shape), for a template that renders tools.
 
         Raises:
             ContextError: the conversation is at least `limit` tokens (only with `limit`).
         """
         entries, texts = self._marked(messages)
-        rendered = self._render(entries, think)
+        rendered = self._render(entries, think, tools)
         pieces: list[tuple[str, bool]] = []  # (text, is_markup)
         pos = 0  # where the rest of the rendering starts (an index: copying the rest per message is quadratic)
         for mark, text, required in texts:
@@ -131,21 +143,31 @@ class ChatFormat:
                 else:  # the model's own form; a template that splits content at the end marker drops the thought
                     entry["content"] = f"{markers.start}\n{thought}\n{markers.end}\n\n{mark}"
                 texts.append((thought, message.reasoning, False))
+            if message.tool_calls:  # a template writes the calls itself; the arguments as the mapping it reads
+                entry["tool_calls"] = [_readable_call(c) for c in message.tool_calls]
+            if message.tool_call_id:
+                entry["tool_call_id"] = message.tool_call_id
             entries.append(entry)
-            texts.append((mark, message.content, True))
+            texts.append((mark, message.content, not message.tool_calls))  # beside calls, content may be left out
         return entries, texts
 
-    def _render(self, messages: list[dict[str, str]], think: bool | None = None) -> str:
+    def _render(self, messages: list[dict], think: bool | None = None, tools: list[dict] | None = None) -> str:
         if self.template_name:
             return render_builtin_chat(self.template_name, messages)
         m = self.model
+        variables = {**self.thinking.variables(think), **({"tools": tools} if tools else {})}
         return render_jinja_chat(
             self.template,
             messages,
             bos=m.token_piece_text(m.info.bos),
             eos=m.token_piece_text(m.info.eos),
-            variables=self.thinking.variables(think),
+            variables=variables,
         )
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """The variables the template reads (`tools`, `enable_thinking`, …); none for a built-in template."""
+        return template_variables(self.template) if self.template else frozenset()
 
     def _tokenize(self, pieces: list[tuple[str, bool]]) -> list[int]:
         # Split markup at control tokens; tokenize each run of plain text (markup and message text
@@ -175,6 +197,14 @@ class ChatFormat:
         if info.add_bos and info.bos >= 0 and (not out or out[0] != info.bos):
             out.insert(0, info.bos)
         return out
+
+
+def _readable_call(call: dict) -> dict:
+    """An OpenAI tool call with its arguments as a mapping (templates write them with `tojson`)."""
+    function = dict(call.get("function", {}))
+    with contextlib.suppress(ValueError):  # not JSON: the template gets the text as it came
+        function["arguments"] = json.loads(function.get("arguments") or "{}")
+    return {**call, "function": function, **function}  # Hermes templates read call.name; OpenAI's, call.function
 
 
 def fewest_tokens(model: Model, n_bytes: int) -> int:

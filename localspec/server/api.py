@@ -27,8 +27,6 @@ N_MAX = 16  # choices per request
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
     "functions": (None, []),
     "function_call": (None, "none"),
     "logit_bias": (None, {}),
@@ -42,12 +40,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "best_of": (None, 1),
 }
 # Fields that change nothing here (bookkeeping for OpenAI's own service): accepted and left out.
-IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+IGNORED = ("user", "metadata", "store", "service_tier")
 # Fields of a message that OpenAI's schema allows and we do not implement, with the values that change nothing:
 # what the openai client echoes back when a reply's `message` is appended to the conversation.
 MESSAGE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "refusal": (None, ""),
-    "tool_calls": (None, []),
     "function_call": (None,),
     "audio": (None,),
     "annotations": (None, []),
@@ -87,15 +84,58 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
     name: str | None = None  # a participant's name (multi-agent clients): accepted, and not part of the prompt
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls (the round trip)
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionSpec(_Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _an_object(cls, value):
+        if value is not None and value.get("type", "object") != "object":
+            raise ValueError("a function's parameters are a JSON schema of type 'object'")
+        return value
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class StreamOptions(_Strict):
@@ -211,6 +251,46 @@ class ChatRequest(_Common):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     chat_template_kwargs: TemplateKwargs | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @field_validator("messages")
+    @classmethod
+    def _tool_results_answer_calls(cls, messages):
+        """Each `tool` message answers a call an earlier assistant message made (by `tool_call_id`)."""
+        called: set[str] = set()
+        for i, m in enumerate(messages):
+            if m.role == "tool":
+                if m.tool_call_id is None:
+                    raise ValueError(f"messages.{i}: a tool message needs 'tool_call_id'")
+                if m.tool_call_id not in called:
+                    raise ValueError(
+                        f"messages.{i}.tool_call_id: {m.tool_call_id!r} answers no call of an earlier assistant message"
+                    )
+            called.update(c.id for c in m.tool_calls or ())
+            if m.tool_calls and m.role != "assistant":
+                raise ValueError(f"messages.{i}: only an assistant message has 'tool_calls'")
+        return messages
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool_exists(cls, value, info):
+        if isinstance(value, NamedToolChoice):
+            names = {t.function.name for t in info.data.get("tools") or ()}
+            if value.function.name not in names:
+                raise ValueError(f"tool_choice names {value.function.name!r}, which is not one of the tools")
+        return value
+
+    @property
+    def tool_mode(self) -> str | None:
+        """None (no tools offered, or `none`), "auto", "required" or the named function's name."""
+        if not self.tools:
+            return None
+        choice = self.tool_choice or "auto"
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        return None if choice == "none" else choice
 
     @property
     def think(self) -> bool | None:

@@ -40,6 +40,7 @@ from . import request as request_mod
 from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
 from .runner import Runner
+from .tools import Function
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,13 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     async def chat(request: Request) -> Response:
         parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
         messages = tuple(
-            ChatTurn("system" if m.role == "developer" else m.role, m.text, m.reasoning_content or "")
+            ChatTurn(
+                "system" if m.role == "developer" else m.role,
+                m.text,
+                m.reasoning_content or "",
+                tuple(c.model_dump() for c in m.tool_calls or ()),
+                m.tool_call_id or "",
+            )
             for m in parsed.messages
         )
         return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
@@ -273,6 +280,12 @@ def _request(parsed, *, messages=None, prompt=None) -> request_mod.Request:
         drafter=parsed.drafter,
         think=getattr(parsed, "think", None),
         grammar=_grammar(parsed),
+        tool_choice=getattr(parsed, "tool_mode", None),
+        functions=tuple(
+            Function(t.function.name, t.function.description, t.function.parameters or {"type": "object"})
+            for t in getattr(parsed, "tools", None) or ()
+        ),
+        parallel_tool_calls=getattr(parsed, "parallel_tool_calls", True),
     )
 
 
@@ -287,7 +300,7 @@ async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Re
     if not parsed.stream:
         job, future = runner.submit(parsed.model, request)
         outcome = await _watched(asyncio.wrap_future(future), http, job)
-        reply = Reply(kind, outcome.served.name)
+        reply = Reply(kind, outcome.served.name, tools=outcome.tools)
         return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
@@ -306,7 +319,7 @@ async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Re
         raise ApiError(499, "the request was cancelled", code="cancelled")
     assert isinstance(first, request_mod.Started)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    events = _events(queue, Reply(kind, first.model), first.prompt_tokens, parsed.n, include_usage)
+    events = _events(queue, Reply(kind, first.model, tools=first.tools), first.prompt_tokens, parsed.n, include_usage)
     return EventStream(events, on_close=job.cancel)
 
 
@@ -343,15 +356,23 @@ async def _events(
                 started.add(item.index)
                 yield sse(reply.chunk(item.index, "", first=True))
             for part, text, _ in item.pieces:  # a reasoning model's thinking goes in `reasoning_content` deltas
-                yield sse(reply.chunk(item.index, text, reasoning=part == THINKING))
+                if reply.tools is None or part == THINKING:  # with tools, the answer is parsed when it ends
+                    yield sse(reply.chunk(item.index, text, reasoning=part == THINKING))
         elif isinstance(item, request_mod.Ended):
             generations.append(item.generation)
             splits.append(item.split)
             extra = None
+            if reply.tools is not None:
+                if reply.kind == "chat" and item.index not in started:
+                    started.add(item.index)
+                    yield sse(reply.chunk(item.index, "", first=True))
+                for chunk in reply.tool_chunks(item.index, item.generation, item.split):
+                    yield sse(chunk)
             if item.index == n - 1:  # the last chunk of the answer carries the timings and our stats
                 both = usage_and_timings(prompt_tokens, generations, splits)
                 extra = {"timings": both["timings"], "localspec": both["localspec"]}
-            yield sse(reply.chunk(item.index, "", finish=item.generation.finish_reason, extra=extra))
+            finish = reply.finish(item.generation, item.split, item.index)
+            yield sse(reply.chunk(item.index, "", finish=finish, extra=extra))
         elif isinstance(item, request_mod.Done):
             error = item.future.exception()
             if error is not None:

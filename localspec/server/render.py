@@ -20,6 +20,7 @@ from localspec.core.stats import Stats
 from localspec.core.thinking import THINKING, PartStats, ThinkingSplit
 
 from .api import finite
+from .tools import ToolSetup
 
 Splits = Sequence[ThinkingSplit | None]  # each choice's thinking/answer split (None: no split, a raw completion)
 
@@ -32,6 +33,8 @@ class Reply:
     model: str
     id: str = ""
     created: int = 0
+    tools: ToolSetup | None = None  # the tools offered: each answer parsed for calls in their syntax
+    _parsed: dict = dataclasses.field(default_factory=dict)  # choice index -> (content, tool calls)
 
     def __post_init__(self) -> None:
         self.id = self.id or ("chatcmpl-" if self.kind == "chat" else "cmpl-") + uuid.uuid4().hex
@@ -48,11 +51,48 @@ class Reply:
         choices = [self._choice(i, gen, split) for i, (gen, split) in enumerate(zip(generations, splits))]
         return {**self._head(False), "choices": choices, **usage_and_timings(prompt_tokens, generations, splits)}
 
-    def _choice(self, index: int, gen: Generation, split: ThinkingSplit | None) -> dict:
-        finish = _finish(gen)
+    def calls(self, index: int, gen: Generation, split: ThinkingSplit | None) -> tuple[str | None, list[dict]]:
+        """Choice `index`'s content and tool calls (parsed once: the calls' ids stay the same)."""
         text = split.answer if split is not None else gen.text
+        if self.tools is None:
+            return text, []
+        if index not in self._parsed:
+            self._parsed[index] = self.tools.parse(text)
+        return self._parsed[index]
+
+    def finish(self, gen: Generation, split: ThinkingSplit | None, index: int = 0) -> str | None:
+        """The finish reason: "tool_calls" when the answer called a tool."""
+        if self.tools is not None and gen.finish_reason == "stop" and self.calls(index, gen, split)[1]:
+            return "tool_calls"
+        return _finish(gen)
+
+    def tool_chunks(self, index: int, gen: Generation, split: ThinkingSplit | None) -> list[dict]:
+        """The stream's chunks of an answer with tools, once it ended: its content, then each call as OpenAI
+        streams one (the id, type and name first, then the arguments)."""
+        content, calls = self.calls(index, gen, split)
+        out = [self.chunk(index, content)] if content else []
+        for i, call in enumerate(calls):
+            head = {
+                "index": i,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            body = {"index": i, "function": {"arguments": call["function"]["arguments"]}}
+            out += [self._delta(index, {"tool_calls": [head]}), self._delta(index, {"tool_calls": [body]})]
+        return out
+
+    def _delta(self, index: int, delta: dict) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self._head(True), "choices": [choice]}
+
+    def _choice(self, index: int, gen: Generation, split: ThinkingSplit | None) -> dict:
+        finish = self.finish(gen, split, index)
+        text, calls = self.calls(index, gen, split)
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, "refusal": None}
+            if calls:
+                message["tool_calls"] = calls
             if split is not None and split.reasoning:
                 message["reasoning_content"] = split.reasoning
             return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}

@@ -26,6 +26,7 @@ from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
 from .served import Served
+from .tools import Function, ToolSetup, detect_syntax, rendered_for_generic
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class Request:
     think: bool | None = None  # chat_template_kwargs.enable_thinking (None: --think, the pair's, the model's)
     grammar: Grammar | None = None  # what the answer must match (`response_format`); None: free text
     grammar_param: str = "response_format"  # the field that asked for it, named by a refusal
+    tool_choice: str | None = None  # "auto", "required" or a function's name; None: no tools
+    functions: tuple[Function, ...] = ()
+    parallel_tool_calls: bool = True
 
 
 @dataclass(slots=True)
@@ -55,6 +59,7 @@ class Outcome:
     prompt_tokens: int
     generations: list[Generation]
     splits: list[ThinkingSplit | None] = field(default_factory=list)  # each choice's thinking split (chat)
+    tools: ToolSetup | None = None  # the tools offered (their syntax parses each answer)
 
 
 class Job:
@@ -80,6 +85,7 @@ class Started:
 
     prompt_tokens: int
     model: str
+    tools: ToolSetup | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +127,17 @@ def complete(
     """
     engine = served.engine
     think = _think(served, request) if request.messages is not None else None
-    prompt = _prompt_tokens(served, request, think)
+    tools = _tools(served, request)
+    if tools is not None:
+        request = dataclasses.replace(request, messages=_with_tools(served, request.messages or (), tools))
+        if (grammar := tools.grammar()) is not None:
+            request = dataclasses.replace(request, grammar=grammar, grammar_param="tools")
+    prompt = _prompt_tokens(served, request, think, tools)
     max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
     sampling, spec = _params(served, request)
     grammar = _grammar(served, request)
     rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
-    emit(Started(len(prompt), served.name))
+    emit(Started(len(prompt), served.name, tools))
     generations: list[Generation] = []
     splits: list[ThinkingSplit | None] = []
     for index in range(request.n):
@@ -148,7 +159,34 @@ def complete(
         generations.append(gen)
         splits.append(split)
         emit(Ended(index, gen, split))
-    return Outcome(served, len(prompt), generations, splits)
+    return Outcome(served, len(prompt), generations, splits, tools)
+
+
+def _tools(served: Served, request: Request) -> ToolSetup | None:
+    """The request's tools in the model's syntax (None: no tools, or `tool_choice: none`)."""
+    if request.tool_choice is None or request.messages is None:
+        return None
+    try:
+        fmt = served.chat_format()
+    except ChatTemplateError as e:
+        raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
+    syntax = detect_syntax(fmt.template, fmt.reads)
+    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
+
+
+def _with_tools(served: Served, messages: tuple[Message, ...], tools: ToolSetup) -> tuple[Message, ...]:
+    """The conversation as the template renders it with tools: as it is where the template renders tools itself;
+    for the generic syntax, the tools taught in the system message and the round trip's calls and results written
+    as the JSON the model is taught."""
+    if tools.syntax != "generic":
+        return messages
+    out = [
+        Message(*rendered_for_generic(m.role, m.content, list(m.tool_calls), m.tool_call_id), reasoning=m.reasoning)
+        for m in messages
+    ]
+    if out and out[0].role == "system":
+        return (Message("system", f"{out[0].content}\n\n{tools.system_prompt()}"), *out[1:])
+    return (Message("system", tools.system_prompt()), *out)
 
 
 def _grammar(served: Served, request: Request) -> CompiledGrammar | None:
@@ -190,7 +228,9 @@ def _think(served: Served, request: Request) -> bool | None:
         raise ApiError(400, str(e), param=param, code="unsupported_value") from None
 
 
-def _prompt_tokens(served: Served, request: Request, think: bool | None = None) -> list[int]:
+def _prompt_tokens(
+    served: Served, request: Request, think: bool | None = None, tools: ToolSetup | None = None
+) -> list[int]:
     engine = served.engine
     if request.messages is not None:
         what, subject, them = "messages", "the messages are", "them"
@@ -198,7 +238,8 @@ def _prompt_tokens(served: Served, request: Request, think: bool | None = None) 
         if n >= engine.n_ctx:  # every template spends a token or more on each message's role
             raise _too_long(f"{subject} {n} messages but the context holds {engine.n_ctx} tokens: send fewer", what)
         try:
-            tokens = served.chat_format().tokens(request.messages, think=think, limit=engine.n_ctx)
+            native = tools.openai_tools() if tools is not None and tools.syntax != "generic" else None
+            tokens = served.chat_format().tokens(request.messages, think=think, limit=engine.n_ctx, tools=native)
         except ChatTemplateError as e:
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
         except ContextError as e:  # told from the text's length alone, before a tokenizer pass over all of it
