@@ -43,6 +43,7 @@ class DraftRequest:
     # (`Constraint.push`); the step pushes the others' and ends one-hot drafts at the first token it forbids.
     grammar: Constraint | None = None
     forced: int = 0  # the last `forced` tokens of `history` were forced by the grammar: not yet decoded by the target
+    logprobs: int | None = None  # each emitted token's log-probability and this many alternatives (None: none)
 
 
 @dataclass(frozen=True, slots=True)

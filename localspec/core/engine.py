@@ -34,7 +34,7 @@ from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .placement import GpuPlan
 from .policy import DraftPolicy
 from .sampling import SamplingParams
-from .stats import Stats
+from .stats import Stats, TokenLogprob
 from .step import speculative_step, target_chain
 from .textstream import TextStream
 
@@ -64,6 +64,7 @@ class GenerateOptions(TypedDict, total=False):
     stop: Sequence[str]  # stop strings (default: none)
     rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
     grammar: Grammar | CompiledGrammar | None  # what the answer must match (core/grammar.py; default: anything)
+    logprobs: int | None  # each token's log-probability and this many alternatives (core/step.py; default: none)
 
 
 class Generation:
@@ -85,6 +86,7 @@ class Generation:
         stop: Sequence[str] = (),
         rng: np.random.Generator | None = None,
         grammar: Grammar | CompiledGrammar | None = None,
+        logprobs: int | None = None,
     ) -> None:
         if not prompt:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
@@ -99,6 +101,8 @@ class Generation:
         self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
         # The grammar's matcher for this generation (compiled here, so a bad grammar fails before anything runs).
         self.constraint = None if grammar is None else engine.compile_grammar(grammar).start()
+        self.logprobs_top = logprobs
+        self.logprobs: list[TokenLogprob] = []  # each token's, where asked
         self.stats = Stats(prompt_tokens=len(prompt))
         self.tokens: list[int] = []
         self.from_draft: list[bool] = []
@@ -206,12 +210,15 @@ class Generation:
                 chain=chain,
                 grammar=self.constraint,
                 forced=len(forced),
+                logprobs=self.logprobs_top,
             )
             step = speculative_step(engine.target, engine.drafter, request)
             engine.check_invariants()
             stats.record_step(step)
             engine.policy.observe(step)
-            for token, from_draft in step.tokens:
+            for i, (token, from_draft) in enumerate(step.tokens):
+                if step.logprobs is not None:
+                    self.logprobs.append(step.logprobs[i])
                 history.append(token)
                 self.tokens.append(token)
                 self.from_draft.append(from_draft)

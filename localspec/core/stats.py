@@ -28,6 +28,15 @@ class StepTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A token's log-probability under the target's own distribution (its raw logits' softmax: core/step.py
+    `logprobs`), and the most likely tokens at that position with theirs, best first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """What one step of the generation loop did: the one record `Stats` and the draft policy learn from."""
 
@@ -36,6 +45,8 @@ class Step:
     accepted: int  # of those, accepted
     draft_decoded: int = 0  # tokens the draft model decoded (its drafts and any catch-up)
     timing: StepTiming = StepTiming()
+    # Per emitted token, where asked (`DraftRequest.logprobs`): (its log-probability, the top alternatives).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def emitted(self) -> int:

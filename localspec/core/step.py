@@ -8,6 +8,7 @@ native call, and its law is rebuilt only when p/q needs its probabilities.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 
@@ -21,7 +22,7 @@ from .grammar import Constraint, TokenMask, masked, masked_argmax
 from .kv import Context, KVSequence
 from .laws import ChainRowLaw, Law
 from .sampling import SamplingParams, greedy_token, penalty_window, sampling_law
-from .stats import Step, StepTiming
+from .stats import Step, StepTiming, TokenLogprob
 from .verify import Verdict, verify_greedy, verify_match, verify_pq
 
 
@@ -156,21 +157,44 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
     if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
         target.checkpoint()  # a cache that cannot drop this tail restores this instead
     # 2. ONE pass: k+1 target rows (after the tokens a grammar forced, decoded in the same batch, rows unread)
-    target.append([*history[len(history) - 1 - forced :], *drafts.tokens], outputs=len(drafts.tokens) + 1)
+    batch = [*history[len(history) - 1 - forced :], *drafts.tokens]
+    target.append(batch, outputs=len(batch) if request.logprobs is not None else len(drafts.tokens) + 1)
     clock.lap("verify")
     try:
         n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
     except NonFiniteLogitsError as e:
         raise e.naming(f"the target ({_model_name((target,))})", len(history)) from None
+    emitted = tuple((t, False) for t in history[len(history) - forced :])
+    emitted += tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
+    scores = None if request.logprobs is None else logprobs(target.ctx, emitted, len(batch), request.logprobs)
     clock.lap("sampling")
     target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches (and the grammar)
     drafter.keep(len(history) + n_accepted)
     if request.grammar is not None:
         request.grammar.end_step(forced + n_accepted, token)
     clock.lap("verify")
-    emitted = tuple((t, False) for t in history[len(history) - forced :])
-    emitted += tuple((t, True) for t in drafts.tokens[:n_accepted]) + ((token, False),)
-    return Step(emitted, len(drafts.tokens), n_accepted, drafts.cost.decoded, clock.timing(drafts.cost))
+    return Step(emitted, len(drafts.tokens), n_accepted, drafts.cost.decoded, clock.timing(drafts.cost), scores)
+
+
+def logprobs(ctx: Context, emitted: tuple[tuple[int, bool], ...], n_rows: int, top: int) -> tuple[TokenLogprob, ...]:
+    """Each emitted token's log-probability, and the `top` most likely tokens at its position, under ONE law
+    everywhere: the target's own distribution, the softmax of its raw logits at temperature 1 — before penalties,
+    temperature, truncation and a grammar's mask (what llama-server reports; the law a token was sampled from
+    depends on the settings, is one-hot at T 0, and gives forced tokens probability 1). Emitted token j was
+    predicted by row j of the pass (`n_rows` rows, all output), so an accepted draft's log-probability is the
+    target's, never the draft's."""
+    out = []
+    for j, (token, _) in enumerate(emitted):
+        row = ctx.logits(j - n_rows).astype(np.float64)  # (n_vocab,)
+        best = row.max()
+        log_total = best + math.log(np.exp(row - best).sum())
+        alternatives: tuple[tuple[int, float], ...] = ()
+        if top:
+            ids = np.argpartition(-row, top - 1)[:top]
+            ids = ids[np.lexsort((ids, -row[ids]))]  # best first, the lower id among equals
+            alternatives = tuple((int(i), float(row[i] - log_total)) for i in ids)
+        out.append(TokenLogprob(float(row[token] - log_total), alternatives))
+    return tuple(out)
 
 
 def admitted(drafts: Proposal, grammar: Constraint, forced: int) -> Proposal:

@@ -22,11 +22,10 @@ from localspec.core.params import DRAFTERS, OPTIONS
 
 STOP_MAX = 16  # stop strings per request
 N_MAX = 16  # choices per request
+TOP_LOGPROBS_MAX = 20  # alternatives per token's log-probability, as OpenAI allows
 
 # Fields OpenAI defines that we do not implement, with the values that leave the output unchanged.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "functions": (None, []),
     "function_call": (None, "none"),
     "logit_bias": (None, {}),
@@ -254,6 +253,20 @@ class ChatRequest(_Common):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=TOP_LOGPROBS_MAX)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, value, info):
+        if value and not info.data.get("logprobs"):
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        return value
+
+    @property
+    def logprobs_top(self) -> int | None:
+        """How many alternatives each token's log-probability comes with (None: no log-probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages")
     @classmethod
@@ -299,6 +312,11 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str]
+    logprobs: Annotated[int, Field(ge=0, le=TOP_LOGPROBS_MAX)] | None = None  # the legacy API: the alternatives
+
+    @property
+    def logprobs_top(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod

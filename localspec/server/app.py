@@ -286,6 +286,7 @@ def _request(parsed, *, messages=None, prompt=None) -> request_mod.Request:
             for t in getattr(parsed, "tools", None) or ()
         ),
         parallel_tool_calls=getattr(parsed, "parallel_tool_calls", True),
+        logprobs=parsed.logprobs_top,
     )
 
 
@@ -300,7 +301,9 @@ async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Re
     if not parsed.stream:
         job, future = runner.submit(parsed.model, request)
         outcome = await _watched(asyncio.wrap_future(future), http, job)
-        reply = Reply(kind, outcome.served.name, tools=outcome.tools)
+        reply = Reply(
+            kind, outcome.served.name, tools=outcome.tools, token_bytes=outcome.served.engine.target_model.token_bytes
+        )
         return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
@@ -319,7 +322,8 @@ async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Re
         raise ApiError(499, "the request was cancelled", code="cancelled")
     assert isinstance(first, request_mod.Started)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    events = _events(queue, Reply(kind, first.model, tools=first.tools), first.prompt_tokens, parsed.n, include_usage)
+    reply = Reply(kind, first.model, tools=first.tools, token_bytes=first.token_bytes)
+    events = _events(queue, reply, first.prompt_tokens, parsed.n, include_usage)
     return EventStream(events, on_close=job.cancel)
 
 
@@ -355,9 +359,13 @@ async def _events(
             if reply.kind == "chat" and item.index not in started:
                 started.add(item.index)
                 yield sse(reply.chunk(item.index, "", first=True))
-            for part, text, _ in item.pieces:  # a reasoning model's thinking goes in `reasoning_content` deltas
+            scored = item.logprob is not None and item.event.token is not None
+            if scored and not item.pieces:  # a token whose text is held back still has its log-probability
+                yield sse(reply.chunk(item.index, "", logprob=(item.event.token, item.logprob)))
+            for k, (part, text, _) in enumerate(item.pieces):  # thinking goes in `reasoning_content` deltas
                 if reply.tools is None or part == THINKING:  # with tools, the answer is parsed when it ends
-                    yield sse(reply.chunk(item.index, text, reasoning=part == THINKING))
+                    lp = (item.event.token, item.logprob) if scored and k == 0 else None
+                    yield sse(reply.chunk(item.index, text, reasoning=part == THINKING, logprob=lp))
         elif isinstance(item, request_mod.Ended):
             generations.append(item.generation)
             splits.append(item.split)

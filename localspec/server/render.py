@@ -13,10 +13,10 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from localspec.core.engine import Generation
-from localspec.core.stats import Stats
+from localspec.core.stats import Stats, TokenLogprob
 from localspec.core.thinking import THINKING, PartStats, ThinkingSplit
 
 from .api import finite
@@ -34,6 +34,7 @@ class Reply:
     id: str = ""
     created: int = 0
     tools: ToolSetup | None = None  # the tools offered: each answer parsed for calls in their syntax
+    token_bytes: Callable[[int], bytes] | None = None  # the target's token → its bytes (log-probabilities)
     _parsed: dict = dataclasses.field(default_factory=dict)  # choice index -> (content, tool calls)
 
     def __post_init__(self) -> None:
@@ -89,14 +90,46 @@ class Reply:
     def _choice(self, index: int, gen: Generation, split: ThinkingSplit | None) -> dict:
         finish = self.finish(gen, split, index)
         text, calls = self.calls(index, gen, split)
+        scored = list(zip(gen.tokens, gen.logprobs)) if gen.logprobs else None
         if self.kind == "chat":
             message = {"role": "assistant", "content": text, "refusal": None}
             if calls:
                 message["tool_calls"] = calls
             if split is not None and split.reasoning:
                 message["reasoning_content"] = split.reasoning
-            return {"index": index, "message": message, "logprobs": None, "finish_reason": finish}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            logprobs = {"content": [self._entry(t, lp) for t, lp in scored], "refusal": None} if scored else None
+            return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text, "logprobs": self._legacy(scored), "finish_reason": finish}
+
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        raw = self.token_bytes(token) if self.token_bytes is not None else b""
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def _entry(self, token: int, scored: TokenLogprob) -> dict:
+        """One token of chat's `logprobs.content`: its text, bytes, log-probability and the top alternatives."""
+        text, raw = self._piece(token)
+        top = []
+        for alt, lp in scored.top:
+            alt_text, alt_raw = self._piece(alt)
+            top.append({"token": alt_text, "logprob": lp, "bytes": alt_raw})
+        return {"token": text, "logprob": scored.logprob, "bytes": raw, "top_logprobs": top}
+
+    def _legacy(self, scored: list | None) -> dict | None:
+        """The completions API's `logprobs`: tokens, their log-probabilities, the alternatives, the text offsets."""
+        if not scored:
+            return None
+        tokens, offsets, at = [], [], 0
+        for token, _ in scored:
+            text = self._piece(token)[0]
+            tokens.append(text)
+            offsets.append(at)
+            at += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for _, lp in scored],
+            "top_logprobs": [{self._piece(t)[0]: v for t, v in lp.top} for _, lp in scored],
+            "text_offset": offsets,
+        }
 
     def chunk(
         self,
@@ -107,14 +140,18 @@ class Reply:
         finish: str | None = None,
         extra=None,
         reasoning: bool = False,
+        logprob: tuple[int, TokenLogprob] | None = None,
     ) -> dict:
-        """One stream chunk: the role first (chat), then text deltas (`reasoning`: of the thinking), then the finish."""
+        """One stream chunk: the role first (chat), then text deltas (`reasoning`: of the thinking; `logprob`: the
+        token's, where asked), then the finish."""
         if self.kind == "chat":
             key = "reasoning_content" if reasoning else "content"
             delta: dict = {"role": "assistant", "content": ""} if first else ({key: text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            scored = {"content": [self._entry(*logprob)], "refusal": None} if logprob else None
+            choice = {"index": index, "delta": delta, "logprobs": scored, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": self._legacy([logprob] if logprob else None)}
+            choice["finish_reason"] = finish
         return {**self._head(True), "choices": [choice], **(extra or {})}
 
     def usage_chunk(self, prompt_tokens: int, generations: Sequence[Generation], splits: Splits = ()) -> dict:

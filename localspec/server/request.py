@@ -19,6 +19,7 @@ from localspec.core.engine import Generation, TokenEvent
 from localspec.core.grammar import CompiledGrammar, Grammar, GrammarError
 from localspec.core.params import DEFAULT_MAX_TOKENS
 from localspec.core.session import Message, fewest_tokens
+from localspec.core.stats import TokenLogprob
 from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
 from localspec.core.thinking_support import choose_thinking, thinking_choice
 from localspec.errors import ChatTemplateError, ContextError, LocalspecError
@@ -49,6 +50,7 @@ class Request:
     tool_choice: str | None = None  # "auto", "required" or a function's name; None: no tools
     functions: tuple[Function, ...] = ()
     parallel_tool_calls: bool = True
+    logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
 
 
 @dataclass(slots=True)
@@ -86,6 +88,7 @@ class Started:
     prompt_tokens: int
     model: str
     tools: ToolSetup | None = None
+    token_bytes: Callable[[int], bytes] | None = None  # the target's token → its bytes (log-probabilities' tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,7 @@ class Token:
     index: int
     event: TokenEvent
     pieces: list[Piece]
+    logprob: TokenLogprob | None = None  # where asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +141,7 @@ def complete(
     sampling, spec = _params(served, request)
     grammar = _grammar(served, request)
     rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
-    emit(Started(len(prompt), served.name, tools))
+    emit(Started(len(prompt), served.name, tools, engine.target_model.token_bytes))
     generations: list[Generation] = []
     splits: list[ThinkingSplit | None] = []
     for index in range(request.n):
@@ -145,7 +149,14 @@ def complete(
             log.info("choice %d cancelled before it began (client gone or server stopping)", index)
             break
         gen = engine.generate(
-            prompt, sampling=sampling, spec=spec, max_tokens=max_tokens, stop=request.stop, rng=rng, grammar=grammar
+            prompt,
+            sampling=sampling,
+            spec=spec,
+            max_tokens=max_tokens,
+            stop=request.stop,
+            rng=rng,
+            grammar=grammar,
+            logprobs=request.logprobs,
         )
         split = served.chat_format().splitter(think) if request.messages is not None else None
         job.generation = gen
@@ -153,7 +164,8 @@ def complete(
             gen.cancel()
         for event in gen:
             pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
-            emit(Token(index, event, [p for p in pieces if p[1]]))
+            scored = gen.logprobs[len(gen.tokens) - 1] if gen.logprobs and event.token is not None else None
+            emit(Token(index, event, [p for p in pieces if p[1]], scored))
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
             log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
         generations.append(gen)

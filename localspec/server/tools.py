@@ -81,7 +81,7 @@ class ToolSetup:
         options = [
             {
                 "type": "object",
-                "properties": {"name": {"const": f.name}, arguments_key: f.parameters or {"type": "object"}},
+                "properties": {"name": {"const": f.name}, arguments_key: _closed(f.parameters)},
                 "required": ["name", arguments_key],
                 "additionalProperties": False,
             }
@@ -160,6 +160,17 @@ class ToolSetup:
             if name in known
         ]
         return (content if calls else text), calls
+
+
+def _closed(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameters as its call is constrained: only the parameters it declares (`additionalProperties`
+    false where the schema does not say, as OpenAI's strict function calling has it) — a small model constrained to
+    an open object goes on inventing keys."""
+    if not parameters:
+        return {"type": "object"}
+    if "properties" in parameters and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
 
 
 def _json(text: str) -> Any:
