@@ -96,11 +96,18 @@ class ToolCall(_Strict):
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
     name: str | None = None  # a participant's name (multi-agent clients): accepted, and not part of the prompt
     tool_calls: list[ToolCall] | None = None  # an assistant's calls (the round trip)
     tool_call_id: str | None = None  # a tool's result: the call it answers
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, value, info):
+        if value is None and info.data.get("role") != "assistant":  # an assistant's may be null beside its calls
+            raise ValueError("'content' is required")
+        return value
 
     @property
     def text(self) -> str:

@@ -72,7 +72,12 @@ def test_each_unsupported_field_is_refused_by_name(name):
         ({"verify": "auto"}, "verify"),
         ({"messages": [{"role": "user"}]}, "messages.0.content"),
         ({"messages": [{"role": "user", "content": "x", "nickname": "bob"}]}, "messages.0.nickname"),
-        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]}, "messages.0.tool_calls"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": "1"}]}]},
+            "messages.0.tool_calls.0.function",
+        ),
+        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c1"}]}, "messages"),  # answers no call
+        ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"stream_options": {"include_usage": True, "extra": 1}}, "stream_options.extra"),
     ],
 )

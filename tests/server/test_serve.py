@@ -77,11 +77,14 @@ def test_a_conversation_goes_on_with_the_clients_own_message_object(client):
     assert set(dumped) == set(ChatCompletionMessage.model_fields)  # every field the schema has, None where unset
     third = chat(client, [*messages, dumped, follow_up], max_tokens=6)
     assert second.choices[0].message.content == third.choices[0].message.content  # the echoed fields change nothing
-    for name in set(dumped) - {"role", "content"}:  # each unsupported field at a value that would change the answer
-        with pytest.raises(openai.BadRequestError) as refused:
+    for name in set(dumped) - {"role", "content", "tool_calls"}:  # each unsupported field at a value that would
+        with pytest.raises(openai.BadRequestError) as refused:  # change the answer
             chat(client, [*messages, {**dumped, name: {"x": 1}}, follow_up], max_tokens=6)
         assert refused.value.body["param"] == f"messages.1.{name}", name
         assert refused.value.body["code"] == "unsupported_parameter"
+    with pytest.raises(openai.BadRequestError) as refused:  # tool calls are read (docs/serve.md "Tools"): typed
+        chat(client, [*messages, {**dumped, "tool_calls": {"x": 1}}, follow_up], max_tokens=6)
+    assert refused.value.body["param"] == "messages.1.tool_calls"
 
 
 def test_streamed_chunks_concatenate_to_the_whole_answer(client):
@@ -308,23 +311,32 @@ ERRORS = [
     ("not UTF-8", CHAT, b'{"messages": "\xff"}', {}, 400, None, "invalid_json"),
     ("no messages", CHAT, {"model": "tiny"}, {}, 400, "messages", "missing_required_parameter"),
     ("empty messages", CHAT, {"messages": []}, {}, 400, "messages", "invalid_value"),
-    ("a wrong role", CHAT, {"messages": [{"role": "tool", "content": "x"}]}, {}, 400, "messages.0.role", None),
+    ("a wrong role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, {}, 400, "messages.0.role", None),
     ("a wrong type", CHAT, {"messages": HI, "temperature": "hot"}, {}, 400, "temperature", "invalid_value"),
     ("a float for an int", CHAT, {"messages": HI, "max_tokens": 2.5}, {}, 400, "max_tokens", "invalid_value"),
     ("out of range", CHAT, {"messages": HI, "top_p": 0}, {}, 400, "top_p", "invalid_value"),
     ("n of 0", CHAT, {"messages": HI, "n": 0}, {}, 400, "n", "invalid_value"),
     ("an empty stop", CHAT, {"messages": HI, "stop": [""]}, {}, 400, "stop", "invalid_value"),
     ("unknown field", CHAT, {"messages": HI, "frobnicate": 1}, {}, 400, "frobnicate", "unsupported_parameter"),
-    ("logprobs", CHAT, {"messages": HI, "logprobs": True}, {}, 400, "logprobs", "unsupported_parameter"),
-    ("tools", CHAT, {"messages": HI, "tools": [{"type": "function"}]}, {}, 400, "tools", "unsupported_parameter"),
+    ("functions", CHAT, {"messages": HI, "functions": [{"name": "f"}]}, {}, 400, "functions", "unsupported_parameter"),
+    ("top_logprobs", CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 21}, {}, 400, "top_logprobs", None),
+    (
+        "a tool without a function",
+        CHAT,
+        {"messages": HI, "tools": [{"type": "function"}]},
+        {},
+        400,
+        "tools.0.function",
+        None,
+    ),
     (
         "response_format",
         CHAT,
-        {"messages": HI, "response_format": {"type": "json_object"}},
+        {"messages": HI, "response_format": {"type": "yaml"}},
         {},
         400,
-        "response_format",
-        "unsupported_parameter",
+        "response_format.type",
+        "invalid_value",
     ),
     ("an unknown drafter", CHAT, {"messages": HI, "drafter": "magic"}, {}, 400, "drafter", "invalid_value"),
     (
@@ -392,7 +404,7 @@ def test_get_on_a_post_route_is_405_and_the_openai_client_sees_the_errors(client
         client.chat.completions.create(model="nope", messages=HI)
     assert caught.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="tiny", messages=HI, logprobs=True)
+        client.chat.completions.create(model="tiny", messages=HI, logprobs=True, top_logprobs=21)
     assert server.healthy()
 
 
