@@ -44,6 +44,7 @@ class Row:
     divergences: tuple[Divergence, ...] = ()
     peer_tokens_per_second: float | None = None
     peer_acceptance: float | None = None
+    mask_us_per_row: float = 0.0  # the structured workload: the grammar's mask, µs per row it was computed for
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,12 @@ def render(report: BenchReport) -> list[str]:
         lines.append(
             f"batch vs single-row logits of the target (prompt rows): max |Δ| {report.logit_noise:.4f} — greedy "
             "output may leave plain decoding where the top-2 gap is below this"
+        )
+    masked = [r for r in report.rows if r.mask_us_per_row]
+    if masked:
+        lines.append(
+            "the grammar's mask (the structured workload), µs per row: "
+            + ", ".join(f"{r.setting} T{r.temperature:g} {r.mask_us_per_row:.0f}" for r in masked)
         )
     if report.sampling:
         lines.append(

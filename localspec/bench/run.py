@@ -12,6 +12,7 @@ yardstick.py's, the whole bench suite.py's, the report report.py's; the flags ar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from localspec.core.engine import Engine, Generation
+from localspec.core.grammar import Grammar
 from localspec.core.params import SpeculativeParams
 from localspec.core.placement import GpuPlan
 from localspec.core.policy import expected_tokens
@@ -47,12 +49,14 @@ class Setting:
     k: int | None
     verify: str = "pq"
     limit: int = 8
+    schema: bool = False  # the structured workload: the answer constrained to STRUCTURED
 
     @property
     def name(self) -> str:
         if self.k == 0:
-            return "plain"
+            return "plain" + (" schema" if self.schema else "")
         kind = f"adaptive≤{self.limit}" if self.k is None else f"k={self.k}"
+        kind += " schema" if self.schema else ""
         return kind if self.temperature == 0 else f"{kind} {self.verify}"
 
     @property
@@ -66,15 +70,33 @@ class Setting:
         return SamplingParams(temperature=self.temperature)  # the built-in top-k 40, top-p 0.95, min-p 0.05
 
 
-def settings_for(ks: Sequence[int], temperatures: Sequence[float], verifies: Sequence[str]) -> list[Setting]:
-    """Plain, each k and adaptive at every temperature; at T > 0, each verification mode."""
+# The structured workload (`bench --structured`): a JSON schema every built-in prompt can be answered in.
+STRUCTURED = Grammar.json_schema(
+    {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 80},
+            "points": {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1, "maxItems": 8},
+            "difficulty": {"enum": ["easy", "medium", "hard"]},
+        },
+        "required": ["title", "points", "difficulty"],
+        "additionalProperties": False,
+    }
+)
+
+
+def settings_for(
+    ks: Sequence[int], temperatures: Sequence[float], verifies: Sequence[str], structured: bool = False
+) -> list[Setting]:
+    """Plain, each k and adaptive at every temperature; at T > 0, each verification mode; with `structured`, each
+    of them again with the answer constrained to STRUCTURED."""
     out = []
     limit = max(ks)
     for t in temperatures:
         out.append(Setting(t, 0))
         for verify in ["pq"] if t == 0 else list(verifies):
             out += [Setting(t, k, verify, limit) for k in ks] + [Setting(t, None, verify, limit)]
-    return out
+    return out + [dataclasses.replace(s, schema=True) for s in out] if structured else out
 
 
 @dataclass(slots=True)
@@ -84,11 +106,14 @@ class Tally:
     stats: Stats = field(default_factory=Stats)
     seconds_outside_decode: float = 0.0
     tokens: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (round, prompt) -> output
+    seconds_mask: float = 0.0  # the grammar's masks (the structured workload)
+    masks: int = 0
 
 
 def _run_one(engine: Engine, prompt: list[int], setting: Setting, tokens: int) -> tuple[Generation, float]:
     decode_before = engine.seconds_decoding()
-    gen = engine.generate(prompt, sampling=setting.sampling, spec=setting.spec, max_tokens=tokens)
+    grammar = STRUCTURED if setting.schema else None
+    gen = engine.generate(prompt, sampling=setting.sampling, spec=setting.spec, max_tokens=tokens, grammar=grammar)
     for _ in gen:
         pass
     decoded = engine.seconds_decoding() - decode_before
@@ -141,6 +166,7 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
         python_us_per_row=1e6 * s.python_per_verified_row,
         bridge_us_per_draft_token=1e6 * s.bridging_per_drafted_token,
         divergences=divergences,
+        mask_us_per_row=1e6 * tally.seconds_mask / tally.masks if tally.masks else 0.0,
     )
 
 
@@ -206,6 +232,9 @@ def run_bench(
         tally.stats.merge(gen.stats)
         tally.seconds_outside_decode += python
         tally.tokens[(round_, p)] = list(gen.tokens)
+        if gen.constraint is not None:
+            tally.seconds_mask += gen.constraint.seconds_mask
+            tally.masks += gen.constraint.n_masks
         progress(f"{_bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
     return tallies
 
@@ -264,9 +293,9 @@ def _bar(done: int, total: int, width: int = 24) -> str:
 
 def rows_from(engine: Engine, prompts: list[list[int]], tallies: dict[Setting, Tally]) -> list[Row]:
     rows = []
-    plain_by_t = {s.temperature: t for s, t in tallies.items() if s.k == 0}
+    plain_by_t = {(s.temperature, s.schema): t for s, t in tallies.items() if s.k == 0}
     for setting, tally in tallies.items():
-        plain = plain_by_t.get(setting.temperature)
+        plain = plain_by_t.get((setting.temperature, setting.schema))  # a schema's runs against its plain runs
         div = ()
         if setting.temperature == 0 and setting.k != 0 and plain is not None:
             div = divergences(engine, prompts, plain.tokens, tally.tokens)

@@ -61,6 +61,7 @@ def plan_bench(
     peer: str | None,
     busy: bool,
     command: str,
+    structured: bool = False,
 ) -> BenchPlan:
     """What a bench of these checked flags runs: the pair (a models.toml pair with no draft drafts with its target's
     MTP head), how it loads, the settings, llama-server as the peer where it can run, the round trips with RPC.
@@ -69,6 +70,7 @@ def plan_bench(
         run: the model and thread flags, checked (`check_run_args`).
         paths: localspec's folders.
         texts, ks, temperatures, verifies, tokens, rounds, rtts, busy, command: the bench's checked flags.
+        structured: also run every setting with the answer constrained to a JSON schema (run.py STRUCTURED).
         peer: llama-server's path or folder ("": the one on PATH; None: no peer).
 
     Raises:
@@ -111,7 +113,7 @@ def plan_bench(
         params=params,
         chat_template=run.chat_template or resolved.defaults.chat_template,
         texts=texts,
-        settings=settings_for(ks, temperatures, verifies),
+        settings=settings_for(ks, temperatures, verifies, structured),
         temperatures=temperatures,
         tokens=tokens,
         rounds=rounds,

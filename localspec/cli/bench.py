@@ -46,6 +46,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--busy", action="store_true", help="also run plain and adaptive with one core kept busy")
     p.add_argument(
+        "--structured",
+        action="store_true",
+        help="also run every setting with the answer constrained to a JSON schema (tok/s, tokens per pass, the mask)",
+    )
+    p.add_argument(
         "--rtt",
         dest="rtts",
         default="0,2,5,10",
@@ -111,6 +116,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
         peer=args.peer,
         busy=args.busy,
         command="localspec " + " ".join(sys.argv[1:]),
+        structured=args.structured,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -210,6 +211,7 @@ class Constraint:
             raise GrammarError(f"the grammar cannot be used: {_one_line(self.matcher.get_error())}")
         self._n_words = (self.n_vocab + 31) // 32
         self._pushed: list[int] = []  # tokens consumed past the step's start
+        self.seconds_mask, self.n_masks = 0.0, 0  # what the masks cost (`localspec bench --structured`)
         self._masks: list[TokenMask] = []  # _masks[i]: the mask after _pushed[:i]
 
     @property
@@ -221,9 +223,12 @@ class Constraint:
         """The tokens allowed after everything pushed so far."""
         n = len(self._pushed)
         if len(self._masks) <= n:
+            start = time.perf_counter()
             words = np.empty(self._n_words, dtype=np.uint32)
             self.matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
             self._masks.append(TokenMask(words, self.n_vocab))
+            self.seconds_mask += time.perf_counter() - start
+            self.n_masks += 1
         return self._masks[n]
 
     def push(self, token: int) -> bool:

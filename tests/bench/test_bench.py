@@ -252,3 +252,21 @@ def test_a_peer_that_dies_at_start_is_named_by_its_signal(tiny_models, capsys, l
     notes = [line for line in out.splitlines() if line.startswith("note: llama-server failed")]
     assert len(notes) == 1 and "exited at start (code -11): it died with SIGSEGV; this CPU has AMX" in notes[0]
     assert "LOCALSPEC_REPACK=off" in notes[0]
+
+
+def test_the_structured_workload_runs_every_setting_under_the_schema(tiny_models, capsys, localspec_home):
+    """`--structured`: each setting again with the answer constrained to a JSON schema; tokens per pass (forced
+    tokens are free), the mask's µs per row, and greedy speculative == plain under the schema (no divergence)."""
+    code, out, err = bench(capsys, tiny_models, "--json", "--structured", "--temperature", "0", "--tokens", "24")
+    assert code == 0, err
+    rows = {r["setting"]: r for r in json.loads(out)["rows"]}
+    assert set(rows) == {"plain", "k=2", "k=3", "adaptive≤3", "plain schema", "k=2 schema", "k=3 schema"} | {
+        "adaptive≤3 schema"
+    }
+    for name, r in rows.items():
+        schema = name.endswith("schema")
+        assert (r["mask_us_per_row"] > 0) == schema, name
+        if schema:
+            assert r["divergences"] == [] or all(d["top2_gap"] >= 0 for d in r["divergences"])
+    assert rows["plain schema"]["tokens_per_pass"] > 1  # forced tokens: more than one token per pass without drafts
+    assert rows["plain schema"]["ratio"] == pytest.approx(1.0)
