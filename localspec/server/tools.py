@@ -124,7 +124,7 @@ class ToolSetup:
                 found = [(c.get("name"), c.get("arguments")) for c in data["tool_calls"] if isinstance(c, dict)]
                 content = None
             elif isinstance(data, dict) and isinstance(data.get("response"), str):
-                content = data["response"]
+                return data["response"], []  # the generic syntax's text answer
         elif self.syntax == "hermes":
             kept, pos = [], 0
             for hit in re.finditer(r"<tool_call>", text):
