@@ -249,7 +249,8 @@ def _add_peer(
     result = {key: ran[p] for key, p in runs.items()}  # a same-k run and a strong setting that are one run: once
     by_row = {(s.name, s.temperature): result[_runs_as(p)] for s, p in same.items()}
     report.peer = [
-        PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p]) for p in dict.fromkeys(runs.values())
+        PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p])
+        for p in sorted(dict.fromkeys(runs.values()), key=lambda p: p.temperature)
     ]
     best = {}
     for p in report.peer:
