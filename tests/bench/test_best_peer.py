@@ -89,9 +89,12 @@ def test_the_peers_strong_settings_and_how_each_starts(tmp_path):
     assert "--spec-draft-n-max" not in args(unsaid[0]) and "--spec-draft-sampling" not in args(unsaid[0])
 
 
-def test_bench_finds_the_peers_best_per_temperature_and_says_the_headline(tiny_models, capsys, localspec_home, tmp_path):
+def test_bench_finds_the_peers_best_per_temperature_and_says_its_headline(
+    tiny_models, capsys, localspec_home, tmp_path
+):
     peer, log = write_fake_peer(tmp_path)
-    code, out, err = bench(capsys, tiny_models, peer, "--k", "2,8", "--temperature", "0,0.8", "--verify", "pq", "--json")
+    flags = ["--k", "2,8", "--temperature", "0,0.8", "--verify", "pq", "--json"]
+    code, out, err = bench(capsys, tiny_models, peer, *flags)
     assert code == 0, err
     report = json.loads(out)
     ran = {(p["setting"], p["temperature"]): p for p in report["peer"]}
@@ -106,7 +109,7 @@ def test_bench_finds_the_peers_best_per_temperature_and_says_the_headline(tiny_m
     assert best[0.0]["setting"] == "adaptive≤8" and best[0.8]["setting"] == "adaptive≤8 pq"
     assert best[0.0]["label"] == "localspec default"
     rows = {(r["setting"], r["temperature"]): r for r in report["rows"]}
-    for (name, t), r in rows.items():
+    for (_, t), r in rows.items():
         assert r["best_peer_ratio"] == pytest.approx(r["tokens_per_second"] / best[t]["peer_tokens_per_second"])
     assert rows[("k=8", 0.0)]["peer_tokens_per_second"] == 45.0  # the same k: its own column, as before
     assert best[0.0]["ratio"] == pytest.approx(rows[("adaptive≤8", 0.0)]["tokens_per_second"] / 61.0)

@@ -19,9 +19,9 @@ from support.tinymodels import VARIANT_FEWER
 
 from localspec.core.bridge import BridgedDrafter, HistoryMirror, VocabBridge, _complete_utf8
 from localspec.core.drafters import DraftCost, DraftRequest, NgramChain
-from localspec.core.ngram import NgramIndex
 from localspec.core.engine import Engine
 from localspec.core.laws import ArrayLaw
+from localspec.core.ngram import NgramIndex
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.llama.compat import pair_verdict

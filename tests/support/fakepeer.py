@@ -39,7 +39,7 @@ SPEEDS = {
 }
 DEFAULT = (30.0, 30.0)  # any other setting (e.g. the same-k rows of a bench's --k)
 
-SCRIPT = '''#!{python}
+SCRIPT = """#!{python}
 import json, sys, http.server
 HELP, SPEEDS, DEFAULT, LOG = {help!r}, {speeds!r}, {default!r}, {log!r}
 args = sys.argv[1:]
@@ -73,7 +73,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.answer({{"timings": {{"predicted_n": n, "predicted_per_second": speed, "draft_n": drafted,
                                    "draft_n_accepted": drafted // 2}}}})
 http.server.HTTPServer(("127.0.0.1", int(value("--port"))), Handler).serve_forever()
-'''
+"""
 
 
 def write_fake_peer(folder: Path, *, help_text: str = HELP_NEW) -> tuple[Path, Path]:
