@@ -30,12 +30,15 @@ class PolicyTuning:
 
     alpha_prior: float = 0.5  # α̂ before any draft was verified (worth two drafted tokens of evidence)
     min_evidence: int = 8  # drafted tokens verified before the draft may be judged not worth it
-    forget: float = 0.2  # share of the older acceptance counts α̂ forgets at each verified step
+    # share of the older acceptance counts α̂ forgets at each verified step: about the last 12 steps count. At 0.2
+    # (5 steps) α̂ of a steady α = 0.8 swung from 0.5 to 0.9, and each dip turned speculation off for an answer
+    # (benchmarks/policy_sim.py: 0.84-0.90 of the best fixed k on a GPU-like pair, 0.94-0.98 at 0.08)
+    forget: float = 0.08
     margin: float = 0.03  # speculate only when predicted at least this much faster than plain
     hold: float = 0.05  # keep the draft length in use unless another is predicted at least this much faster
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
     explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
-    retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
+    retime_every: int = 96  # while speculating, one plain step this often keeps its timing current
     start_probe_steps: int = 2  # speculative steps that open a generation while off, when the credit pays for them
     window: int = 12  # timings per kind of step that the medians look at
     keep_on_start: int = 1  # newest timings kept when a generation starts (the probe's own soon outvote them)
@@ -93,6 +96,9 @@ class RecentMedian:
         return statistics.median(self._recent) if self._recent else 0.0
 
 
+TRUSTED = 3  # timings of one draft length before its own median is used rather than the line's
+
+
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
@@ -120,9 +126,12 @@ class MeasuredCosts:
         return None if min(self.draft.n, batches) >= self.min_samples else "speculative"
 
     def _line(self) -> tuple[float, float, float]:
-        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0."""
+        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0, over
+        the draft lengths timed often enough for their median to stand (one stalled step among two is half a
+        median: it bent the whole line, and the policy chose k = 1 on a GPU where k = 4 was 15 % faster)."""
         plain = self.target[0].value
-        drafted = [k for k in self.target if k]
+        timed = [k for k, e in self.target.items() if k and e.n >= TRUSTED]
+        drafted = timed if len(timed) >= 2 else [k for k in self.target if k]
         ks = drafted if len(drafted) >= 2 else list(self.target)
         points = [(k, self.target[k].value, min(self.target[k].n, 8)) for k in ks]
         total = sum(w for _, _, w in points)
@@ -145,6 +154,9 @@ class MeasuredCosts:
         return self._fit()[0]
 
     def batch_ratio(self, k: int) -> float:
+        timed = self.target.get(k)
+        if k and timed is not None and timed.n >= TRUSTED:  # this k's own median: the line only extrapolates
+            return max(timed.value / self.target[0].value, 1.0)
         _, a, b, _ = self._fit()
         return max(a + b * k, 1.0)  # never cheaper than one row
 
