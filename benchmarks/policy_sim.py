@@ -12,6 +12,7 @@ real pairs are the bench's (docs/benchmarks.md); the scenarios are taken from th
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -111,11 +112,8 @@ def main() -> int:
     parser.add_argument("--tune", action="append", default=[], help="PolicyTuning NAME=VALUE")
     args = parser.parse_args()
     global TUNING
-    import dataclasses
-
-    TUNING = dataclasses.replace(
-        TUNING, **{k: tuple(map(int, v.split(","))) if "," in v else float(v) for k, v in (t.split("=") for t in args.tune)}
-    )
+    pairs = (t.split("=") for t in args.tune)
+    TUNING = dataclasses.replace(TUNING, **{k: tuple(map(int, v.split(","))) if "," in v else float(v) for k, v in pairs})
     for tokens in args.tokens:
         print(f"\n{args.answers} answers of {tokens} tokens, ×plain (median of {args.seeds} seeds):")
         print(f"{'scenario':16} {'best fixed':>14} {'adaptive':>9} {'÷ best':>7}")
