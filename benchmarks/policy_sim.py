@@ -113,7 +113,8 @@ def main() -> int:
     args = parser.parse_args()
     global TUNING
     pairs = (t.split("=") for t in args.tune)
-    TUNING = dataclasses.replace(TUNING, **{k: tuple(map(int, v.split(","))) if "," in v else float(v) for k, v in pairs})
+    values = {k: tuple(map(int, v.split(","))) if "," in v else float(v) for k, v in pairs}
+    TUNING = dataclasses.replace(TUNING, **values)
     for tokens in args.tokens:
         print(f"\n{args.answers} answers of {tokens} tokens, ×plain (median of {args.seeds} seeds):")
         print(f"{'scenario':16} {'best fixed':>14} {'adaptive':>9} {'÷ best':>7}")
