@@ -297,9 +297,9 @@ def main() -> int:
         order = ("generate", "chat") if r % 2 == 0 else ("chat", "generate")
         for mode in order:
             for _attempt in range(5):
-                if args.quiet:
-                    wait_quiet(args.quiet)
                 with Freeze(args.freeze_idle):
+                    if args.quiet:
+                        wait_quiet(args.quiet)
                     others = OtherLoad()
                     if mode == "chat":
                         limit = 60 + args.tokens

@@ -383,3 +383,18 @@ def test_adaptive_is_within_five_percent_of_the_best_fixed_length_on_simulated_p
     # each dip turned speculation off for an answer), and the H100 measured the same gap (1.09× against 1.28×).
     adaptive, best = simulated(name, tokens=128)
     assert adaptive >= 0.95 * best, (adaptive, best)
+
+
+def test_a_marginal_gain_is_not_switched_off_by_one_noisy_estimate():
+    # The demo pair on 2 cores gains ~5 % at k = 1-2 (α 0.95, c 0.65): one rejection at k = 1 dipped α̂ enough to
+    # predict 0.99×, speculation went off, and a draft model switched off inside an answer is not probed again
+    # there. Off now needs even an optimistic α (a 90 % bound on α̂'s evidence) to predict a loss.
+    costs = EstimatedCosts(draft_ratio=0.65, batch_slope=0.18)
+    policy = policy_with_alpha(0.95, costs)
+    assert policy.choose(True, 8).k >= 1 and not policy.off
+    policy.accepted, policy.seen = 0.80 * 12, 12  # a dip, on about a dozen steps' evidence
+    assert policy.speedup(1, costs) < 1.0  # the point estimate alone predicts a loss…
+    assert policy.choose(True, 8).k >= 1 and not policy.off  # …the bound does not: speculation stays on
+    policy.accepted, policy.seen = 0.5 * 40, 40  # much evidence of a poor draft: off
+    choice = policy.choose(True, 8)
+    assert choice.k == 0 and policy.off and "α̂ 0.50" in choice.reason
