@@ -150,7 +150,8 @@ class FrameBudget:
 
     On a small CPU every millisecond the UI thread spends drawing is taken from llama.cpp's threads, which wait
     for each other: measured on 2 cores, the chat's answers ran 0.80–0.90× `generate` while its screen used
-    10–15 % of a core. So the budget is a bucket on the UI thread's own CPU clock: since the answer's first frame
+    10–15 % of a core (docs/benchmarks.md "The chat against its engine"). So the budget is a bucket on the UI
+    thread's own CPU clock: since the answer's first frame
     it may have used `share` of the time passed (plus `burst`); a frame that overdraws it waits until the bucket
     refills. A fast machine draws up to `fastest` apart, a slow one less often, and never under one frame in
     `slowest` seconds. Everything the UI thread does counts (the stats panel, keys), since all of it competes.
@@ -158,7 +159,7 @@ class FrameBudget:
 
     def __init__(
         self,
-        share: float = 0.03,
+        share: float = 0.02,
         fastest: float = 1 / 30,
         slowest: float = 1.0,
         burst: float = 0.02,
