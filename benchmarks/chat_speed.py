@@ -282,6 +282,8 @@ def main() -> int:
     )
     parser.add_argument("extra", nargs="*", help="more flags for both (after --)")
     args = parser.parse_args()
+    # a kill must not leave the frozen processes stopped: SIGTERM unwinds through `Freeze.__exit__` as Ctrl+C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     models = ["--target", args.target] + (["--draft", args.draft] if args.draft else []) if args.target else []
     flags = [*(models or ["--pair", args.pair or "demo"]), "--temperature", str(args.temperature)]
     flags += ["--max-tokens", str(args.tokens), *args.extra]

@@ -393,25 +393,28 @@ class ChatApp(App[int]):
 
     @work(thread=True, group="generate", exit_on_error=False)
     def _generate(self, turn: Turn) -> None:
-        with self.slot.using():
-            try:
-                generation = turn.begin()
-            except Exception as e:  # never leave the turn hanging
-                self.post_message(TurnFailed(turn.id, error_text(e, "starting the answer")))
-                return
+        self.slot.run(lambda: self._answer_turn(turn))  # on the engine thread (EngineSlot: one for llama.cpp)
 
-            def emit(item: Chunk | Reading | Finished) -> None:
-                if isinstance(item, Chunk):
-                    turn.gate.sent()
-                    self.post_message(AnswerChunk(turn.id, item))
-                elif isinstance(item, Reading):
-                    self.post_message(PromptReading(turn.id, item))
-                else:
-                    self.post_message(AnswerDone(turn.id, item))
+    def _answer_turn(self, turn: Turn) -> None:
+        """Generate the turn's answer, posting its chunks, its prompt's reading and its end (on the engine thread)."""
+        try:
+            generation = turn.begin()
+        except Exception as e:  # never leave the turn hanging
+            self.post_message(TurnFailed(turn.id, error_text(e, "starting the answer")))
+            return
 
-            stream_generation(
-                generation, emit, split=turn.split, ready=turn.gate.ready, interval=self.options.stream_interval
-            )
+        def emit(item: Chunk | Reading | Finished) -> None:
+            if isinstance(item, Chunk):
+                turn.gate.sent()
+                self.post_message(AnswerChunk(turn.id, item))
+            elif isinstance(item, Reading):
+                self.post_message(PromptReading(turn.id, item))
+            else:
+                self.post_message(AnswerDone(turn.id, item))
+
+        stream_generation(
+            generation, emit, split=turn.split, ready=turn.gate.ready, interval=self.options.stream_interval
+        )
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
         if self.chat.turn is None or message.turn_id != self.chat.turn.id or self._answer is None:

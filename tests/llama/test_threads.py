@@ -60,3 +60,23 @@ def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
         monitor.free = free
         assert tuner.check() == want
         assert [c.n_threads for c in contexts] == [want, want]
+
+
+def test_a_context_decoded_on_another_thread_says_so(tiny_models, caplog):
+    # llama.cpp's OpenMP keeps a pool of threads per calling thread; a second thread's pool fights the first's for
+    # the cores (DESIGN §7: `serve` decoding on its worker what its main thread loaded ran at 0.57× `generate`).
+    import logging
+    import threading
+
+    from localspec.llama.context import Context
+    from localspec.llama.model import Model
+
+    with Model(tiny_models.target, n_gpu_layers=0) as model, Context(model, n_ctx=64) as ctx:
+        with caplog.at_level(logging.WARNING, logger="localspec.llama.context"):
+            ctx.decode([1, 5, 6], 0)
+            ctx.decode([7], 3)  # the same thread: nothing to say
+            assert not caplog.records
+            other = threading.Thread(target=lambda: ctx.decode([8], 4))
+            other.start()
+            other.join()
+        assert [r.getMessage() for r in caplog.records if "another thread" in r.getMessage()], caplog.text
