@@ -129,7 +129,7 @@ class ChatApp(App[int]):
         yield Footer()
 
     async def on_mount(self) -> None:
-        self._signals = signals.watch(self._signalled)
+        self._signals = signals.watch(self._signalled, at_once=self._hung_up_now)
         self.slot.open()
         prompt = self.query_one(PromptInput)
         prompt.cursor_blink = self.options.cursor_blink
@@ -728,13 +728,17 @@ class ChatApp(App[int]):
         except LocalspecError as e:
             log.warning("the stopped answer could not be saved: %s", e)
 
+    def _hung_up_now(self, signum: int) -> None:
+        """In the signal handler: after a hangup, output goes to /dev/null before the loop writes again (it would
+        block for ever on the dead terminal's output thread before reaching `_signalled`)."""
+        if signum == signal.SIGHUP and signals.terminal_gone():
+            self._hung_up = True
+            signals.discard_output(self._driver)
+
     def _signalled(self, signum: int) -> None:
         """SIGTERM or SIGHUP: quit as Ctrl+Q does, with the shell's exit code (143, 129)."""
         log.info("%s: stopping the answer, then quitting", signal.Signals(signum).name)
         self.signalled = self.signalled or signum
-        if signum == signal.SIGHUP and signals.terminal_gone():
-            self._hung_up = True
-            signals.discard_output(self._driver)
         self.quit_saving(128 + self.signalled)
 
     def exit(self, *args, **kwargs) -> None:
