@@ -5,8 +5,8 @@
 pair switch only swaps the session; the system prompt is its first message; the chat database is written
 through as each operation happens, the answer too as it grows (`grow`, every `SAVE_EVERY` seconds), and only into
 the saved conversation this window opened: one deleted in another window is saved again as a new one, and
-`notices` says so. `Phase` says what the engine is doing. `ChatApp` calls these operations from
-its UI thread and only draws the result; the one thing done off that thread is `Turn.begin`, in the worker that
+`notices` says so. `Phase` says what the engine is doing. `ChatApp` and its `ChatScreen` call these operations
+from the UI thread and only draw the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
 """
 

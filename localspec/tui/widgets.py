@@ -63,7 +63,7 @@ class PromptInput(TextArea):
     """The message box: Enter sends, Ctrl+J (or Shift+Enter where the terminal tells them apart) adds a line."""
 
     BINDINGS = [
-        Binding("ctrl+j,shift+enter", "newline", "New line", show=False),
+        Binding("ctrl+j,shift+enter", "newline", "New line", show=False, id="new_line"),
     ]
 
     def __init__(self, *args, **kwargs) -> None:
@@ -196,8 +196,8 @@ class ChatMessage(Vertical, can_focus=True):
     by provenance)."""
 
     BINDINGS = [
-        Binding("c", "copy", "Copy message"),
-        Binding("k", "copy_code", "Copy code block"),
+        Binding("c", "copy", "Copy message", id="copy_message"),
+        Binding("k", "copy_code", "Copy code block", id="copy_code"),
     ]
 
     def __init__(
