@@ -166,7 +166,7 @@ class ChatApp(App[int]):
             screen.error(str(e))
             return
         self.sub_title = loaded.pair.label
-        screen.set_status(screen.ready_text())
+        screen.set_status(self.chat.ready_text())
         screen.draw_stats()
         if loaded.pair.defaults.notice:
             self.notify(loaded.pair.defaults.notice, severity="warning", timeout=12)
@@ -187,7 +187,7 @@ class ChatApp(App[int]):
             return
         screen.progress(False)
         ready = self.chat.session is not None
-        screen.set_status(screen.ready_text() if ready else "no model loaded: pick a pair (F2)")
+        screen.set_status(self.chat.ready_text() if ready else "no model loaded: pick a pair (F2)")
         screen.error(message.error)
 
     def _start_pull(self, name: str) -> None:

@@ -15,7 +15,7 @@ import time
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
@@ -25,9 +25,12 @@ from localspec.errors import ContextError, LocalspecError
 from .conversation import Conversation, Turn
 from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
+from .message_list import MessageList, saved_widget, shown_widget
 from .messages import AnswerChunk, AnswerDone, PromptReading, TurnFailed
-from .screens import HistoryScreen, TextPromptScreen
+from .screens import HistoryScreen, SearchScreen, TextPromptScreen
+from .search import PromptHistory
 from .settings import ChatOptions
+from .stats_text import stats_view
 from .store import StoredMessage
 from .styles import STATS_WIDTH, TOO_SMALL
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
@@ -35,13 +38,6 @@ from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 log = logging.getLogger(__name__)
 
 THINKING_PREFERENCE = "thinking_expanded"  # the chat database's preference: thinking blocks stay unfolded
-
-
-def _thinking_tokens(stats: dict | None) -> int | None:
-    """A saved answer's thinking tokens, from its stats (None when it did not think or was saved without them)."""
-    parts = (stats or {}).get("parts") or {}
-    tokens = (parts.get("thinking") or {}).get("tokens")
-    return tokens if isinstance(tokens, int) else None
 
 
 class ChatScreen(Screen):
@@ -60,6 +56,7 @@ class ChatScreen(Screen):
         # priority: the prompt box (a TextArea) binds F7 itself (select all), and it has the focus
         Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True, id="stats_panel"),
         Binding("f8", "toggle_thinking", "Thinking", show=False, id="thinking"),  # each thinking block's title names it
+        Binding("ctrl+f", "search", "Search", show=False, id="search"),
     ]
 
     def __init__(self, chat: Conversation, options: ChatOptions) -> None:
@@ -70,6 +67,7 @@ class ChatScreen(Screen):
         self._answer: ChatMessage | None = None  # its widget
         self.thinking_expanded = False  # thinking blocks stay unfolded after the answer starts (F8; a preference)
         self._stats_drawn = 0.0  # time.monotonic() of the live stats' last redraw
+        self._history = PromptHistory(chat.store)  # ↑/↓ in an empty prompt box
 
     # --- layout ---------------------------------------------------------------------------------------------
 
@@ -77,7 +75,7 @@ class ChatScreen(Screen):
         yield Header()
         with Horizontal(id="main"):
             with Vertical(id="chat"):
-                yield VerticalScroll(id="messages")
+                yield MessageList(id="messages")
                 yield Static("", id="status", markup=False)
                 yield ProgressBar(id="progress", show_eta=False)
                 yield PromptInput(
@@ -98,8 +96,8 @@ class ChatScreen(Screen):
         self.draw_stats()
 
     @property
-    def _messages(self) -> VerticalScroll:
-        return self.query_one("#messages", VerticalScroll)
+    def _messages(self) -> MessageList:
+        return self.query_one(MessageList)
 
     def set_status(self, text: str) -> None:
         """Say `text` on the status line (one line, whatever it says)."""
@@ -111,16 +109,6 @@ class ChatScreen(Screen):
         bar.set_class(on, "-on")
         # An indeterminate bar (total None) animates 15 times a second even while hidden: stop it when off.
         bar.update(total=total if on else 1, progress=done)
-
-    def ready_text(self) -> str:
-        """The status line when nothing is under way."""
-        if self.chat.loaded is None:
-            return "ready"
-        pair = self.chat.loaded.pair
-        demo = (
-            " (the offline demo pair: a demo of the mechanism, not a good chat model)" if pair.defaults.notice else ""
-        )
-        return f"ready · {pair.label}{demo}"
 
     def error(self, message: str) -> None:
         """Show a one-line error."""
@@ -140,22 +128,7 @@ class ChatScreen(Screen):
         return why is not None
 
     def _view(self, generating: bool) -> StatsView:
-        live = self._live if generating else None
-        turn = live.stats if live else self.chat.last_turn
-        return StatsView(
-            turn=turn,
-            session=self.chat.session_stats,
-            turns=self.chat.answers,
-            tokens_per_second_now=live.tokens_per_second_now if live else 0.0,
-            tokens_per_second_turn=(live.tokens_per_second_turn if live else turn.tokens_per_second if turn else 0.0),
-            generating=generating,
-            drafter=self.chat.settings.drafter,
-            draft_max=self.chat.settings.spec.draft_max,
-            adaptive=self.chat.settings.spec.adaptive,
-            provenance=self.has_class("-provenance"),
-            drafting_note=self.chat.loaded.engine.drafting_note if self.chat.loaded else "",
-            parts=live.parts if live else self.chat.last_parts,
-        )
+        return stats_view(self.chat, self._live if generating else None, provenance=self.has_class("-provenance"))
 
     def draw_stats(self, view: StatsView | None = None) -> None:
         """Redraw the stats panel (default: the chat's last answer and session figures)."""
@@ -173,38 +146,22 @@ class ChatScreen(Screen):
 
     # --- the conversation -----------------------------------------------------------------------------------
 
-    async def show_conversation(self, stored: list[StoredMessage] | None = None) -> None:
-        """Redraw the message list from the conversation (or from stored messages, which carry provenance)."""
-        await self._messages.remove_children()
-        system = self.chat.system
-        widgets = [ChatMessage("system", system)] if system else []
+    async def show_conversation(self, stored: list[StoredMessage] | None = None, start: int = 0) -> None:
+        """Redraw the message list from the conversation (or from stored messages, which carry provenance), from
+        the dialogue's message `start` on (0: all of it)."""
         expanded = self.thinking_expanded
         if stored is not None:
-            widgets += [
-                ChatMessage(
-                    m.role,
-                    m.content,
-                    m.provenance,
-                    caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "",
-                    reasoning_runs=m.reasoning_provenance or ([(m.reasoning, False)] if m.reasoning else []),
-                    thinking_tokens=_thinking_tokens(m.stats),
-                    thinking_expanded=expanded,
-                )
-                for m in stored
-            ]
+            widgets = [saved_widget(m, expanded) for m in stored[start:]]
         else:
-            widgets += [
-                ChatMessage(
-                    m.role,
-                    m.content,
-                    reasoning_runs=[(m.reasoning, False)] if m.reasoning else [],
-                    thinking_expanded=expanded,
-                )
-                for m in self.chat.dialogue
-            ]
-        if widgets:
-            await self._messages.mount_all(widgets)
+            shown = zip(self.chat.dialogue[start:], self.chat.ids[start:], strict=True)
+            widgets = [shown_widget(m, message_id, expanded) for m, message_id in shown]
+        await self._messages.show(self.chat.system, widgets, start)
         self._messages.scroll_end(animate=False)
+
+    def _show_branches(self) -> None:
+        """The captions' `2/3` from the saved tree (after a turn ended or a branch began)."""
+        if self.chat.saved_id is not None:
+            self._messages.show_branches(self.chat.store.branches(self.chat.saved_id))
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.rstrip()  # leading spaces may be code indentation
@@ -220,7 +177,7 @@ class ChatScreen(Screen):
             return
         self.query_one(PromptInput).clear()
         self.tell(self.chat.take_notices())
-        await self._messages.mount(ChatMessage("user", text))
+        await self._messages.mount(ChatMessage("user", text, message_id=self.chat.ids[-1]))
         await self._start_turn(turn)
 
     async def _start_turn(self, turn: Turn) -> None:
@@ -275,11 +232,11 @@ class ChatScreen(Screen):
     async def on_answer_done(self, message: AnswerDone) -> None:
         if self.chat.turn is None or message.turn_id != self.chat.turn.id:
             return
-        finished = message.finished
+        finished, shown = message.finished, self._answer
         budget = self.chat.turn.gate.budget
         log.info("screen: %d frames, the UI thread at %.1f %% of a core", budget.frames, 100 * budget.used)
-        if self._answer is not None:
-            await self._answer.finish(
+        if shown is not None:
+            await shown.finish(
                 finished.text,
                 finished.runs,
                 answer_caption(finished.stats.to_dict(), finished.reason),
@@ -295,8 +252,11 @@ class ChatScreen(Screen):
             not_saved = None
         except LocalspecError as e:
             not_saved = str(e)
+        if shown is not None:
+            shown.message_id = self.chat.ids[-1]
+        self._show_branches()
         self.draw_stats()
-        self.set_status(self.ready_text())
+        self.set_status(self.chat.ready_text())
         if not_saved:
             self.error(not_saved)
         self.tell(self.chat.take_notices())
@@ -316,12 +276,17 @@ class ChatScreen(Screen):
         if self._answer is not None:
             await self._answer.remove()
             self._answer = None
+        prompt = self.query_one(PromptInput)
         if turn.kind == "send":  # the message goes back into the prompt box (the conversation took it back)
             users = self._messages.query(ChatMessage).filter(".user")
             if users:
                 await users.last().remove()
-            self.query_one(PromptInput).text = turn.text
-        self.set_status(self.ready_text())
+            prompt.text = turn.text
+        elif turn.kind == "edit":  # the old branch comes back, the edited text goes to the prompt box
+            await self.show_conversation(self.chat.saved_messages(), turn.at if self.chat.saved_id else 0)
+            if not prompt.text:
+                prompt.text = turn.text
+        self.set_status(self.chat.ready_text())
         self.error(message.error)
         self.app.answer_ended()
 
@@ -361,18 +326,16 @@ class ChatScreen(Screen):
         else:
             self.query_one(PromptInput).focus()
 
-    async def action_regenerate(self) -> None:
-        """Generate the last answer again."""
+    async def action_regenerate(self, message_id: int | None = None) -> None:
+        """Generate the last answer (or answer `message_id`) again, as a new branch beside it."""
         if self.busy("regenerate") or self.chat.session is None:
             return
         try:
-            turn = self.chat.regenerate()
+            turn = self.chat.regenerate(message_id)
         except ContextError as e:
             self.notify(str(e), severity="warning")
             return
-        answers = self._messages.query(ChatMessage).filter(".assistant")
-        if turn.replaces_answer and answers:
-            await answers.last().remove()
+        await self._messages.cut(turn.at)
         await self._start_turn(turn)
 
     async def action_new_chat(self) -> None:
@@ -438,17 +401,20 @@ class ChatScreen(Screen):
         elif what == "resume":
             await self.resume(cid)
 
-    async def resume(self, cid: int) -> None:
-        """Open saved chat `cid` (what the chats list's resume does); refused while an answer or load runs."""
+    async def resume(self, cid: int, at: int | None = None) -> None:
+        """Open saved chat `cid` (what the chats list's resume does), scrolled to message `at` when given (a search
+        hit, on its branch); refused while an answer or load runs."""
         if self.busy("open another chat"):
             return
         try:
-            conversation, stored = self.chat.open(cid)
+            conversation, stored = self.chat.open(cid, at)
         except LocalspecError as e:
             self.error(str(e))
             return
         self.draw_stats()
         await self.show_conversation(stored)
+        if at is not None:
+            self._messages.reveal(at)
         here = self.chat.loaded.pair.name if self.chat.loaded else None
         if conversation.pair and here and conversation.pair != here:
             self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
@@ -472,3 +438,63 @@ class ChatScreen(Screen):
         self.chat.set_system(text)
         await self.show_conversation(self.chat.saved_messages())
         self.notify("system prompt set" if self.chat.system else "system prompt removed")
+
+    def action_search(self) -> None:
+        """Search every saved chat (Ctrl+F); Enter on a hit opens its chat there."""
+        self.app.push_screen(SearchScreen(self.chat.store), self._search_closed)
+
+    async def _search_closed(self, hit: tuple[int, int] | None) -> None:
+        if hit is not None:
+            await self.resume(*hit)
+
+    def on_prompt_input_recall(self, event: PromptInput.Recall) -> None:
+        text = self._history.step(event.older, fresh=event.fresh)
+        if text is not None:
+            self.query_one(PromptInput).recall(text)
+
+    async def on_chat_message_request(self, event: ChatMessage.Request) -> None:
+        """A selected message's e (edit), r (answer again), ←/→ (its siblings' branches)."""
+        message_id = event.message.message_id
+        verb = {"edit": "edit a message", "regenerate": "regenerate", "branch": "switch branches"}[event.what]
+        if self.busy(verb):  # a branch switch never stops an answer: Esc does, then the switch
+            return
+        if message_id is None:
+            self.notify("this message is not saved: it has no branches to edit or switch", severity="warning")
+        elif event.what == "regenerate":
+            await self.action_regenerate(message_id)
+        elif event.what == "edit" and event.message.role != "user":
+            self.notify("only your own messages can be edited: r answers again instead", severity="warning")
+        elif event.what == "edit":
+            title = "Edit your message: it is sent as a new branch, the old one is kept (Ctrl+S sends · Esc keeps)"
+            screen = TextPromptScreen(title, event.message.text, multiline=True, cursor_blink=self.options.cursor_blink)
+            self.app.push_screen(screen, lambda text: self._edited(message_id, text))
+        else:
+            await self._switch(message_id, event.step)
+
+    async def _edited(self, message_id: int, text: str | None) -> None:
+        if text is None or self.busy("edit a message"):
+            return
+        try:
+            turn = self.chat.edit(message_id, text)
+        except LocalspecError as e:  # an empty edit, a message no longer on screen, a database that is locked
+            self.error(str(e))
+            return
+        await self._messages.cut(turn.at)
+        await self._messages.mount(ChatMessage("user", turn.text, message_id=turn.message_id))
+        self._show_branches()
+        await self._start_turn(turn)
+
+    async def _switch(self, message_id: int, step: int) -> None:
+        try:
+            switched = self.chat.switch(message_id, step)
+        except LocalspecError as e:
+            self.error(str(e))
+            return
+        if switched is None:
+            self.notify(f"no other branch {'before' if step < 0 else 'after'} this one", severity="warning")
+            return
+        start, stored = switched
+        await self.show_conversation(stored, start)
+        self._show_branches()
+        self.draw_stats()
+        self._messages.reveal(self.chat.ids[start])
