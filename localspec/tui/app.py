@@ -104,6 +104,7 @@ class ChatApp(App[int]):
             ("Switch pair", "Load another target + draft pair", self.action_pairs),
             ("Settings", "Sampling and speculation settings", self.action_settings),
             ("Saved chats", "Resume, rename, delete or export a conversation", chat.action_history),
+            ("Search chats", "Find words in every saved chat (Ctrl+F)", chat.action_search),
             ("System prompt", "Set the system prompt", chat.action_system_prompt),
             ("Copy answer", "Copy the last answer", chat.action_copy_answer),
             ("Copy code block", "Copy the last code block of the last answer", chat.action_copy_code),

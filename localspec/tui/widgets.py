@@ -212,8 +212,8 @@ class ChatMessage(Vertical, can_focus=True):
         Binding("k", "copy_code", "Copy code block", id="copy_code"),
         Binding("e", "request('edit')", "Edit", id="edit_message"),
         Binding("r", "request('regenerate')", "Answer again", id="regenerate_message"),
-        Binding("left", "request('branch', -1)", "Branch ←", id="previous_branch"),
-        Binding("right", "request('branch', 1)", "Branch →", id="next_branch"),
+        Binding("left", "request('branch', -1)", "Previous branch", show=False, id="previous_branch"),
+        Binding("right", "request('branch', 1)", "Next branch", show=False, id="next_branch"),
     ]
 
     class Request(Message):
@@ -269,6 +269,14 @@ class ChatMessage(Vertical, can_focus=True):
         if branch != self.branch:
             self.branch = branch
             self.query_one(".caption", Static).update(self._title())
+            self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """e edits your messages, r answers an answer again, ←/→ only where there are branches (else they scroll)."""
+        if action != "request":
+            return True
+        what = parameters[0] if parameters else ""
+        return {"edit": self.role == "user", "regenerate": self.role == "assistant"}.get(what, self.branch[1] > 1)
 
     def action_request(self, what: str, step: int = 0) -> None:
         """Hand an edit, an answer again or a branch switch to the screen (which asks the conversation)."""
