@@ -19,7 +19,6 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
-from localspec.core.stats import Stats
 from localspec.errors import ContextError, LocalspecError
 
 from .conversation import Conversation, Turn
@@ -191,25 +190,28 @@ class ChatScreen(Screen):
 
     @work(thread=True, group="generate", exit_on_error=False)
     def _generate(self, turn: Turn) -> None:
-        with self.app.slot.using():
-            try:
-                generation = turn.begin()
-            except Exception as e:  # never leave the turn hanging
-                self.post_message(TurnFailed(turn.id, error_text(e, "starting the answer")))
-                return
+        self.app.slot.run(lambda: self._answer_turn(turn))  # on the engine thread (EngineSlot: one for llama.cpp)
 
-            def emit(item: Chunk | Reading | Finished) -> None:
-                if isinstance(item, Chunk):
-                    turn.gate.sent()
-                    self.post_message(AnswerChunk(turn.id, item))
-                elif isinstance(item, Reading):
-                    self.post_message(PromptReading(turn.id, item))
-                else:
-                    self.post_message(AnswerDone(turn.id, item))
+    def _answer_turn(self, turn: Turn) -> None:
+        """Generate the turn's answer, posting its chunks, its prompt's reading and its end (on the engine thread)."""
+        try:
+            generation = turn.begin()
+        except Exception as e:  # never leave the turn hanging
+            self.post_message(TurnFailed(turn.id, error_text(e, "starting the answer")))
+            return
 
-            stream_generation(
-                generation, emit, split=turn.split, ready=turn.gate.ready, interval=self.options.stream_interval
-            )
+        def emit(item: Chunk | Reading | Finished) -> None:
+            if isinstance(item, Chunk):
+                turn.gate.sent()
+                self.post_message(AnswerChunk(turn.id, item))
+            elif isinstance(item, Reading):
+                self.post_message(PromptReading(turn.id, item))
+            else:
+                self.post_message(AnswerDone(turn.id, item))
+
+        stream_generation(
+            generation, emit, split=turn.split, ready=turn.gate.ready, interval=self.options.stream_interval
+        )
 
     async def on_answer_chunk(self, message: AnswerChunk) -> None:
         if self.chat.turn is None or message.turn_id != self.chat.turn.id or self._answer is None:
@@ -296,21 +298,10 @@ class ChatScreen(Screen):
         shown, turn = self._answer, self.chat.turn
         if shown is None or turn is None:
             return
-        block = shown.thinking
-        reasoning_runs = list(block.runs) if block is not None else []
+        reasoning_runs = list(shown.thinking.runs) if shown.thinking is not None else []
         if not (shown.text or reasoning_runs):
             return
-        live = self._live
-        finished = Finished(
-            text=shown.text,
-            runs=list(shown.runs),
-            finish_reason="cancelled",
-            stats=live.stats if live is not None else Stats(),
-            notices=[],
-            reasoning="".join(text for text, _ in reasoning_runs).strip(),
-            reasoning_runs=reasoning_runs,
-            parts=live.parts if live is not None else None,
-        )
+        finished = Finished.stopped(shown.text, shown.runs, reasoning_runs, self._live)
         self._answer, self._live = None, None
         try:
             self.chat.finish(finished)
@@ -374,15 +365,14 @@ class ChatScreen(Screen):
     def action_copy_answer(self) -> None:
         """Copy the last answer."""
         answers = self._messages.query(ChatMessage).filter(".assistant")
-        if not answers:
+        if answers:
+            answers.last().action_copy()
+        else:
             self.notify("no answer to copy yet", severity="warning")
-            return
-        answers.last().action_copy()
 
     def action_copy_code(self) -> None:
         """Copy a code block of the last answer."""
-        answers = self._messages.query(ChatMessage).filter(".assistant")
-        if answers:
+        if answers := self._messages.query(ChatMessage).filter(".assistant"):
             answers.last().action_copy_code()
 
     def action_history(self) -> None:
