@@ -460,3 +460,15 @@ def test_an_answer_generated_again_is_a_sibling_and_the_old_one_comes_back(conve
     hidden = conv.store.tree(conv.saved_id)[-1].id  # the newest answer, on the branch not shown
     conv.open(conv.saved_id, at=hidden)  # a search hit there opens its branch
     assert conv.ids[-1] == hidden
+
+
+def test_two_windows_on_one_chat_each_continue_their_own_branch(two_windows):
+    alice, bob = two_windows
+    alice.finish(run(alice.send("Alice: hello")))
+    bob.open(alice.saved_id)
+    alice.finish(run(alice.send("Alice: and then?")))
+    bob.finish(run(bob.send("Bob: and now?")))
+    assert [m.content for m in alice.dialogue][2] == "Alice: and then?"  # neither sees the other's turn
+    assert [m.content for m in bob.dialogue][2] == "Bob: and now?"
+    shown = alice.store.messages(alice.saved_id)  # the last written branch, the other beside it
+    assert shown[2].content == "Bob: and now?" and shown[2].branch == (2, 2) and len(shown) == 4
