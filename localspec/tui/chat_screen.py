@@ -288,6 +288,7 @@ class ChatScreen(Screen):
             await self.show_conversation(self.chat.saved_messages(), turn.at if self.chat.saved_id else 0)
             if not prompt.text:
                 prompt.text = turn.text
+            prompt.focus()
         self.set_status(self.chat.ready_text())
         self.error(message.error)
         self.app.answer_ended()
@@ -327,6 +328,8 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="warning")
             return
         await self._messages.cut(turn.at)
+        if self.focused is None:  # `r` on an answer: it went, the prompt box takes the keys
+            self.query_one(PromptInput).focus()
         await self._start_turn(turn)
 
     async def action_new_chat(self) -> None:
@@ -455,7 +458,7 @@ class ChatScreen(Screen):
         elif event.what == "edit" and event.message.role != "user":
             self.notify("only your own messages can be edited: r answers again instead", severity="warning")
         elif event.what == "edit":
-            title = "Edit your message: it is sent as a new branch, the old one is kept (Ctrl+S sends · Esc keeps)"
+            title = "Edit your message (sent as a new branch; the old one is kept)"
             screen = TextPromptScreen(title, event.message.text, multiline=True, cursor_blink=self.options.cursor_blink)
             self.app.push_screen(screen, lambda text: self._edited(message_id, text))
         else:
@@ -469,8 +472,9 @@ class ChatScreen(Screen):
         except LocalspecError as e:  # an empty edit, a message no longer on screen, a database that is locked
             self.error(str(e))
             return
-        await self._messages.cut(turn.at)
+        await self._messages.cut(turn.at)  # the selected message went with them: the prompt box takes the keys
         await self._messages.mount(ChatMessage("user", turn.text, message_id=turn.message_id))
+        self.query_one(PromptInput).focus()
         self._show_branches()
         await self._start_turn(turn)
 

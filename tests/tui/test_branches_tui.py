@@ -97,6 +97,7 @@ async def test_an_edited_message_shows_2_of_2_and_left_returns_to_the_first_bran
         await wait_until(pilot, lambda: app.chat.turn_ids > before and app.chat.turn is None, what="the answer")
         [user] = shown(app, "user")
         assert user.text == "Hello, edited" and "2/2" in caption(user) and len(shown(app, "assistant")) == 1
+        assert isinstance(app.screen.focused, PromptInput)  # the edited message's widget went: keys go on somewhere
         user.focus()
         await pilot.press("left")
         await wait_until(pilot, lambda: shown(app, "user")[0].text == "Hello", what="the first branch")
