@@ -490,5 +490,4 @@ class ChatScreen(Screen):
         start, stored = switched
         await self.show_conversation(stored, start)
         self._show_branches()
-        self.draw_stats()
         self._messages.reveal(self.chat.ids[start])

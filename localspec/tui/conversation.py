@@ -6,8 +6,9 @@ pair switch only swaps the session; the system prompt is its first message; the 
 through as each operation happens, the answer too as it grows (`grow`, every `SAVE_EVERY` seconds), and only into
 the saved conversation this window opened: one deleted in another window is saved again as a new one, and
 `notices` says so. The saved messages form a tree: an edit (`edit`) or an answer generated again (`regenerate`)
-starts a branch beside the old one, which stays; `switch` shows a sibling's branch. The messages before the branch
-point stay the same objects, so the caches keep their prefix and re-read only what differs. The engine side (the
+starts a branch beside the old one, which stays; `switch` shows a sibling's branch. The caches keep the tokens both
+branches share and re-read only what differs; the messages before the branch point stay the same objects, so the
+session's window of a long chat is kept too. The engine side (the
 loaded pair, the settings, the `Phase`) is `PairState`'s. `ChatApp` and its `ChatScreen` call these operations
 from the UI thread and only draw the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
