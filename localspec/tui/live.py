@@ -93,6 +93,21 @@ class Finished:
         """How the answer ended as saved and shown: "error" when an error ended it, else the finish reason."""
         return "error" if self.error else self.finish_reason
 
+    @classmethod
+    def stopped(cls, text: str, runs: Runs, reasoning_runs: Runs, live: Chunk | None) -> Finished:
+        """An answer stopped with what was shown of it (its last chunk's stats), when the worker's own end did not
+        come back (a quit that could not wait)."""
+        return cls(
+            text=text,
+            runs=list(runs),
+            finish_reason="cancelled",
+            stats=live.stats if live is not None else Stats(),
+            notices=[],
+            reasoning="".join(text for text, _ in reasoning_runs).strip(),
+            reasoning_runs=list(reasoning_runs),
+            parts=live.parts if live is not None else None,
+        )
+
 
 class RateMeter:
     """Tokens per second over the last `window` seconds."""

@@ -392,7 +392,7 @@ async def test_copy_a_message_and_a_code_block(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        await app.resume(cid)
+        await app.screen.resume(cid)
         answer = answers(app)[0]
         answer.focus()
         await pilot.press("k")
