@@ -490,4 +490,5 @@ class ChatScreen(Screen):
         start, stored = switched
         await self.show_conversation(stored, start)
         self._show_branches()
+        self.draw_stats()  # the branch's own length in the context
         self._messages.reveal(self.chat.ids[start])
