@@ -282,6 +282,8 @@ def main() -> int:
     )
     parser.add_argument("extra", nargs="*", help="more flags for both (after --)")
     args = parser.parse_args()
+    # a kill must not leave the frozen processes stopped: SIGTERM unwinds through `Freeze.__exit__` as Ctrl+C does
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     models = ["--target", args.target] + (["--draft", args.draft] if args.draft else []) if args.target else []
     flags = [*(models or ["--pair", args.pair or "demo"]), "--temperature", str(args.temperature)]
     flags += ["--max-tokens", str(args.tokens), *args.extra]
@@ -297,9 +299,9 @@ def main() -> int:
         order = ("generate", "chat") if r % 2 == 0 else ("chat", "generate")
         for mode in order:
             for _attempt in range(5):
-                if args.quiet:
-                    wait_quiet(args.quiet)
                 with Freeze(args.freeze_idle):
+                    if args.quiet:
+                        wait_quiet(args.quiet)
                     others = OtherLoad()
                     if mode == "chat":
                         limit = 60 + args.tokens

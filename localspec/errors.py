@@ -55,6 +55,14 @@ class ConfigError(LocalspecError):
     """models.toml or another settings file is invalid."""
 
 
+class HistoryError(LocalspecError):
+    """The chat database cannot be opened, is from a newer localspec, or has no such conversation."""
+
+
+class ConversationGone(HistoryError):
+    """The conversation a window appends to was deleted (in another window) since it was opened."""
+
+
 class DownloadError(LocalspecError):
     """A model download failed (network, disk, gated repository, missing file)."""
 

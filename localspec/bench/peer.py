@@ -1,16 +1,19 @@
 """llama-server as the peer of `localspec bench`: started, asked and stopped by the benchmark itself.
 
-`LlamaServer` runs one llama-server process on 127.0.0.1 for one setting (plain, or `-md DRAFT --spec-type
-draft-simple` with k drafts), sends the benchmark's own prompt tokens to its `/completion` endpoint and reads
-the speed and draft counts it reports. It runs the same CPU kernels as localspec: `LOCALSPEC_REPACK=off` turns the
-repacked layouts off on both sides (`--no-repack`). Every failure — no binary, a binary that does not start, an answer
-without timings — is a `PeerError` with one line saying what went wrong; the benchmark prints it and goes on.
+`LlamaServer` runs one llama-server process on 127.0.0.1 for one setting (plain, `-md DRAFT --spec-type draft-simple`
+with k drafts, its n-gram pool `ngram-mod`, or both chained), sends the benchmark's own prompt tokens to its
+`/completion` endpoint and reads the speed and draft counts it reports. `PeerBuild` is what this build's `--help` says
+it can run (the speculative types, probabilistic verification, its default draft length). It runs the same CPU kernels
+as localspec: `LOCALSPEC_REPACK=off` turns the repacked layouts off on both sides (`--no-repack`). Every failure — no
+binary, a binary that does not start, an answer without timings — is a `PeerError` with one line saying what went wrong;
+the benchmark prints it and goes on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -58,17 +61,42 @@ def find_llama_server(path: str | None) -> Path:
     return Path(found)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerBuild:
+    """What one llama-server build can run, as its `--help` says."""
+
+    draft_sampling: bool  # has `--spec-draft-sampling` (greedy or probabilistic verification)
+    spec_types: tuple[str, ...]  # the names `--spec-type` takes ("draft-simple", "ngram-mod", …)
+    default_k: int | None  # `--spec-draft-n-max`'s default (None: not said)
+
+
+def peer_build(binary: Path) -> PeerBuild:
+    """Ask `binary --help` what it can run.
+
+    Raises:
+        PeerError: the binary does not start.
+    """
+    try:
+        out = subprocess.run([str(binary), "--help"], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PeerError(f"llama-server did not start: {e}") from e
+    text = (out.stdout + out.stderr).decode(errors="replace")
+    types = re.search(r"--spec-type\s+([\w,-]+)", text)
+    default_k = re.search(r"--spec-draft-n-max N[^(]*\(default: (\d+)\)", text)
+    return PeerBuild(
+        draft_sampling="--spec-draft-sampling" in text,
+        spec_types=tuple(types.group(1).split(",")) if types else ("draft-simple",),
+        default_k=int(default_k.group(1)) if default_k else None,
+    )
+
+
 def has_draft_sampling(binary: Path) -> bool:
     """Whether this llama-server has `--spec-draft-sampling` (newer builds: greedy or probabilistic verification).
 
     Older builds lack it and refuse to start when given it; they draft greedily and keep a draft token when the
     target samples the same one, which is localspec's greedy (T 0) and `match` settings.
     """
-    try:
-        out = subprocess.run([str(binary), "--help"], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise PeerError(f"llama-server did not start: {e}") from e
-    return b"--spec-draft-sampling" in out.stdout + out.stderr
+    return peer_build(binary).draft_sampling
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +121,11 @@ class LlamaServer:
     Args:
         binary: the llama-server executable.
         target: the target GGUF.
-        draft: the draft GGUF, or None for plain decoding.
-        k: most drafts per step (`--spec-draft-n-max`).
+        draft: the draft GGUF, or None for plain decoding (or the n-gram pool alone).
+        k: most drafts per step (`--spec-draft-n-max`); None: the build's default.
         probabilistic: rejection-sampling verification (`--spec-draft-sampling probabilistic`) instead of greedy
             drafting with exact-match verification; None for a build without the option (`has_draft_sampling`).
+        spec: `--spec-type`: "draft-simple" (with a draft), "ngram-mod", or a chain ("ngram-mod,draft-simple").
         threads: CPU threads for both models.
         n_ctx: context length.
         startup_seconds: how long to wait for the model to load.
@@ -108,8 +137,9 @@ class LlamaServer:
         target: str,
         draft: str | None,
         *,
-        k: int = 0,
+        k: int | None = 0,
         probabilistic: bool | None = False,
+        spec: str = "draft-simple",
         threads: int,
         n_ctx: int,
         placed: GpuPlan | None = None,
@@ -140,25 +170,18 @@ class LlamaServer:
                 args += ["--n-cpu-moe", str(placed.target.cpu_moe_layers)]
         if not repack_from_env():
             args.append("--no-repack")
-        if draft is not None and k > 0:
-            args += [
-                "-md",
-                draft,
-                "--spec-type",
-                "draft-simple",
-                "--spec-draft-n-max",
-                str(k),
-                "--spec-draft-n-min",
-                "0",
-                "-td",
-                str(threads),
-                "-tbd",
-                str(threads),
-            ]
+        uses_draft = draft is not None and k != 0 and "draft-simple" in spec.split(",")
+        if uses_draft:
+            args += ["-md", draft, "--spec-type", spec, "--spec-draft-n-min", "0", "-td", str(threads)]
+            args += ["-tbd", str(threads)]
+            if k is not None:
+                args += ["--spec-draft-n-max", str(k)]
             if probabilistic is not None:
                 args += ["--spec-draft-sampling", "probabilistic" if probabilistic else "greedy"]
             if placed is not None and placed.draft is not None:
                 args += ["-ngld", str(placed.draft.gpu_layers)]
+        elif spec and "draft-simple" not in spec.split(","):
+            args += ["--spec-type", spec]  # drafts without a model (its n-gram pool): its own defaults
         self.args = args
         self.startup_seconds = startup_seconds
         self._log = open(os.devnull, "wb")  # noqa: SIM115  (closed in stop)

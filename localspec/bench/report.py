@@ -42,9 +42,38 @@ class Row:
     python_us_per_row: float  # the same per row the target verified (k + 1 a pass)
     bridge_us_per_draft_token: float = 0.0  # of python_us_per_draft_token, a bridged draft's work between vocabularies
     divergences: tuple[Divergence, ...] = ()
-    peer_tokens_per_second: float | None = None
+    peer_tokens_per_second: float | None = None  # llama-server at the same setting (plain, or the same k)
     peer_acceptance: float | None = None
     mask_us_per_row: float = 0.0  # the structured workload: the grammar's mask, µs per row it was computed for
+    best_peer_ratio: float | None = None  # tok/s / the fastest of llama-server's settings at this temperature
+    drafter: str = ""  # the drafter of this row ("": the one the pair loaded)
+    schema: bool = False  # the structured workload (the peer runs free text only: no peer figures on it)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerRow:
+    """One of llama-server's settings as it ran: those of localspec's rows, and its own strong ones."""
+
+    setting: str
+    temperature: float
+    spec: str  # --spec-type ("": plain)
+    k: int | None  # --spec-draft-n-max (None: the build's default; 0: none given)
+    probabilistic: bool | None  # --spec-draft-sampling probabilistic (None: not given)
+    tokens_per_second: float  # median over the runs
+    acceptance: float
+
+
+@dataclass(frozen=True, slots=True)
+class BestPeer:
+    """At one temperature: localspec's default (its adaptive row) against the fastest of llama-server's settings."""
+
+    temperature: float
+    label: str  # what localspec ran: "localspec default", or the drafter that stood in for it
+    setting: str  # localspec's row
+    tokens_per_second: float
+    peer_setting: str
+    peer_tokens_per_second: float
+    ratio: float  # tokens_per_second / peer_tokens_per_second
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +123,8 @@ class BenchReport:
     rows: list[Row] = field(default_factory=list)
     busy: list[BusyRow] = field(default_factory=list)
     rpc: list[RpcRow] = field(default_factory=list)
+    peer: list[PeerRow] = field(default_factory=list)  # every llama-server setting that ran
+    best_peer: list[BestPeer] = field(default_factory=list)  # the headline, per temperature
     logit_noise: float | None = None  # max |Δlogit|, one batched decode vs single-row decodes of the prompt rows
     sampling: list[SamplingCost] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -138,18 +169,19 @@ def render(report: BenchReport) -> list[str]:
     if report.placement:
         lines.append(f"placement: {report.placement['text']}")
     lines.append("")
+    width = max([16, *(len(r.setting) + 1 for r in report.rows)])
     head = (
-        f"{'setting':<16}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
+        f"{'setting':<{width}}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
         f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}{'µs/draft':>9}{'µs/pass':>8}{'µs/row':>7}"
     )
-    has_peer = any(r.peer_tokens_per_second is not None for r in report.rows)
+    has_peer = any(r.peer_tokens_per_second is not None or r.best_peer_ratio is not None for r in report.rows)
     if has_peer:
-        head += f"{'peer tok/s':>11}{'×peer':>7}"
+        head += f"{'peer tok/s':>11}{'×peer':>7}{'×best peer':>11}"
     if report.rows:  # a --rpc run has only the RPC table
         lines.append(head)
     for r in report.rows:
         line = (
-            f"{r.setting:<16}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+            f"{r.setting:<{width}}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
             f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
             f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
             + (f"{r.python_us_per_draft_token:>9.0f}" if r.mean_k else f"{'–':>9}")
@@ -160,7 +192,9 @@ def render(report: BenchReport) -> list[str]:
                 line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
             else:
                 line += f"{'–':>11}{'–':>7}"
+            line += f"{r.best_peer_ratio:>11.2f}" if r.best_peer_ratio else f"{'–':>11}"
         lines.append(line)
+    lines += peer_lines(report)
     for r in report.rows:
         for d in r.divergences:
             lines.append(
@@ -216,6 +250,30 @@ def render(report: BenchReport) -> list[str]:
     return lines
 
 
+def peer_lines(report: BenchReport) -> list[str]:
+    """llama-server's settings as they ran (its fastest per temperature marked *), and the headline: localspec's
+    default against the peer's best setting."""
+    if not report.peer:
+        return []
+    fastest = {b.temperature: b.peer_setting for b in report.best_peer}
+    width = max(len(p.setting) for p in report.peer) + 2
+    lines = ["llama-server's own settings (* its fastest at that temperature):"]
+    for p in report.peer:
+        mark = "*" if fastest.get(p.temperature) == p.setting else " "
+        accept = f"{p.acceptance:>8.0%}" if p.k != 0 or p.spec else f"{'–':>8}"
+        lines.append(f" {mark}{p.setting:<{width}}T {p.temperature:<5g}{p.tokens_per_second:>7.1f} tok/s{accept}")
+    if report.best_peer:
+        lines.append(
+            f"{report.best_peer[0].label} vs the peer's best setting: "
+            + "; ".join(
+                f"T {b.temperature:g}: {b.setting} {b.tokens_per_second:.1f} tok/s / {b.peer_setting} "
+                f"{b.peer_tokens_per_second:.1f} tok/s = {b.ratio:.2f}×"
+                for b in report.best_peer
+            )
+        )
+    return lines
+
+
 def _sampling_costs(c: SamplingCost) -> str:
     """One temperature's yardstick: the plain step's row and a verify pass's rows, ours / llama.cpp's (ratio)."""
     text = f"plain step {c.localspec_us:.0f} / {c.llama_cpp_us:.0f} ({c.localspec_us / c.llama_cpp_us:.2f}×)"
@@ -238,7 +296,9 @@ def from_json(text: str) -> BenchReport:
     busy = [BusyRow(**b) for b in data.pop("busy")]
     rpc = [RpcRow(**r) for r in data.pop("rpc")]
     sampling = [SamplingCost(**c) for c in data.pop("sampling", [])]
-    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc, sampling=sampling)
+    peer = [PeerRow(**r) for r in data.pop("peer", [])]
+    best_peer = [BestPeer(**b) for b in data.pop("best_peer", [])]
+    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc, sampling=sampling, peer=peer, best_peer=best_peer)
 
 
 def now() -> str:

@@ -3,7 +3,8 @@
 Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run in the order
 `interleaved` gives — for each round, for each prompt, every setting in a rotating order — so the machine's noise
 hits all alike. `run_bench` measures them; `run_rpc_bench` does it behind relays that add a round trip,
-`busy_rows` with one core kept busy, `run_peer` on llama-server. `rows_from` turns the tallies into the report's
+`busy_rows` with one core kept busy, `run_peer` on llama-server (localspec's own settings at the same k, and the
+peer's own strong settings, `best_peer_settings`). `rows_from` turns the tallies into the report's
 rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
 llama_decode and, greedy, where the output left plain decoding (exactness.py). The sampling yardstick is
 yardstick.py's, the whole bench suite.py's, the report report.py's; the flags are the CLI's.
@@ -22,13 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from localspec.core.drafters import make_drafter
 from localspec.core.engine import Engine, Generation
 from localspec.core.grammar import Grammar
-from localspec.core.params import SpeculativeParams
+from localspec.core.params import SpeculativeParams, needs_draft_model
 from localspec.core.placement import GpuPlan
-from localspec.core.policy import expected_tokens
+from localspec.core.policy import DraftPolicy, expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
+from localspec.errors import InvalidParamsError
 
 from .exactness import divergences
 from .report import BusyRow, Divergence, Row, RpcRow
@@ -43,13 +46,15 @@ DEFAULT_PROMPTS = (
 
 @dataclass(frozen=True, slots=True)
 class Setting:
-    """One way of decoding: plain (k 0), a fixed k, or adaptive (k None, up to `limit`)."""
+    """One way of decoding: plain (k 0), a fixed k, or adaptive (k None, up to `limit`), with the drafter the pair
+    loaded ("") or another one (`--drafters`)."""
 
     temperature: float
     k: int | None
     verify: str = "pq"
     limit: int = 8
     schema: bool = False  # the structured workload: the answer constrained to STRUCTURED
+    drafter: str = ""  # a name in DRAFTERS; "": the drafter the engine was loaded with
 
     @property
     def name(self) -> str:
@@ -57,7 +62,8 @@ class Setting:
             return "plain" + (" schema" if self.schema else "")
         kind = f"adaptive≤{self.limit}" if self.k is None else f"k={self.k}"
         kind += " schema" if self.schema else ""
-        return kind if self.temperature == 0 else f"{kind} {self.verify}"
+        kind = kind if self.temperature == 0 else f"{kind} {self.verify}"
+        return f"{kind} {self.drafter}" if self.drafter else kind
 
     @property
     def spec(self) -> SpeculativeParams:
@@ -86,17 +92,58 @@ STRUCTURED = Grammar.json_schema(
 
 
 def settings_for(
-    ks: Sequence[int], temperatures: Sequence[float], verifies: Sequence[str], structured: bool = False
+    ks: Sequence[int],
+    temperatures: Sequence[float],
+    verifies: Sequence[str],
+    drafters: Sequence[str] = ("",),
+    structured: bool = False,
 ) -> list[Setting]:
-    """Plain, each k and adaptive at every temperature; at T > 0, each verification mode; with `structured`, each
-    of them again with the answer constrained to STRUCTURED."""
+    """Plain, and each k and adaptive with each drafter ("": the loaded one), at every temperature; at T > 0, each
+    verification mode; with `structured`, each of them again with the answer constrained to STRUCTURED."""
     out = []
     limit = max(ks)
     for t in temperatures:
         out.append(Setting(t, 0))
         for verify in ["pq"] if t == 0 else list(verifies):
-            out += [Setting(t, k, verify, limit) for k in ks] + [Setting(t, None, verify, limit)]
+            for d in drafters:
+                out += [Setting(t, k, verify, limit, drafter=d) for k in ks] + [
+                    Setting(t, None, verify, limit, drafter=d)
+                ]
     return out + [dataclasses.replace(s, schema=True) for s in out] if structured else out
+
+
+class Drafters:
+    """The drafters a bench switches between (`--drafters`): the loaded one, and others built around the same draft
+    model (they share its cache, as the server's per-request drafters do); each keeps its own draft-length policy.
+
+    Raises:
+        InvalidParamsError: a drafter this engine cannot build (a model drafter without a draft model, an MTP head
+            that was not loaded).
+    """
+
+    def __init__(self, engine: Engine, kinds: Sequence[str]) -> None:
+        self.engine = engine
+        self.loaded = engine.drafter.kind
+        self._kept = {self.loaded: (engine.drafter, engine.policy)}
+        self._current = self.loaded
+        for kind in kinds:
+            if not kind or kind in self._kept:
+                continue
+            if kind == "mtp":
+                raise InvalidParamsError("--drafters mtp: load the pair with --drafter mtp to bench its MTP head")
+            model = engine.model_drafter if needs_draft_model(kind) else None
+            if needs_draft_model(kind) and model is None:
+                raise InvalidParamsError(f"--drafters {kind} drafts with a draft model: give the bench a draft")
+            drafter = make_drafter(kind, model)
+            self._kept[kind] = (drafter, DraftPolicy(draft_size_ratio=drafter.size_ratio))
+
+    def use(self, kind: str) -> None:
+        """Draft with `kind` ("": the loaded drafter) from the next generation on."""
+        kind = kind or self.loaded
+        if kind != self._current:
+            self._kept[self._current] = (self.engine.drafter, self.engine.policy)
+            self.engine.use_drafter(*self._kept[kind])
+            self._current = kind
 
 
 @dataclass(slots=True)
@@ -167,6 +214,8 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
         bridge_us_per_draft_token=1e6 * s.bridging_per_drafted_token,
         divergences=divergences,
         mask_us_per_row=1e6 * tally.seconds_mask / tally.masks if tally.masks else 0.0,
+        drafter=setting.drafter,
+        schema=setting.schema,
     )
 
 
@@ -226,7 +275,9 @@ def run_bench(
     """Run every setting on every prompt, interleaved, `rounds` times; returns what each setting added up."""
     tallies = {s: Tally() for s in settings}
     total = rounds * len(prompts) * len(settings)
+    drafters = Drafters(engine, [s.drafter for s in settings])
     for done, (round_, _, p, setting) in enumerate(interleaved(settings, len(prompts), rounds), 1):
+        drafters.use(setting.drafter)
         gen, python = _run_one(engine, prompts[p], setting, tokens)
         tally = tallies[setting]
         tally.stats.merge(gen.stats)
@@ -257,7 +308,9 @@ def run_rpc_bench(
     turns = dict.fromkeys(tallies, 0)
     decodes = dict.fromkeys(tallies, 0)
     total = rounds * len(rtts) * len(prompts) * len(settings)
+    drafters = Drafters(engine, [s.drafter for s in settings])
     for done, (round_, rtt, p, setting) in enumerate(interleaved(settings, len(prompts), rounds, rtts), 1):
+        drafters.use(setting.drafter)
         for relay in relays:
             relay.rtt_ms = rtt
         before, decoded = sum(r.turns for r in relays), engine.target.ctx.decodes
@@ -308,7 +361,9 @@ def busy_rows(
 ) -> list[BusyRow]:
     """Each setting quiet and with one busy core, interleaved like the main runs."""
     tallies = {(s, busy): Tally() for s in settings for busy in (False, True)}
+    drafters = Drafters(engine, [s.drafter for s in settings])
     for done, (_, _, p, (setting, busy)) in enumerate(interleaved(list(tallies), len(prompts), 1), 1):
+        drafters.use(setting.drafter)
         with BusyCore() if busy else contextlib.nullcontext():
             if busy:
                 time.sleep(0.2)  # the busy loop is running before the timed run starts
@@ -319,10 +374,66 @@ def busy_rows(
     return [BusyRow(s.name, rate[(s, False)], rate[(s, True)]) for s in settings]
 
 
+@dataclass(frozen=True, slots=True)
+class PeerSetting:
+    """One way llama-server decodes: plain, with its draft model (`draft-simple`), its n-gram pool (`ngram-mod`), or
+    both chained ("ngram-mod,draft-simple"); k None: the build's own default draft length."""
+
+    temperature: float
+    spec: str = ""  # --spec-type ("": plain)
+    k: int | None = 0  # --spec-draft-n-max (0 for plain and the n-gram pool alone; None: the build's default)
+    probabilistic: bool | None = False  # --spec-draft-sampling probabilistic (None: a build without the option)
+    name: str = "plain"
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return "draft-simple" in self.spec.split(",")
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature)
+
+
 def peer_settings(settings: list[Setting], *, draft_sampling: bool = True) -> list[Setting]:
     """The settings llama-server can run too: plain and each fixed k (greedy drafting for T 0 and `match`,
     its probabilistic mode for `pq` where the build has `--spec-draft-sampling`)."""
     return [s for s in settings if s.k is not None and (draft_sampling or not _probabilistic(s))]
+
+
+def same_k(setting: Setting, *, draft_sampling: bool = True) -> PeerSetting:
+    """llama-server's run of one of localspec's settings (plain, or a fixed k: see `peer_settings`)."""
+    if not setting.k:
+        return PeerSetting(setting.temperature)
+    return PeerSetting(
+        setting.temperature,
+        "draft-simple",
+        setting.k,
+        _probabilistic(setting) if draft_sampling else None,
+        name=dataclasses.replace(setting, drafter="").name,  # the peer has one drafter: its draft model
+    )
+
+
+def best_peer_settings(temperatures: Sequence[float], build) -> list[PeerSetting]:
+    """llama-server's own strong settings at each temperature (`build`: a `peer.PeerBuild`): its draft at its default
+    draft length, at 8 and at 16, its n-gram pool (`ngram-mod`) alone and chained before the draft at 8 — the draft
+    verified by rejection sampling at T > 0 where the build has it, as its users would run it."""
+    out = []
+    for t in temperatures:
+        probabilistic = (t > 0) if build.draft_sampling else None
+        suffix = " prob" if probabilistic else ""
+        for k in dict.fromkeys([build.default_k, 8, 16]):  # the default first, once
+            label = f"draft k={k}" if k is not None else "draft"
+            label += " (default)" if k == build.default_k else ""
+            out.append(PeerSetting(t, "draft-simple", k, probabilistic, name=label + suffix))
+        if "ngram-mod" in build.spec_types:
+            out.append(PeerSetting(t, "ngram-mod", 0, None, name="ngram-mod"))
+            out.append(PeerSetting(t, "ngram-mod,draft-simple", 8, probabilistic, name=f"ngram-mod+draft k=8{suffix}"))
+    return out
+
+
+def needs_draft_sampling(setting: Setting) -> bool:
+    """Whether llama-server runs `setting` only with `--spec-draft-sampling probabilistic` (a pq row)."""
+    return _probabilistic(setting)
 
 
 def _probabilistic(setting: Setting) -> bool:
@@ -334,7 +445,7 @@ def run_peer(
     target: str,
     draft: str,
     prompts: list[list[int]],
-    settings: list[Setting],
+    settings: list[PeerSetting],
     *,
     tokens: int,
     rounds: int,
@@ -342,23 +453,22 @@ def run_peer(
     n_ctx: int,
     placed: GpuPlan | None,
     progress: Callable[[str], None],
-    draft_sampling: bool = True,
-) -> dict[Setting, tuple[float, float]]:
-    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt.
-    `draft_sampling`: the build has `--spec-draft-sampling` (`peer.has_draft_sampling`)."""
+) -> dict[PeerSetting, tuple[float, float]]:
+    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt."""
     from .peer import LlamaServer
 
-    rates: dict[Setting, list[float]] = {s: [] for s in settings}
-    drafted: dict[Setting, list[int]] = {s: [0, 0] for s in settings}
+    rates: dict[PeerSetting, list[float]] = {s: [] for s in settings}
+    drafted: dict[PeerSetting, list[int]] = {s: [0, 0] for s in settings}
     done = 0
     for round_ in range(rounds):
         for setting in rotated(settings, round_):  # one server per setting and round: the whole prompt list
             with LlamaServer(
                 binary,
                 target,
-                draft if setting.k else None,
-                k=setting.k or 0,
-                probabilistic=_probabilistic(setting) if draft_sampling else None,
+                draft if setting.drafts_with_model else None,
+                k=setting.k,
+                probabilistic=setting.probabilistic,
+                spec=setting.spec,
                 threads=threads,
                 n_ctx=n_ctx,
                 placed=placed,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localspec.core.params import LoadParams
+from localspec.core.params import LoadParams, needs_draft_model
 from localspec.core.placement import GpuPlan
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import InvalidParamsError, LocalspecError
@@ -22,7 +22,7 @@ from localspec.paths import Paths
 
 from . import run as bench
 from .exactness import logit_noise
-from .report import BenchReport, machine_line, now
+from .report import BenchReport, BestPeer, PeerRow, Row, machine_line, now
 from .run import Setting, settings_for
 from .yardstick import sampling_costs
 
@@ -42,6 +42,8 @@ class BenchPlan:
     rounds: int
     command: str  # the command line, for the report
     rtts: list[float] = field(default_factory=list)  # with RPC workers: the round trips (ms) a relay adds
+    headline: tuple[str, str] = ("", "localspec default")  # the drafter whose adaptive rows the peer's best meets
+    # ("": the loaded one) and what the headline calls them
     peer: Path | None = None  # llama-server's binary, to run as the peer (None: no peer)
     busy: bool = False  # add the rows with one core kept busy
     notes: list[str] = field(default_factory=list)  # what the report must say up front
@@ -59,6 +61,7 @@ def plan_bench(
     rounds: int,
     rtts: list[float],
     peer: str | None,
+    drafters: list[str] = (),
     busy: bool,
     command: str,
     structured: bool = False,
@@ -72,12 +75,13 @@ def plan_bench(
         texts, ks, temperatures, verifies, tokens, rounds, rtts, busy, command: the bench's checked flags.
         structured: also run every setting with the answer constrained to a JSON schema (run.py STRUCTURED).
         peer: llama-server's path or folder ("": the one on PATH; None: no peer).
+        drafters: the drafters to run side by side (empty: the one the pair loads, unnamed in the rows).
 
     Raises:
         LocalspecError: nothing to compare with plain decoding (no draft, no head), an RPC worker that does not
             answer.
     """
-    notes, binary = [], None
+    notes, binary, given = [], None, run.drafter
     if peer is not None:
         from .peer import PeerError, find_llama_server
 
@@ -105,6 +109,17 @@ def plan_bench(
         notes.append("llama-server not run: --drafter mtp has no draft file to give it")
         binary = None
     params = load_params(run, resolved.defaults, has_draft=True)
+    headline = ("", "localspec default" if given is None else f"localspec --drafter {given}")
+    if drafters:
+        default = load_params(dataclasses.replace(run, drafter=None), resolved.defaults, has_draft=not head).drafter
+        headline = (default, "localspec default") if default in drafters else (drafters[0], f"localspec {drafters[0]}")
+    models = [d for d in drafters if needs_draft_model(d)]
+    if head and (models or set(drafters) - {"mtp", "ngram", "none"}):
+        raise InvalidParamsError("--drafters: this bench drafts with the target's MTP head and has no draft model")
+    if "mtp" in drafters and not head:
+        raise InvalidParamsError("--drafters mtp: bench the MTP head with --drafter mtp (it loads with the target)")
+    if models and not needs_draft_model(params.drafter):  # the draft model loads only for a model drafter
+        params = dataclasses.replace(params, drafter=models[0])
     for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
         probe(Endpoint.parse(e))
     return BenchPlan(
@@ -113,7 +128,8 @@ def plan_bench(
         params=params,
         chat_template=run.chat_template or resolved.defaults.chat_template,
         texts=texts,
-        settings=settings_for(ks, temperatures, verifies, structured),
+        settings=settings_for(ks, temperatures, verifies, drafters or [""], structured=structured),
+        headline=headline,
         temperatures=temperatures,
         tokens=tokens,
         rounds=rounds,
@@ -199,45 +215,81 @@ def _add_peer(
     threads: int,
     show: Callable[[str], None],
 ) -> None:
-    """Run llama-server on the same prompts and settings; its speed and acceptance join each row (a note if not)."""
-    from .peer import PeerError, has_draft_sampling
+    """Run llama-server on the same prompts and settings, and with its own strong settings (`best_peer_settings`):
+    its speed and acceptance join each row, with each row's ratio to the peer's fastest, and the headline compares
+    localspec's default with that fastest (a note if the peer fails)."""
+    from .peer import PeerError, peer_build
 
     try:
-        draft_sampling = has_draft_sampling(binary)
-        peer_chosen = bench.peer_settings(plan.settings, draft_sampling=draft_sampling)
-        if len(peer_chosen) < len(bench.peer_settings(plan.settings)):
+        build = peer_build(binary)
+        free = [s for s in plan.settings if s.k is not None and not s.schema]  # the peer runs free text only
+        same = {s: bench.same_k(s, draft_sampling=build.draft_sampling) for s in free}
+        same = {s: p for s, p in same.items() if build.draft_sampling or not bench.needs_draft_sampling(s)}
+        if len(same) < len(free):
             report.notes.append(
                 "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
                 "the target and keeping an equal draft, so it has no pq rows"
             )
-        peer = bench.run_peer(
+        if "ngram-mod" not in build.spec_types:
+            report.notes.append("this llama-server has no ngram-mod: its best is sought among its draft settings")
+        runs = {_runs_as(p): p for p in [*same.values(), *bench.best_peer_settings(plan.temperatures, build)]}
+        ran = bench.run_peer(
             binary,
             plan.target,
             plan.draft,
             prompts,
-            peer_chosen,
+            list(dict.fromkeys(runs.values())),
             tokens=plan.tokens,
             rounds=plan.rounds,
             threads=threads,
             n_ctx=n_ctx,
             placed=placed,
             progress=show,
-            draft_sampling=draft_sampling,
         )
     except PeerError as e:
         report.notes.append(f"llama-server failed: {e}")
         return
-    by_name = {(s.name, s.temperature): v for s, v in peer.items()}
+    result = {key: ran[p] for key, p in runs.items()}  # a same-k run and a strong setting that are one run: once
+    by_row = {(s.name, s.temperature): result[_runs_as(p)] for s, p in same.items()}
+    report.peer = [
+        PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p])
+        for p in sorted(dict.fromkeys(runs.values()), key=lambda p: p.temperature)
+    ]
+    best = {}
+    for p in report.peer:
+        if p.tokens_per_second > best.get(p.temperature, (None, 0.0))[1]:
+            best[p.temperature] = (p.setting, p.tokens_per_second)
     report.rows = [
         dataclasses.replace(
             r,
-            peer_tokens_per_second=by_name[(r.setting, r.temperature)][0],
-            peer_acceptance=by_name[(r.setting, r.temperature)][1],
+            peer_tokens_per_second=by_row.get((r.setting, r.temperature), (None, None))[0],
+            peer_acceptance=by_row.get((r.setting, r.temperature), (None, None))[1],
+            best_peer_ratio=r.tokens_per_second / best[r.temperature][1]
+            if r.temperature in best and not r.schema
+            else None,
         )
-        if (r.setting, r.temperature) in by_name
-        else r
         for r in report.rows
     ]
+    report.best_peer = _headline(report.rows, best, plan.headline)
+
+
+def _runs_as(p: bench.PeerSetting) -> tuple:
+    """What makes two peer settings one run (their names aside)."""
+    return (p.temperature, p.spec, p.k, p.probabilistic)
+
+
+def _headline(rows: list[Row], best: dict[float, tuple[str, float]], headline: tuple[str, str]) -> list[BestPeer]:
+    """Per temperature, localspec's default — the adaptive row of `headline`'s drafter, pq at T > 0 — against the
+    peer's fastest setting."""
+    drafter, label = headline
+    out = []
+    for r in rows:
+        default = r.k is None and r.drafter == drafter and not r.schema and (r.temperature == 0 or r.verify == "pq")
+        if default and r.temperature in best:
+            peer_setting, peer_rate = best[r.temperature]
+            ratio = r.tokens_per_second / peer_rate if peer_rate else 0.0
+            out.append(BestPeer(r.temperature, label, r.setting, r.tokens_per_second, peer_setting, peer_rate, ratio))
+    return out
 
 
 def _tokenize(texts: list[str], tokenize, show) -> list[list[int]]:

@@ -33,6 +33,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("--temperature", dest="temperatures", default="0,0.8", help="temperatures (default 0,0.8)")
     p.add_argument("--verify", dest="verifies", default="pq,match", help="verifications at T > 0 (default pq,match)")
+    p.add_argument(
+        "--drafters",
+        help="drafters to run side by side, e.g. model,model+ngram (comma-separated; default: the one --drafter or "
+        "the pair loads)",
+    )
     p.add_argument("--prompts", help="a text file, one prompt per line (default: four built-in chat prompts)")
     p.add_argument("--tokens", type=int, default=64, help="tokens generated per run (default 64)")
     p.add_argument("--rounds", type=int, default=2, help="rounds over every prompt and setting (default 2)")
@@ -83,7 +88,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
     """
     from localspec.bench.suite import plan_bench
     from localspec.core.options import limits_of
-    from localspec.core.params import VERIFY_RULES, SpeculativeParams
+    from localspec.core.params import DRAFTERS, VERIFY_RULES, SpeculativeParams
     from localspec.core.sampling import SamplingParams
 
     from .checks import check_run_args
@@ -92,6 +97,9 @@ def _plan(args: argparse.Namespace, paths: Paths):
     ks = _parse_list(args.ks, int, "k")
     temperatures = _parse_list(args.temperatures, float, "temperature")
     verifies = _parse_list(args.verifies, str, "verify")
+    drafters = _parse_list(args.drafters, str, "drafters") if args.drafters is not None else []
+    if any(d not in DRAFTERS for d in drafters):
+        raise InvalidParamsError(f"--drafters takes {', '.join(DRAFTERS)} (comma-separated)")
     limits = limits_of(SamplingParams, SpeculativeParams)  # the option table's, as generate and chat check them
     k_max, temperature = limits["draft_max"].high, limits["temperature"]
     if any(k < 1 or k > k_max for k in ks) or not all(temperature.admits(t) for t in temperatures):
@@ -110,6 +118,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
         ks=ks,
         temperatures=temperatures,
         verifies=verifies,
+        drafters=list(dict.fromkeys(drafters)),
         tokens=args.tokens,
         rounds=args.rounds,
         rtts=rtts,

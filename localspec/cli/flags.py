@@ -21,9 +21,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         choices=DRAFTERS,
-        help="how tokens are drafted: model (the --draft model), ngram (prompt lookup: copy what "
-        "followed the last few tokens earlier in the prompt or output; fast for repeating or "
-        "editing a given text), model+ngram (lookup when it finds a match, else the model), mtp (the target's own MTP "
+        help="how tokens are drafted: model (the --draft model), ngram (copy what followed the longest earlier "
+        "match of the last tokens in the prompt or output; fast for repeating or editing a given text), "
+        "model+ngram (that copy where it finds a match, else the model), mtp (the target's own MTP "
         "head), none (default: model with a draft, else the target's MTP head where it has one, else none)",
     )
     p.add_argument(

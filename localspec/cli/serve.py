@@ -114,7 +114,7 @@ def _check_think(flags, paths: Paths) -> None:
 def _serve(runner, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
-    served = runner.load()
+    served = runner.start()
     for note in (served.resolved.defaults.notice, served.engine.drafting_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)

@@ -2,16 +2,17 @@
 
 `ModelDrafter` runs a small model that shares the target's vocabulary in its own context (a draft with another
 vocabulary: core/bridge.py's `BridgedDrafter`; the target's own MTP head: core/head.py's `MtpDrafter`).
-`NgramDrafter` (prompt lookup) copies what followed the latest earlier occurrence of the last few
-tokens; it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
-`LookupFirst` wraps a model drafter: the lookup first, the model when the history has no match. `NoDrafter`
-proposes nothing. `make_drafter` builds each kind of DRAFTERS from the built model drafter, or says why it cannot.
-Every drafter states what it needs, owns and costs through the `Drafter` protocol and is asked with one
+`NgramDrafter` copies what followed the longest earlier match of the history's end (core/ngram.py's index over the
+prompt and the output); it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
+`NgramChain` wraps a model drafter: the n-gram's copy first, the model after it or, without a match, instead of it.
+`NoDrafter` proposes nothing. `make_drafter` builds each kind of DRAFTERS from the built model drafter, or says why it
+cannot. Every drafter states what it needs, owns and costs through the `Drafter` protocol and is asked with one
 `DraftRequest`, so the loop, the policy and the engine never ask which class they hold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
@@ -24,6 +25,7 @@ from localspec.llama.sampler import MAX_TOP_K, ChainLawBuilder, chain_law_availa
 from .grammar import Constraint, masked, masked_argmax
 from .kv import Context, KVSequence, Progress
 from .laws import ArrayLaw, Law, ListLaw
+from .ngram import HistoryIndex
 from .params import DRAFTERS
 from .sampling import SamplingParams, greedy_token, penalty_window, sampling_law, top_probability
 
@@ -306,27 +308,29 @@ def draft_top_k(sampling: SamplingParams) -> int:
 
 
 class NgramDrafter:
-    """Prompt lookup: propose what followed the latest earlier occurrence of the history's last n tokens.
+    """`--drafter ngram`: what followed the longest earlier match of the history's end (any n-gram of the prompt or
+    the output, core/ngram.py's `NgramIndex`), copied.
 
-    n goes from `n_max` down to `n_min`; the first n with a match wins. No model, no distribution:
-    verification sees a one-hot draft law, so p/q accepts x with probability target(x).
+    No model, no distribution: verification sees a one-hot draft law, so p/q accepts x with probability target(x).
+
+    Args:
+        n_min: the shortest match it drafts after.
     """
 
     kind = "ngram"
     needs_model = False
     drafts = True
     caches: tuple[KVSequence, ...] = ()
-    n_ctx = 1 << 30  # the lookup works on any history length
+    n_ctx = 1 << 30  # the index works on any history length
     size_ratio = 0.0
     after_target_decode = None
 
-    def __init__(self, n_max: int = 3, n_min: int = 2) -> None:
-        if not 1 <= n_min <= n_max:
-            raise ValueError(f"n-gram lengths must satisfy 1 <= n_min <= n_max, not {n_min}, {n_max}")
-        self.n_max, self.n_min = n_max, n_min
+    def __init__(self, n_min: int = 2) -> None:
+        self.n_min = n_min
+        self.history = HistoryIndex()
 
     def propose(self, request: DraftRequest) -> Proposal:
-        tokens = lookup(request.history, request.k, n_max=self.n_max, n_min=self.n_min)
+        tokens, _ = self.history.follow(request.history).continuation(request.k, self.n_min)
         return Proposal(tokens, [None] * len(tokens))
 
     def describe(self) -> str:
@@ -336,38 +340,21 @@ class NgramDrafter:
         return 0
 
     def keep(self, n: int) -> None:
-        pass
+        self.history.keep(n)
 
 
-def lookup(history: list[int], k: int, *, n_max: int, n_min: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix n-gram.
+class NgramChain:
+    """`--drafter model+ngram`: the n-gram's copy first (as `NgramDrafter`) where the history's end matched at least
+    `trust` tokens earlier, and the wrapped model drafter (plain or bridged) for the rest of the k tokens after it —
+    or for all k where there is no such match.
 
-    A worked example, with `history` = [7, 1, 2, 8, 1, 2, 9, 1, 2], k = 2, n_max = 3, n_min = 2:
-    - n = 3: the suffix is (9, 1, 2); no earlier start i < 6 has tokens[i:i+3] == (9, 1, 2), so no match.
-    - n = 2: the suffix is (1, 2); it occurs earlier at starts 1 and 4 (start 7 is the suffix itself, left out).
-      The latest, 4, wins: the tokens after it, from index 4 + 2 = 6, are [9, 1], and that is the proposal.
-    Verification sees each as a one-hot draft law: x is accepted with probability target(x) under p/q.
-    """
-    tokens = np.asarray(history, dtype=np.int64)  # (m,)
-    m = len(tokens)
-    for n in range(min(n_max, m - 1), n_min - 1, -1):
-        # A match starts at i < m - n, so at least one token follows it; the suffix itself is excluded.
-        hits = np.ones(m - n, dtype=bool)  # (m - n,) candidate starts
-        for j in range(n):
-            hits &= tokens[j : m - n + j] == tokens[m - n + j]
-        starts = np.flatnonzero(hits)
-        if starts.size:
-            follow = int(starts[-1]) + n
-            return tokens[follow : follow + k].tolist()
-    return []
+    Which tokens are copied depends only on the history, so each copied token is a point law, and each model token is
+    drawn from the draft's law after the tokens before it (the copied ones included): verification stays exact.
 
-
-class LookupFirst:
-    """`--drafter model+ngram`: wraps a model drafter (plain or bridged) — the n-gram lookup when the history has a
-    match, the wrapped drafter otherwise.
-
-    Which one runs depends only on the history, so each step's draft law is still the one its tokens were drawn
-    from (one-hot for a lookup) and verification stays exact.
+    Args:
+        inner: the draft model's drafter.
+        trust: the shortest match whose copy goes ahead of the model.
+        copy_max: most tokens copied (None: k); the model drafts the rest of k after them.
     """
 
     kind = "model+ngram"
@@ -375,11 +362,11 @@ class LookupFirst:
     drafts = True
     after_target_decode = None
 
-    def __init__(self, inner: Drafter, ngram: NgramDrafter | None = None) -> None:
-        self.inner = inner
-        self.ngram = ngram or NgramDrafter()
+    def __init__(self, inner: Drafter, *, trust: int = 2, copy_max: int | None = None) -> None:
+        self.inner, self.trust, self.copy_max = inner, trust, copy_max
         self.caches = inner.caches
         self.size_ratio = inner.size_ratio
+        self.history = HistoryIndex()
 
     @property
     def n_ctx(self) -> int:
@@ -389,21 +376,33 @@ class LookupFirst:
         return self.inner.describe()
 
     def propose(self, request: DraftRequest) -> Proposal:
-        found = self.ngram.propose(request)
-        return found if found.tokens else self.inner.propose(request)
+        k = request.k if self.copy_max is None else min(request.k, self.copy_max)
+        copied, _ = self.history.follow(request.history).continuation(k, self.trust)
+        if not copied:
+            return self.inner.propose(request)
+        out = Proposal(copied, [None] * len(copied))  # the model did not run: nothing spent
+        if len(copied) < request.k:  # the model drafts after the copy, from its own law
+            more = self.inner.propose(
+                dataclasses.replace(request, history=[*request.history, *copied], k=request.k - len(copied))
+            )
+            out.tokens += more.tokens
+            out.laws += more.laws
+            out.cost = more.cost  # the model's own report: reading the copy, then drafting
+        return out
 
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         return self.inner.prefill(prompt, progress=progress)
 
     def keep(self, n: int) -> None:
         self.inner.keep(n)
+        self.history.keep(n)
 
 
 # Each kind of DRAFTERS: the kind of model drafter it is built around (None: it drafts without one), and how.
 BUILDERS: dict[str, tuple[str | None, Callable[[Drafter | None], Drafter]]] = {
     "model": ("model", lambda model: model),
     "ngram": (None, lambda _: NgramDrafter()),
-    "model+ngram": ("model", lambda model: LookupFirst(model)),
+    "model+ngram": ("model", lambda model: NgramChain(model)),
     "mtp": ("mtp", lambda model: model),
     "none": (None, lambda _: NoDrafter()),
 }

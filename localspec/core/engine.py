@@ -153,6 +153,8 @@ class Generation:
         stats.drafter = engine.drafter.kind
         t0 = time.perf_counter()
         engine.policy.start()
+        if engine.threads is not None:
+            engine.threads.start()
         try:
             stats.prefill_decoded = engine.target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
             if stats.prefill_decoded:

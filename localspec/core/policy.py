@@ -30,12 +30,19 @@ class PolicyTuning:
 
     alpha_prior: float = 0.5  # α̂ before any draft was verified (worth two drafted tokens of evidence)
     min_evidence: int = 8  # drafted tokens verified before the draft may be judged not worth it
-    forget: float = 0.2  # share of the older acceptance counts α̂ forgets at each verified step
-    margin: float = 0.03  # speculate only when predicted at least this much faster than plain
+    # share of the older acceptance counts α̂ forgets at each verified step: about the last 12 steps count. At 0.2
+    # (5 steps) α̂ of a steady α = 0.8 swung from 0.5 to 0.9, and each dip turned speculation off for an answer
+    # (benchmarks/policy_sim.py: 0.84-0.90 of the best fixed k on a GPU-like pair, 0.94-0.98 at 0.08)
+    forget: float = 0.08
+    margin: float = 0.03  # turn speculation (back) on only when predicted at least this much faster than plain
+    # and leave it on until predicted this much slower: off is sticky inside an answer (a draft model that fell
+    # behind costs its catch-up to probe again), so a pair that gains a few percent must not leave on one noisy
+    # estimate (the demo pair on 2 cores, predicted 1.05 ± 0.04, was off for whole answers at margin 0.03 both ways)
+    keep_margin: float = 0.01
     hold: float = 0.05  # keep the draft length in use unless another is predicted at least this much faster
     probe_budget: float = 0.03  # probes may cost at most this fraction of the plain decoding time
     explore: tuple[int, ...] = (1, 2)  # k, in turn, while the costs are unknown (cheap with a useless draft)
-    retime_every: int = 48  # while speculating, one plain step this often keeps its timing current
+    retime_every: int = 96  # while speculating, one plain step this often keeps its timing current
     start_probe_steps: int = 2  # speculative steps that open a generation while off, when the credit pays for them
     window: int = 12  # timings per kind of step that the medians look at
     keep_on_start: int = 1  # newest timings kept when a generation starts (the probe's own soon outvote them)
@@ -93,6 +100,9 @@ class RecentMedian:
         return statistics.median(self._recent) if self._recent else 0.0
 
 
+TRUSTED = 3  # timings of one draft length before its own median is used rather than the line's
+
+
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
@@ -120,9 +130,12 @@ class MeasuredCosts:
         return None if min(self.draft.n, batches) >= self.min_samples else "speculative"
 
     def _line(self) -> tuple[float, float, float]:
-        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0."""
+        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0, over
+        the draft lengths timed often enough for their median to stand (one stalled step among two is half a
+        median: it bent the whole line, and the policy chose k = 1 on a GPU where k = 4 was 15 % faster)."""
         plain = self.target[0].value
-        drafted = [k for k in self.target if k]
+        timed = [k for k, e in self.target.items() if k and e.n >= TRUSTED]
+        drafted = timed if len(timed) >= 2 else [k for k in self.target if k]
         ks = drafted if len(drafted) >= 2 else list(self.target)
         points = [(k, self.target[k].value, min(self.target[k].n, 8)) for k in ks]
         total = sum(w for _, _, w in points)
@@ -145,6 +158,9 @@ class MeasuredCosts:
         return self._fit()[0]
 
     def batch_ratio(self, k: int) -> float:
+        timed = self.target.get(k)
+        if k and timed is not None and timed.n >= TRUSTED:  # this k's own median: the line only extrapolates
+            return max(timed.value / self.target[0].value, 1.0)
         _, a, b, _ = self._fit()
         return max(a + b * k, 1.0)  # never cheaper than one row
 
@@ -201,7 +217,8 @@ class PolicyState(enum.Enum):
     """Where the adaptive policy stands; only `DraftPolicy._decide` moves it.
 
     TIMING → ON or OFF once both costs are timed (a plain step, then a few small k) and the verdict is weighed;
-    ON ⇄ OFF as the predicted speed-up E(k) / (k·c + v(k)) crosses 1 + margin (OFF only on enough evidence);
+    ON → OFF when the predicted speed-up E(k) / (k·c + v(k)) falls under 1 − keep_margin (on enough evidence),
+    OFF → ON when it passes 1 + margin;
     OFF → PROBING for a step paid from the credit earned while plain, or for the probe that opens a generation;
     PROBING → ON or OFF at the next verdict. ON stays ON through the plain step that keeps its timing current.
     """
@@ -275,13 +292,20 @@ class DraftPolicy:
         """α̂ = accepted / (accepted + rejections), over exponentially discounted recent steps."""
         return self.accepted / self.seen
 
-    def speedup(self, k: int, costs: Costs) -> float:
-        """Predicted speed with k drafts per step relative to plain decoding: E(k) / (k·c + v(k))."""
-        return expected_tokens(self.alpha, k) / (k * costs.draft_ratio() + costs.batch_ratio(k))
+    @property
+    def alpha_high(self) -> float:
+        """An optimistic α: α̂ plus 1.28 standard errors of its discounted evidence (a one-sided 90 % bound)."""
+        alpha = self.alpha
+        return min(1.0, alpha + 1.28 * (alpha * (1.0 - alpha) / (self.seen + 1.0)) ** 0.5)
 
-    def best(self, limit: int, costs: Costs) -> tuple[int, float]:
+    def speedup(self, k: int, costs: Costs, alpha: float | None = None) -> float:
+        """Predicted speed with k drafts per step relative to plain decoding: E(k) / (k·c + v(k)) (at α̂, or `alpha`)."""
+        alpha = self.alpha if alpha is None else alpha
+        return expected_tokens(alpha, k) / (k * costs.draft_ratio() + costs.batch_ratio(k))
+
+    def best(self, limit: int, costs: Costs, alpha: float | None = None) -> tuple[int, float]:
         """The k in 1..limit with the highest predicted speed-up, and that speed-up."""
-        return max(((k, self.speedup(k, costs)) for k in range(1, limit + 1)), key=lambda pair: pair[1])
+        return max(((k, self.speedup(k, costs, alpha)) for k in range(1, limit + 1)), key=lambda pair: pair[1])
 
     def start(self) -> None:
         """A new generation begins: if speculation is off and the probe credit pays for it, the generation opens
@@ -341,7 +365,11 @@ class DraftPolicy:
                 k, speedup = self._held, kept
         self._record_decision(k, speedup, costs)
         was_off = self.off
-        off = speedup <= 1.0 + tuning.margin and self.verified >= tuning.min_evidence
+        if was_off:  # back on only when the estimate itself predicts a clear gain
+            off = speedup <= 1.0 + tuning.margin
+        else:  # off only when even an optimistic α predicts a loss: one noisy α̂ must not end a gain
+            off = self.best(limit, costs, self.alpha_high)[1] <= 1.0 - tuning.keep_margin
+        off = off and self.verified >= tuning.min_evidence
         self._recheck = self._recheck or (off and not was_off)
         if not off:
             self.state = PolicyState.ON

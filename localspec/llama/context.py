@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -27,6 +29,8 @@ from .footprint import read_footprint
 from .log import llama_error
 from .model import Model, ModelInfo
 from .threads import physical_cores
+
+log = logging.getLogger(__name__)
 
 # `llama_get_logits_ith` again, answering the row's address as a plain int: llama_cpp's binding answers a ctypes
 # pointer object, and casting it back costs as much again. Used for contexts whose model runs on this machine.
@@ -159,6 +163,7 @@ class Context:
         self.n_threads = threads
         self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
         self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
+        self.decoding_thread: int | None = None  # the thread that decoded last (DESIGN §7: one per process)
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
         self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
         self._mem = llama_cpp.llama_get_memory(handle)
@@ -286,6 +291,15 @@ class Context:
             self._out[:first_out] = 0
             self._out[first_out:n] = 1
         self._batch.n_tokens = n
+        thread = threading.get_ident()
+        if thread != self.decoding_thread:
+            if self.decoding_thread is not None:
+                log.warning(
+                    "%s: decoding on another thread than before: llama.cpp keeps a pool of threads per calling "
+                    "thread, and two pools fight for the cores (DESIGN §7): decode on one thread",
+                    self.model.path.name,
+                )
+            self.decoding_thread = thread
         t0 = time.perf_counter()
         rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
         if rc == 0:

@@ -152,6 +152,14 @@ class ThreadTuner:
         self._monitor = monitor
         self._next = time.monotonic() + interval
 
+    def start(self) -> None:
+        """A generation begins: measure from now. The window since the last check may span the idle time between two
+        generations, when another process (the client that sent the request, a `generate` beside a server) used the
+        cores: counting that made the first step of every request drop to one thread (the server's log, 2026-11-27)."""
+        if self._monitor is not None:
+            self._monitor.free_cores()
+            self._next = time.monotonic() + self.interval
+
     def check(self) -> int:
         """Re-measure when due; returns the thread count in use."""
         if self._monitor is None or time.monotonic() < self._next:

@@ -6,6 +6,9 @@ KV prefix the previous one left in both caches (`KVSequence.sync`), so a chat th
 that turn. At most `max_queue` jobs wait or run; past that a request is refused at once (503). A request for
 another configured pair loads it on the worker thread, in its turn, like Ollama; `no_swap` refuses instead.
 A job whose client went away is cancelled: its generation stops after the current step, caches consistent.
+The first load runs on that thread too (`start`): llama.cpp's OpenMP keeps a pool of threads per calling thread, and a
+pair loaded on the main thread and decoded on the worker ran at 0.57× `generate` on 2 cores, two pools fighting for
+the cores (DESIGN §7, threads).
 What one request does on the pair is server/request.py's; the pair itself (its drafters) is server/served.py's.
 """
 
@@ -57,8 +60,13 @@ class Runner:
 
     # --- the pair ---------------------------------------------------------------------------------------------
 
+    def start(self) -> Served:
+        """Load the flags' pair on the worker thread, the one that will decode it; blocking."""
+        return self._executor.submit(self.load).result()
+
     def load(self, pair: str | None = None) -> Served:
-        """Load the flags' pair (or `pair`, replacing the loaded one); blocking. Called at start and by swaps."""
+        """Load the flags' pair (or `pair`, replacing the loaded one); blocking. On the worker thread: `start` at the
+        beginning, a job's swap later."""
         flags = self.flags if pair is None else dataclasses.replace(self.flags, pair=pair, target=None, draft=None)
         resolved = resolve_models(flags, self.paths)
         params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)

@@ -5,33 +5,29 @@
 pair switch only swaps the session; the system prompt is its first message; the chat database is written
 through as each operation happens, the answer too as it grows (`grow`, every `SAVE_EVERY` seconds), and only into
 the saved conversation this window opened: one deleted in another window is saved again as a new one, and
-`notices` says so. `Phase` says what the engine is doing. `ChatApp` calls these operations from
-its UI thread and only draws the result; the one thing done off that thread is `Turn.begin`, in the worker that
+`notices` says so. The saved messages form a tree: an edit (`edit`) or an answer generated again (`regenerate`)
+starts a branch beside the old one, which stays; `switch` shows a sibling's branch. The caches keep the tokens both
+branches share and re-read only what differs; the messages before the branch point stay the same objects, so the
+session's window of a long chat is kept too. The engine side (the
+loaded pair, the settings, the `Phase`) is `PairState`'s. `ChatApp` and its `ChatScreen` call these operations
+from the UI thread and only draw the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import logging
-import math
-import threading
 import time
 
-from localspec.core.engine import Engine, Generation
-from localspec.core.params import needs_draft_model
-from localspec.core.session import ChatSession, Message
-from localspec.core.stats import Stats
-from localspec.core.thinking import PartStats, ThinkingSplit
-from localspec.core.thinking_support import ThinkingSupport, choose_thinking, thinking_choice
+from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
-from localspec.models.resolved import ResolvedPair
 
-from .live import Chunk, ChunkGate, Finished, Runs, add_run
-from .loading import Loaded
-from .settings import ChatOptions, ChatSettings
+from .live import Chunk, Finished, add_run
+from .pair_state import PairState
+from .settings import ChatOptions
 from .store import ChatStore, ConversationGone, SavedConversation, StoredMessage
+from .turn import Phase, Turn
 
 log = logging.getLogger(__name__)
 
@@ -39,79 +35,10 @@ TITLE_LENGTH = 60  # characters of the first message that name a saved conversat
 SAVE_EVERY = 2.0  # seconds between two saves of an answer as it grows (a crash loses at most this much of it)
 INTERRUPTED = "interrupted"  # the finish reason of an answer saved while it grows, until it ends
 RESAVED = "this chat was deleted in another window: it goes on as a new saved chat, with what this window shows of it"
+EMPTY_EDIT = "an edited message cannot be empty: type its new text (Esc keeps the old one)"
 
 
-class Phase(enum.Enum):
-    """What the engine is doing (a download is separate: `Conversation.pulling`, it runs alongside a chat)."""
-
-    NO_MODEL = "no model"  # nothing loaded, a load failed, or the model cannot chat
-    LOADING = "loading"
-    READY = "ready"
-    GENERATING = "generating"
-
-
-class Turn:
-    """One answer being generated: what started it, and a stop that works from any thread."""
-
-    def __init__(
-        self,
-        turn_id: int,
-        kind: str,
-        session: ChatSession,
-        messages: tuple[Message, ...],
-        settings: ChatSettings,
-        stop: tuple[str, ...] = (),
-        text: str = "",
-        message_id: int | None = None,
-        think: bool | None = None,
-    ) -> None:
-        self.id, self.kind, self.text = turn_id, kind, text
-        self.think = think  # the thinking switch this answer is generated with (None: the model's default)
-        self.message_id = message_id  # the saved user message this turn answers (kind "send")
-        self.session, self.settings, self.stop = session, settings, stop
-        self.messages = messages  # the conversation it answers, as it stood when the turn started
-        self.replaces_answer = False  # a regenerate that dropped the last answer (its widget goes too)
-        self._lock = threading.Lock()
-        self._cancelled = False
-        self._generation: Generation | None = None
-        self.gate = ChunkGate()  # one streamed chunk in flight between the worker and the UI
-        self.split: ThinkingSplit | None = None  # its thinking/answer split, once begun
-        self.runs: Runs = []  # the answer so far, as the UI received it (saved as it grows)
-        self.thinking_runs: Runs = []
-        self.answer_id: int | None = None  # its saved row, once saved
-        self.saved_at = -math.inf  # when it was last saved (time.monotonic())
-
-    def begin(self) -> Generation:
-        """Start the answer on the engine (in the worker thread that holds it); `split` separates its thinking.
-
-        Raises:
-            LocalspecError: e.g. the conversation does not fit the context.
-        """
-        settings = self.settings
-        generation = self.session.answer(
-            self.messages,
-            sampling=settings.sampling,
-            spec=settings.spec,
-            max_tokens=settings.max_tokens,
-            stop=self.stop,
-            think=self.think,
-        )
-        self.split = self.session.splitter(self.think)
-        with self._lock:
-            self._generation = generation
-            if self._cancelled:  # Esc came before the worker got here
-                generation.cancel()
-        return generation
-
-    def cancel(self) -> None:
-        """Stop after the current step (the caches stay consistent)."""
-        with self._lock:
-            self._cancelled = True
-            if self._generation is not None:
-                self._generation.cancel()
-
-
-class Conversation:
+class Conversation(PairState):
     """The conversation on screen, its saved copy, the loaded pair and what the engine is doing.
 
     Args:
@@ -120,28 +47,13 @@ class Conversation:
     """
 
     def __init__(self, options: ChatOptions, store: ChatStore) -> None:
-        self.options = options
-        self.store = store
+        super().__init__(options, store)
         system = options.system or ""
         self.messages: list[Message] = [Message("system", system)] if system.strip() else []
-        self.saved_id: int | None = None  # the conversation's id in the store, once its first message is saved
+        self.ids: list[int | None] = []  # the saved ids of `dialogue`, in order (None: not saved)
         self.saved_created: str | None = None  # and its creation time: another chat that took a freed id is not it
         self.notices: list[str] = []  # what the user must be told since `take_notices` was last called
-        self.phase = Phase.NO_MODEL
-        self.pulling: str | None = None  # the pair being downloaded
-        self.loaded: Loaded | None = None
-        self.session: ChatSession | None = None
-        self.settings = ChatSettings(max_tokens=options.max_tokens)
-        self.turn: Turn | None = None
         self.turn_ids = 0  # turns started so far (their ids)
-        self.session_stats = Stats()  # every answer since the pair was loaded or the chat changed
-        self.answers = 0
-        self.last_turn: Stats | None = None
-        self.last_parts: dict[str, PartStats] | None = None  # the last answer's thinking and answer numbers
-        self.thinking = ThinkingSupport()  # what the loaded model does about thinking
-        self.default_think: bool | None = None  # --think, else the pair's `thinking` (None: the model's own)
-        self._pending_settings: ChatSettings | None = None  # applied when the reload they asked for is done
-        self._fallback: ResolvedPair | None = None  # the pair a switch unloaded, until the new one is loaded
 
     # --- what is there ---------------------------------------------------------------------------------------
 
@@ -159,111 +71,28 @@ class Conversation:
     def _n_system(self) -> int:
         return 1 if self.messages and self.messages[0].role == "system" else 0
 
-    def busy(self, what: str) -> str | None:
-        """Why `what` cannot be done now (an answer or a load is in the way), or None."""
-        if self.phase is Phase.GENERATING:
-            return f"an answer is being generated: press Esc to stop it before you {what}"
-        if self.phase is Phase.LOADING:
-            return "the models are still loading"
-        return None
-
     def saved_messages(self) -> list[StoredMessage] | None:
-        """The saved copy of the messages (with provenance and stats), or None before the first is saved."""
+        """The saved copy of the branch on screen (with provenance and stats), or None before the first is saved."""
         return self.store.messages(self.saved_id) if self.saved_id is not None else None
 
-    # --- loading and pulling ---------------------------------------------------------------------------------
-
-    def begin_load(self, settings: ChatSettings | None = None) -> Engine | None:
-        """A load starts: the session goes (the messages stay); returns the old engine for the loader to close.
-
-        Args:
-            settings: settings to use once loaded (a drafter change); default the pair's own.
-        """
-        self._fallback = self.loaded.pair if self.loaded is not None else None  # loaded again if this load fails
-        old = self.detach()
-        self.phase = Phase.LOADING
-        self._pending_settings = settings
-        self.reset_stats()  # the numbers belong to the models that made them
-        return old
-
-    def attach(self, loaded: Loaded) -> list[str]:
-        """The pair is loaded: a session continues the conversation on it.
-
-        Returns:
-            What the user must be told: a thinking choice (--think, the pair's `thinking`, the chat's) that this
-            model cannot follow, which is then left to the model.
+    def index(self, message_id: int) -> int:
+        """Where saved message `message_id` is in `dialogue`.
 
         Raises:
-            LocalspecError: the target has no usable chat template (the pair stays loaded, to be unloaded).
+            ContextError: it is not on screen (any more).
         """
-        self.loaded = loaded
-        template = self.options.chat_template or loaded.pair.defaults.chat_template
-        try:
-            self.session = ChatSession(loaded.engine, template_name=template)
-        except LocalspecError:
-            self.phase = Phase.NO_MODEL
-            raise
-        self.phase = Phase.READY
-        # the chat's own switch outlives a reload and a pair switch, when the new model has one
-        kept = (self._pending_settings or self.settings).think
-        self.settings = self._pending_settings or ChatSettings.initial(
-            self.options, loaded.pair.defaults, loaded.drafter
-        )
-        self._pending_settings = None
-        if self.saved_id is not None and loaded.pair.name:
-            self.store.set_pair(self.saved_id, loaded.pair.name)
-        return self._attach_thinking(loaded, kept)
+        if message_id not in self.ids:
+            raise ContextError("that message is no longer in this chat")
+        return self.ids.index(message_id)
 
-    def _attach_thinking(self, loaded: Loaded, kept: bool | None) -> list[str]:
-        """The loaded model's thinking support and the default switch; what cannot be followed is said and dropped."""
-        assert self.session is not None
-        self.thinking = self.session.format.thinking
-        name = loaded.pair.name or loaded.pair.label
-        notices = []
-        flag, pair = (
-            thinking_choice(self.options.think, "flag"),
-            thinking_choice(loaded.pair.defaults.thinking, "pair", name),
-        )
-        try:
-            self.default_think = choose_thinking(self.thinking, name, flag, pair)
-        except LocalspecError as e:
-            notices.append(f"{e} (meanwhile the model decides)")
-            self.default_think = None
-        if not self.thinking.can_switch:
-            kept = None  # the settings say what this model does instead of offering a switch
-        self.settings = dataclasses.replace(self.settings, think=kept)
-        return notices
+    def _truncate(self, at: int) -> None:
+        """Take the dialogue's messages from `at` on off the screen (they stay in the store's tree)."""
+        del self.messages[self._n_system + at :]
+        del self.ids[at:]
 
-    def load_failed(self) -> ResolvedPair | None:
-        """The load ended without a pair; returns the pair that was loaded before it, to load again (None: none)."""
-        self.phase = Phase.NO_MODEL
-        self._pending_settings = None
-        fallback, self._fallback = self._fallback, None
-        return fallback
-
-    def detach(self) -> Engine | None:
-        """Give up the loaded pair (to switch pairs or quit); returns its engine for the caller to close."""
-        engine = self.loaded.engine if self.loaded else None
-        self.loaded, self.session = None, None
-        return engine
-
-    def begin_pull(self, pair: str) -> None:
-        """A download of `pair` starts (it runs alongside the chat)."""
-        self.pulling = pair
-
-    def pull_ended(self, *, pulled: bool = False) -> bool:
-        """The download finished (`pulled`) or failed; returns whether to load the pulled pair now.
-
-        It loads unless an answer or another load is under way (the user can switch to it with F2 later).
-        """
-        self.pulling = None
-        return pulled and self.phase in (Phase.READY, Phase.NO_MODEL)
-
-    def pick_pair(self, name: str, *, downloaded: bool) -> str:
-        """What picking pair `name` in the list means: "loaded" (it already is), "load", or "pull" (offer it)."""
-        if self.loaded is not None and name == self.loaded.pair.name:
-            return "loaded"
-        return "load" if downloaded else "pull"
+    def _tip(self) -> int | None:
+        """The saved message the next one follows: the last saved one on screen (None: it starts the chat)."""
+        return next((i for i in reversed(self.ids) if i is not None), None)
 
     # --- turns -----------------------------------------------------------------------------------------------
 
@@ -277,19 +106,51 @@ class Conversation:
         session = self._session()
         message_id = self._save({"role": "user", "content": text})  # committed before generating
         self.messages.append(Message("user", text))
+        self.ids.append(message_id)
         return self._start("send", session, text, message_id)
 
+    def edit(self, message_id: int, text: str) -> Turn:
+        """Replace user message `message_id` by `text` as a new branch from there (the old one stays, a sibling) and
+        answer it; returns the turn. The messages before it stay as they are, so the caches keep them.
+
+        Raises:
+            InvalidParamsError: `text` is empty.
+            ContextError: no model is loaded, or the message is not the user's or not on screen.
+            LocalspecError: the edit cannot be saved (then nothing changes).
+        """
+        session = self._session()
+        text = text.rstrip()
+        if not text.strip():
+            raise InvalidParamsError(EMPTY_EDIT)
+        at = self.index(message_id)
+        if self.dialogue[at].role != "user":
+            raise ContextError("only your own messages can be edited: generate an answer again instead")
+        before = (list(self.messages), list(self.ids))
+        self._truncate(at)
+        try:
+            new_id = self._save({"role": "user", "content": text})
+        except LocalspecError:
+            self.messages[:], self.ids[:] = before
+            raise
+        self.messages.append(Message("user", text))
+        self.ids.append(new_id)
+        turn = self._start("edit", session, text, new_id)
+        turn.at, turn.before = at, before
+        return turn
+
     def _save(self, message: dict) -> int:
-        """Append `message` (`ChatStore.add_message`'s arguments) to the saved conversation this window opened, or
-        save the conversation on screen with it when there is none (the first message, or a chat another window
-        deleted: then `notices` says so); returns its id.
+        """Append `message` (`ChatStore.add_message`'s arguments) after the last saved message on screen, in the
+        saved conversation this window opened, or save the conversation on screen with it when there is none (the
+        first message, or a chat another window deleted: then `notices` says so); returns its id.
 
         Raises:
             LocalspecError: it cannot be saved (then nothing of it is).
         """
         if self.saved_id is not None:
             try:
-                return self.store.add_message(self.saved_id, **message, created=self.saved_created)
+                return self.store.add_message(
+                    self.saved_id, **message, parent_id=self._tip(), created=self.saved_created
+                )
             except ConversationGone:
                 log.warning("saved conversation %d was deleted elsewhere: saving it again", self.saved_id)
                 self.saved_id = None
@@ -304,6 +165,7 @@ class Conversation:
             system=self.system,
             think=self.settings.think,
         )
+        self.ids = ids[:-1]
         return ids[-1]
 
     def take_notices(self) -> list[str]:
@@ -311,30 +173,33 @@ class Conversation:
         notices, self.notices = self.notices, []
         return notices
 
-    def regenerate(self) -> Turn:
-        """Drop the last answer (here and saved) and answer the last user message again.
+    def regenerate(self, message_id: int | None = None) -> Turn:
+        """Answer again: answer `message_id` (default the last answer, or the last question when it has none) is
+        taken off the screen — kept in the store's tree, a sibling of the new one — with what followed it.
 
         Raises:
-            ContextError: no model is loaded, or there is nothing to regenerate.
+            ContextError: no model is loaded, there is nothing to regenerate, or that message is not an answer.
         """
         session = self._session()
         if not self.dialogue:
             raise ContextError("nothing to regenerate: send a message first")
-        replaces = self.messages[-1].role == "assistant"
-        if replaces:
-            self.messages.pop()
-        if self.saved_id is not None:
-            self.store.delete_last_answer(self.saved_id)
+        at = len(self.dialogue) - 1 if message_id is None else self.index(message_id)
+        if self.dialogue[at].role == "user":
+            if message_id is not None:
+                raise ContextError("that is your message: edit it (e) to answer it differently")
+            at += 1  # the last message is a question without an answer
+        replaces = at < len(self.dialogue)
+        self._truncate(at)
+        if replaces and self.saved_id is not None:
+            try:  # the saved branch ends at the question until the new answer is saved
+                self.store.set_leaf(self.saved_id, self._tip())
+            except LocalspecError as e:
+                log.warning("the saved chat still shows the old answer: %s", e)
         turn = self._start("regenerate", session)
-        turn.replaces_answer = replaces
+        turn.replaces_answer, turn.at = replaces, at
         return turn
 
-    def _session(self) -> ChatSession:
-        if self.session is None:
-            raise ContextError("no model is loaded: pick a pair (F2)")
-        return self.session
-
-    def _start(self, kind: str, session: ChatSession, text: str = "", message_id: int | None = None) -> Turn:
+    def _start(self, kind: str, session, text: str = "", message_id: int | None = None) -> Turn:
         self.turn_ids += 1
         self.turn = Turn(
             self.turn_ids,
@@ -347,24 +212,9 @@ class Conversation:
             message_id,
             think=self.think,
         )
+        self.turn.at = len(self.dialogue)
         self.phase = Phase.GENERATING
         return self.turn
-
-    def _end_turn(self) -> None:
-        self.turn = None
-        self.phase = Phase.READY if self.session is not None else Phase.NO_MODEL
-
-    @property
-    def think(self) -> bool | None:
-        """The thinking switch the next answer uses: this chat's, else --think or the pair's (None: the model's)."""
-        return self.settings.think if self.settings.think is not None else self.default_think
-
-    def stop(self) -> bool:
-        """Ask the answer being generated to stop; False when there is none."""
-        if self.turn is None:
-            return False
-        self.turn.cancel()
-        return True
 
     def finish(self, finished: Finished) -> None:
         """The answer ended (stopped or cut short too): add it to the conversation, count its stats and save it.
@@ -395,6 +245,7 @@ class Conversation:
                 self._save_answer(turn, answer)
         finally:
             self.messages.append(Message("assistant", finished.text, finished.reasoning))
+            self.ids.append(turn.answer_id if turn is not None else None)
 
     def grow(self, chunk: Chunk, now: float | None = None) -> None:
         """The answer being generated grew by `chunk`: saved (as "interrupted") at the first chunk and then every
@@ -438,16 +289,22 @@ class Conversation:
             turn.answer_id = answer_id
 
     def fail(self, turn: Turn) -> None:
-        """The turn could not start: a message sent by it is taken back, here and from the store."""
+        """The turn could not start: a message sent by it is taken back, here and from the store; an edit's old
+        branch comes back."""
         self._end_turn()
-        if turn.kind != "send":
+        if turn.kind not in ("send", "edit"):
             return
-        if self.messages and self.messages[-1].role == "user":
+        if turn.before is not None:
+            self.messages[:], self.ids[:] = turn.before
+        elif self.messages and self.messages[-1].role == "user":
             self.messages.pop()
+            self.ids.pop()
         if self.saved_id is not None and turn.message_id is not None:
             try:
                 self.store.delete_message(self.saved_id, turn.message_id)
-                if not self.store.messages(self.saved_id):
+                if turn.before is not None:
+                    self.store.set_leaf(self.saved_id, self._tip())
+                elif not self.store.get(self.saved_id).n_messages:
                     # Its title came from the message just taken back: a conversation of nothing is not kept.
                     self.store.delete(self.saved_id)
                     self.saved_id = self.saved_created = None
@@ -459,6 +316,7 @@ class Conversation:
     def new(self) -> None:
         """Start a new conversation (the system prompt stays)."""
         del self.messages[self._n_system :]
+        self.ids.clear()
         if self.session is not None:
             self.session.clear()  # forgets the window it kept of the old conversation
         self.saved_id = self.saved_created = None
@@ -469,9 +327,13 @@ class Conversation:
         """The saved conversation `saved_id` was deleted: if it is this one, it is no longer saved."""
         if saved_id == self.saved_id:
             self.saved_id = self.saved_created = None
+            self.ids = [None] * len(self.ids)
 
-    def open(self, saved_id: int) -> tuple[SavedConversation, list[StoredMessage]]:
-        """Continue a saved conversation (its system prompt comes with it); returns it and its messages.
+    def open(self, saved_id: int, at: int | None = None) -> tuple[SavedConversation, list[StoredMessage]]:
+        """Continue a saved conversation (its system prompt comes with it); returns it and its branch on screen.
+
+        Args:
+            at: a message to show: its branch is shown when it is not on the one shown last (a search hit).
 
         Raises:
             ContextError: no model is loaded.
@@ -481,13 +343,37 @@ class Conversation:
             raise ContextError("no model is loaded: pick a pair (F2) first")
         saved = self.store.get(saved_id)
         stored = self.store.messages(saved_id)
+        if at is not None and at not in [m.id for m in stored]:
+            self.store.show(saved_id, at)
+            stored = self.store.messages(saved_id)
         system = [Message("system", saved.system)] if saved.system.strip() else []
         self.messages[:] = system + [Message(m.role, m.content, m.reasoning) for m in stored]
+        self.ids = [m.id for m in stored]
         self.saved_id, self.saved_created = saved_id, saved.created
         think = saved.think if self.thinking.can_switch else None  # its own switch, where this model has one
         self.settings = dataclasses.replace(self.settings, think=think)
         self.reset_stats()
         return saved, stored
+
+    def switch(self, message_id: int, step: int) -> tuple[int, list[StoredMessage]] | None:
+        """Show the branch of the sibling `step` places from message `message_id` (-1: the one before); returns
+        where the dialogue changed and the branch now on screen, or None when there is no sibling that way.
+
+        Raises:
+            ContextError: the message is not on screen.
+            LocalspecError: the database cannot be written.
+        """
+        self.index(message_id)
+        if self.saved_id is None or not self.store.switch(self.saved_id, message_id, step):
+            return None
+        stored = self.store.messages(self.saved_id)
+        same = 0  # the messages before the branch point stay the same objects (the session's window keeps them)
+        while same < min(len(stored), len(self.ids)) and stored[same].id == self.ids[same]:
+            same += 1
+        self._truncate(same)
+        self.messages += [Message(m.role, m.content, m.reasoning) for m in stored[same:]]
+        self.ids += [m.id for m in stored[same:]]
+        return same, stored
 
     def set_system(self, text: str) -> None:
         """Set (or with "" remove) the system prompt of this conversation and the next ones.
@@ -499,28 +385,6 @@ class Conversation:
         self.messages[:] = ([Message("system", text)] if text else []) + self.dialogue
         if self.saved_id is not None:
             self.store.set_system(self.saved_id, text)
-
-    def apply_settings(self, settings: ChatSettings) -> bool:
-        """Use `settings` from the next message; True when they need a reload first (another drafter).
-
-        Raises:
-            InvalidParamsError: the drafter needs a draft model and the loaded pair has none.
-        """
-        if settings.think != self.settings.think and self.saved_id is not None:
-            self.store.set_think(self.saved_id, settings.think)
-        if self.loaded is None or settings.drafter == self.loaded.drafter:
-            self.settings = settings
-            return False
-        if needs_draft_model(settings.drafter) and self.loaded.pair.draft is None:
-            raise InvalidParamsError(
-                f"the drafter {settings.drafter!r} needs a draft model and none is loaded: pick a pair "
-                "(F2) or the ngram drafter"
-            )
-        return True
-
-    def reset_stats(self) -> None:
-        """Forget the numbers of the answers so far."""
-        self.session_stats, self.answers, self.last_turn, self.last_parts = Stats(), 0, None, None
 
     def close(self) -> None:
         """Close the chat database (the engine is the caller's: see `detach`)."""

@@ -93,6 +93,21 @@ class Finished:
         """How the answer ended as saved and shown: "error" when an error ended it, else the finish reason."""
         return "error" if self.error else self.finish_reason
 
+    @classmethod
+    def stopped(cls, text: str, runs: Runs, reasoning_runs: Runs, live: Chunk | None) -> Finished:
+        """An answer stopped with what was shown of it (its last chunk's stats), when the worker's own end did not
+        come back (a quit that could not wait)."""
+        return cls(
+            text=text,
+            runs=list(runs),
+            finish_reason="cancelled",
+            stats=live.stats if live is not None else Stats(),
+            notices=[],
+            reasoning="".join(text for text, _ in reasoning_runs).strip(),
+            reasoning_runs=list(reasoning_runs),
+            parts=live.parts if live is not None else None,
+        )
+
 
 class RateMeter:
     """Tokens per second over the last `window` seconds."""
@@ -150,7 +165,8 @@ class FrameBudget:
 
     On a small CPU every millisecond the UI thread spends drawing is taken from llama.cpp's threads, which wait
     for each other: measured on 2 cores, the chat's answers ran 0.80–0.90× `generate` while its screen used
-    10–15 % of a core. So the budget is a bucket on the UI thread's own CPU clock: since the answer's first frame
+    10–15 % of a core (docs/benchmarks.md "The chat against its engine"). So the budget is a bucket on the UI
+    thread's own CPU clock: since the answer's first frame
     it may have used `share` of the time passed (plus `burst`); a frame that overdraws it waits until the bucket
     refills. A fast machine draws up to `fastest` apart, a slow one less often, and never under one frame in
     `slowest` seconds. Everything the UI thread does counts (the stats panel, keys), since all of it competes.
@@ -158,7 +174,7 @@ class FrameBudget:
 
     def __init__(
         self,
-        share: float = 0.03,
+        share: float = 0.02,
         fastest: float = 1 / 30,
         slowest: float = 1.0,
         burst: float = 0.02,

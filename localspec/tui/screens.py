@@ -1,4 +1,4 @@
-"""Modal screens: the pair switcher, the settings form, saved conversations, and two small prompts.
+"""Modal screens: the pair switcher, the settings form, saved conversations, the search, and two small prompts.
 
 Each screen returns its answer with `dismiss(...)` (a pair name, new `ChatSettings`, an action on a
 conversation, some text, yes/no); the app decides what to do with it. The history screen acts on the
@@ -9,19 +9,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, DataTable, Input, Label, Select, Static, TextArea
+from textual.widgets import Button, DataTable, Input, Label, OptionList, Select, Static, TextArea
+from textual.widgets.option_list import Option
 
 from localspec.core.params import VERIFY_MODES
 from localspec.core.thinking_support import ThinkingSupport
 from localspec.errors import LocalspecError
 
+from .export import export_conversation, export_folder
 from .loading import PairRow
+from .search import MARK, SearchHit, search
 from .settings import DRAFTERS, FORM_FIELDS, ChatSettings
-from .store import ChatStore, export_conversation, export_folder
+from .store import ChatStore
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -300,3 +304,64 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         except LocalspecError as e:
             self.notify(str(e), severity="error")
             return None
+
+
+class SearchScreen(ModalScreen[tuple[int, int] | None]):
+    """Search every saved chat as you type; Enter opens the highlighted hit, closing with (chat id, message id)."""
+
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close"), Binding("down", "hits", "Results", show=False)]
+
+    def __init__(self, store: ChatStore) -> None:
+        super().__init__()
+        self.store = store
+        self.hits: list[SearchHit] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide"):
+            yield Label("Search every chat (Enter opens the chat there · ↓ the results · Esc closes)")
+            yield Input(id="query", placeholder="words to find")
+            yield Static("", id="found", classes="hint", markup=False)
+            yield OptionList(id="hits")
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        hits = self.query_one(OptionList)
+        hits.clear_options()
+        try:
+            self.hits = search(self.store, event.value)
+        except LocalspecError as e:
+            self.hits = []
+            self.query_one("#found", Static).update(str(e))
+            return
+        hits.add_options([Option(_hit_text(hit), id=str(i)) for i, hit in enumerate(self.hits)])
+        if self.hits:
+            hits.highlighted = 0
+        found = f"{len(self.hits)} message{'s' if len(self.hits) != 1 else ''}" if event.value.strip() else ""
+        self.query_one("#found", Static).update(found if self.hits or not found else "no message has these words")
+
+    def on_input_submitted(self) -> None:
+        hits = self.query_one(OptionList)
+        if hits.highlighted is not None and self.hits:
+            self._open(hits.highlighted)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self._open(event.option_index)
+
+    def action_hits(self) -> None:
+        """Move to the results (↓ from the search box)."""
+        if self.hits:
+            self.query_one(OptionList).focus()
+
+    def _open(self, index: int) -> None:
+        hit = self.hits[index]
+        self.dismiss((hit.conversation_id, hit.message_id))
+
+
+def _hit_text(hit: SearchHit) -> Text:
+    """Two lines: the chat's title, who wrote the message and when; the words around the match, the match marked."""
+    text = Text()
+    text.append(hit.title, "bold")
+    text.append(f"  {'you' if hit.role == 'user' else 'assistant'} · {hit.created[:16].replace('T', ' ')}\n", "dim")
+    words = " ".join(hit.snippet.split())
+    for i, part in enumerate(words.replace(MARK[1], MARK[0]).split(MARK[0])):
+        text.append(part, "reverse" if i % 2 else "")
+    return text

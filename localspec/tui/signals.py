@@ -34,9 +34,10 @@ class Watch:
     previous_wakeup_fd: int
 
 
-def watch(on_signal: Callable[[int], None]) -> Watch | None:
+def watch(on_signal: Callable[[int], None], at_once: Callable[[int], None] | None = None) -> Watch | None:
     """Call `on_signal(signum)` on the running loop for SIGTERM and SIGHUP; None outside the main thread (an app run
-    by another host: nothing is installed).
+    by another host: nothing is installed). `at_once(signum)`, if given, runs in the signal handler itself, before
+    any queued message: what cannot wait for the loop (see `discard_output`), and must be safe at any bytecode.
 
     Not `loop.add_signal_handler`: asyncio learns of a signal from one byte in the socket that also wakes its loop for
     every `call_soon_threadsafe`, and Textual's input thread makes that call for each key it reads. Behind a backlog of
@@ -54,6 +55,8 @@ def watch(on_signal: Callable[[int], None]) -> Watch | None:
     loop.add_reader(read_end.fileno(), _drain, read_end)
 
     def handler(signum: int, _frame: object) -> None:
+        if at_once is not None:
+            at_once(signum)
         loop.call_soon_threadsafe(on_signal, signum)
 
     previous_fd = signal.set_wakeup_fd(write_end.fileno(), warn_on_full_buffer=False)
@@ -91,23 +94,38 @@ def terminal_gone(fd: int = 2) -> bool:
     return False
 
 
-def discard_output(driver: object) -> None:
+def discard_output(driver: object, fds: tuple[int, ...] = (1, 2)) -> None:
     """The terminal hung up: make the app's writes to it succeed, into /dev/null.
 
-    Textual 8.2's output thread (`driver._writer_thread`) dies on the first failed write (EIO after a hangup),
-    and the app then blocks for ever on its full queue — at the latest while it restores the terminal at exit,
-    so the process never ends; the SIGCONT that follows a hangup even makes Textual start a new one. stdout and
-    stderr become /dev/null, and a dead output thread is replaced. Call it again before exiting.
+    Textual 8.2's output thread (`driver._writer_thread`) dies on the first failed write (EIO after a hangup), and
+    whoever writes next blocks for ever once its queue (30 writes) is full: the event loop itself while it renders
+    the keys still queued, so the quit the signal asked for never runs; the SIGCONT that follows a hangup even makes
+    Textual write from its signal handler. Call it from the signal handler (`watch`'s `at_once`), not from the loop:
+    `fds` (stdout and stderr) become /dev/null, and an output thread that died — now or on a write under way — is
+    replaced by one that drains the same queue, so a write blocked on it goes through. Safe to call again.
     """
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        for fd in (1, 2):
+        for fd in fds:
             os.dup2(devnull, fd)
     finally:
         os.close(devnull)
     writer = getattr(driver, "_writer_thread", None)
-    if writer is not None and not writer.is_alive() and hasattr(driver, "_file"):
-        log.info("the terminal hung up: the output thread died, starting another on /dev/null")
-        replacement = type(writer)(driver._file)
-        replacement.start()
-        driver._writer_thread = replacement
+    if writer is None or not hasattr(driver, "_file") or getattr(writer, "_replaced", False):
+        return
+    writer._replaced = True
+    threading.Thread(target=_replace_when_dead, args=(driver, writer), daemon=True, name="output-after-hangup").start()
+
+
+def _replace_when_dead(driver: object, writer: threading.Thread) -> None:
+    """Wait for Textual's output thread to end, then start another on the same queue and file (now /dev/null). One
+    that ended at exit is followed by an idle one, a daemon that ends with the process."""
+    writer.join()
+    if getattr(driver, "_writer_thread", None) is not writer:  # Textual started its own since
+        return
+    log.info("the terminal hung up: the output thread ended, another writes to /dev/null")
+    replacement = type(writer)(driver._file)
+    replacement._queue = writer._queue  # a write blocked on the old queue goes through
+    replacement._replaced = True
+    replacement.start()
+    driver._writer_thread = replacement

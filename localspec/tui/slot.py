@@ -1,8 +1,14 @@
-"""The chat's one engine slot: which worker may use the engine, swapping it for another, and freeing it at exit.
+"""The chat's one engine slot: which worker may use the engine, the one thread it runs on, swapping it for another,
+and freeing it at exit.
 
 Loading, pulling and generating run in thread workers; only one of them may touch the engine at a time, and the
 app must not free the models while one still runs a step. `EngineSlot` owns that lock, the "closing" flag that
 a late load checks, and the interpreter's GIL switch interval while the chat runs. It never touches Textual.
+
+Every load and generation runs on the slot's one engine thread, whichever worker asks (`run`): llama.cpp's OpenMP
+keeps a pool of worker threads for each thread that calls into it, and a second calling thread's pool fights the
+first one's for the cores. Measured on 2 cores (demo pair, plain): one thread for everything 80–83 tok/s, a new
+thread per answer 52–80, a second thread beside the loading one 41–47 (DESIGN §7, threads).
 """
 
 from __future__ import annotations
@@ -11,8 +17,9 @@ import asyncio
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from localspec.core.engine import Engine
 
@@ -24,6 +31,7 @@ log = logging.getLogger(__name__)
 # it waits up to that long to get it back while the UI renders (the convoy effect).
 GIL_SWITCH_INTERVAL = 0.001  # seconds
 EXIT_WAIT = 30.0  # seconds to wait at exit for the worker that holds the engine
+T = TypeVar("T")
 
 
 class EngineSlot:
@@ -33,24 +41,30 @@ class EngineSlot:
         self._lock = threading.Lock()
         self.closing = False
         self._switch_interval = sys.getswitchinterval()
+        self._engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
 
     def open(self) -> None:
         """The chat starts: switch threads often enough that the worker and the UI both stay quick."""
         sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_INTERVAL))
 
-    @contextmanager
-    def using(self) -> Iterator[None]:
-        """In a worker: hold the engine for the block (a generation, say)."""
+    def run(self, work: Callable[[], T]) -> T:
+        """In a worker: hold the engine and run `work` (a generation, say) on the engine thread; its result.
+
+        Raises:
+            Exception: whatever `work` raises.
+        """
         with self._lock:
-            yield
+            return self._engine_thread.submit(work).result()
 
     def replace(self, old: Engine | None, load: Callable[[], Loaded]) -> Loaded | None:
-        """In a worker: free `old`, then `load()` another; None when the chat closed meanwhile (it is freed).
+        """In a worker: free `old`, then `load()` another, on the engine thread; None when the chat closed meanwhile
+        (it is freed).
 
         Raises:
             Exception: whatever `load` raises (the old engine is freed all the same).
         """
-        with self._lock:
+
+        def swap() -> Loaded | None:
             if old is not None:
                 old.close()
             loaded = load()
@@ -58,6 +72,8 @@ class EngineSlot:
                 loaded.engine.close()
                 return None
             return loaded
+
+        return self.run(swap)
 
     async def close(self, stop: Callable[[], object], detach: Callable[[], Engine | None]) -> None:
         """The chat ends: `stop` the answer, wait for the worker holding the engine, free what `detach` hands over.
@@ -76,3 +92,4 @@ class EngineSlot:
                 engine.close()
         finally:
             self._lock.release()
+            self._engine_thread.shutdown(wait=False)

@@ -1,108 +1,37 @@
-"""Saved conversations: one SQLite file (stdlib sqlite3, WAL) at `Paths.db_path`.
+"""Saved conversations: one SQLite file (stdlib sqlite3, WAL) at `Paths.db_path`, its schema built by `schema`.
 
-The schema is versioned by `PRAGMA user_version` and built by `MIGRATIONS`, a list of small functions
-applied in order, each in its own transaction. A reasoning model's thinking is kept apart from the answer it
-preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too. The
-app commits the user's message before the answer is generated, the answer as it grows (`save_answer`, as
-"interrupted" until it ends) and when it ends, so a crash or a kill mid-answer loses only its last seconds.
-Several windows may share the file: ids are never reused (AUTOINCREMENT), and a message is appended only to the
-conversation its window opened (`add_message`'s `created`), never to one that took a deleted one's place.
-Export to Markdown and JSON lives here too: both read only what the database holds.
+A conversation's messages form a tree: an edited message, or an answer generated again, is a sibling of the one it
+replaces, which is kept; the conversation shows the branch that ends at its leaf (`messages`), and each message there
+knows its place among its siblings (`StoredMessage.branch`). A reasoning model's thinking is kept apart from the
+answer it preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too.
+The app commits the user's message before the answer is generated, the answer as it grows (`update_message`, as
+"interrupted" until it ends) and when it ends, so a crash or a kill mid-answer loses only its last seconds. Several
+windows may share the file: ids are never reused (AUTOINCREMENT), and a message is appended only to the conversation
+its window opened (`add_message`'s `created`), never to one that took a deleted one's place. Finding words in every chat
+and the earlier prompts: search.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sqlite3
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from localspec.errors import LocalspecError
+from localspec.errors import ConversationGone, HistoryError
+
+from .schema import MIGRATIONS, migrate  # noqa: F401  (tests and callers migrate through the store)
 
 log = logging.getLogger(__name__)
 
 Provenance = list[tuple[str, bool]]
 """An answer's text as runs of (text, came from the draft)."""
 
-
-class HistoryError(LocalspecError):
-    """The chat database cannot be opened, is from a newer localspec, or has no such conversation."""
-
-
-class ConversationGone(HistoryError):
-    """The conversation a window appends to was deleted (in another window) since it was opened."""
-
-
-def _m001_conversations(db: sqlite3.Connection) -> None:
-    db.execute(
-        "CREATE TABLE conversations ("
-        " id INTEGER PRIMARY KEY,"
-        " title TEXT NOT NULL,"
-        " pair TEXT NOT NULL DEFAULT '',"
-        " system TEXT NOT NULL DEFAULT '',"
-        " created TEXT NOT NULL,"
-        " updated TEXT NOT NULL)"
-    )
-    db.execute(
-        "CREATE TABLE messages ("
-        " id INTEGER PRIMARY KEY,"
-        " conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
-        " role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),"
-        " content TEXT NOT NULL,"
-        " created TEXT NOT NULL,"
-        " finish_reason TEXT,"
-        " stats TEXT,"  # JSON: Stats.to_dict() of the turn that wrote this answer
-        " provenance TEXT)"  # JSON: [[text, from_draft], ...]
-    )
-    db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
-
-
-def _m002_thinking(db: sqlite3.Connection) -> None:
-    db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT NOT NULL DEFAULT ''")  # an answer's thinking
-    db.execute("ALTER TABLE messages ADD COLUMN reasoning_provenance TEXT")  # JSON: its [[text, from_draft], ...]
-    db.execute("ALTER TABLE conversations ADD COLUMN think INTEGER")  # the chat's thinking switch; NULL: the pair's
-    db.execute("CREATE TABLE preferences (key TEXT PRIMARY KEY, value TEXT NOT NULL)")  # the app's, as JSON
-
-
-def _m003_ids_never_reused(db: sqlite3.Connection) -> None:
-    """Both tables rebuilt with AUTOINCREMENT, every row kept: a deleted chat's id never names another one.
-
-    SQLite's way to change a column (create, copy, drop, rename); `migrate` turns foreign keys off around the
-    step, so dropping the old conversations does not cascade into the messages."""
-    tables = {
-        "conversations": (
-            "id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL, pair TEXT NOT NULL DEFAULT '',"
-            " system TEXT NOT NULL DEFAULT '', created TEXT NOT NULL, updated TEXT NOT NULL, think INTEGER"
-        ),
-        "messages": (
-            "id INTEGER PRIMARY KEY AUTOINCREMENT,"
-            " conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,"
-            " role TEXT NOT NULL CHECK (role IN ('user', 'assistant')), content TEXT NOT NULL, created TEXT NOT NULL,"
-            " finish_reason TEXT, stats TEXT, provenance TEXT, reasoning TEXT NOT NULL DEFAULT '',"
-            " reasoning_provenance TEXT"
-        ),
-    }
-    for table, columns in tables.items():
-        names = ", ".join(row[1] for row in db.execute(f"PRAGMA table_info({table})"))
-        db.execute(f"CREATE TABLE {table}_new ({columns})")
-        db.execute(f"INSERT INTO {table}_new ({names}) SELECT {names} FROM {table}")
-        db.execute(f"DROP TABLE {table}")
-        db.execute(f"ALTER TABLE {table}_new RENAME TO {table}")
-    db.execute("CREATE INDEX messages_by_conversation ON messages (conversation_id, id)")
-    if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
-        raise sqlite3.IntegrityError("a message of no conversation")  # the step is rolled back whole
-
-
-MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
-    _m001_conversations,
-    _m002_thinking,
-    _m003_ids_never_reused,
-)
-"""Schema steps; the database's user_version is how many have run. Append, never edit."""
+LEAF = -1  # `add_message`'s default parent: the last message of the branch on screen
+_COLUMNS = "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,39 +61,12 @@ class StoredMessage:
     provenance: Provenance | None = None
     reasoning: str = ""  # an answer's thinking, apart from its content
     reasoning_provenance: Provenance | None = None
+    parent_id: int | None = None  # the message it follows (None: the conversation's first)
+    branch: tuple[int, int] = (1, 1)  # its place among the messages that follow the same one (1-based), and how many
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def migrate(db: sqlite3.Connection, migrations: Sequence[Callable[[sqlite3.Connection], None]] = MIGRATIONS) -> int:
-    """Bring the schema up to date, one transaction per step.
-
-    Returns:
-        The schema version now in the file.
-
-    Raises:
-        HistoryError: the file was written by a newer localspec.
-    """
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    if version > len(migrations):
-        raise HistoryError(
-            f"the chat database has schema version {version}, newer than this localspec "
-            f"knows ({len(migrations)}): upgrade localspec"
-        )
-    foreign_keys = db.execute("PRAGMA foreign_keys").fetchone()[0]
-    db.execute("PRAGMA foreign_keys = OFF")  # a table rebuilt must not cascade (it is a no-op inside a transaction)
-    try:
-        for number in range(version, len(migrations)):
-            with db:  # one transaction: a step is applied whole or not at all
-                db.execute("BEGIN")
-                migrations[number](db)
-                db.execute(f"PRAGMA user_version = {number + 1}")
-            log.info("chat database migrated to schema version %d", number + 1)
-    finally:
-        db.execute(f"PRAGMA foreign_keys = {int(foreign_keys)}")
-    return len(migrations)
 
 
 def _open_error(path: Path, error: Exception) -> str:
@@ -229,8 +131,8 @@ class ChatStore:
     def save_copy(
         self, title: str, messages: Sequence[dict], *, pair: str = "", system: str = "", think: bool | None = None
     ) -> tuple[int, str, list[int]]:
-        """Save a conversation and its messages in one transaction (a chat's first message, or a chat on screen
-        whose saved copy another window deleted).
+        """Save a conversation and its messages, one after the other, in one transaction (a chat's first message,
+        or a chat on screen whose saved copy another window deleted).
 
         Args:
             messages: each the keyword arguments of `add_message` (role, content, and any of its fields).
@@ -250,7 +152,10 @@ class ChatStore:
                     " VALUES (?, ?, ?, ?, ?, ?)",
                     (title, pair, system, now, now, think),
                 ).lastrowid
-                ids = [self._insert(cid, now, **message) for message in messages]
+                ids: list[int] = []
+                for message in messages:
+                    ids.append(self._insert(cid, now, parent_id=ids[-1] if ids else None, **message))
+                self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (ids[-1] if ids else None, cid))
         except sqlite3.Error as e:
             raise HistoryError(_write_error(self.path, e)) from e
         return int(cid), now, ids
@@ -262,6 +167,7 @@ class ChatStore:
         role: str,
         content: str,
         *,
+        parent_id: int | None,
         finish_reason: str | None = None,
         stats: dict | None = None,
         provenance: Provenance | None = None,
@@ -270,7 +176,7 @@ class ChatStore:
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
-            " reasoning, reasoning_provenance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " reasoning, reasoning_provenance, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 role,
@@ -281,6 +187,7 @@ class ChatStore:
                 _json_or_none(provenance),
                 reasoning,
                 _json_or_none(reasoning_provenance),
+                parent_id,
             ),
         )
         return int(cur.lastrowid)
@@ -291,21 +198,22 @@ class ChatStore:
         role: str,
         content: str,
         *,
-        finish_reason: str | None = None,
-        stats: dict | None = None,
-        provenance: Provenance | None = None,
-        reasoning: str = "",
-        reasoning_provenance: Provenance | None = None,
+        parent_id: int | None = LEAF,
         created: str | None = None,
+        **fields,
     ) -> int:
-        """Append a message and commit it; returns its id.
+        """Add a message after `parent_id` and commit it; it ends the branch on screen. Returns its id.
 
         Args:
+            parent_id: the message it follows; None starts the conversation (a sibling of its first message);
+                default the last message of the branch on screen.
             created: the conversation's `created` as the caller opened it: the message is added only if the
                 conversation is still that one (another window may have deleted it).
+            fields: the message's other columns (finish_reason, stats, provenance, reasoning,
+                reasoning_provenance).
 
         Raises:
-            ConversationGone: no such conversation (or not the one created then).
+            ConversationGone: no such conversation (or not the one created then), or its parent was deleted.
             HistoryError: the database cannot be written (locked, full, read-only).
         """
         now = _now()
@@ -314,18 +222,14 @@ class ChatStore:
                 self.db.execute("BEGIN IMMEDIATE")  # the check and the insert see the same database
                 if not self._holds(conversation_id, created):
                     raise ConversationGone(f"saved conversation {conversation_id} was deleted (in another window?)")
-                message_id = self._insert(
-                    conversation_id,
-                    now,
-                    role,
-                    content,
-                    finish_reason=finish_reason,
-                    stats=stats,
-                    provenance=provenance,
-                    reasoning=reasoning,
-                    reasoning_provenance=reasoning_provenance,
+                if parent_id == LEAF:
+                    parent_id = self._leaf(conversation_id)
+                elif parent_id is not None and not self._has(conversation_id, parent_id):
+                    raise ConversationGone(f"saved message {parent_id} was deleted (in another window?)")
+                message_id = self._insert(conversation_id, now, role, content, parent_id=parent_id, **fields)
+                self.db.execute(
+                    "UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?", (now, message_id, conversation_id)
                 )
-                self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         except sqlite3.Error as e:
             raise HistoryError(_write_error(self.path, e)) from e
         return message_id
@@ -376,19 +280,85 @@ class ChatStore:
         row = self.db.execute("SELECT created FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return row is not None and (created is None or row[0] == created)
 
-    def delete_last_answer(self, conversation_id: int) -> bool:
-        """Remove the conversation's last message if it is an answer (before regenerating it)."""
+    def _has(self, conversation_id: int, message_id: int) -> bool:
+        sql = "SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?"
+        return self.db.execute(sql, (message_id, conversation_id)).fetchone() is not None
+
+    # --- the tree ------------------------------------------------------------------------------------------------
+
+    def _leaf(self, conversation_id: int) -> int | None:
+        """The last message of the branch on screen (its newest message, should the leaf be gone)."""
         row = self.db.execute(
-            "SELECT id, role FROM messages WHERE conversation_id = ? ORDER BY id DESC LIMIT 1", (conversation_id,)
+            "SELECT m.id FROM conversations c JOIN messages m ON m.id = c.leaf_id AND m.conversation_id = c.id"
+            " WHERE c.id = ?",
+            (conversation_id,),
         ).fetchone()
-        if row is None or row[1] != "assistant":
+        if row is None:
+            row = self.db.execute(
+                "SELECT MAX(id) FROM messages WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()
+        return row[0]
+
+    def _parents(self, conversation_id: int) -> dict[int, int | None]:
+        """Each message's parent (a small table: ids only)."""
+        sql = "SELECT id, parent_id FROM messages WHERE conversation_id = ? ORDER BY id"
+        return dict(self.db.execute(sql, (conversation_id,)).fetchall())
+
+    def branches(self, conversation_id: int) -> dict[int, tuple[int, int]]:
+        """Every message's place among its siblings (1-based) and how many they are."""
+        children = _children(self._parents(conversation_id))
+        return {m: (i + 1, len(group)) for group in children.values() for i, m in enumerate(group)}
+
+    def set_leaf(self, conversation_id: int, message_id: int | None) -> None:
+        """Show the branch that ends at `message_id` (None: no message; a regenerate shows its question alone)."""
+        self._write("UPDATE conversations SET leaf_id = ? WHERE id = ?", (message_id, conversation_id))
+
+    def show(self, conversation_id: int, message_id: int) -> None:
+        """Show a branch through `message_id`: the one that goes on to the newest message written after it.
+
+        Raises:
+            ConversationGone: no such message in that conversation.
+        """
+        parents = self._parents(conversation_id)
+        if message_id not in parents:
+            raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
+        children, newest, below = _children(parents), message_id, [message_id]
+        while below:
+            newest = max(newest, *below)
+            below = [child for m in below for child in children.get(m, ())]
+        self.set_leaf(conversation_id, newest)
+
+    def switch(self, conversation_id: int, message_id: int, step: int) -> bool:
+        """Show the branch of the sibling `step` places after `message_id` (before, when negative); False when
+        there is none that way."""
+        parents = self._parents(conversation_id)
+        if message_id not in parents:
             return False
-        self._write("DELETE FROM messages WHERE id = ?", (row[0],))
+        siblings = [m for m, p in parents.items() if p == parents[message_id]]
+        place = siblings.index(message_id) + step
+        if not 0 <= place < len(siblings):
+            return False
+        self.show(conversation_id, siblings[place])
+        return True
+
+    def delete_last_answer(self, conversation_id: int) -> bool:
+        """Remove the last message of the branch on screen if it is an answer."""
+        leaf = self._leaf(conversation_id)
+        row = self.db.execute("SELECT role FROM messages WHERE id = ?", (leaf,)).fetchone()
+        if row is None or row[0] != "assistant":
+            return False
+        self.delete_message(conversation_id, leaf)
         return True
 
     def delete_message(self, conversation_id: int, message_id: int) -> None:
-        """Remove one message (a user message that could not be answered)."""
+        """Remove one message and those that follow it (a user message that could not be answered); a branch on
+        screen through it then ends at the message before it."""
+        parents = self._parents(conversation_id)
+        if message_id in _path(parents, self._leaf(conversation_id)):
+            self.set_leaf(conversation_id, parents[message_id])
         self._write("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
+
+    # --- conversations and preferences ----------------------------------------------------------------------------
 
     def rename(self, conversation_id: int, title: str) -> None:
         """Give a conversation a new title."""
@@ -447,26 +417,53 @@ class ChatStore:
         return SavedConversation(*row[:7], think=None if row[7] is None else bool(row[7]))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        """A conversation's messages in order."""
+        """The branch on screen, in order, each message with its place among its siblings."""
         rows = self.db.execute(
-            "SELECT id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance"
-            " FROM messages WHERE conversation_id = ? ORDER BY id",
-            (conversation_id,),
+            "WITH RECURSIVE path(id) AS (SELECT ? UNION SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id"
+            f" WHERE m.parent_id IS NOT NULL) SELECT {_COLUMNS} FROM messages"
+            " WHERE conversation_id = ? AND id IN path ORDER BY id",  # a parent is always older than its children
+            (self._leaf(conversation_id), conversation_id),
         ).fetchall()
-        return [
-            StoredMessage(
-                id=r[0],
-                role=r[1],
-                content=r[2],
-                created=r[3],
-                finish_reason=r[4],
-                stats=_loads(r[5]),
-                provenance=_provenance(_loads(r[6])),
-                reasoning=r[7],
-                reasoning_provenance=_provenance(_loads(r[8])),
-            )
-            for r in rows
-        ]
+        places = self.branches(conversation_id)
+        return [replace(_stored(r), branch=places[r[0]]) for r in rows]
+
+    def tree(self, conversation_id: int) -> list[StoredMessage]:
+        """Every message of the conversation, every branch, in the order they were written."""
+        sql = f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id"
+        places = self.branches(conversation_id)
+        return [replace(_stored(r), branch=places[r[0]]) for r in self.db.execute(sql, (conversation_id,))]
+
+
+def _children(parents: dict[int, int | None]) -> dict[int | None, list[int]]:
+    """The messages that follow each one, oldest first (None: the conversation's first messages)."""
+    children: dict[int | None, list[int]] = {}
+    for message, parent in parents.items():
+        children.setdefault(parent, []).append(message)
+    return children
+
+
+def _path(parents: dict[int, int | None], leaf: int | None) -> list[int]:
+    """The ids from the first message to `leaf`."""
+    path: list[int] = []
+    while leaf is not None and leaf in parents and leaf not in path:
+        path.append(leaf)
+        leaf = parents[leaf]
+    return path[::-1]
+
+
+def _stored(r: tuple) -> StoredMessage:
+    return StoredMessage(
+        id=r[0],
+        role=r[1],
+        content=r[2],
+        created=r[3],
+        finish_reason=r[4],
+        stats=_loads(r[5]),
+        provenance=_provenance(_loads(r[6])),
+        reasoning=r[7],
+        reasoning_provenance=_provenance(_loads(r[8])),
+        parent_id=r[9],
+    )
 
 
 def _write_error(path: Path, error: sqlite3.Error) -> str:
@@ -499,78 +496,4 @@ def _provenance(value) -> Provenance | None:
     return [(str(text), bool(from_draft)) for text, from_draft in value]
 
 
-# --- export ------------------------------------------------------------------------------------------------
-
-
-def export_markdown(conversation: SavedConversation, messages: Sequence[StoredMessage]) -> str:
-    """The conversation as a Markdown document: a title, the system prompt, then each message."""
-    lines = [f"# {conversation.title}", "", f"*{conversation.created} · pair: {conversation.pair or '?'}*", ""]
-    if conversation.system:
-        lines += ["## System", "", conversation.system, ""]
-    for message in messages:
-        heading = "You" if message.role == "user" else "Assistant"
-        if message.role == "assistant" and message.finish_reason == "cancelled":
-            heading += " (stopped)"
-        elif message.role == "assistant" and message.finish_reason == "interrupted":
-            heading += " (cut short: the chat ended while writing it)"
-        lines += [f"## {heading}", ""]
-        if message.reasoning:  # the thinking, labelled and quoted, before the answer it led to
-            lines += ["> **Thinking**", ">", *[f"> {line}".rstrip() for line in message.reasoning.splitlines()], ""]
-        lines += [message.content, ""]
-    return "\n".join(lines)
-
-
-def export_json(conversation: SavedConversation, messages: Sequence[StoredMessage]) -> str:
-    """The conversation as JSON: its fields, the system prompt and the messages with their stats."""
-    data = {
-        "id": conversation.id,
-        "title": conversation.title,
-        "pair": conversation.pair,
-        "created": conversation.created,
-        "updated": conversation.updated,
-        "system": conversation.system,
-        "messages": [
-            {
-                "role": m.role,
-                "content": m.content,
-                "reasoning": m.reasoning,
-                "created": m.created,
-                "finish_reason": m.finish_reason,
-                "stats": m.stats,
-            }
-            for m in messages
-        ],
-    }
-    return json.dumps(data, ensure_ascii=False, indent=2) + "\n"
-
-
-def export_folder(configured: Path | None) -> Path:
-    """Where exports go: the configured folder, else the working folder, else (it was deleted) the home folder."""
-    if configured is not None:
-        return Path(configured)
-    try:
-        return Path.cwd()
-    except OSError:
-        log.warning("the working folder is gone: exporting to the home folder")
-        return Path.home()
-
-
-def export_conversation(store: ChatStore, conversation_id: int, fmt: str, directory: Path) -> Path:
-    """Write a conversation to `directory` as `chat-ID-TITLE.md` or `.json`; returns the file.
-
-    Raises:
-        HistoryError: unknown conversation or format, or the file cannot be written.
-    """
-    if fmt not in ("md", "json"):
-        raise HistoryError(f"unknown export format {fmt!r}: use md or json")
-    conversation = store.get(conversation_id)
-    messages = store.messages(conversation_id)
-    text = export_markdown(conversation, messages) if fmt == "md" else export_json(conversation, messages)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", conversation.title).strip("-").lower()[:40] or "untitled"
-    path = Path(directory) / f"chat-{conversation.id}-{slug}.{fmt}"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise HistoryError(f"cannot write {path}: {e.strerror or e}") from e
-    return path
+__all__ = ["LEAF", "MIGRATIONS", "ChatStore", "ConversationGone", "HistoryError", "SavedConversation", "StoredMessage"]

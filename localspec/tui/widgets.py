@@ -4,15 +4,13 @@ A `ChatMessage` streams its answer into a `BlockText` (tui/blocks.py: only the l
 rendered again, so an update costs what changed, not the whole answer); with token provenance on it shows the raw
 text with draft tokens coloured instead, kept up to date beside it line by line. A reasoning model's thinking
 streams into a dimmed `ThinkingBlock` above the answer, folded once the answer starts (unless the user keeps
-thinking unfolded). `render_stats` draws the stats panel's text from a `StatsView`. Widgets only draw what
-handlers hand them; none of them knows about the engine.
+thinking unfolded). The stats panel shows `render_stats`'s text (stats_text.py). Widgets only draw what handlers
+hand them; none of them knows about the engine.
 """
 
 from __future__ import annotations
 
 from markdown_it import MarkdownIt
-from rich.cells import cell_len
-from rich.text import Text
 from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -20,18 +18,17 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import Collapsible, Static, TextArea
 
-from localspec.core.stats import Stats
-from localspec.core.thinking import ANSWER, THINKING, PartStats
-
 from .blocks import BlockText, LineBlocks, MarkdownBlocks
 from .live import Runs, StatsView, add_run
+from .stats_text import DRAFT_STYLE, TARGET_STYLE, render_stats
 
-BAR_WIDTH = 12
-DRAFT_STYLE = "bold green"  # tokens the draft proposed and the target accepted
-TARGET_STYLE = ""  # tokens the target produced itself
 ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt"}
 THINKING_KEY = "F8"  # the app's binding that folds and unfolds every thinking block
-STREAM_STEP = 4  # lines a streaming answer's height grows by at a time (`BlockText.step`)
+# A streaming answer's height grows a third of the window at a time (`BlockText.step`; at least 4 lines): each new
+# height lays the whole screen out again (~25 ms of the UI thread on 2 cores), which at 4 lines a step was most of
+# what the screen cost an answer.
+STREAM_STEP = 4
+STREAM_STEP_SHARE = 3
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -60,15 +57,17 @@ def answer_caption(stats: dict | None, finish_reason: str | None) -> str:
 
 
 class PromptInput(TextArea):
-    """The message box: Enter sends, Ctrl+J (or Shift+Enter where the terminal tells them apart) adds a line."""
+    """The message box: Enter sends, Ctrl+J (or Shift+Enter where the terminal tells them apart) adds a line, ↑/↓ in
+    an empty box (or one that shows what they recalled) ask for an earlier prompt (`Recall`)."""
 
     BINDINGS = [
-        Binding("ctrl+j,shift+enter", "newline", "New line", show=False),
+        Binding("ctrl+j,shift+enter", "newline", "New line", show=False, id="new_line"),
     ]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._typed: list[str] = []  # characters typed and not inserted yet (see `_on_key`)
+        self._recalled: str | None = None  # the earlier prompt ↑/↓ put here (while it is unchanged they go on)
 
     class Submitted(Message):
         """The user pressed Enter."""
@@ -76,6 +75,18 @@ class PromptInput(TextArea):
         def __init__(self, text: str) -> None:
             super().__init__()
             self.text = text
+
+    class Recall(Message):
+        """↑ (`older`) or ↓ in an empty box (`fresh`), or in one that still shows the prompt they recalled."""
+
+        def __init__(self, older: bool, fresh: bool) -> None:
+            super().__init__()
+            self.older, self.fresh = older, fresh
+
+    def recall(self, text: str) -> None:
+        """Show an earlier prompt ("" empties the box), the cursor at its end."""
+        self.text, self._recalled = text, text or None
+        self.move_cursor(self.document.end)
 
     def render_line(self, y: int) -> Strip:
         # Textual 8.2's TextArea wraps its placeholder to the content width, and rich's `chop_cells` steps by
@@ -104,6 +115,11 @@ class PromptInput(TextArea):
             self._typed.append(event.character)
             return
         self.insert_typed()
+        if event.key in ("up", "down") and (not self.text or self.text == self._recalled):
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Recall(event.key == "up", fresh=not self.text))
+            return
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -196,9 +212,20 @@ class ChatMessage(Vertical, can_focus=True):
     by provenance)."""
 
     BINDINGS = [
-        Binding("c", "copy", "Copy message"),
-        Binding("k", "copy_code", "Copy code block"),
+        Binding("c", "copy", "Copy message", id="copy_message"),
+        Binding("k", "copy_code", "Copy code block", id="copy_code"),
+        Binding("e", "request('edit')", "Edit", id="edit_message"),
+        Binding("r", "request('regenerate')", "Answer again", id="regenerate_message"),
+        Binding("left", "request('branch', -1)", "Previous branch", show=False, id="previous_branch"),
+        Binding("right", "request('branch', 1)", "Next branch", show=False, id="next_branch"),
     ]
+
+    class Request(Message):
+        """The user asked for something the conversation does: "edit", "regenerate" or "branch" (`step` ±1)."""
+
+        def __init__(self, message: ChatMessage, what: str, step: int = 0) -> None:
+            super().__init__()
+            self.message, self.what, self.step = message, what, step
 
     def __init__(
         self,
@@ -210,9 +237,13 @@ class ChatMessage(Vertical, can_focus=True):
         reasoning_runs: Runs | None = None,
         thinking_tokens: int | None = None,
         thinking_expanded: bool = False,
+        message_id: int | None = None,
+        branch: tuple[int, int] = (1, 1),
     ) -> None:
         super().__init__(classes=role)
         self.role = role
+        self.message_id = message_id  # its saved row (None: not saved yet)
+        self.branch = branch  # its place among its siblings and how many (shown when more than one)
         self.text = text
         self.runs: Runs = list(runs) if runs else ([(text, False)] if text else [])
         self.caption = caption
@@ -233,7 +264,27 @@ class ChatMessage(Vertical, can_focus=True):
         yield self._coloured
 
     def _title(self) -> str:
-        return ROLE_NAMES.get(self.role, self.role) + (f" · {self.caption}" if self.caption else "")
+        place, count = self.branch
+        branch = f" · {place}/{count} (←/→)" if count > 1 else ""
+        return ROLE_NAMES.get(self.role, self.role) + branch + (f" · {self.caption}" if self.caption else "")
+
+    def set_branch(self, branch: tuple[int, int]) -> None:
+        """Its place among its siblings changed (an edit, an answer generated again): the caption says it."""
+        if branch != self.branch:
+            self.branch = branch
+            self.query_one(".caption", Static).update(self._title())
+            self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """e edits your messages, r answers an answer again, ←/→ only where there are branches (else they scroll)."""
+        if action != "request":
+            return True
+        what = parameters[0] if parameters else ""
+        return {"edit": self.role == "user", "regenerate": self.role == "assistant"}.get(what, self.branch[1] > 1)
+
+    def action_request(self, what: str, step: int = 0) -> None:
+        """Hand an edit, an answer again or a branch switch to the screen (which asks the conversation)."""
+        self.post_message(self.Request(self, what, step))
 
     @property
     def thinking(self) -> ThinkingBlock | None:
@@ -264,7 +315,7 @@ class ChatMessage(Vertical, can_focus=True):
             self._coloured.blocks.feed(text, DRAFT_STYLE if from_draft else TARGET_STYLE)
         self._markdown.blocks.feed(fragment)
         for view in (self._markdown, self._coloured):
-            view.step = STREAM_STEP
+            view.step = max(STREAM_STEP, self.app.size.height // STREAM_STEP_SHARE)
             view.changed()
 
     async def finish(
@@ -325,131 +376,9 @@ class StatsPanel(Static):
         self.update(render_stats(view), layout=False)
 
 
-# --- the stats panel's text and the provenance colours ------------------------------------------------------
+# --- the provenance colours ------------------------------------------------------------------------------
 
 
 def _coloured(runs: Runs) -> LineBlocks:
     """Answer text with the draft's tokens coloured, as lines."""
     return LineBlocks([(text, DRAFT_STYLE if from_draft else TARGET_STYLE) for text, from_draft in runs])
-
-
-def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
-    filled = round(max(0.0, min(1.0, fraction)) * width)
-    return "█" * filled + "░" * (width - filled)
-
-
-def _usual_draft_length(turn: Stats) -> int:
-    """The draft length most steps used (k ≥ 1), else the longest one drafted."""
-    by_k = getattr(turn, "steps_by_draft_length", [])
-    counts = [(n, k) for k, n in enumerate(by_k) if k >= 1 and n]
-    return max(counts)[1] if counts else len(turn.drafted_by_position) or turn.draft_length
-
-
-def _speculation_line(view: StatsView) -> tuple[str, str, str]:
-    """(verdict, why it is off or "", style) for the speculation row."""
-    turn = view.turn
-    if view.drafter == "none":
-        return "off", "no drafter", "yellow"
-    if turn is not None and turn.target_passes:
-        if turn.speculation_off:
-            return "off", turn.speculation_off, "yellow"
-        k = turn.draft_length if view.generating else _usual_draft_length(turn)
-        return f"on, draft length {k}", "", "green"
-    if view.draft_max == 0:
-        return "off", "draft max is 0", "yellow"
-    return f"on, draft length ≤ {view.draft_max}", "", "green"
-
-
-def _row(text: Text, label: str, value: str, style: str = "") -> None:
-    text.append(label + " " * max(1, 14 - cell_len(label)), "dim")
-    text.append(value + "\n", style)
-
-
-def render_stats(view: StatsView) -> Text:
-    """The stats panel: this answer's numbers, time split, acceptance by draft position, the session."""
-    text = Text()
-    text.append("this answer" + (" (live)" if view.generating else "") + "\n", "bold")
-    verdict, why, style = _speculation_line(view)
-    if len(why) > 20:  # a long reason (the adaptive policy explains itself) goes on its own line
-        _row(text, "speculation", verdict, style)
-        text.append(f"  {why}\n", "dim")
-    else:
-        _row(text, "speculation", f"{verdict} ({why})" if why else verdict, style)
-    _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
-    if view.drafting_note and view.drafter != "none":
-        text.append(f"  {view.drafting_note}\n", "dim")
-    turn = view.turn or Stats()
-    if turn.drafted:
-        _row(text, "acceptance", f"{turn.acceptance_rate:.0%} ({turn.accepted}/{turn.drafted})", "bold")
-    else:
-        _row(text, "acceptance", "–")
-    _row(text, "α per token", f"{turn.alpha:.2f}" if turn.drafted else "–")
-    _row(text, "tokens/pass", f"{turn.mean_tokens_per_pass:.2f}" if turn.target_passes else "–")
-    _row(text, "tok/s now", f"{view.tokens_per_second_now:.1f}" if view.generating else "–")
-    _row(text, "tok/s turn", f"{view.tokens_per_second_turn:.1f}" if turn.emitted else "–")
-    _row(text, "tokens", f"{turn.emitted} in {turn.target_passes} passes")
-    _parts_lines(text, view.parts)
-    decision = turn.decision
-    if view.adaptive and decision.predicted_speedup > 0:  # what the adaptive policy decides from
-        _row(text, "c · v(k) · α̂", f"{decision.draft_cost:.2f} · {decision.verify_cost:.2f} · {decision.alpha:.2f}")
-        measured = f"{decision.measured_speedup:.2f}×" if decision.measured_speedup else "–"
-        _row(text, "speed-up", f"{decision.predicted_speedup:.2f}× pred, {measured} real")
-    _time_split(text, turn)
-    text.append("\nacceptance by draft position\n", "bold")
-    rates = turn.acceptance_by_position
-    if not rates:
-        text.append("  nothing drafted yet\n", "dim")
-    for i, rate in enumerate(rates, start=1):
-        text.append(f"{i:>3} ")
-        text.append(_bar(rate), "green")
-        text.append(f" {rate:>4.0%}\n")
-    _session_lines(text, view)
-    if view.provenance:
-        text.append("\n■ draft token", DRAFT_STYLE)
-        text.append("  ■ target token\n")
-    return text
-
-
-def _parts_lines(text: Text, parts: dict[str, PartStats] | None) -> None:
-    """Thinking and answer side by side, for an answer that thought (DESIGN §10)."""
-    if not parts or not parts[THINKING].tokens:
-        return
-    thinking, answer = parts[THINKING], parts[ANSWER]
-
-    def both(value) -> str:
-        return f"{value(thinking):>8} {value(answer):>8}"
-
-    text.append("\n" + " " * 14 + f"{'thinking':>8} {'answer':>8}\n", "bold")
-    _row(text, "tokens", both(lambda p: str(p.tokens)))
-    _row(text, "acceptance", both(lambda p: f"{p.acceptance_rate:.0%}" if p.drafted else "–"))
-    _row(text, "tokens/pass", both(lambda p: f"{p.tokens_per_pass:.2f}" if p.passes else "–"))
-
-
-def _time_split(text: Text, turn: Stats) -> None:
-    parts = {
-        "draft": turn.seconds_draft,
-        "verify": turn.seconds_verify,
-        "sample": turn.seconds_sampling,
-        "other": turn.seconds_other,
-    }
-    total = sum(parts.values())
-    text.append("\ntime split\n", "bold")
-    if total <= 0:
-        text.append("  nothing timed yet\n", "dim")
-        return
-    for name, seconds in parts.items():
-        text.append(f"  {name:<7}")
-        text.append(_bar(seconds / total), "cyan")
-        text.append(f" {seconds / total:>4.0%}\n")
-
-
-def _session_lines(text: Text, view: StatsView) -> None:
-    session = view.session
-    text.append("\nsession\n", "bold")
-    if not view.turns:
-        text.append("  no answers yet\n", "dim")
-        return
-    _row(text, "answers", str(view.turns))
-    _row(text, "acceptance", f"{session.acceptance_rate:.0%}" if session.drafted else "–")
-    _row(text, "tokens/pass", f"{session.mean_tokens_per_pass:.2f}" if session.target_passes else "–")
-    _row(text, "tok/s", f"{session.tokens_per_second:.1f}")

@@ -18,9 +18,10 @@ from support.lawcheck import check_law, expected_tv
 from support.tinymodels import VARIANT_FEWER
 
 from localspec.core.bridge import BridgedDrafter, HistoryMirror, VocabBridge, _complete_utf8
-from localspec.core.drafters import DraftCost, DraftRequest, LookupFirst, lookup
+from localspec.core.drafters import DraftCost, DraftRequest, NgramChain
 from localspec.core.engine import Engine
 from localspec.core.laws import ArrayLaw
+from localspec.core.ngram import NgramIndex
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.llama.compat import pair_verdict
@@ -186,18 +187,25 @@ def ask(history: list[int]) -> DraftRequest:
     return DraftRequest(history=history, k=4, sampling=GREEDY, pq=False, p_min=0.0, rng=np.random.default_rng(0))
 
 
+def copied(history: list[int], k: int) -> list[int]:
+    """What the n-gram index copies after `history` (k tokens, a match of 2 or more)."""
+    index = NgramIndex()
+    index.follow(history)
+    return index.continuation(k)[0]
+
+
 def test_lookup_first_then_the_bridge(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.vocab_near_size, n_ctx=512, drafter="model+ngram") as engine:
         drafter = engine.drafter
-        assert drafter.kind == "model+ngram" and isinstance(drafter, LookupFirst)
+        assert drafter.kind == "model+ngram" and isinstance(drafter, NgramChain)
         assert isinstance(drafter.inner, BridgedDrafter)
         (draft,) = drafter.caches
         repeated = engine.tokenize(PROMPT + " the man said that the man said")
         found = drafter.propose(ask(repeated))
-        assert found.tokens == lookup(repeated, 4, n_max=3, n_min=2) != []  # first the lookup ...
+        assert found.tokens == copied(repeated, 4) != []  # first the n-gram's copy ...
         assert draft.n_past == 0 and found.cost == DraftCost()  # ... and the bridged draft never ran
         fresh = engine.tokenize(PROMPT)
-        assert lookup(fresh, 4, n_max=3, n_min=2) == []
+        assert copied(fresh, 4) == []
         bridged = drafter.propose(ask(fresh))
         assert bridged.tokens and draft.n_past > 0  # then, with no match, the bridge
         assert bridged.cost.decoded == draft.n_decoded and bridged.cost.seconds_bridging > 0

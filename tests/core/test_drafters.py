@@ -17,15 +17,15 @@ from localspec.core.drafters import (
     BUILDERS,
     Drafter,
     DraftRequest,
-    LookupFirst,
     ModelDrafter,
+    NgramChain,
     NgramDrafter,
     NoDrafter,
     Proposal,
-    lookup,
     make_drafter,
 )
 from localspec.core.engine import Engine
+from localspec.core.ngram import NgramIndex
 from localspec.core.params import DRAFTERS, SpeculativeParams, needs_draft_model
 from localspec.errors import InvalidParamsError
 
@@ -35,17 +35,19 @@ FIXED = SpeculativeParams(draft_max=6, adaptive=False)
 @pytest.mark.parametrize(
     "history, k, n_min, want",
     [
-        ([1, 2, 3, 4, 5, 1, 2, 3], 4, 1, [4, 5, 1, 2]),  # the 3-gram "1 2 3" seen before
-        ([1, 2, 3, 4, 5, 9, 2, 3], 4, 1, [4, 5, 9, 2]),  # only the 2-gram "2 3"
-        ([1, 2, 3, 4, 5, 9, 8, 3], 4, 1, [4, 5, 9, 8]),  # only the 1-gram "3"
-        ([1, 2, 3, 4, 5, 9, 8, 3], 4, 2, []),  # ... which n_min 2 does not take
+        ([1, 2, 3, 4, 5, 1, 2, 3], 4, 2, [4, 5, 1, 2]),  # the 3-gram "1 2 3" seen before
+        ([1, 2, 3, 4, 5, 9, 2, 3], 4, 2, [4, 5, 9, 2]),  # only the 2-gram "2 3"
+        ([1, 2, 3, 4, 5, 9, 8, 3], 4, 2, []),  # only the 1-gram "3", which n_min 2 does not take
         ([7, 1, 2, 8, 1, 2, 9, 1, 2], 2, 2, [9, 1]),  # the latest occurrence wins
-        ([1, 2, 1, 2], 5, 2, [1, 2]),  # the continuation stops at the end of the history
-        ([5], 3, 1, []),
+        ([1, 2, 1, 2], 5, 2, [1, 2, 1, 2, 1]),  # the copy runs on into its own tokens: a repeat is drafted to k
+        ([5, 6, 7, 5, 6, 7, 8, 1, 5, 6, 7], 2, 2, [8, 1]),  # the 3-gram's latest occurrence, not an older one
+        ([5], 3, 2, []),
     ],
 )
-def test_lookup_continues_the_latest_longest_match(history, k, n_min, want):
-    assert lookup(history, k, n_max=3, n_min=n_min) == want
+def test_the_index_continues_the_latest_longest_match(history, k, n_min, want):
+    index = NgramIndex()
+    index.follow(history)
+    assert index.continuation(k, n_min)[0] == want
 
 
 def request(history: list[int], k: int, *, pq: bool = False, p_min: float = 0.0) -> DraftRequest:
@@ -67,7 +69,7 @@ def test_no_drafter_proposes_nothing_and_owns_nothing():
 def test_model_plus_ngram_uses_the_model_without_a_match():
     target = LogitTable(5, seed=0)
     engine = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), "model+ngram")
-    assert isinstance(engine.drafter, LookupFirst) and isinstance(engine.drafter.inner, ModelDrafter)
+    assert isinstance(engine.drafter, NgramChain) and isinstance(engine.drafter.inner, ModelDrafter)
     (draft,) = engine.drafter.caches
     with_match = engine.drafter.propose(request([1, 2, 3, 4, 1, 2], 3))
     assert with_match.tokens == [3, 4, 1] and draft.n_past == 0 and with_match.cost.decoded == 0  # no model ran

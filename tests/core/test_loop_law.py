@@ -17,6 +17,8 @@ import pytest
 from support.fakellm import LogitTable, fake_engine
 from support.lawcheck import check_law, expected_tv
 
+from localspec.core.drafters import DraftRequest, NgramChain
+from localspec.core.laws import ArrayLaw
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import DraftPolicy, EstimatedCosts
 from localspec.core.sampling import SamplingParams
@@ -126,17 +128,69 @@ def test_adaptive_draft_length_emits_the_target_law(law):
     assert np.count_nonzero(used[1:]) >= 3, used  # k really varied
 
 
+def chain_engine(copy_max: int | None = 1):
+    """The tables' engine drafting with the n-gram chain, its copy capped at `copy_max` tokens so that a proposal
+    mixes copied tokens (point laws) and the draft model's after them (drawn from its law after the copy)."""
+    engine = fake_engine(TARGET, DRAFT, "model")
+    engine.use_drafter(NgramChain(engine.drafter, copy_max=copy_max))  # around its ModelDrafter
+    return engine
+
+
+class MislabelledChain(NgramChain):
+    """Negative control: each copied token is said to be drawn from a uniform law, not the point law it is (a copy
+    is a function of the history), so verification accepts it with probability min(1, VOCAB · target(x)) instead of
+    target(x). (The other mislabelling, a sampled token called a point law, stays exact: a one-hot draft is exact
+    whatever chose its token, as long as the choice does not see the verification's draws.)"""
+
+    def propose(self, request):
+        out = super().propose(request)
+        uniform = ArrayLaw(np.arange(VOCAB, dtype=np.int64), np.full(VOCAB, 1.0 / VOCAB))
+        out.laws = [uniform if law is None else law for law in out.laws]
+        return out
+
+
+@pytest.mark.slow
+def test_the_chain_emits_the_target_law_with_copies_and_model_tokens_in_one_proposal(law):
+    engine = chain_engine()
+    counts, stats = sample_first_tokens(engine, SpeculativeParams(draft_max=3, adaptive=False), N_RUNS, seed=5)
+    assert_law(counts, law)
+    accepted, drafted = sum(s.accepted for s in stats), sum(s.drafted for s in stats)
+    assert 0 < accepted < drafted and sum(s.rejections for s in stats) > 0
+
+
+def test_the_chain_mixes_copied_and_model_tokens():
+    """What the law test above runs: proposals whose first token is copied and the rest the model's, with its laws."""
+    engine = chain_engine()
+    history = [*PROMPT, 4, 1, 3]  # "4 1 3" occurred: the copy is "2", then the model drafts after "... 4 1 3 2"
+    proposal = engine.drafter.propose(
+        DraftRequest(history=history, k=3, sampling=SAMPLING, pq=True, p_min=0.0, rng=np.random.default_rng(0))
+    )
+    assert proposal.tokens[0] == 2 and len(proposal.tokens) == 3
+    assert proposal.laws[0] is None and all(law is not None for law in proposal.laws[1:])
+    assert proposal.cost.decoded > 0  # the model read the copy and drafted after it
+
+
+@pytest.mark.slow
+def test_a_chain_that_mislabels_its_model_tokens_fails_the_same_check(law):
+    """Negative control: the same check sees copied tokens verified as if they had been sampled."""
+    engine = fake_engine(TARGET, DRAFT, "model")
+    engine.use_drafter(MislabelledChain(engine.drafter, copy_max=1))
+    counts, _ = sample_first_tokens(engine, SpeculativeParams(draft_max=3, adaptive=False), N_RUNS, seed=5)
+    verdict = check_law(counts, law)
+    assert not verdict.ok, f"a mislabelled chain passed: {verdict}"
+
+
 GREEDY_PENALISED = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=6)  # greedy, not plain
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram", "model+ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "model+ngram", "chain with model tokens after a copy"])
 def test_greedy_speculative_equals_plain_greedy(drafter):
     plain_engine = fake_engine(TARGET, None, "none")
     for prompt in ([1, 3, 0, 4], [2, 2, 2], [0, 1, 2, 3, 4, 0, 1]):
         plain = plain_engine.generate(prompt, sampling=GREEDY_PENALISED, max_tokens=30)
         list(plain)
         for spec in [SpeculativeParams(draft_max=k, adaptive=False) for k in (1, 3, 5)] + [SpeculativeParams()]:
-            engine = fake_engine(TARGET, DRAFT, drafter)
+            engine = chain_engine(copy_max=2) if drafter.startswith("chain") else fake_engine(TARGET, DRAFT, drafter)
             engine.policy = DraftPolicy(costs=EstimatedCosts(draft_ratio=0.05, batch_slope=0.1))
             gen = engine.generate(prompt, sampling=GREEDY_PENALISED, spec=spec, max_tokens=30)
             list(gen)

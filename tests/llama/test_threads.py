@@ -60,3 +60,48 @@ def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
         monitor.free = free
         assert tuner.check() == want
         assert [c.n_threads for c in contexts] == [want, want]
+
+
+class WindowMonitor:
+    """Reports the cores others left free since its last call, from a timeline the test writes."""
+
+    def __init__(self) -> None:
+        self.busy_since_last = 0.0  # cores others used since the last call
+
+    def free_cores(self, *, wait: float = 0.0) -> float:
+        free, self.busy_since_last = 2.0 - self.busy_since_last, 0.0
+        return free
+
+
+def test_a_generation_measures_from_its_own_start_not_across_the_idle_time_before_it(monkeypatch):
+    # A server between two requests: a client (or a `generate` beside it) used both cores while the engine idled;
+    # the first check of the next request counted that, and the request began on one thread (the log, 2026-11-27).
+    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    contexts = [FakeContext(2)]
+    monitor = WindowMonitor()
+    tuner = threads.ThreadTuner(contexts, interval=0.0, monitor=monitor)
+    monitor.busy_since_last = 2.0  # between the requests
+    tuner.start()  # the next request begins: measure from here
+    assert tuner.check() == 2 and contexts[0].n_threads == 2
+    monitor.busy_since_last = 1.5  # during the request: another process really took a core
+    assert tuner.check() == 1
+
+
+def test_a_context_decoded_on_another_thread_says_so(tiny_models, caplog):
+    # llama.cpp's OpenMP keeps a pool of threads per calling thread; a second thread's pool fights the first's for
+    # the cores (DESIGN §7: `serve` decoding on its worker what its main thread loaded ran at 0.57× `generate`).
+    import logging
+    import threading
+
+    from localspec.llama.context import Context
+    from localspec.llama.model import Model
+
+    with Model(tiny_models.target, n_gpu_layers=0) as model, Context(model, n_ctx=64) as ctx:
+        with caplog.at_level(logging.WARNING, logger="localspec.llama.context"):
+            ctx.decode([1, 5, 6], 0)
+            ctx.decode([7], 3)  # the same thread: nothing to say
+            assert not caplog.records
+            other = threading.Thread(target=lambda: ctx.decode([8], 4))
+            other.start()
+            other.join()
+        assert [r.getMessage() for r in caplog.records if "another thread" in r.getMessage()], caplog.text

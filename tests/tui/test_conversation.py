@@ -373,3 +373,102 @@ def test_a_failed_save_keeps_the_message_out_and_the_next_one_works(conversation
         other.close()
     conv.finish(run(conv.send("Second")))
     assert [c for _, c in saved(conv)][2] == "Second"
+
+
+# --- edit and branch (issue 48) -------------------------------------------------------------------------------------
+
+
+def test_an_edit_is_a_new_branch_that_rereads_only_what_differs(conversation):
+    from localspec.core.kv import common_prefix
+
+    conv = conversation
+    conv.finish(run(conv.send("one")))
+    conv.finish(run(conv.send("two")))
+    shared = conv.messages[:2]  # the first question and its answer
+    old_branch, old_render = list(conv.ids), conv.session.format.tokens(conv.messages)
+    cached = list(conv.loaded.engine.target.tokens)  # what the target's cache holds after the second answer
+    turn = conv.edit(conv.ids[2], "two, edited ")
+    assert turn.kind == "edit" and turn.at == 2 and conv.messages[:2] == shared
+    assert all(a is b for a, b in zip(conv.messages[:2], shared, strict=True))  # the same objects, not copies
+    assert saved(conv)[2] == ("user", "two, edited")  # saved before it is answered, on the branch on screen
+    generation = turn.begin()
+    prompt = generation.prompt
+    done = []
+    stream_generation(generation, lambda item: done.append(item) if isinstance(item, Finished) else None)
+    conv.finish(done[0])
+    # The cache keeps all that it shares with the old branch's rendering up to where the branches differ (an
+    # answer's tokens may be cut otherwise when its text is rendered again: a next turn would re-read those too).
+    common = common_prefix(cached, prompt[:-1])
+    assert common >= min(common_prefix(cached, old_render), common_prefix(old_render, prompt))
+    assert common > len(conv.session.format.tokens(shared[:1]))
+    assert done[0].stats.prefill_decoded == len(prompt) - 1 - common < len(prompt) // 2  # only the new tail read
+    assert roles(conv) == ["user", "assistant"] * 2 and conv.messages[2].content == "two, edited"
+    assert [m.branch for m in conv.saved_messages()] == [(1, 1), (1, 1), (2, 2), (1, 1)]
+    assert len(conv.store.tree(conv.saved_id)) == 6  # the old question and its answer are kept
+    start, stored = conv.switch(conv.ids[2], -1)
+    assert start == 2 and conv.ids == old_branch and [m.id for m in stored] == old_branch
+    assert conv.messages[2].content == "two" and all(a is b for a, b in zip(conv.messages[:2], shared, strict=True))
+    assert conv.switch(conv.ids[2], -1) is None  # no branch before the first
+    conv.finish(run(conv.send("three")))  # the old branch goes on
+    assert [c for _, c in saved(conv)][:3] == ["one", shared[1].content, "two"] and len(saved(conv)) == 6
+
+
+def test_an_empty_edit_and_an_answer_edited_are_refused_and_change_nothing(conversation):
+    conv = conversation
+    conv.finish(run(conv.send("Hello")))
+    before = (list(conv.messages), list(conv.ids), saved(conv))
+    with pytest.raises(InvalidParamsError, match="cannot be empty"):
+        conv.edit(conv.ids[0], " \n ")
+    with pytest.raises(ContextError, match="only your own messages"):
+        conv.edit(conv.ids[1], "new words")
+    with pytest.raises(ContextError, match="no longer in this chat"):
+        conv.edit(12345, "new words")
+    assert (conv.messages, conv.ids, saved(conv)) == before and conv.phase is Phase.READY
+
+
+def test_an_edit_that_cannot_start_brings_the_old_branch_back(tiny_models, options, store):
+    conv = Conversation(options, store)
+    conv.begin_load()
+    conv.attach(load(tiny_models, n_ctx=256))
+    try:
+        conv.finish(run(conv.send("Hi")))
+        before = (list(conv.messages), list(conv.ids), saved(conv))
+        turn = conv.edit(conv.ids[0], "word " * 400)  # does not fit
+        with pytest.raises(ContextError):
+            turn.begin()
+        conv.fail(turn)
+        assert (conv.messages, conv.ids, saved(conv)) == before
+        assert len(conv.store.tree(conv.saved_id)) == 2  # the edit that was not answered is not kept
+    finally:
+        conv.detach().close()
+
+
+def test_an_answer_generated_again_is_a_sibling_and_the_old_one_comes_back(conversation):
+    conv = conversation
+    first = run(conv.send("Hello"))
+    conv.finish(first)
+    old_answer = conv.ids[1]
+    conv.finish(run(conv.send("More")))
+    turn = conv.regenerate(old_answer)  # a past answer: it and what followed leave the screen
+    assert turn.at == 1 and roles(conv) == ["user"] and saved(conv) == [("user", "Hello")]
+    conv.finish(run(turn))
+    assert [m.branch for m in conv.saved_messages()] == [(1, 1), (2, 2)]
+    with pytest.raises(ContextError, match="that is your message"):
+        conv.regenerate(conv.ids[0])
+    start, _ = conv.switch(conv.ids[1], -1)
+    assert start == 1 and conv.ids[1] == old_answer and [c for _, c in saved(conv)][2] == "More"
+    hidden = conv.store.tree(conv.saved_id)[-1].id  # the newest answer, on the branch not shown
+    conv.open(conv.saved_id, at=hidden)  # a search hit there opens its branch
+    assert conv.ids[-1] == hidden
+
+
+def test_two_windows_on_one_chat_each_continue_their_own_branch(two_windows):
+    alice, bob = two_windows
+    alice.finish(run(alice.send("Alice: hello")))
+    bob.open(alice.saved_id)
+    alice.finish(run(alice.send("Alice: and then?")))
+    bob.finish(run(bob.send("Bob: and now?")))
+    assert [m.content for m in alice.dialogue][2] == "Alice: and then?"  # neither sees the other's turn
+    assert [m.content for m in bob.dialogue][2] == "Bob: and now?"
+    shown = alice.store.messages(alice.saved_id)  # the last written branch, the other beside it
+    assert shown[2].content == "Bob: and now?" and shown[2].branch == (2, 2) and len(shown) == 4

@@ -40,7 +40,7 @@ async def test_chats_list_and_export_after_the_working_folder_was_deleted(option
         await wait_ready(pilot)
         app.query_one(PromptInput).text = "Tell me a long story"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app._live is not None or app.chat.turn is None, what="the answer")
+        await wait_until(pilot, lambda: app.screen._live is not None or app.chat.turn is None, what="the answer")
         await pilot.press("f4")  # before: FileNotFoundError from Path.cwd(), the app and the answer gone
         await wait_until(pilot, lambda: isinstance(app.screen, HistoryScreen), what="the saved chats")
         await pilot.press("m")

@@ -10,6 +10,7 @@ streams, then checks the exit code, the restore sequences after the signal, and 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import threading
@@ -131,3 +132,50 @@ def test_a_signal_reaches_the_app_when_the_loop_is_flooded_with_wake_ups(signum)
     previous = signal.getsignal(signum)
     assert asyncio.run(main()) == [signum]
     assert signal.getsignal(signum) == previous  # given back
+
+
+class _HungUpTerminal:
+    """A file whose every write fails as a hung-up terminal's does."""
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # Textual's thread dying
+def test_a_hangup_frees_a_write_blocked_on_the_dead_output_thread():
+    """Textual's output thread dies on the first write to a hung-up terminal; 30 writes later the event loop blocks
+    for ever in the next one, so a quit queued on the loop never ran (the CI run of 2026-11-27: the app still up a
+    minute after its terminal closed behind a 50 kB paste). `at_once` runs in the signal handler while the loop is
+    blocked, and the replacement drains the same queue: the blocked write goes through."""
+    from types import SimpleNamespace
+
+    from textual.drivers._writer_thread import MAX_QUEUED_WRITES, WriterThread
+
+    from localspec.tui import signals
+
+    writer = WriterThread(_HungUpTerminal())
+    writer.start()
+    writer.write("the first write after the hangup")
+    writer.join(timeout=WAIT)
+    assert not writer.is_alive()
+    for _ in range(MAX_QUEUED_WRITES):
+        writer.write("x")
+    driver = SimpleNamespace(_writer_thread=writer, _file=io.StringIO())
+
+    async def main() -> None:
+        watched = signals.watch(lambda _: None, at_once=lambda _: signals.discard_output(driver, fds=()))
+        try:
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGHUP)).start()
+            writer._queue.put("y", timeout=10)  # the loop blocked, as on Textual's write; raises queue.Full if stuck
+        finally:
+            signals.unwatch(watched)
+
+    asyncio.run(main())
+    deadline = time.monotonic() + WAIT
+    while driver._writer_thread._queue.qsize() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)  # the last item taken is written
+    assert driver._writer_thread is not writer and driver._file.getvalue() == "x" * MAX_QUEUED_WRITES + "y"

@@ -6,8 +6,10 @@ import json
 import sqlite3
 
 import pytest
+from support import store_v3
 
-from localspec.tui.store import MIGRATIONS, ChatStore, ConversationGone, HistoryError, export_conversation, migrate
+from localspec.tui.export import export_conversation
+from localspec.tui.store import MIGRATIONS, ChatStore, ConversationGone, HistoryError, migrate
 
 
 def test_new_database_is_at_the_latest_version_in_wal_mode(store):
@@ -141,7 +143,7 @@ def test_migrate_is_idempotent(tmp_path):
 
 def test_the_thinking_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
     path = tmp_path / "chats.sqlite3"
-    old = ChatStore(path, migrations=MIGRATIONS[:1])  # the schema as it was before reasoning models
+    old = store_v3.ChatStore(path, migrations=store_v3.MIGRATIONS[:1])  # the schema before reasoning models
     assert old.db.execute("PRAGMA user_version").fetchone()[0] == 1
     first = old.create_conversation("first", pair="demo", system="be brief")
     second = old.create_conversation("second")
@@ -161,7 +163,7 @@ def test_the_thinking_migration_keeps_every_chat_of_the_schema_before_it(tmp_pat
 
     store = ChatStore(path)  # migrates
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
         chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
         assert [row[: len(chats_before[0])] for row in chats_after] == chats_before
         assert [(c.title, c.n_messages, c.think) for c in store.conversations()] == [
@@ -290,7 +292,7 @@ def test_a_database_locked_by_another_process_is_one_line_that_says_so(tmp_path)
 
 def test_the_ids_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
     path = tmp_path / "chats.sqlite3"
-    old = ChatStore(path, migrations=MIGRATIONS[:2])  # the schema of the release before ids were kept apart
+    old = store_v3.ChatStore(path, migrations=store_v3.MIGRATIONS[:2])  # the release before ids were kept apart
     ids = [old.create_conversation(title, pair="demo", system="be brief") for title in ("one", "two", "three")]
     for cid in ids:
         old.add_message(cid, "user", f"question {cid}")
@@ -312,9 +314,11 @@ def test_the_ids_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
 
     store = ChatStore(path)  # migrates
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 3
-        assert store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall() == chats_before
-        assert store.db.execute("SELECT * FROM messages ORDER BY id").fetchall() == rows_before
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 5
+        chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
+        assert [row[: len(chats_before[0])] for row in chats_after] == chats_before  # every old column as it was
+        rows_after = store.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
+        assert [row[: len(rows_before[0])] for row in rows_after] == rows_before
         assert store.db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert store.preference("thinking_expanded") is True and store.get(ids[1]).think is True
         store.delete(ids[-1])  # the newest: its id must not come back

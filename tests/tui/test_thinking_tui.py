@@ -14,8 +14,9 @@ from support.tui import open_settings, record_notifications, send, wait_ready, w
 from textual.app import App
 from textual.widgets import Select, Static
 
-from localspec.tui.app import THINKING_PREFERENCE, make_app
+from localspec.tui.app import make_app
 from localspec.tui.blocks import BlockText
+from localspec.tui.chat_screen import THINKING_PREFERENCE
 from localspec.tui.screens import SettingsScreen
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import DRAFT_STYLE, ChatMessage, StatsPanel, ThinkingBlock
@@ -71,14 +72,14 @@ async def test_f8_unfolds_every_block_and_is_remembered(thinking_options, thinki
         await wait_ready(pilot)
         await send(pilot, "Hi")
         await pilot.press("f8")
-        assert not answers(app)[0].thinking.collapsed and app.thinking_expanded
+        assert not answers(app)[0].thinking.collapsed and app.screen.thinking_expanded
         await send(pilot, "Again")
         assert [a.thinking.collapsed for a in answers(app)] == [False, False]  # stays unfolded after the answer
     assert ChatStore(thinking_home.db_path).preference(THINKING_PREFERENCE) is True
     again = make_app(thinking_options)
     async with again.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
-        assert again.thinking_expanded
+        assert again.screen.thinking_expanded
         await send(pilot, "Hi")
         assert not answers(again)[0].thinking.collapsed
         await pilot.press("f8")
@@ -152,7 +153,7 @@ async def test_f3_switches_thinking_for_this_chat_and_it_is_kept(thinking_option
         assert ChatStore(thinking_home.db_path).get(cid).think is False
         await pilot.press("ctrl+n")
         assert app.chat.settings.think is None  # a new chat starts at the default
-        await app.resume(cid)
+        await app.screen.resume(cid)
         assert app.chat.settings.think is False  # the chat's own switch comes back with it
         blocks = [a.thinking for a in answers(app)]
         assert [b.has_class("-empty") for b in blocks] == [False, True] and body(blocks[0]) == REASONING_TEXT

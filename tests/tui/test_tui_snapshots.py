@@ -94,9 +94,9 @@ def resumed(cid: int, *keys: str):
     async def run_before(pilot) -> None:
         app = pilot.app
         await wait_ready(pilot)
-        await app.resume(cid)
+        await app.screen.resume(cid)
         app.chat.last_turn, app.chat.session_stats, app.chat.answers = fixed_stats(), fixed_stats(), 1
-        app.draw_stats()
+        app.screen.draw_stats()
         for key in keys:
             await pilot.press(key)
         app.clear_notifications()
@@ -171,7 +171,7 @@ def thinking_resumed(cid: int, *keys: str):
     async def run_before(pilot) -> None:
         await resumed(cid)(pilot)
         pilot.app.chat.last_parts = fixed_parts()
-        pilot.app.draw_stats()
+        pilot.app.screen.draw_stats()
         for key in keys:
             await pilot.press(key)
         pilot.app.clear_notifications()

