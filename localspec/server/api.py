@@ -337,7 +337,13 @@ class CompletionRequest(_Common):
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
-def parse_body(body: bytes, model: type[_Common]) -> _Common:
+def parse_body(
+    body: bytes,
+    model: type[_Strict],
+    *,
+    unsupported: dict[str, tuple[Any, ...]] = UNSUPPORTED,
+    ignored: tuple[str, ...] = IGNORED,
+) -> Any:
     """The request read from a JSON body.
 
     Raises:
@@ -356,7 +362,7 @@ def parse_body(body: bytes, model: type[_Common]) -> _Common:
             "the body has a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair): send valid Unicode",
             code="invalid_json",
         )
-    data = _harmless_left_out(data, UNSUPPORTED, "", IGNORED)
+    data = _harmless_left_out(data, unsupported, "", ignored)
     if isinstance(data.get("messages"), list):
         data["messages"] = [
             _harmless_left_out(m, MESSAGE_UNSUPPORTED, f"messages.{i}.") if isinstance(m, dict) else m

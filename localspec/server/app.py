@@ -36,9 +36,11 @@ from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
 from localspec.errors import LocalspecError, RpcError
 
+from . import flow, messages_api
 from . import request as request_mod
 from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
+from .routes import more_routes
 from .runner import Runner
 from .tools import Function
 
@@ -77,9 +79,10 @@ def _host_name(header: str) -> str:
 
 
 def error_response(error: ApiError, scope: Scope) -> JSONResponse:
-    """OpenAI's error object, and one line in the log."""
+    """OpenAI's error object (Anthropic's on its Messages routes), and one line in the log."""
     log.info("%s %s -> %d %s: %s", scope.get("method"), scope.get("path"), error.status, error.code or "", error)
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    body = messages_api.error_body(error) if messages_api.is_messages_path(scope.get("path", "")) else error.body()
+    return JSONResponse(body, status_code=error.status, headers=error.headers)
 
 
 class Guard:
@@ -118,9 +121,13 @@ class Guard:
             # Starlette reads header bytes as Latin-1: encoding back gives the bytes the client sent (UTF-8 for a
             # non-ASCII key), compared with the key's UTF-8 bytes.
             sent = token.strip().encode("latin-1", errors="replace")
+            if "x-api-key" in headers:  # Anthropic's clients send the key this way
+                scheme, sent = "bearer", headers["x-api-key"].strip().encode("latin-1", errors="replace")
             if scheme.lower() != "bearer" or not hmac.compare_digest(sent, key.encode()):
                 return ApiError(
-                    401, "a valid API key is required: send 'Authorization: Bearer KEY'", code="invalid_api_key"
+                    401,
+                    "a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
+                    code="invalid_api_key",
                 )
         if scope["method"] == "POST":
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
@@ -225,14 +232,16 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
     ]
+    for path, handler, methods in more_routes(runner, settings.max_body, _read_body, EventStream, settings):
+        routes.append(Route(path, guarded(handler), methods=methods))
     middleware = [Middleware(Guard, settings=settings)]
     if settings.cors:
         middleware.append(
             Middleware(
                 _Cors,
                 allow_origins=list(settings.cors),
-                allow_methods=["GET", "POST"],
-                allow_headers=["Authorization", "Content-Type"],
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
             )
         )
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
@@ -299,52 +308,16 @@ def _grammar(parsed):
 
 async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Request, kind: str) -> Response:
     if not parsed.stream:
-        job, future = runner.submit(parsed.model, request)
-        outcome = await _watched(asyncio.wrap_future(future), http, job)
+        outcome = await flow.whole(http, runner, parsed.model, request)
         reply = Reply(
             kind, outcome.served.name, tools=outcome.tools, token_bytes=outcome.served.engine.target_model.token_bytes
         )
         return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
-
-    def emit(item: request_mod.Event) -> None:  # on the worker thread
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the event loop is gone (the server stopped): stop generating
-            job.cancel()
-
-    job, future = runner.submit(parsed.model, request, emit)
-    future.add_done_callback(lambda f: emit(request_mod.Done(f)))
-    first = await _watched(queue.get(), http, job)
-    if isinstance(first, request_mod.Done):  # refused before generating (a prompt too long, a failed switch)
-        first.future.result()  # a plain error
-        raise ApiError(499, "the request was cancelled", code="cancelled")
-    assert isinstance(first, request_mod.Started)
+    first, queue, job = await flow.streamed(http, runner, parsed.model, request)
     include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
     reply = Reply(kind, first.model, tools=first.tools, token_bytes=first.token_bytes)
     events = _events(queue, reply, first.prompt_tokens, parsed.n, include_usage)
     return EventStream(events, on_close=job.cancel)
-
-
-async def _watched(awaitable, http: Request, job: request_mod.Job, every: float = 0.25):
-    """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
-    cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=every)
-            if done:
-                return task.result()
-            if not job.cancelled and await http.is_disconnected():
-                log.info("%s %s: the client went away; its request is cancelled", http.method, http.url.path)
-                job.cancel()
-    except asyncio.CancelledError:  # the server is stopping
-        job.cancel()
-        raise
-    finally:
-        if not task.done():
-            task.cancel()
 
 
 async def _events(

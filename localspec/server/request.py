@@ -51,6 +51,7 @@ class Request:
     functions: tuple[Function, ...] = ()
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
+    count_only: bool = False  # tokenize the prompt and stop there (Anthropic's count_tokens): no generation
 
 
 @dataclass(slots=True)
@@ -137,6 +138,8 @@ def complete(
         if (grammar := tools.grammar()) is not None:
             request = dataclasses.replace(request, grammar=grammar, grammar_param="tools")
     prompt = _prompt_tokens(served, request, think, tools)
+    if request.count_only:
+        return Outcome(served, len(prompt), [], [], tools)
     max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
     sampling, spec = _params(served, request)
     grammar = _grammar(served, request)

@@ -1,0 +1,231 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) as a translation onto the one request
+model: what a body may hold, checked strictly as chat requests are (server/api.py), then turned into the same
+`request.Request` the chat route makes — system, turns, tool calls and results, tools, choice, thinking, stop — and
+Anthropic's error object for what it may not.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
+from localspec.core.session import Message
+
+from .api import REQUEST_PENALTIES, ApiError, _Options, _Strict
+from .request import Request
+from .tools import Function
+
+# Anthropic's error types by HTTP status (its `{"type": "error", "error": {"type", "message"}}` object).
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+IGNORED = ("metadata", "service_tier", "container", "mcp_servers")  # Anthropic's bookkeeping: accepted, left out
+
+
+def is_messages_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def error_body(error: ApiError) -> dict:
+    """`error` in Anthropic's shape; the field it names leads the message ("max_tokens: 'max_tokens' is required")."""
+    kind = ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    body = error.body()["error"]  # the message made safe to encode
+    message = body["message"]
+    if body["param"] and body["param"] not in message:
+        message = f"{body['param']}: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class _Cached(_Strict):
+    cache_control: dict[str, Any] | None = None  # prompt caching hints: our cache keeps every shared prefix anyway
+
+
+class TextBlock(_Cached):
+    type: Literal["text"]
+    text: str
+    citations: list[Any] | None = None
+
+
+class ToolUseBlock(_Cached):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class ToolResultBlock(_Cached):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[TextBlock] = ""
+    is_error: bool = False
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+
+
+class ThinkingBlock(_Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
+class RedactedThinkingBlock(_Strict):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+]
+
+
+class AnthropicMessage(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    def blocks(self) -> list:
+        return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) else list(self.content)
+
+
+class AnthropicTool(_Cached):
+    type: Literal["custom"] | None = None
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    description: str = ""
+    input_schema: dict[str, Any]
+
+    @field_validator("input_schema")
+    @classmethod
+    def _an_object(cls, value):
+        if value.get("type", "object") != "object":
+            raise ValueError("a tool's input_schema is a JSON schema of type 'object'")
+        return value
+
+
+class ToolChoice(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool = False
+
+
+class ThinkingConfig(_Strict):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: Annotated[int, Field(ge=1)] | None = None  # accepted; the model ends its thinking itself
+
+
+class CountRequest(_Options):
+    """`/v1/messages/count_tokens`: the conversation without `max_tokens`."""
+
+    model: str | None = None
+    messages: Annotated[list[AnthropicMessage], Field(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
+
+    @field_validator("messages")
+    @classmethod
+    def _results_answer_uses(cls, messages):
+        """Each `tool_result` answers a `tool_use` of an earlier assistant message; results are a user's; the
+        conversation does not end on an assistant turn (a prefill, which we do not continue)."""
+        used: set[str] = set()
+        for i, m in enumerate(messages):
+            for j, block in enumerate(m.blocks()):
+                where = f"messages.{i}.content.{j}"
+                if isinstance(block, ToolUseBlock):
+                    if m.role != "assistant":
+                        raise ValueError(f"{where}: only an assistant message has 'tool_use' blocks")
+                    used.add(block.id)
+                elif isinstance(block, ToolResultBlock):
+                    if m.role != "user":
+                        raise ValueError(f"{where}: only a user message has 'tool_result' blocks")
+                    if block.tool_use_id not in used:
+                        raise ValueError(
+                            f"{where}.tool_use_id: {block.tool_use_id!r} answers no 'tool_use' of an earlier "
+                            "assistant message"
+                        )
+        if messages[-1].role == "assistant":
+            raise ValueError("the last message is the assistant's (a prefill): localspec answers a user turn only")
+        return messages
+
+    @model_validator(mode="after")
+    def _choice_names_a_tool(self):
+        choice = self.tool_choice
+        if choice is not None and choice.type == "tool":
+            names = {t.name for t in self.tools or ()}
+            if choice.name is None:
+                raise ApiError(400, "'name' is required with type 'tool'", param="tool_choice.name")
+            if choice.name not in names:
+                raise ApiError(
+                    400, f"tool_choice names {choice.name!r}, which is not one of the tools", param="tool_choice.name"
+                )
+        return self
+
+    @property
+    def tool_mode(self) -> str | None:
+        if not self.tools:
+            return None
+        choice = self.tool_choice or ToolChoice(type="auto")
+        return {"auto": "auto", "any": "required", "none": None}.get(choice.type, choice.name)
+
+    def conversation(self) -> tuple[Message, ...]:
+        """The turns as the engine's messages: the system prompt first, tool results as `tool` messages, an
+        assistant's `tool_use` blocks as its calls (OpenAI's shape, which the templates read), thinking apart."""
+        out: list[Message] = []
+        if self.system:
+            system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
+            out.append(Message("system", system))
+        for m in self.messages:
+            blocks = m.blocks()
+            text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+            if m.role == "assistant":
+                thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
+                calls = tuple(
+                    {"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                    for b in blocks
+                    if isinstance(b, ToolUseBlock)
+                )
+                out.append(Message("assistant", text, thinking, calls))
+                continue
+            for b in blocks:
+                if isinstance(b, ToolResultBlock):
+                    result = f"Error: {b.text}" if b.is_error else b.text
+                    out.append(Message("tool", result, tool_call_id=b.tool_use_id))
+            if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
+                out.append(Message("user", text))
+        return tuple(out)
+
+    def to_request(self, *, max_tokens: int | None = None, stop: tuple[str, ...] = (), count_only=False) -> Request:
+        think = None if self.thinking is None else self.thinking.type == "enabled"
+        return Request(
+            messages=self.conversation(),
+            prompt=None,
+            max_tokens=max_tokens,
+            stop=stop,
+            overrides={n: getattr(self, n) for n in OVERRIDE_OPTIONS if getattr(self, n, None) is not None},
+            penalties={n: getattr(self, n) for n in REQUEST_PENALTIES if getattr(self, n) is not None},
+            drafter=self.drafter,
+            think=think,
+            tool_choice=self.tool_mode,
+            functions=tuple(Function(t.name, t.description, t.input_schema) for t in self.tools or ()),
+            parallel_tool_calls=not (self.tool_choice and self.tool_choice.disable_parallel_tool_use),
+            grammar_param="tools",
+            count_only=count_only,
+        )
+
+
+class MessagesRequest(CountRequest):
+    max_tokens: Annotated[int, Field(ge=1)]  # required, as Anthropic requires it
+    stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] | None = None
+    stream: bool = False
