@@ -4,9 +4,12 @@ Anthropic's Messages (server/messages_route.py), OpenAI's Responses (server/resp
 
 from __future__ import annotations
 
-from . import messages_route
+from . import messages_route, responses_route
 
 
 def more_routes(runner, max_body: int, read_body, event_stream, settings) -> list[tuple]:
     """(path, handler, methods) of every route beyond chat completions, completions and models."""
-    return [*messages_route.routes(runner, max_body, read_body, event_stream)]
+    return [
+        *messages_route.routes(runner, max_body, read_body, event_stream),
+        *responses_route.routes(runner, max_body, read_body, event_stream),
+    ]

@@ -1,0 +1,271 @@
+"""OpenAI's Responses API (`POST /v1/responses`) as a translation onto the one request model: what a body may hold,
+checked strictly as chat requests are (server/api.py), and its input items — messages, `function_call`,
+`function_call_output`, `reasoning` — turned into the chat route's conversation, after the stored conversation of
+`previous_response_id` where it names one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from localspec.core.grammar import Grammar, GrammarError
+from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
+from localspec.core.session import Message
+
+from .api import REQUEST_PENALTIES, ApiError, FunctionSpec, _Options, _Strict
+from .request import Request
+from .tools import Function
+
+IGNORED = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key")
+# Fields we do not implement, with the values that change nothing.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "background": (None, False),
+    "include": (None, []),
+    "truncation": (None, "disabled"),
+    "conversation": (None,),
+    "prompt": (None,),
+    "max_tool_calls": (None,),
+    "top_logprobs": (None, 0),
+}
+ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+
+
+class InputText(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+
+
+class ReasoningText(_Strict):
+    type: Literal["summary_text", "reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = []
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")]
+
+
+class FunctionTool(FunctionSpec):
+    type: Literal["function"]
+
+
+class NamedFunction(_Strict):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = None  # the one value that changes nothing here
+
+
+class ReasoningConfig(_Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # the thinking is returned whole, not summarised
+
+
+class ResponsesRequest(_Options):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool = True
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value):
+        if value == [] or value == "":
+            raise ValueError("the input is empty: give some text or items")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _named_tool_exists(cls, value, info):
+        if isinstance(value, NamedFunction) and value.name not in {t.name for t in info.data.get("tools") or ()}:
+            raise ValueError(f"tool_choice names {value.name!r}, which is not one of the tools")
+        return value
+
+    def items(self) -> list:
+        """The input as typed items (a string is one user message).
+
+        Raises:
+            ApiError: an item of a type we do not know, or a malformed one (400, naming `input.N`).
+        """
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        from pydantic import TypeAdapter, ValidationError
+
+        from .api import _validation_error
+
+        found = []
+        for i, raw in enumerate(self.input):
+            kind = raw.get("type", "message" if "role" in raw else None)
+            if kind not in ITEM_TYPES:
+                raise ApiError(
+                    400,
+                    f"input item type {kind!r} is not supported: use one of {', '.join(ITEM_TYPES)}",
+                    param=f"input.{i}.type",
+                    code="unsupported_value",
+                )
+            try:
+                found.append(TypeAdapter(Item).validate_python({**raw, "type": kind}, strict=True))
+            except ValidationError as e:
+                error = _validation_error(e)
+                error.param = f"input.{i}." + ".".join((error.param or "").split(".")[1:]).strip(".")
+                error.message = f"'{error.param}': " + error.message.split(": ", 1)[-1]
+                raise error from None
+        return found
+
+    @property
+    def tool_mode(self) -> str | None:
+        if not self.tools:
+            return None
+        choice = self.tool_choice or "auto"
+        if isinstance(choice, NamedFunction):
+            return choice.name
+        return None if choice == "none" else choice
+
+    def grammar(self) -> Grammar | None:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return Grammar.json_object()
+        if fmt.schema_ is None:
+            raise ApiError(400, "'schema' is required with type 'json_schema'", param="text.format.schema")
+        try:
+            return Grammar.json_schema(fmt.schema_)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param="text.format.schema", code="invalid_schema") from None
+
+    def conversation(self, history: list[Message]) -> tuple[Message, ...]:
+        """The stored conversation (`history`) and then the input, as the engine's messages, `instructions` first.
+
+        Raises:
+            ApiError: a `function_call_output` whose call is neither earlier in the input nor in the history.
+        """
+        out: list[Message] = [Message("system", self.instructions)] if self.instructions else []
+        out += history
+        called = {c["id"] for m in history for c in m.tool_calls}
+        reasoning = ""
+        for i, item in enumerate(self.items()):
+            if isinstance(item, ReasoningItem):
+                reasoning += "".join(p.text for p in item.content or item.summary)
+            elif isinstance(item, MessageItem):
+                role = "system" if item.role == "developer" else item.role
+                out.append(Message(role, item.text, reasoning if role == "assistant" else ""))
+                reasoning = ""
+            elif isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function"}
+                call["function"] = {"name": item.name, "arguments": item.arguments}
+                called.add(item.call_id)
+                last = out[-1] if out else None
+                if last is not None and last.role == "assistant" and not reasoning:  # one turn's text and calls
+                    out[-1] = Message("assistant", last.content, last.reasoning, (*last.tool_calls, call))
+                else:
+                    out.append(Message("assistant", "", reasoning, (call,)))
+                reasoning = ""
+            elif isinstance(item, FunctionCallOutputItem):
+                if item.call_id not in called:
+                    raise ApiError(
+                        400,
+                        f"'input.{i}.call_id': {item.call_id!r} answers no function_call of the input or of the "
+                        "previous response",
+                        param=f"input.{i}.call_id",
+                        code="invalid_value",
+                    )
+                out.append(Message("tool", item.text, tool_call_id=item.call_id))
+        return tuple(out)
+
+    def to_request(self, history: list[Message]) -> Request:
+        think = None
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            think = self.reasoning.effort != "none"
+        return Request(
+            messages=self.conversation(history),
+            prompt=None,
+            max_tokens=self.max_output_tokens,
+            overrides={n: getattr(self, n) for n in OVERRIDE_OPTIONS if getattr(self, n, None) is not None},
+            penalties={n: getattr(self, n) for n in REQUEST_PENALTIES if getattr(self, n) is not None},
+            drafter=self.drafter,
+            think=think,
+            grammar=self.grammar(),
+            grammar_param="text.format",
+            tool_choice=self.tool_mode,
+            functions=tuple(
+                Function(t.name, t.description, t.parameters or {"type": "object"}) for t in self.tools or ()
+            ),
+            parallel_tool_calls=self.parallel_tool_calls,
+        )
+
+
+def messages_to_json(messages: tuple[Message, ...] | list[Message]) -> str:
+    return json.dumps([[m.role, m.content, m.reasoning, list(m.tool_calls), m.tool_call_id] for m in messages])
+
+
+def messages_from_json(text: str) -> list[Message]:
+    return [
+        Message(role, content, reasoning, tuple(calls), call_id)
+        for role, content, reasoning, calls, call_id in json.loads(text)
+    ]
