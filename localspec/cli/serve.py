@@ -12,6 +12,7 @@ import argparse
 import logging
 import socket
 import sys
+from pathlib import Path
 
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.paths import Paths
@@ -29,7 +30,7 @@ def register(sub) -> None:
     """Add `serve` to the `localspec` command."""
     p = sub.add_parser(
         "serve",
-        help="an OpenAI-compatible HTTP server (chat and completions) on the engine",
+        help="an OpenAI-compatible HTTP server (chat, completions, responses, Anthropic messages, embeddings)",
         description="Serve a pair over HTTP with OpenAI's chat and completions API, decoding speculatively. "
         "Docs: docs/serve.md.",
     )
@@ -54,6 +55,12 @@ def register(sub) -> None:
         default=DEFAULT_QUEUE,
         help=f"most requests waiting or running; past it, 503 with Retry-After (default {DEFAULT_QUEUE})",
     )
+    p.add_argument(
+        "--embedding-model",
+        metavar="PATH",
+        help="a GGUF embedding model for /v1/embeddings, loaded on first use (default: an embeddings context over "
+        "the target)",
+    )
     p.set_defaults(func=run)
 
 
@@ -70,7 +77,13 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.server.app import ServerSettings, is_loopback
     from localspec.server.runner import Runner
 
-    settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors))
+    embedding_model = None
+    if args.embedding_model is not None:
+        from localspec.llama.model import check_gguf_file
+
+        check_gguf_file(Path(args.embedding_model))  # a wrong path is one line now, not an error per request
+        embedding_model = str(Path(args.embedding_model).expanduser())
+    settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors), embedding_model=embedding_model)
     _check_bind(args.host, args.port)  # before a model loads (a busy port costs no wait) and before any warning
     if not is_loopback(args.host) and api_key is None:
         print(

@@ -58,6 +58,7 @@ class ServerSettings:
     api_key: str | None = None
     cors: tuple[str, ...] = ()  # origins allowed to read responses from a browser (empty: no CORS headers)
     max_body: int = MAX_BODY
+    embedding_model: str | None = None  # `--embedding-model`: a GGUF for /v1/embeddings (None: the target)
 
 
 def is_loopback(host: str) -> bool:

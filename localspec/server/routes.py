@@ -4,7 +4,7 @@ Anthropic's Messages (server/messages_route.py), OpenAI's Responses (server/resp
 
 from __future__ import annotations
 
-from . import messages_route, responses_route
+from . import embeddings_route, messages_route, responses_route
 
 
 def more_routes(runner, max_body: int, read_body, event_stream, settings) -> list[tuple]:
@@ -12,4 +12,5 @@ def more_routes(runner, max_body: int, read_body, event_stream, settings) -> lis
     return [
         *messages_route.routes(runner, max_body, read_body, event_stream),
         *responses_route.routes(runner, max_body, read_body, event_stream),
+        *embeddings_route.routes(runner, max_body, read_body, settings),
     ]

@@ -74,6 +74,8 @@ class Runner:
         log.info("loading %s (%s) …", name, resolved.label)
         old, self.served, self.loading = self.served, None, name
         if old is not None:
+            if old.embedder is not None:  # a context over the target's model: freed before the model
+                old.embedder.close()
             old.engine.close()
         try:
             engine = load_engine(resolved.target, resolved.draft, params, _log_progress(name))
@@ -134,11 +136,14 @@ class Runner:
         with self._lock:
             return len(self._jobs)
 
-    def submit(self, model: str | None, request: Request, emit: Emit | None = None) -> tuple[Job, Future[Outcome]]:
+    def submit(
+        self, model: str | None, request: Request | None, emit: Emit | None = None, work: Callable | None = None
+    ) -> tuple[Job, Future[Outcome]]:
         """Queue `request` (for the pair `model` names); the future gives its `Outcome`.
 
         `emit` (called on the worker thread) receives `Started`, then a `Token` for each token and an `Ended` for
-        each choice (server/request.py).
+        each choice (server/request.py). `work` instead of a request: `work(served)` runs in the job's turn on the
+        worker thread and the future gives what it returns (the embeddings route's use of the pair).
 
         Raises:
             ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full.
@@ -155,7 +160,7 @@ class Runner:
                     headers={"Retry-After": "1"},
                 )
             self._jobs.append(job)
-        return job, self._executor.submit(self._run_job, job, pair, request, emit or _ignore)
+        return job, self._executor.submit(self._run_job, job, pair, request, emit or _ignore, work)
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running job (the server is stopping)."""
@@ -170,6 +175,8 @@ class Runner:
         self.cancel_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.served is not None:
+            if self.served.embedder is not None:
+                self.served.embedder.close()
             self.served.engine.close()
             self.served = None
 
@@ -182,7 +189,7 @@ class Runner:
             stop=request.stop or flags.stop,
         )
 
-    def _run_job(self, job: Job, pair: str | None, request: Request, emit: Emit) -> Outcome:
+    def _run_job(self, job: Job, pair: str | None, request: Request | None, emit: Emit, work=None) -> Outcome:
         try:
             self._unless_cancelled(job, "before it began")
             if pair is not None and (self.served is None or self.served.name != pair):
@@ -190,6 +197,8 @@ class Runner:
                 self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
             if self.served is None:
                 raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
+            if work is not None:
+                return work(self.served)
             return complete(self.served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
         finally:
             job.generation = None

@@ -4,6 +4,7 @@ for (each keeps its own draft-length policy; the model drafters share the draft'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from localspec.core.drafters import Drafter, make_drafter
 from localspec.core.engine import Engine
@@ -29,6 +30,7 @@ class Served:
     loaded_drafter: str = ""  # the drafter it was loaded with, what a request that names none gets
     think_flag: bool | None = None  # `serve --think on|off`
     _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
+    embedder: Any = None  # the embeddings context over the target (made on first use; server/embeddings_route.py)
 
     def __post_init__(self) -> None:
         self.drafter = self.drafter or self.engine.drafter.kind  # "auto" was settled by loading (mtp or none)
