@@ -29,6 +29,7 @@ ERROR_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
+BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 IGNORED = ("metadata", "service_tier", "container", "mcp_servers")  # Anthropic's bookkeeping: accepted, left out
 
 
@@ -133,6 +134,23 @@ class CountRequest(_Options):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_blocks(cls, data):
+        """A content block of a type we do not implement (an image, a document) is refused by its name."""
+        for i, m in enumerate(data.get("messages") or () if isinstance(data, dict) else ()):
+            content = m.get("content") if isinstance(m, dict) else None
+            for j, block in enumerate(content if isinstance(content, list) else ()):
+                kind = block.get("type") if isinstance(block, dict) else None
+                if isinstance(kind, str) and kind not in BLOCK_TYPES:
+                    raise ApiError(
+                        400,
+                        f"content block type {kind!r} is not supported: use one of {', '.join(BLOCK_TYPES)}",
+                        param=f"messages.{i}.content.{j}.type",
+                        code="unsupported_value",
+                    )
+        return data
 
     @field_validator("messages")
     @classmethod

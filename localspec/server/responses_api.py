@@ -30,6 +30,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "max_tool_calls": (None,),
     "top_logprobs": (None, 0),
 }
+PART_TYPES = ("input_text", "output_text")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
@@ -168,6 +169,15 @@ class ResponsesRequest(_Options):
                     param=f"input.{i}.type",
                     code="unsupported_value",
                 )
+            parts = raw.get("content", raw.get("output"))
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if isinstance(part, dict) and part.get("type") not in PART_TYPES:
+                    raise ApiError(
+                        400,
+                        f"content part type {part.get('type')!r} is not supported: use input_text or output_text",
+                        param=f"input.{i}.{'content' if 'content' in raw else 'output'}.{j}.type",
+                        code="unsupported_value",
+                    )
             try:
                 found.append(TypeAdapter(Item).validate_python({**raw, "type": kind}, strict=True))
             except ValidationError as e:
