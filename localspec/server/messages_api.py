@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 from localspec.core.session import Message
 
@@ -30,7 +31,8 @@ ERROR_TYPES = {
     529: "overloaded_error",
 }
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
-IGNORED = ("metadata", "service_tier", "container", "mcp_servers")  # Anthropic's bookkeeping: accepted, left out
+# Anthropic's bookkeeping, and `context_management` (which earlier thinking the API may clear): accepted, left out.
+IGNORED = ("metadata", "service_tier", "container", "mcp_servers", "context_management")
 
 
 def is_messages_path(path: str) -> bool:
@@ -92,7 +94,7 @@ Block = Annotated[
 
 
 class AnthropicMessage(_Strict):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code sends system turns among the messages
     content: str | list[Block]
 
     def blocks(self) -> list:
@@ -119,8 +121,18 @@ class ToolChoice(_Strict):
     disable_parallel_tool_use: bool = False
 
 
+class OutputFormat(_Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(_Strict):
+    effort: Literal["low", "medium", "high", "max"] | None = None  # accepted: the model decides how long it thinks
+    format: OutputFormat | None = None  # structured output: the answer follows the schema (a grammar, as chat's)
+
+
 class ThinkingConfig(_Strict):
-    type: Literal["enabled", "disabled"]
+    type: Literal["enabled", "disabled", "adaptive"]  # adaptive: the model's (or the pair's) own choice
     budget_tokens: Annotated[int, Field(ge=1)] | None = None  # accepted; the model ends its thinking itself
 
 
@@ -133,6 +145,7 @@ class CountRequest(_Options):
     tools: list[AnthropicTool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
 
     @model_validator(mode="before")
@@ -207,6 +220,12 @@ class CountRequest(_Options):
         for m in self.messages:
             blocks = m.blocks()
             text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+            if m.role == "system":  # one system prompt leads, as every template renders it
+                if out and out[0].role == "system":
+                    out[0] = Message("system", f"{out[0].content}\n\n{text}")
+                else:
+                    out.insert(0, Message("system", text))
+                continue
             if m.role == "assistant":
                 thinking = "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock))
                 calls = tuple(
@@ -224,8 +243,17 @@ class CountRequest(_Options):
                 out.append(Message("user", text))
         return tuple(out)
 
+    def grammar(self) -> Grammar | None:
+        fmt = self.output_config.format if self.output_config else None
+        if fmt is None:
+            return None
+        try:
+            return Grammar.json_schema(fmt.schema_)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param="output_config.format.schema", code="invalid_schema") from None
+
     def to_request(self, *, max_tokens: int | None = None, stop: tuple[str, ...] = (), count_only=False) -> Request:
-        think = None if self.thinking is None else self.thinking.type == "enabled"
+        think = None if self.thinking is None or self.thinking.type == "adaptive" else self.thinking.type == "enabled"
         return Request(
             messages=self.conversation(),
             prompt=None,
@@ -239,7 +267,9 @@ class CountRequest(_Options):
             functions=tuple(Function(t.name, t.description, t.input_schema) for t in self.tools or ()),
             parallel_tool_calls=not (self.tool_choice and self.tool_choice.disable_parallel_tool_use),
             grammar_param="tools",
+            grammar=self.grammar(),
             count_only=count_only,
+            max_tokens_room=True,  # Anthropic's clients send their model's limit (Claude Code: 32000)
         )
 
 

@@ -51,6 +51,7 @@ class Request:
     functions: tuple[Function, ...] = ()
     parallel_tool_calls: bool = True
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
+    max_tokens_room: bool = False  # a max_tokens beyond the room left is the room left (/v1/messages)
     count_only: bool = False  # tokenize the prompt and stop there (Anthropic's count_tokens): no generation
 
 
@@ -284,6 +285,8 @@ def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -
     n_ctx = served.engine.n_ctx
     if request.max_tokens is None:
         return default  # a generation that fills the context ends there ("length")
+    if n_prompt + request.max_tokens > n_ctx and request.max_tokens_room:
+        return n_ctx - n_prompt
     if n_prompt + request.max_tokens > n_ctx:
         raise ApiError(
             400,

@@ -7,6 +7,7 @@ checked strictly as chat requests are (server/api.py), and its input items — m
 from __future__ import annotations
 
 import json
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
@@ -19,11 +20,16 @@ from .api import REQUEST_PENALTIES, ApiError, FunctionSpec, _Options, _Strict
 from .request import Request
 from .tools import Function
 
-IGNORED = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key")
+log = logging.getLogger(__name__)
+IGNORED = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key", "client_metadata")
+# OpenAI's hosted tools, which run on OpenAI's side: no model here can call them, so they are not offered to it (left
+# out, with a log line) rather than the request refused — Codex CLI always sends `web_search`.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpreter", "image_generation", "mcp",
+                "computer_use_preview", "local_shell")  # fmt: skip
 # Fields we do not implement, with the values that change nothing.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "background": (None, False),
-    "include": (None, []),
+    "include": (None, [], ["reasoning.encrypted_content"]),  # Codex asks: our reasoning has no encrypted form
     "truncation": (None, "disabled"),
     "conversation": (None,),
     "prompt": (None,),
@@ -132,6 +138,23 @@ class ResponsesRequest(_Options):
     store: bool = True
     previous_response_id: str | None = None
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _functions_only(cls, value):
+        """A `namespace` tool's functions are offered as functions; hosted tools are left out (`HOSTED_TOOLS`)."""
+        if not isinstance(value, list):
+            return value
+        found = []
+        for tool in value:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind == "namespace" and isinstance(tool.get("tools"), list):
+                found += tool["tools"]
+            elif kind in HOSTED_TOOLS:
+                log.info("the hosted tool %r is not offered to the model: localspec runs none", kind)
+            else:
+                found.append(tool)
+        return found
 
     @field_validator("input")
     @classmethod
