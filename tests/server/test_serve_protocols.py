@@ -145,13 +145,27 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
             400,
             "tool_use_id",
         ),
-        ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-         "messages.0.content.0.type"),  # fmt: skip
+        (
+            {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            400,
+            "messages.0.content.0.type",
+        ),  # fmt: skip
         ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "colour": 1}, 400, "colour"),
-        ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "tools": [TOOL],
-          "tool_choice": {"type": "tool", "name": "nope"}}, 400, "tool_choice.name"),  # fmt: skip
-        ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [USE]}]},
-         400, "messages"),  # fmt: skip
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "tools": [TOOL],
+                "tool_choice": {"type": "tool", "name": "nope"},
+            },
+            400,
+            "tool_choice.name",
+        ),  # fmt: skip
+        (
+            {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [USE]}]},
+            400,
+            "messages",
+        ),  # fmt: skip
         ({"max_tokens": 0, "messages": [{"role": "user", "content": "hi"}]}, 400, "max_tokens"),
         ({"max_tokens": 4, "messages": []}, 400, "messages"),
         ({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "model": "nope"}, 404, "model"),
@@ -185,8 +199,11 @@ def test_messages_transport_errors_are_anthropics_shape_too(server):
         ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, 400, "text.format.schema"),
         ({"input": "hi", "background": True}, 400, "background"),
         ({"input": [{"role": "user", "content": "hi", "colour": 1}]}, 400, "input.0.colour"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
-         "input.0.content.0.type"),  # fmt: skip
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            400,
+            "input.0.content.0.type",
+        ),  # fmt: skip
     ],
 )
 def test_responses_bad_input_names_the_field(server, body, status, param):
