@@ -99,6 +99,11 @@ class RecentMedian:
     def value(self) -> float:
         return statistics.median(self._recent) if self._recent else 0.0
 
+    @property
+    def low(self) -> float:
+        """The fastest timing kept: for a draft length timed too rarely for a median (a stall only adds time)."""
+        return min(self._recent) if self._recent else 0.0
+
 
 TRUSTED = 3  # timings of one draft length before its own median is used rather than the line's
 
@@ -106,7 +111,7 @@ TRUSTED = 3  # timings of one draft length before its own median is used rather 
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
-    The target part of a step with k drafts is fitted by a line a + b·k over the k ≥ 1 seen, so c = draft token /
+    The target part of a step with k drafts is fitted by a line a + b·k over the k ≥ 1 seen, so c = draft decode /
     plain step and v(k) = (a + b·k) / plain step extrapolate to k never tried; the unit is the plain steps' own
     median. The line leaves plain steps (k = 0) out once two draft lengths were timed: on a GPU, going from one row
     to two costs a jump (v(1) ≈ 1.5 on an H100, 8B shape) and each further row little (v(8) ≈ 2.2). A line through
@@ -137,7 +142,9 @@ class MeasuredCosts:
         timed = [k for k, e in self.target.items() if k and e.n >= TRUSTED]
         drafted = timed if len(timed) >= 2 else [k for k in self.target if k]
         ks = drafted if len(drafted) >= 2 else list(self.target)
-        points = [(k, self.target[k].value, min(self.target[k].n, 8)) for k in ks]
+        # A length timed once or twice counts at its fastest: one stalled step there bent the line, the policy never
+        # chose that length again to correct it, and a pair whose best k was 8 stayed at k = 1 (optimism explores).
+        points = [(k, e.value if e.n >= TRUSTED else e.low, min(e.n, 8)) for k in ks for e in [self.target[k]]]
         total = sum(w for _, _, w in points)
         k_mean = sum(w * k for k, _, w in points) / total
         t_mean = sum(w * t for _, t, w in points) / total
@@ -178,7 +185,10 @@ class MeasuredCosts:
         if drafted == 0:
             return
         if draft_decoded <= drafted + 2:  # a regular step: the pending token(s), then one decode per draft
-            self.draft.add(draft_seconds / drafted)
+            # Per decode, not per drafted token: a step decodes k + 1 tokens after a full acceptance (the last draft
+            # and the bonus), so per drafted token a k = 1 step cost twice a k = 8 one, and the first answers'
+            # short exploring drafts made a draft at 0.45 of the target look like 0.8-1.0 (speculation went off).
+            self.draft.add(draft_seconds / (draft_decoded or drafted))
         elif draft_decoded >= 8:
             self.catch_up.add(draft_seconds / draft_decoded)
 
@@ -211,6 +221,12 @@ class EstimatedCosts:
 def expected_tokens(alpha: float, k: int) -> float:
     """E(k) = (1 − α^(k+1)) / (1 − α): tokens emitted per target pass with k drafts."""
     return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def draft_decodes(alpha: float, k: int) -> float:
+    """d(k) = k + α^k: the draft's decodes per step with k drafts — the token the last step left it (the correction,
+    or after a full acceptance the last draft and the bonus: one more, with probability α^k), then k − 1 drafts."""
+    return k + min(alpha, 1.0) ** k
 
 
 class PolicyState(enum.Enum):
@@ -299,9 +315,10 @@ class DraftPolicy:
         return min(1.0, alpha + 1.28 * (alpha * (1.0 - alpha) / (self.seen + 1.0)) ** 0.5)
 
     def speedup(self, k: int, costs: Costs, alpha: float | None = None) -> float:
-        """Predicted speed with k drafts per step relative to plain decoding: E(k) / (k·c + v(k)) (at α̂, or `alpha`)."""
+        """Predicted speed with k drafts per step relative to plain decoding: E(k) / (d(k)·c + v(k)) (at α̂, or
+        `alpha`), d(k) the draft's decodes per step (`draft_decodes`)."""
         alpha = self.alpha if alpha is None else alpha
-        return expected_tokens(alpha, k) / (k * costs.draft_ratio() + costs.batch_ratio(k))
+        return expected_tokens(alpha, k) / (draft_decodes(alpha, k) * costs.draft_ratio() + costs.batch_ratio(k))
 
     def best(self, limit: int, costs: Costs, alpha: float | None = None) -> tuple[int, float]:
         """The k in 1..limit with the highest predicted speed-up, and that speed-up."""
@@ -413,7 +430,7 @@ class DraftPolicy:
         """
         return (
             (self.lag if lag is None else lag) * costs.catch_up_ratio()
-            + k * costs.draft_ratio()
+            + draft_decodes(self.alpha, k) * costs.draft_ratio()
             + costs.batch_ratio(k)
             - expected_tokens(self.alpha, k)
         )

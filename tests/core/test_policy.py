@@ -117,10 +117,10 @@ def test_measured_costs_fit_the_batch_line_and_skip_catch_up_steps():
     assert costs.missing() == "speculative"
     costs.observe(4, 0.020, 0.200, 40)  # the draft caught up on 36 plain tokens: a catch-up, not drafting
     assert costs.missing() == "speculative" and costs.catch_up_ratio() == pytest.approx(0.5)
-    costs.observe(4, 0.020, 0.012, 5)
-    costs.observe(2, 0.015, 0.006, 2)
+    costs.observe(4, 0.020, 0.012, 4)
+    costs.observe(2, 0.015, 0.009, 3)  # after a full acceptance: the last draft and the bonus, then one draft
     assert costs.missing() is None
-    assert costs.draft_ratio() == pytest.approx(0.3)
+    assert costs.draft_ratio() == pytest.approx(0.3)  # per decode (per drafted token the second step cost 0.45)
     assert costs.batch_ratio(4) == pytest.approx(2.0) and costs.batch_ratio(2) == pytest.approx(1.5)
     assert costs.batch_ratio(8) == pytest.approx(3.0)  # extrapolated
 
@@ -386,10 +386,10 @@ def test_adaptive_is_within_five_percent_of_the_best_fixed_length_on_simulated_p
 
 
 def test_a_marginal_gain_is_not_switched_off_by_one_noisy_estimate():
-    # The demo pair on 2 cores gains ~5 % at k = 1-2 (α 0.95, c 0.65): one rejection at k = 1 dipped α̂ enough to
-    # predict 0.99×, speculation went off, and a draft model switched off inside an answer is not probed again
-    # there. Off now needs even an optimistic α (a 90 % bound on α̂'s evidence) to predict a loss.
-    costs = EstimatedCosts(draft_ratio=0.65, batch_slope=0.18)
+    # A pair that gains ~7 % at k = 2 (α 0.95, a draft decode 0.45 of a plain step): one rejection at k = 1 dipped
+    # α̂ enough to predict a loss, speculation went off, and a draft model switched off inside an answer is not
+    # probed again there. Off now needs even an optimistic α (a 90 % bound on α̂'s evidence) to predict a loss.
+    costs = EstimatedCosts(draft_ratio=0.45, batch_slope=0.18)
     policy = policy_with_alpha(0.95, costs)
     assert policy.choose(True, 8).k >= 1 and not policy.off
     policy.accepted, policy.seen = 0.80 * 12, 12  # a dip, on about a dozen steps' evidence
