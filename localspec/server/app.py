@@ -34,13 +34,13 @@ from localspec.core.grammar import GrammarError
 from localspec.core.params import OVERRIDE_OPTIONS
 from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
+from localspec.core.tools import Function
 from localspec.errors import LocalspecError, RpcError
 
 from . import request as request_mod
 from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
 from .render import Reply, sse, usage_and_timings
 from .runner import Runner
-from .tools import Function
 
 log = logging.getLogger(__name__)
 
