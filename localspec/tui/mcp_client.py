@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shlex
 import threading
 import tomllib
@@ -171,7 +172,12 @@ class McpHub:
         return future.result()
 
     async def _start_all(self) -> list[str]:
-        self._errlog = open(self._errlog_path or "/dev/null", "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
+        try:
+            if self._errlog_path is not None:
+                self._errlog_path.parent.mkdir(parents=True, exist_ok=True)
+            self._errlog = open(self._errlog_path or os.devnull, "a", encoding="utf-8")  # noqa: SIM115 (see close)
+        except OSError:
+            self._errlog = open(os.devnull, "a", encoding="utf-8")  # noqa: SIM115
         results = await asyncio.gather(*(self._start(s) for s in self.config.servers))
         errors = [e for e in results if e]
         seen: set[str] = set()

@@ -271,6 +271,12 @@ class ChatStore:
         except sqlite3.Error as e:
             raise HistoryError(_write_error(self.path, e)) from e
 
+    def set_tool_calls(self, conversation_id: int, message_id: int, calls: list[dict]) -> None:
+        """Record an answer's tool calls and their results so far (each result as it comes)."""
+        sql = "UPDATE messages SET tool_calls = ? WHERE id = ? AND conversation_id = ?"
+        if self._write(sql, (_json_or_none(calls), message_id, conversation_id)).rowcount == 0:
+            raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
+
     def _holds(self, conversation_id: int, created: str | None) -> bool:
         row = self.db.execute("SELECT created FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return row is not None and (created is None or row[0] == created)
