@@ -105,7 +105,9 @@ def tool_setup(tools: Sequence[McpTool], session: ChatSession, choice: str = "au
     """The MCP tools in the loaded model's tool-call syntax."""
     fmt = session.format
     functions = tuple(Function(t.name, t.description, t.parameters) for t in tools)
-    return ToolSetup(detect_syntax(fmt.template, fmt.reads), functions, choice)
+    # one call per answer: a small model let free to call again and again repeats itself; the answer goes on after
+    # each call, so more calls are more rounds
+    return ToolSetup(detect_syntax(fmt.template, fmt.reads), functions, choice, parallel=False)
 
 
 def prompt(
