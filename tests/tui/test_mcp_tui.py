@@ -163,10 +163,7 @@ async def test_esc_stops_the_answer_and_the_chat_goes_on(tool_options, store):
 async def test_a_tool_that_fails_hangs_or_floods_is_one_line_and_the_answer_goes_on(
     options, store, tools, settings, line, result
 ):
-    timeout = settings.pop("timeout", 60.0)
-    app = make_app(
-        dataclasses.replace(options, max_tokens=64, mcp=mcp(*tools, timeout=timeout, **settings)), store=store
-    )
+    app = make_app(dataclasses.replace(options, max_tokens=64, mcp=mcp(*tools, **settings)), store=store)
     seen = record_notifications(app)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready_with_tools(pilot)
