@@ -198,7 +198,8 @@ class Conversation(PairState):
                 self.store.set_leaf(self.saved_id, self._tip())
             except LocalspecError as e:
                 log.warning("the saved chat still shows the old answer: %s", e)
-        turn = self._start("regenerate", session)
+        after_tool = bool(self.dialogue) and self.dialogue[-1].role == "tool"  # an answer to a tool's result
+        turn = self._start("regenerate", session, rounds=1 if after_tool else 0)
         turn.replaces_answer, turn.at = replaces, at
         return turn
 
