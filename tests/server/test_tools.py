@@ -10,10 +10,10 @@ from support.tinymodels import qwen3_template
 
 from localspec.core.grammar import GrammarVocab
 from localspec.core.session import ChatFormat, Message
+from localspec.core.tools import Function, ToolSetup, detect_syntax
 from localspec.llama.model import Model
 from localspec.llama.templates import template_variables
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
-from localspec.core.tools import Function, ToolSetup, detect_syntax
 
 WEATHER = Function(
     "get_weather",
