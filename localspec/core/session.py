@@ -285,20 +285,26 @@ class ChatSession:
         return generation
 
     def answer(
-        self, messages: Sequence[Message], *, think: bool | None = None, **options: Unpack[GenerateOptions]
+        self,
+        messages: Sequence[Message],
+        *,
+        think: bool | None = None,
+        tools: list[dict] | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> Generation:
         """Start the assistant's answer to `messages`, a conversation its caller keeps (and adds the answer to).
 
         The caches stay warm from one call to the next as long as each conversation continues the last one.
         `think` is passed to the template's thinking switch (None: the model's default); `splitter(think)`
-        separates the answer's thinking as it streams. `options`: as `Engine.generate` takes them.
+        separates the answer's thinking as it streams; `tools` is the template's `tools` variable (core/tools.py).
+        `options`: as `Engine.generate` takes them.
 
         Raises:
-            ContextError: `messages` does not end with a user message, or it does not fit n_ctx.
+            ContextError: `messages` does not end with a user message or a tool's result, or it does not fit n_ctx.
         """
-        if not messages or messages[-1].role != "user":
+        if not messages or messages[-1].role not in ("user", "tool"):
             raise ContextError("nothing to answer: send a message first")
-        prompt = self._fit(messages, options.get("max_tokens", DEFAULT_MAX_TOKENS), think)
+        prompt = self._fit(messages, options.get("max_tokens", DEFAULT_MAX_TOKENS), think, tools)
         generation = self.engine.generate(prompt, **options)
         if self.dropped:
             generation.notices.append(
@@ -310,7 +316,9 @@ class ChatSession:
         """A fresh split of one answer into thinking and answer (see `ChatFormat.splitter`)."""
         return self.format.splitter(think)
 
-    def _fit(self, messages: Sequence[Message], max_tokens: int, think: bool | None = None) -> list[int]:
+    def _fit(
+        self, messages: Sequence[Message], max_tokens: int, think: bool | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """Tokens of the longest recent window of the conversation that leaves room for an answer.
 
         The window starts where the last one did (one rendering per turn while it fits). When it no
@@ -325,18 +333,18 @@ class ChatSession:
         start = self.dropped
         if not (start < len(turns) and turns[start] is self._cut):
             start = 0  # the messages were replaced (a resumed or edited chat): search from the beginning
-        tokens = self.format.tokens(system + turns[start:], think=think)
+        tokens = self.format.tokens(system + turns[start:], think=think, tools=tools)
         if len(tokens) > room:
-            start, tokens = self._cut_window(system, turns, start, tokens, room, think)
+            start, tokens = self._cut_window(system, turns, start, tokens, room, (think, tools))
         self.dropped, self._cut = start, turns[start] if turns else None
         return tokens
 
-    def _cut_window(self, system, turns, start, tokens, room, think) -> tuple[int, list[int]]:
+    def _cut_window(self, system, turns, start, tokens, room, render) -> tuple[int, list[int]]:
         starts = [i for i in range(start + 1, len(turns)) if turns[i].role == "user"]
         seqs = list(self.engine.caches)
         if window.can_shift(seqs) and self.shift_fallback is None:
-            found = self._first_fit(system, turns, starts, int(room * CUT_TO), think) or self._first_fit(
-                system, turns, starts, room, think
+            found = self._first_fit(system, turns, starts, int(room * CUT_TO), render) or self._first_fit(
+                system, turns, starts, room, render
             )
             if found is not None:
                 new_start, new_tokens = found
@@ -350,8 +358,8 @@ class ChatSession:
                     self.shifts += 1
                     return new_start, new_tokens
         # A block drop (the caches will re-read the window): the next re-read is many turns away.
-        found = self._first_fit(system, turns, starts, int(room * CUT_TO), think) or self._first_fit(
-            system, turns, starts, room, think
+        found = self._first_fit(system, turns, starts, int(room * CUT_TO), render) or self._first_fit(
+            system, turns, starts, room, render
         )
         if found is None:
             raise ContextError(
@@ -361,12 +369,13 @@ class ChatSession:
         self.block_drops += 1
         return found
 
-    def _first_fit(self, system, turns, starts, budget, think) -> tuple[int, list[int]] | None:
-        """The earliest start in `starts` whose window fits `budget` (binary search: O(log n) renderings)."""
+    def _first_fit(self, system, turns, starts, budget, render) -> tuple[int, list[int]] | None:
+        """The earliest start in `starts` whose window fits `budget` (binary search: O(log n) renderings; `render`:
+        the thinking switch and the tools the template renders)."""
         lo, hi, best = 0, len(starts), None
         while lo < hi:
             mid = (lo + hi) // 2
-            tokens = self.format.tokens(system + turns[starts[mid] :], think=think)
+            tokens = self.format.tokens(system + turns[starts[mid] :], think=render[0], tools=render[1])
             if len(tokens) <= budget:
                 best, hi = (starts[mid], tokens), mid
             else:

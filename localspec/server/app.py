@@ -34,6 +34,7 @@ from localspec.core.grammar import GrammarError
 from localspec.core.params import OVERRIDE_OPTIONS
 from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
+from localspec.core.tools import Function
 from localspec.errors import LocalspecError, RpcError
 
 from . import flow, messages_api
@@ -42,7 +43,6 @@ from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, pa
 from .render import Reply, sse, usage_and_timings
 from .routes import more_routes
 from .runner import Runner
-from .tools import Function
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from pydantic import Field, field_validator, model_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 from localspec.core.session import Message
+from localspec.core.tools import Function
 
 from .api import REQUEST_PENALTIES, ApiError, _Options, _Strict
 from .request import Request
-from .tools import Function
 
 # Anthropic's error types by HTTP status (its `{"type": "error", "error": {"type", "message"}}` object).
 ERROR_TYPES = {

@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from localspec.core.engine import Generation
 from localspec.core.stats import Stats, TokenLogprob
 from localspec.core.thinking import THINKING, PartStats, ThinkingSplit
+from localspec.core.tools import ToolSetup
 
 from .api import finite
-from .tools import ToolSetup
 
 Splits = Sequence[ThinkingSplit | None]  # each choice's thinking/answer split (None: no split, a raw completion)
 

@@ -22,12 +22,12 @@ from localspec.core.session import Message, fewest_tokens
 from localspec.core.stats import TokenLogprob
 from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
 from localspec.core.thinking_support import choose_thinking, thinking_choice
+from localspec.core.tools import Function, ToolSetup, detect_syntax, with_tools
 from localspec.errors import ChatTemplateError, ContextError, LocalspecError
 from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
 from .served import Served
-from .tools import Function, ToolSetup, detect_syntax, rendered_for_generic
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def complete(
     think = _think(served, request) if request.messages is not None else None
     tools = _tools(served, request)
     if tools is not None:
-        request = dataclasses.replace(request, messages=_with_tools(served, request.messages or (), tools))
+        request = dataclasses.replace(request, messages=with_tools(request.messages or (), tools))
         if (grammar := tools.grammar()) is not None:
             request = dataclasses.replace(request, grammar=grammar, grammar_param="tools")
     prompt = _prompt_tokens(served, request, think, tools)
@@ -188,21 +188,6 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
     syntax = detect_syntax(fmt.template, fmt.reads)
     return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
-
-
-def _with_tools(served: Served, messages: tuple[Message, ...], tools: ToolSetup) -> tuple[Message, ...]:
-    """The conversation as the template renders it with tools: as it is where the template renders tools itself;
-    for the generic syntax, the tools taught in the system message and the round trip's calls and results written
-    as the JSON the model is taught."""
-    if tools.syntax != "generic":
-        return messages
-    out = [
-        Message(*rendered_for_generic(m.role, m.content, list(m.tool_calls), m.tool_call_id), reasoning=m.reasoning)
-        for m in messages
-    ]
-    if out and out[0].role == "system":
-        return (Message("system", f"{out[0].content}\n\n{tools.system_prompt()}"), *out[1:])
-    return (Message("system", tools.system_prompt()), *out)
 
 
 def _grammar(served: Served, request: Request) -> CompiledGrammar | None:

@@ -15,10 +15,10 @@ from pydantic import Field, field_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 from localspec.core.session import Message
+from localspec.core.tools import Function
 
 from .api import REQUEST_PENALTIES, ApiError, FunctionSpec, _Options, _Strict
 from .request import Request
-from .tools import Function
 
 log = logging.getLogger(__name__)
 IGNORED = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key", "client_metadata")

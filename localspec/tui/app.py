@@ -12,6 +12,7 @@ stopped before the app exits through Textual, which restores the terminal.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 
@@ -29,7 +30,8 @@ from .chat_screen import ChatScreen
 from .conversation import Conversation
 from .failure import error_text
 from .keymap import KEYS_FILE, bound_ids, load_keymap
-from .messages import EngineReady, LoadFailed, LoadProgress, PullBytes, PullDone
+from .mcp_client import McpHub
+from .messages import EngineReady, LoadFailed, LoadProgress, McpReady, PullBytes, PullDone
 from .screens import ConfirmScreen, PairScreen, SettingsScreen
 from .settings import ChatOptions, ChatSettings
 from .slot import EngineSlot
@@ -63,6 +65,7 @@ class ChatApp(App[int]):
         self.chat = Conversation(options, store)
         self.chat_screen: ChatScreen  # made when the app starts (the default screen)
         self.slot = EngineSlot()
+        self.mcp: McpHub | None = None  # the MCP servers' client, once they are asked to start
         self.signalled: int | None = None  # SIGTERM or SIGHUP, once one asked the app to quit
         self._quit_code: int | None = None  # the exit code of a quit that waits for the answer to stop
         self._signals: signals.Watch | None = None  # the handlers this app installed
@@ -89,6 +92,26 @@ class ChatApp(App[int]):
         self.slot.open()
         for notice in self.notices:
             self.notify(notice, severity="warning", timeout=20)
+        if self.options.mcp is not None and self.options.mcp.servers:
+            self.mcp = McpHub(self.options.mcp, self.options.paths.log_dir / "mcp-servers.log")
+            self._mcp_worker(self.mcp)
+
+    @work(thread=True, group="mcp", exit_on_error=False)
+    def _mcp_worker(self, hub: McpHub) -> None:
+        """Start the MCP servers (their own event loop thread; this worker only waits for them)."""
+        try:
+            errors = hub.start()
+        except Exception as e:  # one line, never a traceback over the chat
+            errors = [error_text(e, "starting the MCP servers")]
+        self.post_message(McpReady(list(hub.tools), errors))
+
+    def on_mcp_ready(self, message: McpReady) -> None:
+        self.chat.mcp_tools = message.tools
+        for error in message.errors:
+            self.chat_screen.error(error)
+        if message.tools:
+            names = ", ".join(t.name for t in message.tools)
+            self.notify(f"MCP tools the model may call (you are asked each time): {names}", timeout=8)
 
     def on_ready(self) -> None:
         """The chat screen is up (Textual's Ready comes after its first frame): load the pair."""
@@ -338,6 +361,8 @@ class ChatApp(App[int]):
             await self.slot.close(self.chat.stop, self.chat.detach)
         finally:
             self.chat.close()
+            if self.mcp is not None:  # the servers' processes end with it
+                await asyncio.to_thread(self.mcp.close)
 
 
 def binding_groups() -> list[dict[str, str]]:

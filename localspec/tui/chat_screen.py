@@ -32,6 +32,7 @@ from .settings import ChatOptions
 from .stats_text import stats_view
 from .store import StoredMessage
 from .styles import STATS_WIDTH, TOO_SMALL
+from .tool_flow import ToolFlow
 from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class ChatScreen(Screen):
                     id="prompt", soft_wrap=True, placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)"
                 )
             yield StatsPanel(id="stats")
+        yield ToolFlow()  # an answer's tool calls: asked, run, answered (tool_flow.py)
         yield Static(TOO_SMALL, id="too-small", markup=False)
         yield Footer()
 
@@ -266,7 +268,8 @@ class ChatScreen(Screen):
             self.notify(notice, severity="warning", timeout=10)
         if finished.error:
             self.error(finished.error)
-        self.app.answer_ended()
+        if not await self.query_one(ToolFlow).after_answer(shown):
+            self.app.answer_ended()
 
     async def on_turn_failed(self, message: TurnFailed) -> None:
         turn = self.chat.turn

@@ -23,10 +23,12 @@ import time
 from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 
+from . import tool_calls
 from .live import Chunk, Finished, add_run
 from .pair_state import PairState
 from .settings import ChatOptions
 from .store import ChatStore, ConversationGone, SavedConversation, StoredMessage
+from .tool_calls import Call, ToolRound
 from .turn import Phase, Turn
 
 log = logging.getLogger(__name__)
@@ -72,8 +74,9 @@ class Conversation(PairState):
         return 1 if self.messages and self.messages[0].role == "system" else 0
 
     def saved_messages(self) -> list[StoredMessage] | None:
-        """The saved copy of the branch on screen (with provenance and stats), or None before the first is saved."""
-        return self.store.messages(self.saved_id) if self.saved_id is not None else None
+        """The saved copy of the branch on screen (with provenance and stats; a round of tool calls expanded into
+        its results), or None before the first is saved."""
+        return tool_calls.expand(self.store.messages(self.saved_id)) if self.saved_id is not None else None
 
     def index(self, message_id: int) -> int:
         """Where saved message `message_id` is in `dialogue`.
@@ -184,7 +187,7 @@ class Conversation(PairState):
         if not self.dialogue:
             raise ContextError("nothing to regenerate: send a message first")
         at = len(self.dialogue) - 1 if message_id is None else self.index(message_id)
-        if self.dialogue[at].role == "user":
+        if self.dialogue[at].role in ("user", "tool"):
             if message_id is not None:
                 raise ContextError("that is your message: edit it (e) to answer it differently")
             at += 1  # the last message is a question without an answer
@@ -195,12 +198,16 @@ class Conversation(PairState):
                 self.store.set_leaf(self.saved_id, self._tip())
             except LocalspecError as e:
                 log.warning("the saved chat still shows the old answer: %s", e)
-        turn = self._start("regenerate", session)
+        after_tool = bool(self.dialogue) and self.dialogue[-1].role == "tool"  # an answer to a tool's result
+        turn = self._start("regenerate", session, rounds=1 if after_tool else 0)
         turn.replaces_answer, turn.at = replaces, at
         return turn
 
-    def _start(self, kind: str, session, text: str = "", message_id: int | None = None) -> Turn:
+    def _start(self, kind: str, session, text: str = "", message_id: int | None = None, rounds: int = 0) -> Turn:
         self.turn_ids += 1
+        tools, mcp = None, self.options.mcp
+        if self.mcp_tools and mcp is not None:
+            tools = tool_calls.tool_setup(self.mcp_tools, session, mcp.tool_choice if rounds == 0 else "auto")
         self.turn = Turn(
             self.turn_ids,
             kind,
@@ -211,7 +218,10 @@ class Conversation(PairState):
             text,
             message_id,
             think=self.think,
+            tools=tools,
+            calls=tools is not None and mcp is not None and rounds < mcp.max_rounds,
         )
+        self.turn.round = rounds
         self.turn.at = len(self.dialogue)
         self.phase = Phase.GENERATING
         return self.turn
@@ -231,21 +241,53 @@ class Conversation(PairState):
         stats = finished.stats.to_dict()
         if finished.parts is not None:
             stats["parts"] = {name: part.to_dict() for name, part in finished.parts.items()}
+        content, calls = finished.text, []
+        if turn is not None and turn.tools is not None and turn.calls and finished.reason == "stop":
+            parsed, found = turn.tools.parse(finished.text)  # the generic syntax's answer is its "response"
+            content, calls = parsed or "", tool_calls.calls_of(found)
         answer = {
             "role": "assistant",
-            "content": finished.text,
+            "content": content,
             "finish_reason": finished.reason,
             "stats": stats,
             "provenance": finished.runs,
             "reasoning": finished.reasoning,
             "reasoning_provenance": finished.reasoning_runs or None,
+            "tool_calls": [c.saved() for c in calls] or None,
         }
         try:
             if self.saved_id is not None:  # saved before the answer is on screen: a copy saved anew holds it once
                 self._save_answer(turn, answer)
         finally:
-            self.messages.append(Message("assistant", finished.text, finished.reasoning))
+            openai = tuple(c.openai() for c in calls)
+            self.messages.append(Message("assistant", content, finished.reasoning, tool_calls=openai))
             self.ids.append(turn.answer_id if turn is not None else None)
+            if calls and turn is not None:  # the calls run next, one by one, as the user allows (tool_flow.py)
+                self.tool_round = ToolRound(turn.answer_id, calls, turn.round + 1)
+                self.phase = Phase.GENERATING
+
+    def tool_result(self, call: Call, status: str, text: str) -> None:
+        """The current call of the round ended (ran, declined, stopped): its result joins the dialogue and the saved
+        answer. A save that fails is logged: the result is on screen and goes to the model all the same."""
+        tool_round = self.tool_round
+        assert tool_round is not None and tool_round.next_call() is call
+        call.status, call.result = status, text
+        tool_round.at += 1
+        self.messages.append(Message("tool", text, tool_call_id=call.id))
+        self.ids.append(tool_round.message_id)
+        if self.saved_id is not None and tool_round.message_id is not None:
+            try:
+                self.store.set_tool_calls(self.saved_id, tool_round.message_id, [c.saved() for c in tool_round.calls])
+            except LocalspecError as e:
+                log.warning("the tool's result could not be saved: %s", e)
+
+    def continue_tools(self) -> Turn | None:
+        """Every call of the round has its result: the answer goes on (a new turn), unless the user stopped it."""
+        tool_round, self.tool_round = self.tool_round, None
+        if tool_round is None or tool_round.cancelled or self.session is None:
+            self._end_turn()
+            return None
+        return self._start("tool", self.session, rounds=tool_round.round)
 
     def grow(self, chunk: Chunk, now: float | None = None) -> None:
         """The answer being generated grew by `chunk`: saved (as "interrupted") at the first chunk and then every
@@ -346,8 +388,9 @@ class Conversation(PairState):
         if at is not None and at not in [m.id for m in stored]:
             self.store.show(saved_id, at)
             stored = self.store.messages(saved_id)
+        stored = tool_calls.expand(stored)
         system = [Message("system", saved.system)] if saved.system.strip() else []
-        self.messages[:] = system + [Message(m.role, m.content, m.reasoning) for m in stored]
+        self.messages[:] = system + [tool_calls.as_message(m) for m in stored]
         self.ids = [m.id for m in stored]
         self.saved_id, self.saved_created = saved_id, saved.created
         think = saved.think if self.thinking.can_switch else None  # its own switch, where this model has one
@@ -366,12 +409,12 @@ class Conversation(PairState):
         self.index(message_id)
         if self.saved_id is None or not self.store.switch(self.saved_id, message_id, step):
             return None
-        stored = self.store.messages(self.saved_id)
+        stored = tool_calls.expand(self.store.messages(self.saved_id))
         same = 0  # the messages before the branch point stay the same objects (the session's window keeps them)
         while same < min(len(stored), len(self.ids)) and stored[same].id == self.ids[same]:
             same += 1
         self._truncate(same)
-        self.messages += [Message(m.role, m.content, m.reasoning) for m in stored[same:]]
+        self.messages += [tool_calls.as_message(m) for m in stored[same:]]
         self.ids += [m.id for m in stored[same:]]
         return same, stored
 

@@ -1,7 +1,8 @@
 """A saved conversation written out: Markdown (the branch on screen, to read) or JSON (the whole tree, to keep).
 
 Both read only what the chat database holds. The JSON export has every message of every branch with its `id` and
-`parent_id`, and `branch`: the ids of the branch on screen, in order.
+`parent_id`, and `branch`: the ids of the branch on screen, in order. An answer's tool calls come with it, each with
+its result (Markdown: a section per call).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def export_markdown(conversation: SavedConversation, messages: Sequence[StoredMe
         if message.reasoning:  # the thinking, labelled and quoted, before the answer it led to
             lines += ["> **Thinking**", ">", *[f"> {line}".rstrip() for line in message.reasoning.splitlines()], ""]
         lines += [message.content, ""]
+        for call in message.tool_calls or []:  # each call the answer made, and what came back
+            lines += [f"### Tool call: {call.get('name')} {call.get('arguments')} ({call.get('status')})", ""]
+            lines += ["```text", *str(call.get("result", "")).splitlines(), "```", ""]
     return "\n".join(lines)
 
 
@@ -62,6 +66,7 @@ def export_json(
                 "created": m.created,
                 "finish_reason": m.finish_reason,
                 "stats": m.stats,
+                "tool_calls": m.tool_calls,  # [{id, name, arguments, status, result}] or null
             }
             for m in messages
         ],

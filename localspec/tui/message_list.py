@@ -26,11 +26,16 @@ def _thinking_tokens(stats: dict | None) -> int | None:
 
 
 def saved_widget(m: StoredMessage, expanded: bool) -> ChatMessage:
-    """A saved message's widget (an answer with its caption, provenance and thinking)."""
+    """A saved message's widget (an answer with its caption, provenance and thinking; a tool's result)."""
+    if m.role == "tool":
+        call = (m.tool_calls or [{}])[0]
+        caption = f"{call.get('name', '?')} {call.get('arguments', '')} · {call.get('status', '?')}"
+        return ChatMessage("tool", m.content, caption=caption)
+    calls = "\n".join(f"→ {c['name']} {c['arguments']}" for c in m.tool_calls or [])  # an answer that only called
     return ChatMessage(
         m.role,
-        m.content,
-        m.provenance,
+        m.content or calls,
+        m.provenance if m.content else None,
         caption=answer_caption(m.stats, m.finish_reason) if m.role == "assistant" else "",
         reasoning_runs=m.reasoning_provenance or ([(m.reasoning, False)] if m.reasoning else []),
         thinking_tokens=_thinking_tokens(m.stats),
@@ -43,7 +48,10 @@ def saved_widget(m: StoredMessage, expanded: bool) -> ChatMessage:
 def shown_widget(m: Message, message_id: int | None, expanded: bool) -> ChatMessage:
     """A message of the dialogue that has no saved copy to draw from (no provenance, no stats)."""
     reasoning = [(m.reasoning, False)] if m.reasoning else []
-    return ChatMessage(m.role, m.content, reasoning_runs=reasoning, thinking_expanded=expanded, message_id=message_id)
+    if m.role == "tool":
+        return ChatMessage("tool", m.content)
+    text = m.content or "\n".join(f"→ {c['function']['name']} {c['function']['arguments']}" for c in m.tool_calls)
+    return ChatMessage(m.role, text, reasoning_runs=reasoning, thinking_expanded=expanded, message_id=message_id)
 
 
 class MessageList(VerticalScroll):

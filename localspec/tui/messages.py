@@ -83,3 +83,11 @@ class TurnFailed(Message):
     def __init__(self, turn_id: int, error: str) -> None:
         super().__init__()
         self.turn_id, self.error = turn_id, error
+
+
+class McpReady(Message):
+    """The MCP servers started (or some did not): their tools, and one line per server that failed."""
+
+    def __init__(self, tools: list, errors: list[str]) -> None:
+        super().__init__()
+        self.tools, self.errors = tools, errors

@@ -20,8 +20,10 @@ from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 from localspec.models.resolved import ResolvedPair
 
 from .loading import Loaded
+from .mcp_client import McpTool
 from .settings import ChatOptions, ChatSettings
 from .store import ChatStore
+from .tool_calls import ToolRound
 from .turn import Phase, Turn
 
 
@@ -43,6 +45,8 @@ class PairState:
         self.session: ChatSession | None = None
         self.settings = ChatSettings(max_tokens=options.max_tokens)
         self.turn: Turn | None = None
+        self.tool_round: ToolRound | None = None  # an answer's tool calls being run (tool_flow.py)
+        self.mcp_tools: list[McpTool] = []  # the started MCP servers' tools, offered to the model
         self.session_stats = Stats()  # every answer since the pair was loaded or the chat changed
         self.answers = 0
         self.last_turn: Stats | None = None
@@ -179,7 +183,10 @@ class PairState:
     def stop(self) -> bool:
         """Ask the answer being generated to stop; False when there is none."""
         if self.turn is None:
-            return False
+            if self.tool_round is None:
+                return False
+            self.tool_round.cancel()  # the call running ends, the rest are not run, the answer does not go on
+            return True
         self.turn.cancel()
         return True
 

@@ -4,7 +4,8 @@ The version is `PRAGMA user_version` (how many steps have run); each step runs i
 always at one version, and a file from a newer localspec is refused. Steps are appended, never edited: a database
 written by any earlier release opens with every chat kept. The messages form a tree (`parent_id`: an edited message
 or a regenerated answer is a sibling of the one it replaces) and each conversation names the last message of the
-branch on screen (`leaf_id`); an FTS5 index over the messages' text serves the search across chats.
+branch on screen (`leaf_id`); an FTS5 index over the messages' text serves the search across chats; an answer's
+tool calls and their results are a JSON column of it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from localspec.errors import HistoryError
 
@@ -117,6 +119,39 @@ def _m005_search(db: sqlite3.Connection) -> None:
     db.execute(f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}) VALUES ('rebuild')")  # every message written so far
 
 
+def _m006_tool_calls(db: sqlite3.Connection) -> None:
+    """An answer's tool calls (MCP, in the chat) with each one's result, as JSON on the answer that made them: a
+    round of calls and results stays one row of the tree, so every branch operation treats it as one answer."""
+    db.execute(
+        "ALTER TABLE messages ADD COLUMN tool_calls TEXT"
+    )  # JSON: [{id, server, name, arguments, status, result}]
+
+
+def open_error(path: Path, error: Exception) -> str:
+    """One line for a database that cannot be opened: a folder problem is not the file's fault."""
+    from localspec.paths import HOME_ENV, folder_problem
+
+    problem = folder_problem(path.parent)
+    if problem:
+        return (
+            f"cannot create the chat database in {path.parent}: {problem} — set {HOME_ENV} to a writable "
+            "folder, or fix that one"
+        )
+    if path.exists() and isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
+        return f"cannot open the chat database {path}: {error}; move it away to start a fresh one"
+    return f"cannot open the chat database {path}: {error}; check its permissions and free disk space"
+
+
+def write_error(path: Path, error: sqlite3.Error) -> str:
+    """One line for a write that failed: a lock held by another process says who to wait for."""
+    if "locked" in str(error) or "busy" in str(error):
+        return (
+            f"cannot save to the chat database {path}: another localspec holds it locked; try again in a "
+            "moment (what you typed is kept)"
+        )
+    return f"cannot save to the chat database {path}: {error}"
+
+
 def has_fts5(db: sqlite3.Connection) -> bool:
     """Whether this SQLite has FTS5 (Python's own builds do; a system library may not)."""
     try:
@@ -133,6 +168,7 @@ MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
     _m003_ids_never_reused,
     _m004_branches,
     _m005_search,
+    _m006_tool_calls,
 )
 """Schema steps; the database's user_version is how many have run. Append, never edit."""
 

@@ -20,6 +20,8 @@ from localspec.models.flags import RunFlags
 from localspec.models.loading import sampling_params, speculative_params
 from localspec.paths import Paths, get_paths
 
+from .mcp_client import McpConfig
+
 __all__ = ["DRAFTERS", "FORM_FIELDS", "THINK_CHOICES", "ChatOptions", "ChatSettings"]
 
 THINK_CHOICES = {"default": None, "on": True, "off": False}  # the settings form's thinking values
@@ -48,6 +50,7 @@ class ChatOptions(RunFlags):
     # the shortest time between streamed text updates (the worker batches tokens; the screen's `FrameBudget` spaces
     # them further on a CPU where drawing would take too much from the models)
     stream_interval: float = 1 / 30
+    mcp: McpConfig | None = None  # the MCP servers (mcp.toml and --mcp; `mcp_config`): None, none
 
 
 @dataclass(frozen=True)

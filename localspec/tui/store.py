@@ -24,6 +24,8 @@ from pathlib import Path
 from localspec.errors import ConversationGone, HistoryError
 
 from .schema import MIGRATIONS, migrate  # noqa: F401  (tests and callers migrate through the store)
+from .schema import open_error as _open_error
+from .schema import write_error as _write_error
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,10 @@ Provenance = list[tuple[str, bool]]
 """An answer's text as runs of (text, came from the draft)."""
 
 LEAF = -1  # `add_message`'s default parent: the last message of the branch on screen
-_COLUMNS = "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id"
+_COLUMNS = (
+    "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id,"
+    " tool_calls"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,25 +68,11 @@ class StoredMessage:
     reasoning_provenance: Provenance | None = None
     parent_id: int | None = None  # the message it follows (None: the conversation's first)
     branch: tuple[int, int] = (1, 1)  # its place among the messages that follow the same one (1-based), and how many
+    tool_calls: list[dict] | None = None  # an answer's tool calls and their results (tool_calls.py: `SavedCall`)
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def _open_error(path: Path, error: Exception) -> str:
-    """One line for a database that cannot be opened: a folder problem is not the file's fault."""
-    from localspec.paths import HOME_ENV, folder_problem
-
-    problem = folder_problem(path.parent)
-    if problem:
-        return (
-            f"cannot create the chat database in {path.parent}: {problem} — set {HOME_ENV} to a writable "
-            "folder, or fix that one"
-        )
-    if path.exists() and isinstance(error, sqlite3.DatabaseError) and not isinstance(error, sqlite3.OperationalError):
-        return f"cannot open the chat database {path}: {error}; move it away to start a fresh one"
-    return f"cannot open the chat database {path}: {error}; check its permissions and free disk space"
 
 
 class ChatStore:
@@ -173,10 +164,11 @@ class ChatStore:
         provenance: Provenance | None = None,
         reasoning: str = "",
         reasoning_provenance: Provenance | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> int:
         cur = self.db.execute(
             "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
-            " reasoning, reasoning_provenance, parent_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " reasoning, reasoning_provenance, parent_id, tool_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 role,
@@ -188,6 +180,7 @@ class ChatStore:
                 reasoning,
                 _json_or_none(reasoning_provenance),
                 parent_id,
+                _json_or_none(tool_calls),
             ),
         )
         return int(cur.lastrowid)
@@ -210,7 +203,7 @@ class ChatStore:
             created: the conversation's `created` as the caller opened it: the message is added only if the
                 conversation is still that one (another window may have deleted it).
             fields: the message's other columns (finish_reason, stats, provenance, reasoning,
-                reasoning_provenance).
+                reasoning_provenance, tool_calls).
 
         Raises:
             ConversationGone: no such conversation (or not the one created then), or its parent was deleted.
@@ -245,8 +238,9 @@ class ChatStore:
         provenance: Provenance | None = None,
         reasoning: str = "",
         reasoning_provenance: Provenance | None = None,
+        tool_calls: list[dict] | None = None,
     ) -> None:
-        """Rewrite a saved answer (one that grew since it was saved) and commit it.
+        """Rewrite a saved answer (one that grew since it was saved, or whose tool calls ran) and commit it.
 
         Raises:
             ConversationGone: the message or its conversation was deleted.
@@ -258,7 +252,7 @@ class ChatStore:
                 self.db.execute("BEGIN IMMEDIATE")
                 cur = self.db.execute(
                     "UPDATE messages SET content = ?, finish_reason = ?, stats = ?, provenance = ?, reasoning = ?,"
-                    " reasoning_provenance = ? WHERE id = ? AND conversation_id = ?",
+                    " reasoning_provenance = ?, tool_calls = ? WHERE id = ? AND conversation_id = ?",
                     (
                         content,
                         finish_reason,
@@ -266,6 +260,7 @@ class ChatStore:
                         _json_or_none(provenance),
                         reasoning,
                         _json_or_none(reasoning_provenance),
+                        _json_or_none(tool_calls),
                         message_id,
                         conversation_id,
                     ),
@@ -275,6 +270,12 @@ class ChatStore:
                 self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         except sqlite3.Error as e:
             raise HistoryError(_write_error(self.path, e)) from e
+
+    def set_tool_calls(self, conversation_id: int, message_id: int, calls: list[dict]) -> None:
+        """Record an answer's tool calls and their results so far (each result as it comes)."""
+        sql = "UPDATE messages SET tool_calls = ? WHERE id = ? AND conversation_id = ?"
+        if self._write(sql, (_json_or_none(calls), message_id, conversation_id)).rowcount == 0:
+            raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
 
     def _holds(self, conversation_id: int, created: str | None) -> bool:
         row = self.db.execute("SELECT created FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
@@ -463,17 +464,8 @@ def _stored(r: tuple) -> StoredMessage:
         reasoning=r[7],
         reasoning_provenance=_provenance(_loads(r[8])),
         parent_id=r[9],
+        tool_calls=_loads(r[10]),
     )
-
-
-def _write_error(path: Path, error: sqlite3.Error) -> str:
-    """One line for a write that failed: a lock held by another process says who to wait for."""
-    if "locked" in str(error) or "busy" in str(error):
-        return (
-            f"cannot save to the chat database {path}: another localspec holds it locked; try again in a "
-            "moment (what you typed is kept)"
-        )
-    return f"cannot save to the chat database {path}: {error}"
 
 
 def _json_or_none(value) -> str | None:

@@ -15,7 +15,9 @@ import threading
 from localspec.core.engine import Generation
 from localspec.core.session import ChatSession, Message
 from localspec.core.thinking import ThinkingSplit
+from localspec.core.tools import ToolSetup
 
+from . import tool_calls
 from .live import ChunkGate, Runs
 from .settings import ChatSettings
 
@@ -43,8 +45,12 @@ class Turn:
         text: str = "",
         message_id: int | None = None,
         think: bool | None = None,
+        tools: ToolSetup | None = None,
+        calls: bool = False,
     ) -> None:
         self.id, self.kind, self.text = turn_id, kind, text
+        self.tools, self.calls = tools, calls  # the MCP tools offered, and whether this answer may call them
+        self.round = 0  # the rounds of tool calls this answer to the user has made so far
         self.think = think  # the thinking switch this answer is generated with (None: the model's default)
         self.message_id = message_id  # the saved user message this turn answers (kind "send")
         self.session, self.settings, self.stop = session, settings, stop
@@ -69,8 +75,11 @@ class Turn:
             LocalspecError: e.g. the conversation does not fit the context.
         """
         settings = self.settings
+        messages, tools, grammar = tool_calls.prompt(self.session, self.messages, self.tools, self.calls)
         generation = self.session.answer(
-            self.messages,
+            messages,
+            tools=tools,
+            grammar=grammar,
             sampling=settings.sampling,
             spec=settings.spec,
             max_tokens=settings.max_tokens,

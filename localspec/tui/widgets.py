@@ -22,7 +22,7 @@ from .blocks import BlockText, LineBlocks, MarkdownBlocks
 from .live import Runs, StatsView, add_run
 from .stats_text import DRAFT_STYLE, TARGET_STYLE, render_stats
 
-ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt"}
+ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt", "tool": "tool"}
 THINKING_KEY = "F8"  # the app's binding that folds and unfolds every thinking block
 # A streaming answer's height grows a third of the window at a time (`BlockText.step`; at least 4 lines): each new
 # height lays the whole screen out again (~25 ms of the UI thread on 2 cores), which at 4 lines a step was most of

@@ -1,4 +1,4 @@
-"""Tool-call syntaxes (server/tools.py, issue 46): told from the template, written as each family writes them,
+"""Tool-call syntaxes (core/tools.py, issue 46): told from the template, written as each family writes them,
 constrained where a call is required, parsed back; and the round trip rendered by Qwen3's real template."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from support.tinymodels import qwen3_template
 
 from localspec.core.grammar import GrammarVocab
 from localspec.core.session import ChatFormat, Message
+from localspec.core.tools import Function, ToolSetup, detect_syntax
 from localspec.llama.model import Model
 from localspec.llama.templates import template_variables
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
-from localspec.server.tools import Function, ToolSetup, detect_syntax
 
 WEATHER = Function(
     "get_weather",

@@ -1,5 +1,5 @@
-"""Tool calls (issue 46): the tools a request offers, in the model's own tool-call syntax, constrained where they must
-be called and parsed back into OpenAI's `tool_calls`.
+"""Tool calls (issue 46): the tools a request offers (or the chat, from its MCP servers), in the model's own
+tool-call syntax, constrained where they must be called and parsed back into OpenAI's `tool_calls`.
 
 The syntax is the template's (`detect_syntax`, as llama.cpp's common/chat does): Hermes/Qwen (`<tool_call>{…}
 </tool_call>`), Llama 3.x (a bare `{"name", "parameters"}` object), Mistral (`[TOOL_CALLS][…]`), and for a template
@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localspec.core.grammar import Grammar
+from .grammar import Grammar
+from .session import Message
 
 SYNTAXES = ("hermes", "llama3", "mistral", "generic")
 
@@ -201,3 +203,18 @@ def rendered_for_generic(role: str, content: str, tool_calls: list[dict], tool_c
     if role == "tool":
         return "user", json.dumps({"tool_response": {"tool_call_id": tool_call_id, "content": content}})
     return role, content
+
+
+def with_tools(messages: Sequence[Message], tools: ToolSetup) -> tuple[Message, ...]:
+    """The conversation as the template renders it with tools: as it is where the template renders tools itself;
+    for the generic syntax, the tools taught in the system message and the round trip's calls and results written
+    as the JSON the model is taught."""
+    if tools.syntax != "generic":
+        return tuple(messages)
+    out = [
+        Message(*rendered_for_generic(m.role, m.content, list(m.tool_calls), m.tool_call_id), reasoning=m.reasoning)
+        for m in messages
+    ]
+    if out and out[0].role == "system":
+        return (Message("system", f"{out[0].content}\n\n{tools.system_prompt()}"), *out[1:])
+    return (Message("system", tools.system_prompt()), *out)
