@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,7 +27,11 @@ from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
 from .served import Served
-from .tools import Function, ToolSetup, detect_syntax, rendered_for_generic
+
+if TYPE_CHECKING:
+    from localspec.llama.model import Model
+
+from .tools import MARKERS, Function, ToolSetup, detect_syntax, rendered_for_generic
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +187,18 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
     syntax = detect_syntax(fmt.template, fmt.reads)
-    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
+    specials = special_markers(served.engine.target_model, MARKERS.get(syntax, ()))
+    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials)
+
+
+def special_markers(model: Model, texts: Sequence[str]) -> dict[str, int]:
+    """The markers the vocabulary holds as one special token (text spells them in more than one), by id."""
+    out = {}
+    for text in texts:
+        ids = model.tokenize(text, parse_special=True)
+        if len(ids) == 1 and model.tokenize(text) != ids:
+            out[text] = ids[0]
+    return out
 
 
 def _with_tools(served: Served, messages: tuple[Message, ...], tools: ToolSetup) -> tuple[Message, ...]:
