@@ -29,7 +29,7 @@ QWEN35 = (
     "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tools>{{ tools | tojson }}</tools>"
     "<tool_call>\n<function=example>\n<parameter=x>\nvalue\n</parameter>\n</function>\n</tool_call>{% endif %}"
 )
-GEMMA4 = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<|tool>declaration{% endif %}<|tool_call>call:"
+GEMMA4 = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<|tool>{% endif %}<|tool_call>call:"
 FUNCTIONGEMMA = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<start_function_call>{% endif %}"
 CALLS = {  # one call of get_weather(city="Paris") as each syntax writes it
     "hermes": '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>\n',
@@ -90,7 +90,8 @@ def test_values_are_read_as_each_syntax_types_them():
     """Qwen3.5 writes a string raw and any other value as JSON; Gemma quotes strings with its marker and leaves keys
     bare; both the same arguments as JSON."""
     f = Function("f", "", {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}})
-    qwen = "<tool_call>\n<function=f>\n<parameter=s>\n12 <b>\n</parameter>\n<parameter=n>\n12\n</parameter>\n</function>\n</tool_call>"
+    qwen = "<tool_call>\n<function=f>\n<parameter=s>\n12 <b>\n</parameter>\n<parameter=n>\n12\n</parameter>\n"
+    qwen += "</function>\n</tool_call>"
     gemma = '<|tool_call>call:f{s:<|"|>12, {a:b}<|"|>,n:12,xs:[1,2],o:{k:<|"|>v<|"|>}}<tool_call|>'
     assert json.loads(ToolSetup("qwen35", (f,), "auto").parse(qwen)[1][0]["function"]["arguments"]) == {
         "s": "12 <b>",
@@ -154,7 +155,7 @@ def test_a_marker_the_vocabulary_holds_as_one_special_token_is_matched_by_it(smo
     marker = model.tokenize("<|im_start|>", parse_special=True)
     assert len(marker) == 1
     setup = ToolSetup("gemma4", (WEATHER,), "auto", specials={"<|tool_call>": marker[0]})
-    call = "call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"
+    call = 'call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
     assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call) == (True, True)
     assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call.replace("city", "town"))[0] is False
     required = ToolSetup("gemma4", (WEATHER,), "required", specials={"<|tool_call>": marker[0]})
