@@ -18,7 +18,6 @@ from support.server import start_server
 from localspec.models import demo
 from localspec.paths import get_paths
 
-
 Short = Annotated[str, Field(max_length=24)]  # a 135M model left to itself writes a name for ever
 
 
