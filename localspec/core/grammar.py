@@ -97,6 +97,8 @@ class GrammarVocab:
                 return tokenize(text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text)
 
         self.n_vocab = len(pieces)
+        ends = set(eog)  # the special tokens free text may hold (a thinking model's </think>), ends of generation not
+        self.special_ids = tuple(i for i, p in enumerate(pieces) if p.startswith(b"\xff") and i not in ends)
         self.tokenizer = llguidance.LLTokenizer(
             llguidance.TokenizerWrapper(_Tokenizer()), eos_token=sorted(eog) or None
         )

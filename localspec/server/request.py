@@ -188,7 +188,10 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
     syntax = detect_syntax(fmt.template, fmt.reads)
     specials = special_markers(served.engine.target_model, MARKERS.get(syntax, ()))
-    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials)
+    free = ()
+    if request.tool_choice == "auto" and syntax not in ("generic", "llama3"):  # a lazy grammar: free text first
+        free = tuple(i for i in served.engine.grammar_vocab().special_ids if i not in specials.values())
+    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials, free)
 
 
 def special_markers(model: Model, texts: Sequence[str]) -> dict[str, int]:

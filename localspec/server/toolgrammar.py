@@ -11,6 +11,7 @@ matches, never its text spelled in pieces.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from localspec.core.grammar import Grammar
@@ -32,16 +33,31 @@ def marker(text: str, specials: dict[str, int]) -> str:
     return f"<[{specials[text]}]>" if text in specials else lark_string(text)
 
 
-def lazy(open_text: str, rest: str, specials: dict[str, int]) -> str:
-    """`start:` free text, or free text up to the first `open_text` and then `rest` (a rule's right-hand side)."""
+def lazy(open_text: str, rest: str, specials: dict[str, int], free_specials: Sequence[int] = ()) -> str:
+    """`start:` free text, or free text up to the first `open_text` and then `rest` (a rule's right-hand side). Free
+    text may hold `free_specials` (token ids: a thinking model's `<think>`), which no text terminal matches."""
+    other = token_set(free_specials)
     if open_text in specials:  # a special token: no text ever matches it
-        return f"start: TEXT | TEXT? {marker(open_text, specials)} {rest}\nTEXT: /(?s:.+)/\n"
+        words = f"(TEXT | {other})+" if other else "TEXT"
+        return f"start: free? | free? {marker(open_text, specials)} {rest}\nfree: {words}\nTEXT: /(?s:.+)/\n"
     m = lark_regex(open_text)
+    pre = f"(TEXT? {other})* " if other else ""
     return (
-        f"start: TEXT | LEAD {rest}\n"
-        f"TEXT: /(?s:.*)/ & ~/(?s:.*{m}.*)/\n"  # text that holds no marker: an answer in words
+        f"start: {pre}TEXT? | {pre}LEAD {rest}\n"
+        f"TEXT: /(?s:.+)/ & ~/(?s:.*{m}.*)/\n"  # text that holds no marker: an answer in words
         f"LEAD: /(?s:.*{m})/ & ~/(?s:.*{m}.+)/\n"  # text up to the first marker, the marker included
     )
+
+
+def token_set(ids: Sequence[int]) -> str:
+    """Token ids as one llguidance token set, `<[3-16,40]>` ("" for none)."""
+    spans: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if spans and spans[-1][1] == i - 1:
+            spans[-1][1] = i
+        else:
+            spans.append([i, i])
+    return "<[" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans) + "]>" if spans else ""
 
 
 def closed(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +144,9 @@ def gemma_terminals(quote: str, specials: dict[str, int]) -> str:
     return f"GEMMA_STRING: /(?s:.*{m})/ & ~/(?s:.*{m}.+)/\n"  # the string's text and its closing quote
 
 
-def call_grammar(syntax: str, functions: list[tuple[str, dict]], parallel: bool, lazy_start: bool, specials) -> Grammar:
+def call_grammar(
+    syntax: str, functions: list[tuple[str, dict]], parallel: bool, lazy_start: bool, specials, free_specials=()
+) -> Grammar:
     """The Lark grammar of a call (one or more where `parallel`) in `syntax` (hermes, qwen35, mistral, gemma4,
     functiongemma), from the marker on; with `lazy_start`, free text before it (`tool_choice: auto`)."""
     if syntax in ("hermes", "qwen35"):
@@ -161,7 +179,11 @@ def call_grammar(syntax: str, functions: list[tuple[str, dict]], parallel: bool,
         rest = f"{one} {more}"
     else:
         raise ValueError(f"no call grammar for the {syntax} syntax")
-    head = lazy(open_text, rest, specials) if lazy_start else f"start: {marker(open_text, specials)} {rest}\n"
+    head = (
+        lazy(open_text, rest, specials, free_specials)
+        if lazy_start
+        else f"start: {marker(open_text, specials)} {rest}\n"
+    )
     return Grammar("lark", head + "\n".join(rules) + "\n")
 
 

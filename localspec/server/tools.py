@@ -71,6 +71,7 @@ class ToolSetup:
     choice: str  # "auto", "required", or a function's name
     parallel: bool = True
     specials: dict[str, int] = field(default_factory=dict)  # MARKERS the vocabulary holds as one special token
+    free_specials: tuple[int, ...] = ()  # the other special tokens free text may hold (`auto`: `</think>`)
 
     def openai_tools(self) -> list[dict]:
         """The tools as a template's `tools` variable reads them (OpenAI's shape)."""
@@ -126,7 +127,9 @@ class ToolSetup:
         if self.syntax == "llama3":
             return None if self.choice == "auto" else Grammar.json_schema(self._call_schema("parameters"))
         functions = [(f.name, f.parameters) for f in self._called()]
-        return call_grammar(self.syntax, functions, self.parallel, self.choice == "auto", self.specials)
+        return call_grammar(
+            self.syntax, functions, self.parallel, self.choice == "auto", self.specials, self.free_specials
+        )
 
     def marked_text(self, tokens: Sequence[int], token_bytes: Callable[[int], bytes]) -> str | None:
         """The answer's text with each marker token written out, where a marker is a control token that renders as

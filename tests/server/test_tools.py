@@ -135,8 +135,11 @@ def test_a_required_call_grammar_compiles_and_admits_a_valid_call(smol, syntax):
 @pytest.mark.parametrize("syntax", ["hermes", "qwen35", "mistral", "gemma4", "functiongemma"])
 def test_auto_is_free_text_until_the_marker_and_then_a_valid_call(smol, syntax):
     model, vocab = smol
-    setup = ToolSetup(syntax, (WEATHER,), "auto")
+    setup = ToolSetup(syntax, (WEATHER,), "auto", free_specials=vocab.special_ids)
     assert walk(vocab, setup, model, "Paris is sunny, I think. <b>bold</b> [x]") == (True, True)
+    # free text holds the vocabulary's other special tokens (a thinking model's </think>: here <repo_name>)
+    assert walk(vocab, setup, model, "<repo_name>thought<repo_name>\n" + CALLS[syntax]) == (True, True)
+    assert walk(vocab, ToolSetup(syntax, (WEATHER,), "auto"), model, "<repo_name>x")[0] is False  # the control
     assert walk(vocab, setup, model, "Let me look.\n" + CALLS[syntax]) == (True, True)
     assert walk(vocab, setup, model, "Let me look.\n" + CALLS[syntax].replace("city", "town"))[0] is False
     two = "Let me look.\n" + CALLS[syntax] + CALLS[syntax]
@@ -154,7 +157,9 @@ def test_a_marker_the_vocabulary_holds_as_one_special_token_is_matched_by_it(smo
     model, vocab = smol
     marker = model.tokenize("<|im_start|>", parse_special=True)
     assert len(marker) == 1
-    setup = ToolSetup("gemma4", (WEATHER,), "auto", specials={"<|tool_call>": marker[0]})
+    others = tuple(i for i in vocab.special_ids if i != marker[0])
+    setup = ToolSetup("gemma4", (WEATHER,), "auto", specials={"<|tool_call>": marker[0]}, free_specials=others)
+    assert walk(vocab, setup, model, "Let me <repo_name> look.") == (True, True)
     call = 'call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
     assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call) == (True, True)
     assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call.replace("city", "town"))[0] is False
