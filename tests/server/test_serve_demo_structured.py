@@ -7,16 +7,12 @@ client: `parse()` returns a validated object with drafts accepted, a `required` 
 from __future__ import annotations
 
 import json
-import shutil
 from typing import Annotated
 
 import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 from support.server import start_server
-
-from localspec.models import demo
-from localspec.paths import get_paths
 
 Short = Annotated[str, Field(max_length=24)]  # a 135M model left to itself writes a name for ever
 
@@ -34,14 +30,10 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
-    home = tmp_path_factory.mktemp("demo-home")
-    paths = get_paths({"LOCALSPEC_HOME": str(home)})
-    demo.builtin_path(demo.TARGET, paths)  # derived once here, so the server's start is not timed with it
-    running = start_server(home, "--pair", "demo")
+def server(demo_home):
+    running = start_server(demo_home, "--pair", "demo")
     yield running
     running.stop()
-    shutil.rmtree(paths.data_dir, ignore_errors=True)  # 0.5 GB
 
 
 ASK = [{"role": "user", "content": "Describe a person who lives in Paris, with their hobbies."}]
