@@ -187,19 +187,24 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
     syntax = detect_syntax(fmt.template, fmt.reads)
-    specials = special_markers(served.engine.target_model, MARKERS.get(syntax, ()))
+    if syntax == "generic":
+        return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
+    special_ids = served.engine.grammar_vocab().special_ids
+    specials = special_markers(served.engine.target_model, MARKERS.get(syntax, ()), special_ids)
     free = ()
-    if request.tool_choice == "auto" and syntax not in ("generic", "llama3"):  # a lazy grammar: free text first
-        free = tuple(i for i in served.engine.grammar_vocab().special_ids if i not in specials.values())
+    if request.tool_choice == "auto" and syntax != "llama3":  # a lazy grammar: free text first
+        free = tuple(i for i in special_ids if i not in specials.values())
     return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials, free)
 
 
-def special_markers(model: Model, texts: Sequence[str]) -> dict[str, int]:
-    """The markers the vocabulary holds as one special token (text spells them in more than one), by id."""
+def special_markers(model: Model, texts: Sequence[str], special_ids: Sequence[int]) -> dict[str, int]:
+    """The markers the vocabulary holds as one special token (Qwen's user-defined `<tool_call>`, Gemma 4's control
+    `<|tool_call>`: what a grammar names by id, no text matching it), by id."""
+    special = set(special_ids)
     out = {}
     for text in texts:
         ids = model.tokenize(text, parse_special=True)
-        if len(ids) == 1 and model.tokenize(text) != ids:
+        if len(ids) == 1 and ids[0] in special:
             out[text] = ids[0]
     return out
 

@@ -13,6 +13,7 @@ from localspec.core.session import ChatFormat, Message
 from localspec.llama.model import Model
 from localspec.llama.templates import template_variables
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
+from localspec.server.request import special_markers
 from localspec.server.tools import Function, ToolSetup, detect_syntax
 
 WEATHER = Function(
@@ -192,3 +193,12 @@ def test_the_round_trip_renders_through_qwen3s_template(thinking_models):
         assert "<tool_response>\nsunny, 3 degrees\n</tool_response>" in text
     finally:
         model.close()
+
+
+def test_a_marker_is_special_where_the_grammar_vocabulary_says_so(smol):
+    """What the server names by id: a marker that is one token of the vocabulary's special ones (SmolLM2's
+    `<|im_start|>` here), not a marker its text spells in pieces."""
+    model, vocab = smol
+    assert special_markers(model, ["<|im_start|>", "<tool_call>", "[TOOL_CALLS]"], vocab.special_ids) == {
+        "<|im_start|>": 1
+    }
