@@ -135,8 +135,8 @@ class CompiledGrammar:
     """A grammar checked against one vocabulary: each generation starts its own `Constraint` from it.
 
     Each generation's matcher is a copy of one kept at the grammar's start: the copies share the lexer's states, so
-    a grammar used again (the same schema in every request) starts warm — its mean mask per row about 30 µs
-    instead of 190–350 µs at 49k tokens, where a fresh matcher builds its lexer on its first rows (benchmarks.md
+    a grammar used again (the same schema in every request) starts warm — its mean mask per row about 35 µs
+    instead of 60–280 µs at 49k tokens, where a fresh matcher builds its lexer on its first rows (benchmarks.md
     "Structured output under speculation").
     """
 
