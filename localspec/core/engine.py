@@ -395,14 +395,17 @@ class Engine:
         if isinstance(grammar, CompiledGrammar):
             return grammar
         if grammar not in self._grammars:
-            if self._grammar_vocab is None:
-                model = self.target_model
-                tokenize = grammar_tokenizer(model)
-                self._grammar_vocab = GrammarVocab(grammar_pieces(model), sorted(self.eog), tokenize)
             if len(self._grammars) >= 16:
                 self._grammars.pop(next(iter(self._grammars)))
-            self._grammars[grammar] = self._grammar_vocab.compile(grammar)
+            self._grammars[grammar] = self.grammar_vocab().compile(grammar)
         return self._grammars[grammar]
+
+    def grammar_vocab(self) -> GrammarVocab:
+        """The target's vocabulary as the grammar library reads it (built on first use, then kept)."""
+        if self._grammar_vocab is None:
+            model = self.target_model
+            self._grammar_vocab = GrammarVocab(grammar_pieces(model), sorted(self.eog), grammar_tokenizer(model))
+        return self._grammar_vocab
 
     def generate(self, prompt: list[int], **options: Unpack[GenerateOptions]) -> Generation:
         """Start a generation continuing `prompt` (token ids) with `options` (`GenerateOptions`). Iterate the result

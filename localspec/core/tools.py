@@ -2,12 +2,13 @@
 tool-call syntax, constrained where they must be called and parsed back into OpenAI's `tool_calls`.
 
 The syntax is the template's (`detect_syntax`, as llama.cpp's common/chat does): Hermes/Qwen (`<tool_call>{…}
-</tool_call>`), Llama 3.x (a bare `{"name", "parameters"}` object), Mistral (`[TOOL_CALLS][…]`), and for a template
-that cannot render tools, a generic JSON answer taught in a system message — `{"tool_calls": [{"name",
-"arguments"}]}` or `{"response": "…"}` — as llama.cpp's generic handler does. With `tool_choice` `required` or a
-named function the answer is grammar-constrained to the call (each function's `parameters` schema), so even a small
-model writes a valid one; `auto` is constrained the same way in the generic syntax (a call or a response), and in a
-model's own syntax left free and parsed.
+</tool_call>`), Qwen3.5's XML (`<tool_call><function=NAME><parameter=KEY>…`, Qwen3-Coder's too), Llama 3.x (a bare
+`{"name", "parameters"}` object), Mistral (`[TOOL_CALLS][…]`), Gemma 4's (`<|tool_call>call:NAME{key:<|"|>…<|"|>}
+<tool_call|>`) and FunctionGemma's (the same with `<start_function_call>` and `<escape>`), and for a template that
+cannot render tools, a generic JSON answer taught in a system message — `{"tool_calls": [{"name", "arguments"}]}` or
+`{"response": "…"}` — as llama.cpp's generic handler does. With `tool_choice` `required` or a named function the
+answer is grammar-constrained to the call (each function's `parameters` schema, core/toolgrammar.py), so even a
+small model writes a valid one; `auto` is a lazy grammar: free text until the syntax's marker, then the call.
 """
 
 from __future__ import annotations
@@ -15,14 +16,23 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .grammar import Grammar
 from .session import Message
+from .toolgrammar import GEMMA_MARKERS, call_grammar, closed
 
-SYNTAXES = ("hermes", "llama3", "mistral", "generic")
+SYNTAXES = ("hermes", "qwen35", "llama3", "mistral", "gemma4", "functiongemma", "generic")
+# The text that opens a call, per syntax: a vocabulary's special token for it is found by this text (`markers`).
+MARKERS = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "qwen35": ("<tool_call>", "</tool_call>"),
+    "llama3": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]",),
+    **GEMMA_MARKERS,
+}
 
 
 def detect_syntax(template: str | None, reads: frozenset[str]) -> str:
@@ -30,8 +40,14 @@ def detect_syntax(template: str | None, reads: frozenset[str]) -> str:
     text = template or ""
     if "tools" not in reads:
         return "generic"
+    if "<function=" in text and "<parameter=" in text:
+        return "qwen35"  # Qwen3.5's and Qwen3-Coder's XML calls, inside <tool_call>
     if "<tool_call>" in text:
         return "hermes"
+    if "<|tool_call>" in text:
+        return "gemma4"
+    if "<start_function_call>" in text:
+        return "functiongemma"
     if "[TOOL_CALLS]" in text:
         return "mistral"
     if "<|python_tag|>" in text or '"parameters"' in text or "ipython" in text:
@@ -54,6 +70,8 @@ class ToolSetup:
     functions: tuple[Function, ...]
     choice: str  # "auto", "required", or a function's name
     parallel: bool = True
+    specials: dict[str, int] = field(default_factory=dict)  # MARKERS the vocabulary holds as one special token
+    free_specials: tuple[int, ...] = ()  # the other special tokens free text may hold (`auto`: `</think>`)
 
     def openai_tools(self) -> list[dict]:
         """The tools as a template's `tools` variable reads them (OpenAI's shape)."""
@@ -83,7 +101,7 @@ class ToolSetup:
         options = [
             {
                 "type": "object",
-                "properties": {"name": {"const": f.name}, arguments_key: _closed(f.parameters)},
+                "properties": {"name": {"const": f.name}, arguments_key: closed(f.parameters)},
                 "required": ["name", arguments_key],
                 "additionalProperties": False,
             }
@@ -93,7 +111,8 @@ class ToolSetup:
 
     def grammar(self) -> Grammar | None:
         """What the answer must match: the call for `required` and a named function; for `auto`, in the generic
-        syntax, a call or a response; None (free text, parsed after) for `auto` in a model's own syntax."""
+        syntax, a call or a response, and in a model's own syntax free text until its marker and then a call (a lazy
+        grammar); None (free text, parsed after) for `auto` in Llama 3.x's syntax, whose call has no marker."""
         calls = {"type": "array", "items": self._call_schema(), "minItems": 1}
         if not self.parallel:
             calls["maxItems"] = 1
@@ -105,16 +124,20 @@ class ToolSetup:
             answered = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
             answered["additionalProperties"] = False
             return Grammar.json_schema({"anyOf": [called, answered]})
-        if self.choice == "auto":
-            return None
-        if self.syntax == "hermes":
-            call = json.dumps(self._call_schema())
-            repeat = "+" if self.parallel else ""
-            lark = f'start: call{repeat}\ncall: "<tool_call>\\n" body "\\n</tool_call>\\n"?\nbody: %json {call}\n'
-            return Grammar("lark", lark)
         if self.syntax == "llama3":
-            return Grammar.json_schema(self._call_schema("parameters"))
-        return Grammar("lark", f'start: "[TOOL_CALLS]" body\nbody: %json {json.dumps(calls)}\n')
+            return None if self.choice == "auto" else Grammar.json_schema(self._call_schema("parameters"))
+        functions = [(f.name, f.parameters) for f in self._called()]
+        return call_grammar(
+            self.syntax, functions, self.parallel, self.choice == "auto", self.specials, self.free_specials
+        )
+
+    def marked_text(self, tokens: Sequence[int], token_bytes: Callable[[int], bytes]) -> str | None:
+        """The answer's text with each marker token written out, where a marker is a control token that renders as
+        nothing (Mistral's `[TOOL_CALLS]`, Gemma 4's `<|tool_call>`); None where every marker renders itself."""
+        by_id = {i: t.encode() for t, i in self.specials.items() if not token_bytes(i)}
+        if not by_id:
+            return None
+        return b"".join(by_id.get(t) or token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
 
     def parse(self, text: str) -> tuple[str | None, list[dict]]:
         """(the answer's content, its tool calls in OpenAI's shape) from the generated text."""
@@ -127,20 +150,8 @@ class ToolSetup:
                 content = None
             elif isinstance(data, dict) and isinstance(data.get("response"), str):
                 return data["response"], []  # the generic syntax's text answer
-        elif self.syntax == "hermes":
-            kept, pos = [], 0
-            for hit in re.finditer(r"<tool_call>", text):
-                if hit.start() < pos:
-                    continue
-                data, end = _json_at(text, hit.end())
-                if not isinstance(data, dict):
-                    continue
-                found.append((data.get("name"), data.get("arguments", data.get("parameters"))))
-                kept.append(text[pos : hit.start()])
-                close = text.find("</tool_call>", end)
-                pos = close + len("</tool_call>") if close >= 0 else end
-            if found:
-                content = ("".join(kept) + text[pos:]).strip() or None
+        elif self.syntax in ("hermes", "qwen35", "gemma4", "functiongemma"):
+            found, content = self._parse_marked(text)
         elif self.syntax == "llama3":
             data = _json(text.removeprefix("<|python_tag|>"))
             if isinstance(data, dict) and "name" in data and ("parameters" in data or "arguments" in data):
@@ -163,16 +174,32 @@ class ToolSetup:
         ]
         return (content if calls else text), calls
 
+    def _parse_marked(self, text: str) -> tuple[list[tuple[Any, Any]], str | None]:
+        """The calls between the syntax's markers, and the text around them (None where there is none)."""
+        open_text, close = MARKERS[self.syntax][:2]
+        found, kept, pos = [], [], 0
+        while (at := text.find(open_text, pos)) >= 0:
+            end = text.find(close, at + len(open_text))
+            inner = text[at + len(open_text) : end if end >= 0 else len(text)]
+            call = self._read_call(inner)
+            if call is None:
+                break
+            found.append(call)
+            kept.append(text[pos:at])
+            pos = end + len(close) if end >= 0 else len(text)
+        if not found:
+            return [], text
+        return found, ("".join(kept) + text[pos:]).strip() or None
 
-def _closed(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A function's parameters as its call is constrained: only the parameters it declares (`additionalProperties`
-    false where the schema does not say, as OpenAI's strict function calling has it) — a small model constrained to
-    an open object goes on inventing keys."""
-    if not parameters:
-        return {"type": "object"}
-    if "properties" in parameters and "additionalProperties" not in parameters:
-        return {**parameters, "additionalProperties": False}
-    return parameters
+    def _read_call(self, inner: str) -> tuple[Any, Any] | None:
+        """(name, arguments) of one call's text between the markers, in this syntax; None if it is not a call."""
+        if self.syntax == "hermes":
+            data, _ = _json_at(inner, 0)
+            ok = isinstance(data, dict)
+            return (data.get("name"), data.get("arguments", data.get("parameters"))) if ok else None
+        if self.syntax == "qwen35":
+            return _read_qwen35(inner, {f.name: f.parameters for f in self.functions})
+        return _read_gemma(inner, GEMMA_MARKERS[self.syntax][2])
 
 
 def _json(text: str) -> Any:
@@ -218,3 +245,44 @@ def with_tools(messages: Sequence[Message], tools: ToolSetup) -> tuple[Message, 
     if out and out[0].role == "system":
         return (Message("system", f"{out[0].content}\n\n{tools.system_prompt()}"), *out[1:])
     return (Message("system", tools.system_prompt()), *out)
+
+
+def _read_qwen35(inner: str, parameters: dict[str, dict]) -> tuple[str, dict] | None:
+    """`<function=NAME>` and its `<parameter=KEY>VALUE</parameter>`s: a value is a string where the function's schema
+    says so (or it is not JSON), else the JSON it spells."""
+    head = re.match(r"\s*<function=([^>\n]+)>", inner)
+    if head is None:
+        return None
+    name = head.group(1).strip()
+    props = (parameters.get(name) or {}).get("properties") or {}
+    arguments: dict[str, Any] = {}
+    for hit in re.finditer(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", inner[head.end() :], re.S):
+        key, value = hit.group(1).strip(), hit.group(2)
+        if (props.get(key) or {}).get("type") == "string":
+            arguments[key] = value
+        else:
+            parsed = _json(value)
+            arguments[key] = parsed if parsed is not None or value.strip() == "null" else value
+    return name, arguments
+
+
+def _read_gemma(inner: str, quote: str) -> tuple[str, Any] | None:
+    """`call:NAME{key:value,…}` with strings between `quote` markers and bare keys, read as JSON."""
+    head = re.match(r"\s*call:([A-Za-z0-9_.\-]+)\s*(\{.*\})\s*$", inner, re.S)
+    if head is None:
+        return None
+    out, pos, body = [], 0, head.group(2)
+    while (at := body.find(quote, pos)) >= 0:  # each quoted string becomes a JSON string
+        end = body.find(quote, at + len(quote))
+        if end < 0:
+            return None
+        out += [_bare_keys(body[pos:at]), json.dumps(body[at + len(quote) : end], ensure_ascii=False)]
+        pos = end + len(quote)
+    out.append(_bare_keys(body[pos:]))
+    data = _json("".join(out))
+    return (head.group(1), data) if isinstance(data, dict) else None
+
+
+def _bare_keys(text: str) -> str:
+    """Gemma's bare object keys quoted (`{city:` → `{"city":`), in text outside its strings."""
+    return re.sub(r"([{,]\s*)([A-Za-z_][A-Za-z0-9_.\-]*)(\s*:)", r'\1"\2"\3', text)

@@ -58,6 +58,8 @@ class Reply:
         if self.tools is None:
             return text, []
         if index not in self._parsed:
+            if self.tools.specials and self.token_bytes is not None and (split is None or not split.reasoning):
+                text = self.tools.marked_text(gen.tokens, self.token_bytes) or text  # control tokens render empty
             self._parsed[index] = self.tools.parse(text)
         return self._parsed[index]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,12 +22,15 @@ from localspec.core.session import Message, fewest_tokens
 from localspec.core.stats import TokenLogprob
 from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
 from localspec.core.thinking_support import choose_thinking, thinking_choice
-from localspec.core.tools import Function, ToolSetup, detect_syntax, with_tools
+from localspec.core.tools import MARKERS, Function, ToolSetup, detect_syntax, with_tools
 from localspec.errors import ChatTemplateError, ContextError, LocalspecError
 from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
 from .served import Served
+
+if TYPE_CHECKING:
+    from localspec.llama.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +190,26 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
     syntax = detect_syntax(fmt.template, fmt.reads)
-    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
+    if syntax == "generic":
+        return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls)
+    special_ids = served.engine.grammar_vocab().special_ids
+    specials = special_markers(served.engine.target_model, MARKERS.get(syntax, ()), special_ids)
+    free = ()
+    if request.tool_choice == "auto" and syntax != "llama3":  # a lazy grammar: free text first
+        free = tuple(i for i in special_ids if i not in specials.values())
+    return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials, free)
+
+
+def special_markers(model: Model, texts: Sequence[str], special_ids: Sequence[int]) -> dict[str, int]:
+    """The markers the vocabulary holds as one special token (Qwen's user-defined `<tool_call>`, Gemma 4's control
+    `<|tool_call>`: what a grammar names by id, no text matching it), by id."""
+    special = set(special_ids)
+    out = {}
+    for text in texts:
+        ids = model.tokenize(text, parse_special=True)
+        if len(ids) == 1 and ids[0] in special:
+            out[text] = ids[0]
+    return out
 
 
 def _grammar(served: Served, request: Request) -> CompiledGrammar | None:

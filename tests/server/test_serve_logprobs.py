@@ -73,9 +73,21 @@ def test_completions_logprobs(server):
 
 @pytest.mark.parametrize(
     "body,match",
-    [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 2}, "logprobs")],
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ({"top_logprobs": 2}, "logprobs"),
+    ],
 )
 def test_bad_logprobs_are_a_400_naming_the_field(server, body, match):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().chat.completions.create(model="tiny-same", messages=ASK, **body)
     assert match in e.value.body["message"] or match == e.value.body["param"], e.value.body
+
+
+@pytest.mark.parametrize("logprobs", [21, -1])
+def test_completions_logprobs_out_of_range_are_a_400_and_the_server_serves_on(server, logprobs):
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().completions.create(model="tiny-same", prompt="the man said", max_tokens=2, logprobs=logprobs)
+    assert "logprobs" in e.value.body["message"] or e.value.body["param"] == "logprobs", e.value.body
+    assert server.client().completions.create(model="tiny-same", prompt="the man said", max_tokens=2).choices

@@ -132,3 +132,20 @@ def test_enable_thinking_false_is_what_a_model_that_does_not_think_does_anyway(s
     status_off, _, off = raw(server.port, "POST", CHAT, {**asked, "chat_template_kwargs": {"enable_thinking": False}})
     assert status == status_off == 200, off
     assert json.loads(off)["choices"][0]["message"]["content"] == json.loads(plain)["choices"][0]["message"]["content"]
+
+
+def test_tools_on_auto_leave_an_answer_in_words_as_it_was(server):
+    """`tool_choice: auto` in Qwen3's own syntax is a lazy grammar: free text, `<think>` and `</think>` (special
+    tokens no text terminal matches) included, until `<tool_call>`; an answer without a call is the same answer."""
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    plain = server.client().chat.completions.create(model="thinking", messages=HI, max_tokens=40)
+    tooled = server.client().chat.completions.create(model="thinking", messages=HI, max_tokens=40, tools=[weather])
+    assert tooled.choices[0].message.tool_calls is None and tooled.choices[0].finish_reason == "stop"
+    assert tooled.choices[0].message.content == plain.choices[0].message.content == ANSWER_TEXT
+    assert tooled.choices[0].message.model_extra["reasoning_content"] == REASONING_TEXT

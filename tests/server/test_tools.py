@@ -14,6 +14,7 @@ from localspec.core.tools import Function, ToolSetup, detect_syntax
 from localspec.llama.model import Model
 from localspec.llama.templates import template_variables
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
+from localspec.server.request import special_markers
 
 WEATHER = Function(
     "get_weather",
@@ -25,11 +26,34 @@ LLAMA3 = (
     "{% endif %}<|python_tag|>"
 )
 MISTRAL = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]"
+QWEN35 = (
+    "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tools>{{ tools | tojson }}</tools>"
+    "<tool_call>\n<function=example>\n<parameter=x>\nvalue\n</parameter>\n</function>\n</tool_call>{% endif %}"
+)
+GEMMA4 = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<|tool>{% endif %}<|tool_call>call:"
+FUNCTIONGEMMA = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<start_function_call>{% endif %}"
+CALLS = {  # one call of get_weather(city="Paris") as each syntax writes it
+    "hermes": '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>\n',
+    "qwen35": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+    "llama3": '{"name":"get_weather","parameters":{"city":"Paris"}}',
+    "mistral": '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Paris"}}]',
+    "gemma4": '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+    "functiongemma": "<start_function_call>call:get_weather{city:<escape>Paris<escape>}<end_function_call>",
+    "generic": '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}',
+}
 
 
 @pytest.mark.parametrize(
     "template,syntax",
-    [(qwen3_template(), "hermes"), (LLAMA3, "llama3"), (MISTRAL, "mistral"), ("{{ messages }}", "generic")],
+    [
+        (qwen3_template(), "hermes"),
+        (QWEN35, "qwen35"),
+        (LLAMA3, "llama3"),
+        (MISTRAL, "mistral"),
+        (GEMMA4, "gemma4"),
+        (FUNCTIONGEMMA, "functiongemma"),
+        ("{{ messages }}", "generic"),
+    ],
 )
 def test_the_syntax_is_told_from_the_template(template, syntax):
     assert detect_syntax(template, template_variables(template)) == syntax
@@ -41,6 +65,9 @@ def test_the_syntax_is_told_from_the_template(template, syntax):
         ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
         ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'),
         ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'),
+        ("qwen35", "Sure.\n" + CALLS["qwen35"]),
+        ("gemma4", "Sure." + CALLS["gemma4"]),
+        ("functiongemma", "Sure." + CALLS["functiongemma"]),
         ("generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'),
     ],
 )
@@ -50,7 +77,7 @@ def test_each_syntax_is_parsed_into_openai_tool_calls(syntax, text):
         ("get_weather", {"city": "Paris"})
     ]
     assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls)
-    assert content == ("Sure." if syntax == "hermes" else None)
+    assert content == ("Sure." if syntax in ("hermes", "qwen35", "gemma4", "functiongemma") else None)
 
 
 def test_text_without_a_call_is_content_and_an_unknown_function_is_not_a_call():
@@ -60,25 +87,89 @@ def test_text_without_a_call_is_content_and_an_unknown_function_is_not_a_call():
     assert ToolSetup("generic", (WEATHER,), "auto").parse('{"response": "Hi"}') == ("Hi", [])
 
 
-@pytest.mark.parametrize("syntax", ["hermes", "llama3", "mistral", "generic"])
-def test_a_required_call_grammar_compiles_and_admits_a_valid_call(smollm2_path, syntax):
+def test_values_are_read_as_each_syntax_types_them():
+    """Qwen3.5 writes a string raw and any other value as JSON; Gemma quotes strings with its marker and leaves keys
+    bare; both the same arguments as JSON."""
+    f = Function("f", "", {"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}})
+    qwen = "<tool_call>\n<function=f>\n<parameter=s>\n12 <b>\n</parameter>\n<parameter=n>\n12\n</parameter>\n"
+    qwen += "</function>\n</tool_call>"
+    gemma = '<|tool_call>call:f{s:<|"|>12, {a:b}<|"|>,n:12,xs:[1,2],o:{k:<|"|>v<|"|>}}<tool_call|>'
+    assert json.loads(ToolSetup("qwen35", (f,), "auto").parse(qwen)[1][0]["function"]["arguments"]) == {
+        "s": "12 <b>",
+        "n": 12,
+    }
+    assert json.loads(ToolSetup("gemma4", (f,), "auto").parse(gemma)[1][0]["function"]["arguments"]) == {
+        "s": "12, {a:b}",
+        "n": 12,
+        "xs": [1, 2],
+        "o": {"k": "v"},
+    }
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
     model = Model(smollm2_path, vocab_only=True)
-    try:
-        vocab = GrammarVocab(grammar_pieces(model), sorted(model.eog_tokens()), grammar_tokenizer(model))
-        setup = ToolSetup(syntax, (WEATHER,), "required", parallel=False)
-        constraint = vocab.compile(setup.grammar()).start()
-        written = {
-            "hermes": '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris"}}\n</tool_call>\n',
-            "llama3": '{"name":"get_weather","parameters":{"city":"Paris"}}',
-            "mistral": '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Paris"}}]',
-            "generic": '{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}',
-        }[syntax]
-        for token in model.tokenize(written):
-            assert constraint.push(token), (syntax, model.token_bytes(token))
-        assert constraint.is_accepting()
-        assert setup.parse(written)[1]
-    finally:
-        model.close()
+    yield model, GrammarVocab(grammar_pieces(model), sorted(model.eog_tokens()), grammar_tokenizer(model))
+    model.close()
+
+
+def walk(vocab, setup, model, text):
+    """Push `text`'s tokens through the setup's grammar: (all allowed, accepting at the end)."""
+    constraint = vocab.compile(setup.grammar()).start()
+    for token in model.tokenize(text, parse_special=True):
+        if not constraint.push(token):
+            return False, False
+    return True, constraint.is_accepting()
+
+
+@pytest.mark.parametrize("syntax", sorted(CALLS))
+def test_a_required_call_grammar_compiles_and_admits_a_valid_call(smol, syntax):
+    model, vocab = smol
+    setup = ToolSetup(syntax, (WEATHER,), "required", parallel=False)
+    assert walk(vocab, setup, model, CALLS[syntax]) == (True, True), syntax
+    assert setup.parse(CALLS[syntax])[1]
+    invalid = CALLS[syntax].replace("city", "town")  # a parameter the function does not declare
+    assert walk(vocab, setup, model, invalid)[0] is False
+    assert walk(vocab, setup, model, "Hello")[0] is False  # a required call is a call
+
+
+@pytest.mark.parametrize("syntax", ["hermes", "qwen35", "mistral", "gemma4", "functiongemma"])
+def test_auto_is_free_text_until_the_marker_and_then_a_valid_call(smol, syntax):
+    model, vocab = smol
+    setup = ToolSetup(syntax, (WEATHER,), "auto", free_specials=vocab.special_ids)
+    assert walk(vocab, setup, model, "Paris is sunny, I think. <b>bold</b> [x]") == (True, True)
+    # free text holds the vocabulary's other special tokens (a thinking model's </think>: here <repo_name>)
+    assert walk(vocab, setup, model, "<repo_name>thought<repo_name>\n" + CALLS[syntax]) == (True, True)
+    assert walk(vocab, ToolSetup(syntax, (WEATHER,), "auto"), model, "<repo_name>x")[0] is False  # the control
+    assert walk(vocab, setup, model, "Let me look.\n" + CALLS[syntax]) == (True, True)
+    assert walk(vocab, setup, model, "Let me look.\n" + CALLS[syntax].replace("city", "town"))[0] is False
+    two = "Let me look.\n" + CALLS[syntax] + CALLS[syntax]
+    if syntax == "mistral":  # its calls are one array
+        one = CALLS[syntax].removeprefix("[TOOL_CALLS][").removesuffix("]")
+        two = f"Let me look.\n[TOOL_CALLS][{one},{one}]"
+    assert walk(vocab, setup, model, two)[0] is True  # parallel calls
+    assert walk(vocab, ToolSetup(syntax, (WEATHER,), "auto", parallel=False), model, two)[0] is False
+
+
+def test_a_marker_the_vocabulary_holds_as_one_special_token_is_matched_by_it(smol):
+    """A real Mistral or Gemma 4 writes its marker as one control token, which renders as no text: the grammar names
+    the token by id (here SmolLM2's `<|im_start|>` stands in for `<|tool_call>`), and the answer is parsed with the
+    marker written out."""
+    model, vocab = smol
+    marker = model.tokenize("<|im_start|>", parse_special=True)
+    assert len(marker) == 1
+    others = tuple(i for i in vocab.special_ids if i != marker[0])
+    setup = ToolSetup("gemma4", (WEATHER,), "auto", specials={"<|tool_call>": marker[0]}, free_specials=others)
+    assert walk(vocab, setup, model, "Let me <repo_name> look.") == (True, True)
+    call = 'call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
+    assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call) == (True, True)
+    assert walk(vocab, setup, model, "Let me look. <|im_start|>" + call.replace("city", "town"))[0] is False
+    required = ToolSetup("gemma4", (WEATHER,), "required", specials={"<|tool_call>": marker[0]})
+    assert walk(vocab, required, model, "<|im_start|>" + call) == (True, True)
+    assert walk(vocab, required, model, "<|tool_call>" + call)[0] is False  # the text is not the token
+    tokens = model.tokenize("Let me look. <|im_start|>" + call, parse_special=True)
+    text = setup.marked_text(tokens, model.token_bytes)
+    assert setup.parse(text)[1][0]["function"]["name"] == "get_weather"
 
 
 def test_the_round_trip_renders_through_qwen3s_template(thinking_models):
@@ -102,3 +193,12 @@ def test_the_round_trip_renders_through_qwen3s_template(thinking_models):
         assert "<tool_response>\nsunny, 3 degrees\n</tool_response>" in text
     finally:
         model.close()
+
+
+def test_a_marker_is_special_where_the_grammar_vocabulary_says_so(smol):
+    """What the server names by id: a marker that is one token of the vocabulary's special ones (SmolLM2's
+    `<|im_start|>` here), not a marker its text spells in pieces."""
+    model, vocab = smol
+    assert special_markers(model, ["<|im_start|>", "<tool_call>", "[TOOL_CALLS]"], vocab.special_ids) == {
+        "<|im_start|>": 1
+    }
