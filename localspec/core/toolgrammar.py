@@ -71,6 +71,14 @@ def closed(parameters: dict[str, Any]) -> dict[str, Any]:
     return parameters
 
 
+def lenient(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's schema as its call is constrained: a keyword the grammar library does not implement is left out of the
+    constraint instead of refusing the request (Claude Code's tools use `propertyNames`; every request that offered
+    them was a 400). The call is still parsed, and the client checks it against its own schema. A `response_format`
+    schema stays strict: there an unimplemented keyword is a 400 naming it."""
+    return {**schema, "x-guidance": {**schema.get("x-guidance", {}), "lenient": True}}
+
+
 def in_order(items: list[tuple[str, bool]], separator: str, prefix: str) -> tuple[list[str], str]:
     """The items (each a rule's name, required or not) in their order, separated by `separator` (a Lark expression,
     or "" for none), each optional one possibly left out: (the rules, the expression that matches the list)."""
@@ -105,7 +113,8 @@ def qwen35_function(index: int, name: str, parameters: dict[str, Any]) -> list[s
         elif isinstance(schema, dict) and "enum" in schema and all(isinstance(e, str) for e in schema["enum"]):
             value = "(" + " | ".join(lark_string(e + QWEN35_STRING_END) for e in schema["enum"]) + ")"
         else:
-            value = f"%json {json.dumps(schema if isinstance(schema, dict) else {})} {lark_string(QWEN35_STRING_END)}"
+            inner = json.dumps(lenient(schema if isinstance(schema, dict) else {}))
+            value = f"%json {inner} {lark_string(QWEN35_STRING_END)}"
         rules.append(f"q{index}_p{j}: {head} {value} {lark_string(chr(10))}")
         items.append((f"q{index}_p{j}", key in required))
     listed, args = in_order(items, "", f"q{index}")
@@ -128,7 +137,7 @@ def gemma_function(index: int, name: str, parameters: dict[str, Any], quote: str
         elif isinstance(schema, dict) and schema.get("type") == "string":
             value = f"{q} {text}? {q}" if text == "GEMMA_TEXT" else f"{q} {text}"
         else:
-            value = f"%json {json.dumps(schema if isinstance(schema, dict) else {})}"
+            value = f"%json {json.dumps(lenient(schema if isinstance(schema, dict) else {}))}"
         rules.append(f"g{index}_p{j}: {lark_string(key + ':')} {value}")
         items.append((f"g{index}_p{j}", key in required))
     listed, args = in_order(items, '","', f"g{index}")
@@ -154,7 +163,7 @@ def call_grammar(
         if syntax == "hermes":
             body = {"anyOf": [_call_schema(n, p) for n, p in functions]} if len(functions) > 1 else None
             schema = body or _call_schema(*functions[0])
-            rules = [f"body: %json {json.dumps(schema)}"]
+            rules = [f"body: %json {json.dumps(lenient(schema))}"]
             one = f'"\\n" body "\\n" {marker(close, specials)}'
         else:
             rules = [r for i, (n, p) in enumerate(functions) for r in qwen35_function(i, n, closed(p))]
@@ -168,7 +177,7 @@ def call_grammar(
         calls = {"type": "array", "items": _any_call(functions), "minItems": 1}
         if not parallel:
             calls["maxItems"] = 1
-        rules, rest = [], f"%json {json.dumps(calls)}"
+        rules, rest = [], f"%json {json.dumps(lenient(calls))}"
     elif syntax in ("gemma4", "functiongemma"):
         open_text, close, quote = GEMMA_MARKERS[syntax]
         rules = [r for i, (n, p) in enumerate(functions) for r in gemma_function(i, n, closed(p), quote, specials)]

@@ -22,7 +22,7 @@ from typing import Any
 
 from .grammar import Grammar
 from .session import Message
-from .toolgrammar import GEMMA_MARKERS, call_grammar, closed
+from .toolgrammar import GEMMA_MARKERS, call_grammar, closed, lenient
 
 SYNTAXES = ("hermes", "qwen35", "llama3", "mistral", "gemma4", "functiongemma", "generic")
 # The text that opens a call, per syntax: a vocabulary's special token for it is found by this text (`markers`).
@@ -120,12 +120,12 @@ class ToolSetup:
             called = {"type": "object", "properties": {"tool_calls": calls}, "required": ["tool_calls"]}
             called["additionalProperties"] = False
             if self.choice != "auto":
-                return Grammar.json_schema(called)
+                return Grammar.json_schema(lenient(called))
             answered = {"type": "object", "properties": {"response": {"type": "string"}}, "required": ["response"]}
             answered["additionalProperties"] = False
-            return Grammar.json_schema({"anyOf": [called, answered]})
+            return Grammar.json_schema(lenient({"anyOf": [called, answered]}))
         if self.syntax == "llama3":
-            return None if self.choice == "auto" else Grammar.json_schema(self._call_schema("parameters"))
+            return None if self.choice == "auto" else Grammar.json_schema(lenient(self._call_schema("parameters")))
         functions = [(f.name, f.parameters) for f in self._called()]
         return call_grammar(
             self.syntax, functions, self.parallel, self.choice == "auto", self.specials, self.free_specials

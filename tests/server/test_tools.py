@@ -202,3 +202,30 @@ def test_a_marker_is_special_where_the_grammar_vocabulary_says_so(smol):
     assert special_markers(model, ["<|im_start|>", "<tool_call>", "[TOOL_CALLS]"], vocab.special_ids) == {
         "<|im_start|>": 1
     }
+
+
+@pytest.mark.parametrize("syntax", sorted(CALLS))
+@pytest.mark.parametrize("choice", ["required", "auto"])
+def test_a_keyword_the_library_lacks_is_left_out_of_a_calls_constraint(smol, syntax, choice):
+    """Claude Code's tools use `propertyNames`, which llguidance does not implement: every request that offered them
+    was a 400 (found trying Claude Code against `serve`). A tool's schema now constrains what the library can; the
+    rest is the client's to check. (`response_format` stays strict: tests/server/test_serve_grammar.py.)"""
+    model, vocab = smol
+    keyed = Function(
+        "get_weather",
+        "The weather",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "tags": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}},
+            },
+            "required": ["city"],
+        },
+    )
+    setup = ToolSetup(syntax, (keyed,), choice, free_specials=vocab.special_ids)
+    if choice == "auto" and syntax == "llama3":
+        assert setup.grammar() is None  # free text, parsed after
+        return
+    assert walk(vocab, setup, model, CALLS[syntax]) == (True, True), syntax
+    assert walk(vocab, setup, model, CALLS[syntax].replace("city", "town"))[0] is False  # still closed to its keys
