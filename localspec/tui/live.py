@@ -39,7 +39,8 @@ class StatsView:
     tokens_per_second_now: float = 0.0
     tokens_per_second_turn: float = 0.0
     generating: bool = False
-    drafter: str = "model"
+    drafter: str = "model"  # the drafter the settings ask for (shown by name)
+    drafts: bool = True  # the loaded drafter proposes tokens (not plain decoding's `NoDrafter`)
     draft_max: int = 0
     adaptive: bool = True  # the engine picks k ≤ draft_max each step (and may turn speculation off)
     provenance: bool = False  # draft tokens are coloured: show the legend

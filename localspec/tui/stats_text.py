@@ -31,6 +31,7 @@ def stats_view(chat, live: Chunk | None, *, provenance: bool) -> StatsView:
         tokens_per_second_turn=(live.tokens_per_second_turn if live else turn.tokens_per_second if turn else 0.0),
         generating=live is not None,
         drafter=chat.settings.drafter,
+        drafts=chat.loaded.engine.drafter.drafts if chat.loaded else True,
         draft_max=chat.settings.spec.draft_max,
         adaptive=chat.settings.spec.adaptive,
         provenance=provenance,
@@ -46,15 +47,14 @@ def _bar(fraction: float, width: int = BAR_WIDTH) -> str:
 
 def _usual_draft_length(turn: Stats) -> int:
     """The draft length most steps used (k ≥ 1), else the longest one drafted."""
-    by_k = getattr(turn, "steps_by_draft_length", [])
-    counts = [(n, k) for k, n in enumerate(by_k) if k >= 1 and n]
+    counts = [(n, k) for k, n in enumerate(turn.steps_by_draft_length) if k >= 1 and n]
     return max(counts)[1] if counts else len(turn.drafted_by_position) or turn.draft_length
 
 
 def _speculation_line(view: StatsView) -> tuple[str, str, str]:
     """(verdict, why it is off or "", style) for the speculation row."""
     turn = view.turn
-    if view.drafter == "none":
+    if not view.drafts:
         return "off", "no drafter", "yellow"
     if turn is not None and turn.target_passes:
         if turn.speculation_off:
@@ -82,7 +82,7 @@ def render_stats(view: StatsView) -> Text:
     else:
         _row(text, "speculation", f"{verdict} ({why})" if why else verdict, style)
     _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
-    if view.drafting_note and view.drafter != "none":
+    if view.drafting_note and view.drafts:
         text.append(f"  {view.drafting_note}\n", "dim")
     turn = view.turn or Stats()
     if turn.drafted:

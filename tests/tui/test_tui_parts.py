@@ -61,7 +61,7 @@ def test_stats_panel_names_acceptance_and_tok_s():
     assert "tokens/pass   2.75" in text and "on, draft length 3" in text
     assert "  1 ████████████ 100%" in text and "  3 ██████░░░░░░  50%" in text
     assert "verify ███████░░░░░  60%" in text and "draft token" in text
-    idle = render_stats(StatsView(drafter="none")).plain
+    idle = render_stats(StatsView(drafter="none", drafts=False)).plain
     assert "off (no drafter)" in idle and "nothing drafted yet" in idle and "no answers yet" in idle
     off = Stats(target_passes=3, emitted=3, speculation_off="adaptive: plain decoding is faster")
     shown = render_stats(StatsView(turn=off, draft_max=8)).plain
