@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -76,3 +77,26 @@ def record_notifications(app) -> list[str]:
 
     app.notify = recording
     return seen
+
+
+def hold_answers(monkeypatch) -> threading.Event:
+    """Make each answer wait after its first chunk until the returned event is set (it starts set: clear it before
+    the answer that must still stream when the test acts). The tiny pair writes 1,800 tokens in about a second, and
+    at the chat's 2 % frame budget its text may first show near the end, so keys or resizes meant for a streaming
+    answer came after it. The wait is on the engine thread, between two chunks, where a slow model would be."""
+    from localspec.tui import chat_screen
+    from localspec.tui.live import Chunk
+
+    held, stream = threading.Event(), chat_screen.stream_generation
+    held.set()
+
+    def stream_held(generation, emit, **kwargs):
+        def emit_held(item):
+            emit(item)
+            if isinstance(item, Chunk):
+                held.wait(timeout=60)
+
+        stream(generation, emit_held, **kwargs)
+
+    monkeypatch.setattr(chat_screen, "stream_generation", stream_held)
+    return held

@@ -5,16 +5,13 @@ one line and loses nothing."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import pytest
-from support.tui import record_notifications, send, wait_ready, wait_until
+from support.tui import hold_answers, record_notifications, send, wait_ready, wait_until
 from textual import events
 from textual.widgets import Input, OptionList, Static
 
-from localspec.tui import chat_screen
 from localspec.tui.app import make_app
-from localspec.tui.live import Chunk
 from localspec.tui.screens import SearchScreen, TextPromptScreen
 from localspec.tui.store import ChatStore
 from localspec.tui.widgets import ChatMessage, PromptInput
@@ -116,20 +113,7 @@ async def test_an_edited_message_shows_2_of_2_and_left_returns_to_the_first_bran
 
 @pytest.mark.slow
 async def test_a_branch_switch_while_an_answer_streams_is_refused_and_loses_nothing(options, chat_home, monkeypatch):
-    # The long answer waits after its first chunk until the keys are pressed: the tiny pair writes 1,800 tokens in
-    # about a second, and at a 2 % frame budget its text may first show near the end.
-    held, stream = threading.Event(), chat_screen.stream_generation
-    held.set()
-
-    def stream_held(generation, emit, **kwargs):
-        def emit_held(item):
-            emit(item)
-            if isinstance(item, Chunk):
-                held.wait(timeout=60)
-
-        stream(generation, emit_held, **kwargs)
-
-    monkeypatch.setattr(chat_screen, "stream_generation", stream_held)
+    held = hold_answers(monkeypatch)  # the long answer streams until the keys were pressed
     app = make_app(options)
     notes = record_notifications(app)
     async with app.run_test(size=SIZE) as pilot:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from support.tui import record_notifications, send, wait_ready, wait_until
+from support.tui import hold_answers, record_notifications, send, wait_ready, wait_until
 from textual import events
 from textual.app import App
 from textual.geometry import Size
@@ -100,17 +100,20 @@ async def test_the_layout_follows_the_window_size(options, chat_home):
 
 
 @pytest.mark.slow
-async def test_resizing_mid_answer_keeps_the_answer(options, chat_home):
+async def test_resizing_mid_answer_keeps_the_answer(options, chat_home, monkeypatch):
+    held = hold_answers(monkeypatch)
     app = make_app(dataclasses.replace(options, max_tokens=LONG))
     async with app.run_test(size=SIZE) as pilot:
         await wait_ready(pilot)
         app.query_one(PromptInput).text = "Tell me a long story"
+        held.clear()  # the answer streams on until the resizes are done
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.query(ChatMessage).filter(".assistant").last().text, what="text")
         for size in NAMED:
             await resize(pilot, *size)
         await resize(pilot, *SIZE)
         assert app.chat.turn is not None, "the answer ended before the resizes: nothing was tested mid-answer"
+        held.set()
         await pilot.press("escape")
         await wait_until(pilot, lambda: app.chat.turn is None, what="the stop")
         answer = app.query(ChatMessage).filter(".assistant").last()
