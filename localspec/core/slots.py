@@ -49,7 +49,10 @@ class SlotPool:
             )
         if engine.drafter.after_target_decode is not None:
             raise InvalidParamsError("--parallel above 1 does not work with a draft head (mtp) yet: use --parallel 1")
-        self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in _views(parent, n)]
+        views = [SeqContext(parent, i) for i in range(n)]
+        for view in views:
+            view.clear()  # what a previous pool left: the new slots' token lists start empty
+        self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
         self._clock = 0
 
     @property
@@ -74,10 +77,6 @@ class SlotPool:
         """Give `slot` back; a row decoded ahead that no step took is removed first."""
         slot.view.discard()
         slot.busy = False
-
-
-def _views(parent, n: int):
-    return [(i, SeqContext(parent, i)) for i in range(n)]
 
 
 def decode_ahead(streams: Sequence[tuple[Slot, Generation]]) -> int:
