@@ -42,9 +42,11 @@ def test_a_prompt_takes_the_free_slot_that_shares_most_of_it(engine):
 
 
 def test_more_slots_than_sequences_is_refused(tiny_models):
-    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256) as one:
-        with pytest.raises(InvalidParamsError, match="sequences"):
-            SlotPool(one, 2)
+    with (
+        Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256) as one,
+        pytest.raises(InvalidParamsError, match="sequences"),
+    ):
+        SlotPool(one, 2)
 
 
 FIXED_K = SpeculativeParams(draft_max=4, adaptive=False)  # drafts every step (the tiny noisy draft does not pay)
