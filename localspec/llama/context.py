@@ -172,6 +172,7 @@ class Context:
         self.decoding_thread: int | None = None  # the thread that decoded last (DESIGN §7: one per process)
         self.n_seq = n_seq
         self.n_ctx = int(llama_cpp.llama_n_ctx(handle)) // n_seq  # per sequence
+        self._seq = 0  # the sequence the decode in progress is for
         self._row_seqs = [0] * self.n_batch  # the sequence each batch row is written for (several: llama/slots.py)
         self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
         self._mem = llama_cpp.llama_get_memory(handle)
@@ -278,20 +279,21 @@ class Context:
         assert 0 <= outputs <= n <= self.n_ctx
         if n_past + n > self.n_ctx:
             raise ContextError(f"context full ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+        self._seq = seq  # the sequence `_submit` writes the rows for
         if n <= self.n_batch:  # the usual case (every generation step): one batch, no slicing
-            self._submit(tokens, n_past, n - outputs, seq)
+            self._submit(tokens, n_past, n - outputs)
             return
         for start in range(0, n, self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             first_out = n - outputs - start  # rows of this chunk from which logits are wanted
             assert start + len(chunk) == n or first_out >= len(chunk), "output rows must fit in one batch"
-            self._submit(chunk, n_past + start, first_out, seq)
+            self._submit(chunk, n_past + start, first_out)
 
-    def _submit(self, tokens: list[int], n_past: int, first_out: int, seq: int = 0) -> None:
-        """One `llama_decode` of at most n_batch tokens; logits for rows first_out.. of them."""
+    def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
+        """One `llama_decode` of at most n_batch tokens (for sequence `_seq`); logits for rows first_out.. of them."""
         n = len(tokens)
         if self.n_seq > 1:
-            self._write_seqs([seq] * n)
+            self._write_seqs([self._seq] * n)
         if n == 1:
             self._token0[0], self._pos0[0], self._out0[0] = tokens[0], n_past, first_out <= 0
         else:
