@@ -135,7 +135,7 @@ def main() -> int:
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     servers = {name: _start(name, args) for name in names}
     try:
-        for name, (_, port) in servers.items():
+        for _, port in servers.values():
             _round(port, 1, 16, 0)  # warm-up
         for r in range(args.rounds):
             for clients in args.clients:
