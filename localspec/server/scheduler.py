@@ -132,9 +132,16 @@ class Scheduler:
         return len(self._active) > 1
 
     def _slots(self, served: Served) -> SlotPool:
+        """The loaded pair's slots, made (and warmed) on first use after a load (engine thread)."""
         if self._pool is None or self._pool_of is not served:
             self._pool, self._pool_of = SlotPool(served.engine, self.n_slots), served
+            self._pool.warm()
         return self._pool
+
+    def prepare(self, served: Served) -> None:
+        """Make the slots of a pair just loaded (engine thread): a refusal (`--parallel` on a model that cannot
+        take it) is said at start, and their first use is warm."""
+        self._slots(served)
 
     def _tick(self) -> None:
         """One step of every running request: their plain next tokens decoded together first, when several run."""
