@@ -24,6 +24,7 @@ from .textinput import clean
 
 DEFAULT_PORT = 8080
 DEFAULT_QUEUE = 8
+DEFAULT_PARALLEL = 1
 
 
 def register(sub) -> None:
@@ -56,6 +57,14 @@ def register(sub) -> None:
         help=f"most requests waiting or running; past it, 503 with Retry-After (default {DEFAULT_QUEUE})",
     )
     p.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        metavar="N",
+        help="most requests generating at once, decoded together in one batch; a request alone still speculates "
+        f"(default {DEFAULT_PARALLEL})",
+    )
+    p.add_argument(
         "--embedding-model",
         metavar="PATH",
         help="a GGUF embedding model for /v1/embeddings, loaded on first use (default: an embeddings context over "
@@ -71,6 +80,8 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         raise InvalidParamsError(f"--port {args.port} is not a TCP port: use 1 to 65535")
     if not 1 <= args.queue <= 10_000:
         raise InvalidParamsError(f"--queue {args.queue} is out of range: use 1 to 10000")
+    if not 1 <= args.parallel <= 64:
+        raise InvalidParamsError(f"--parallel {args.parallel} is out of range: use 1 to 64")
     api_key = clean(args.api_key)[0] if args.api_key is not None else None
     if api_key is not None and not api_key.strip():
         raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
@@ -96,7 +107,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     _log_to_stderr()
     # A models.toml that cannot be read is said once: by the load when it serves a pair, as a warning for --target.
     pairs = _configured_pairs(paths, warn=flags.target is not None)
-    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue)
+    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue, parallel=args.parallel)
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
     with SignalGuard():
         try:

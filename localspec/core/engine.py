@@ -65,6 +65,7 @@ class GenerateOptions(TypedDict, total=False):
     rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
     grammar: Grammar | CompiledGrammar | None  # what the answer must match (core/grammar.py; default: anything)
     logprobs: int | None  # each token's log-probability and this many alternatives (core/step.py; default: none)
+    target: KVSequence | None  # the target's cache to generate in (a `serve --parallel` slot's; default: the engine's)
 
 
 class Generation:
@@ -87,6 +88,7 @@ class Generation:
         rng: np.random.Generator | None = None,
         grammar: Grammar | CompiledGrammar | None = None,
         logprobs: int | None = None,
+        target: KVSequence | None = None,
     ) -> None:
         if not prompt:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
@@ -97,6 +99,7 @@ class Generation:
                 f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten it or raise --n-ctx"
             )
         self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
+        self.target = target if target is not None else engine.target
         self.max_tokens = max_tokens
         self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
         # The grammar's matcher for this generation (compiled here, so a bad grammar fails before anything runs).
@@ -111,6 +114,10 @@ class Generation:
         self.on_finish: Callable[[Generation], None] | None = None
         # Called as on_prefill(model, decoded, total) while a long prompt is read ("target" or "draft").
         self.on_prefill: Callable[[str, int, int], None] | None = None
+        # True while other streams share the target's batches (`serve --parallel`): each step then decodes plainly.
+        self.batched: Callable[[], bool] | None = None
+        self.pending = 0  # tokens of the current step not yet yielded (0: the next event starts a step)
+        self._history: list[int] | None = None  # the prompt and the tokens so far, once the prompt is read
         self._text = TextStream(stop)
         self._cancel = threading.Event()
         self._started = False
@@ -122,6 +129,21 @@ class Generation:
     def cancel(self) -> None:
         """Ask the generation to stop after the current step (thread-safe)."""
         self._cancel.set()
+
+    def upcoming(self) -> int | None:
+        """The token a plain next step decodes (the last one, at the target's n_past), where the next event starts a
+        step; None while the prompt is unread, at the end, or when cancelled (`serve --parallel` decodes it ahead)."""
+        history = self._history
+        if history is None or self.pending or self.finish_reason is not None or self._cancel.is_set():
+            return None
+        if len(history) > self.engine.n_ctx or self.target.n_past != len(history) - 1:
+            return None
+        return history[-1]
+
+    @property
+    def caches(self) -> tuple[KVSequence, ...]:
+        """The caches this generation keeps consistent: its target's, then the drafter's."""
+        return (self.target, *self.engine.drafter.caches)
 
     def __iter__(self) -> Iterator[TokenEvent]:
         """The events of this generation, once.
@@ -139,29 +161,31 @@ class Generation:
         except GeneratorExit:
             raise  # closed at a yield: between steps, the caches are consistent
         except BaseException:
-            self.engine.repair()  # a step cut short (Ctrl+C inside a decode or a rollback): roll it back
+            for seq in self.caches:  # a step cut short (Ctrl+C inside a decode or a rollback): roll it back
+                seq.repair()
             raise
         finally:
             self.stats.seconds = time.perf_counter() - start
             self.finish_reason = self.finish_reason or "cancelled"
-            self.engine.check_invariants()
+            for seq in self.caches:
+                seq.check()
             if self.on_finish is not None:
                 self.on_finish(self)
 
     def _run(self) -> Iterator[TokenEvent]:
-        engine, stats = self.engine, self.stats
+        engine, stats, target = self.engine, self.stats, self.target
         stats.drafter = engine.drafter.kind
         t0 = time.perf_counter()
         engine.policy.start()
         if engine.threads is not None:
             engine.threads.start()
         try:
-            stats.prefill_decoded = engine.target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            stats.prefill_decoded = target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
             if stats.prefill_decoded:
-                engine.target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
+                target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
             # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
             drafter_room = len(self.prompt) < engine.drafter.n_ctx
-            if drafter_room and engine.policy.wants_draft(self.spec.adaptive):
+            if drafter_room and not self._is_batched() and engine.policy.wants_draft(self.spec.adaptive):
                 stats.draft_prefill_decoded = engine.drafter.prefill(
                     self.prompt, progress=self._prefill_progress("draft")
                 )
@@ -172,7 +196,8 @@ class Generation:
             stats.seconds_prefill = time.perf_counter() - t0
         history = list(self.prompt)
         drafting = self.spec.draft_max > 0 and engine.drafter.drafts
-        chain = target_chain(engine.target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
+        chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
+        self._history = history
         try:
             yield from self._steps(history, chain)
         finally:
@@ -191,13 +216,16 @@ class Generation:
                 room = min(remaining, engine.n_ctx - len(history)) - 1
                 forced = self.constraint.forced(room, engine.eog)
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
-            k = engine.draft_length(
-                self.spec,
-                remaining - len(forced),
-                len(history) + len(forced),
-                stats,
-                timed=self.sampling.seed is None,
-            )
+            batched = self._is_batched()
+            k = 0
+            if not batched:
+                k = engine.draft_length(
+                    self.spec,
+                    remaining - len(forced),
+                    len(history) + len(forced),
+                    stats,
+                    timed=self.sampling.seed is None,
+                )
             if forced and engine.drafter.after_target_decode is not None:
                 k = 0  # a head that reads the target's rows has none yet for the forced tokens: it drafts next step
             if engine.threads is not None:
@@ -214,11 +242,14 @@ class Generation:
                 forced=len(forced),
                 logprobs=self.logprobs_top,
             )
-            step = speculative_step(engine.target, engine.drafter, request)
-            engine.check_invariants()
+            step = speculative_step(self.target, engine.drafter, request)
+            for seq in self.caches:
+                seq.check()
             stats.record_step(step)
-            engine.policy.observe(step)
+            if not batched:  # a shared batch's step says nothing of what a lone step costs
+                engine.policy.observe(step)
             for i, (token, from_draft) in enumerate(step.tokens):
+                self.pending = len(step.tokens) - i - 1
                 if step.logprobs is not None:
                     self.logprobs.append(step.logprobs[i])
                 history.append(token)
@@ -235,6 +266,9 @@ class Generation:
                     yield self._finish(token, "length", from_draft, text)
                     return
                 yield TokenEvent(token, text, from_draft)
+
+    def _is_batched(self) -> bool:
+        return self.batched is not None and self.batched()
 
     def _prefill_progress(self, model: str) -> Callable[[int, int], bool]:
         def report(done: int, total: int) -> bool:

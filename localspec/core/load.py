@@ -92,7 +92,7 @@ def load_models(
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
         speculating = drafts(kind)
         n_ctx = plan.n_ctx
-        target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS)
+        target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS, n_seq=params.n_seq)
         draft = None
         if draft_model is not None:
             draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
@@ -216,7 +216,14 @@ def _own(owned: list, obj):
 
 
 def _sequence(
-    owned: list, model: Model, n_ctx: int, params: LoadParams, speculating: bool, *, snapshots: int = 0
+    owned: list,
+    model: Model,
+    n_ctx: int,
+    params: LoadParams,
+    speculating: bool,
+    *,
+    snapshots: int = 0,
+    n_seq: int = 1,
 ) -> KVSequence:
     """A model's context and its token history. `snapshots`: for a speculating target, llama.cpp's recurrent-state
     rollback snapshots (`Context(n_rs_seq=…)`; kept only where the architecture has them, Qwen3.5 among them): a
@@ -231,6 +238,7 @@ def _sequence(
     # The draft's law at T > 0 from the graph (top-k candidates only) is for `on` alone: on this CPU and on an H100
     # (8B/1B shapes) the in-graph top-k cost more than the Python it saved.
     device = params.device_sampling == "on" or (params.device_sampling == "auto" and model.on_local_gpu)
+    device = device and n_seq == 1  # the graph's sampler is sequence 0's alone
     ctx = _own(
         owned,
         LlamaContext(
@@ -241,6 +249,7 @@ def _sequence(
             device_greedy=device,
             device_topk=params.device_sampling == "on",
             n_rs_seq=snapshots if speculating and (model.info.is_hybrid or model.info.is_recurrent) else 0,
+            n_seq=n_seq,
         ),
     )
     return KVSequence(ctx, rollback=params.rollback)

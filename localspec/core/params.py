@@ -125,6 +125,7 @@ class LoadParams:
     # A draft whose vocabulary differs: "auto" picks by the share of tokens the two vocabularies have in common,
     # "text" re-tokenises its text, "shared" drafts on the shared tokens only.
     bridge: str = "auto"
+    n_seq: int = 1  # sequences in the target's context, each with n_ctx cells (`serve --parallel`)
 
     def __post_init__(self) -> None:
         if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):

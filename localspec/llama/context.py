@@ -85,6 +85,7 @@ class Context:
         n_rs_seq: int = 0,
         device_greedy: bool = False,
         device_topk: bool = False,
+        n_seq: int = 1,
     ) -> None:
         """Create a context.
 
@@ -102,6 +103,8 @@ class Context:
                 swaps in a top-k chain instead (only k candidates leave the graph).
             device_topk: drafting at T > 0 may use `device_law` (set by `--device-sampling on` only: measured
                 slower than the host on a CPU and on an H100, docs/benchmarks.md "Where sampling runs").
+            n_seq: sequences kept apart, each with n_ctx cells of its own (`serve --parallel`, llama/slots.py); the
+                methods act on sequence 0 unless given `seq`.
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -114,7 +117,9 @@ class Context:
                 f"n_ctx {n_ctx} exceeds what {model.path.name} was trained for ({info.n_ctx_train}): "
                 f"use --n-ctx {info.n_ctx_train} or less"
             )
-        need, have = kv_bytes_estimate(info, n_ctx), memory_bytes()
+        if n_seq > 1 and device_greedy:
+            raise ContextError("device sampling keeps one sampler for sequence 0: turn it off for several sequences")
+        need, have = kv_bytes_estimate(info, n_ctx) * n_seq, memory_bytes()
         if need > have and model.placement is None:  # a placed model's cache lives on its remote devices
             raise ContextError(
                 f"n_ctx {n_ctx} needs about {need / 2**30:.1f} GiB of KV cache for {model.path.name} but only "
@@ -125,10 +130,11 @@ class Context:
         self.swa_full = swa_full
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
+        params.n_ctx = n_ctx * n_seq
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
-        params.n_seq_max = 1
+        params.n_seq_max = n_seq
+        params.kv_unified = False  # each sequence its own n_ctx cells: a long answer cannot take another's room
         threads = n_threads or physical_cores()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -164,7 +170,10 @@ class Context:
         self.seconds_decoding = 0.0  # time spent inside llama_decode (benchmarks: Python time is the rest)
         self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
         self.decoding_thread: int | None = None  # the thread that decoded last (DESIGN §7: one per process)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))
+        self.n_seq = n_seq
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle)) // n_seq  # per sequence
+        self._seq = 0  # the sequence the decode in progress is for
+        self._row_seqs = [0] * self.n_batch  # the sequence each batch row is written for (several: llama/slots.py)
         self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
         self._mem = llama_cpp.llama_get_memory(handle)
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
@@ -257,7 +266,7 @@ class Context:
     def __del__(self) -> None:
         self.close()
 
-    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
+    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1, seq: int = 0) -> None:
         """Append `tokens` at positions n_past… and compute logits for the last `outputs` rows.
 
         Inputs longer than n_batch are split; the output rows must fit in the last chunk. Read the rows
@@ -270,6 +279,7 @@ class Context:
         assert 0 <= outputs <= n <= self.n_ctx
         if n_past + n > self.n_ctx:
             raise ContextError(f"context full ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+        self._seq = seq  # the sequence `_submit` writes the rows for
         if n <= self.n_batch:  # the usual case (every generation step): one batch, no slicing
             self._submit(tokens, n_past, n - outputs)
             return
@@ -280,8 +290,10 @@ class Context:
             self._submit(chunk, n_past + start, first_out)
 
     def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
-        """One `llama_decode` of at most n_batch tokens; logits for rows first_out.. of them."""
+        """One `llama_decode` of at most n_batch tokens (for sequence `_seq`); logits for rows first_out.. of them."""
         n = len(tokens)
+        if self.n_seq > 1:
+            self._write_seqs([self._seq] * n)
         if n == 1:
             self._token0[0], self._pos0[0], self._out0[0] = tokens[0], n_past, first_out <= 0
         else:
@@ -290,6 +302,28 @@ class Context:
             first_out = min(max(first_out, 0), n)
             self._out[:first_out] = 0
             self._out[first_out:n] = 1
+        self._run_batch(n, tokens, n_past)
+
+    def decode_rows(self, rows: list[tuple[int, int, int]]) -> None:
+        """ONE `llama_decode` of one token for each of several sequences: `rows` are (seq, token, n_past), and row
+        i's logits are `logits(i)` (`serve --parallel`: each active stream's next token, llama/slots.py)."""
+        n = len(rows)
+        assert 0 < n <= self.n_batch and self.n_seq > 1
+        self._write_seqs([seq for seq, _, _ in rows])
+        self._tok[:n] = [token for _, token, _ in rows]
+        self._pos[:n] = [n_past for _, _, n_past in rows]
+        self._out[:n] = 1
+        self._run_batch(n, None, 0)
+
+    def _write_seqs(self, seqs: list[int]) -> None:
+        """Tag batch rows 0..len(seqs)-1 with these sequences (rows whose tag already fits are left alone)."""
+        tags = self._row_seqs
+        for i, seq in enumerate(seqs):
+            if tags[i] != seq:
+                self._batch.seq_id[i][0] = tags[i] = seq
+
+    def _run_batch(self, n: int, tokens: list[int] | None, n_past: int) -> None:
+        """`llama_decode` of the batch's first n rows, timed; a head that reads the rows is told (one sequence)."""
         self._batch.n_tokens = n
         thread = threading.get_ident()
         if thread != self.decoding_thread:
@@ -312,7 +346,7 @@ class Context:
             if rc == 1:
                 raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
             raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
-        if self.after_decode is not None:  # a draft head reads this decode's hidden rows (llama/mtp.py)
+        if self.after_decode is not None and tokens is not None:  # a draft head reads the hidden rows (llama/mtp.py)
             self.after_decode(tokens, n_past)
 
     def logits(self, i: int) -> np.ndarray:
@@ -374,13 +408,13 @@ class Context:
             return self._view((first, n), first, (n, self.n_vocab)) if view is None else view
         return np.stack([self.logits(start + i) for i in range(n)])
 
-    def remove_from(self, pos: int) -> bool:
+    def remove_from(self, pos: int, seq: int = 0) -> bool:
         """Remove every cell at position ≥ pos; False when the memory cannot drop a partial tail."""
-        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, pos, -1))
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq, pos, -1))
 
-    def remove_span(self, start: int, end: int) -> bool:
+    def remove_span(self, start: int, end: int, seq: int = 0) -> bool:
         """Remove the cells at positions start..end-1; False when the memory cannot (it is then unchanged)."""
-        return bool(llama_cpp.llama_memory_seq_rm(self._mem, 0, start, end))
+        return bool(llama_cpp.llama_memory_seq_rm(self._mem, seq, start, end))
 
     def can_shift(self) -> bool:
         """True when this memory can move cells to other positions (`llama_memory_can_shift`).
@@ -390,40 +424,43 @@ class Context:
         """
         return bool(llama_cpp.llama_memory_can_shift(self._mem))
 
-    def shift(self, start: int, delta: int) -> None:
+    def shift(self, start: int, delta: int, seq: int = 0) -> None:
         """Add `delta` to the position of every cell at position ≥ start (`llama_memory_seq_add`).
 
         The keys are re-rotated lazily, by the next `decode`.
         """
-        llama_cpp.llama_memory_seq_add(self._mem, 0, start, -1, delta)
+        llama_cpp.llama_memory_seq_add(self._mem, seq, start, -1, delta)
 
-    def clear(self) -> None:
-        """Empty the cache (always possible, for every kind of memory)."""
-        self._call(llama_cpp.llama_memory_clear, self._mem, True)
+    def clear(self, seq: int | None = None) -> None:
+        """Empty the cache (always possible, for every kind of memory); with `seq`, that sequence's cells only."""
+        if seq is None:
+            self._call(llama_cpp.llama_memory_clear, self._mem, True)
+        else:
+            self._call(llama_cpp.llama_memory_seq_rm, self._mem, seq, -1, -1)
 
-    def pos_range(self) -> tuple[int, int]:
+    def pos_range(self, seq: int = 0) -> tuple[int, int]:
         """(smallest, largest) position held for the sequence; (-1, -1) when empty."""
         return (
-            int(llama_cpp.llama_memory_seq_pos_min(self._mem, 0)),
-            int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0)),
+            int(llama_cpp.llama_memory_seq_pos_min(self._mem, seq)),
+            int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq)),
         )
 
-    def save_state(self, *, partial: bool = False) -> bytes:
+    def save_state(self, *, partial: bool = False, seq: int = 0) -> bytes:
         """A copy of the sequence's state (KV cells or recurrent state): one copy out of llama.cpp's buffer (slicing
         a ctypes byte array would build a Python int per byte: 0.4 s for a 12 MiB cache). `partial`: only the
         recurrent part of a hybrid memory (its size does not grow with the context)."""
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
-        size = llama_cpp.llama_state_seq_get_size_ext(self.handle, 0, flags)
+        size = llama_cpp.llama_state_seq_get_size_ext(self.handle, seq, flags)
         buf = (ctypes.c_uint8 * size)()
-        written = self._call(llama_cpp.llama_state_seq_get_data_ext, self.handle, buf, size, 0, flags)
+        written = self._call(llama_cpp.llama_state_seq_get_data_ext, self.handle, buf, size, seq, flags)
         if written == 0 and size:
             raise ContextError("llama.cpp could not save the sequence state")
         return ctypes.string_at(buf, written)
 
-    def load_state(self, state: bytes, *, partial: bool = False) -> None:
+    def load_state(self, state: bytes, *, partial: bool = False, seq: int = 0) -> None:
         """Replace the sequence's state with one from `save_state` (read in place, not copied); `partial` as there
         (the attention cells stay: remove the tail after it)."""
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
         data = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
-        if self._call(llama_cpp.llama_state_seq_set_data_ext, self.handle, data, len(state), 0, flags) == 0:
+        if self._call(llama_cpp.llama_state_seq_set_data_ext, self.handle, data, len(state), seq, flags) == 0:
             raise ContextError(f"llama.cpp could not restore the sequence state{llama_error()}")

@@ -190,7 +190,12 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     async def health(request: Request) -> Response:
         served, loading = runner.served, runner.loading
         status = "ok" if served else "loading" if loading else "no model"
-        body = {"status": status, "model": served.name if served else loading, "queue": runner.pending}
+        body = {
+            "status": status,
+            "model": served.name if served else loading,
+            "queue": runner.pending,
+            "slots": {"busy": runner.slots_busy, "total": runner.parallel},
+        }
         return JSONResponse(body, status_code=200 if served else 503)
 
     async def models(request: Request) -> Response:

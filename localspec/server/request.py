@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -17,6 +17,7 @@ import numpy as np
 
 from localspec.core.engine import Generation, TokenEvent
 from localspec.core.grammar import CompiledGrammar, Grammar, GrammarError
+from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS
 from localspec.core.session import Message, fewest_tokens
 from localspec.core.stats import TokenLogprob
@@ -134,6 +135,34 @@ def complete(
     Raises:
         ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
     """
+    run = steps(served, request, job, emit, default_max_tokens=default_max_tokens)
+    while True:
+        try:
+            next(run)
+        except StopIteration as end:
+            return end.value
+
+
+def steps(
+    served: Served,
+    request: Request,
+    job: Job,
+    emit: Emit,
+    *,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    slot: Callable[[list[int]], KVSequence] | None = None,
+    batched: Callable[[], bool] | None = None,
+) -> Generator[None, None, Outcome]:
+    """`complete` one step at a time: it yields after each step of the engine and returns the `Outcome`
+    (`serve --parallel` interleaves several requests' steps, server/scheduler.py).
+
+    Args:
+        slot: the target's cache to generate in, given the prompt (a slot of a shared context); None: the engine's.
+        batched: whether other requests share the target's batch now (each step then decodes plainly).
+
+    Raises:
+        ApiError: as `complete`.
+    """
     engine = served.engine
     think = _think(served, request) if request.messages is not None else None
     tools = _tools(served, request)
@@ -164,7 +193,9 @@ def complete(
             rng=rng,
             grammar=grammar,
             logprobs=request.logprobs,
+            target=slot(prompt) if slot is not None else None,
         )
+        gen.batched = batched
         split = served.chat_format().splitter(think) if request.messages is not None else None
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
@@ -173,6 +204,8 @@ def complete(
             pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
             scored = gen.logprobs[len(gen.tokens) - 1] if gen.logprobs and event.token is not None else None
             emit(Token(index, event, [p for p in pieces if p[1]], scored))
+            if not gen.pending:
+                yield  # a step's tokens are out: another request's step may run
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
             log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
         generations.append(gen)

@@ -27,6 +27,7 @@ from localspec.paths import Paths
 
 from .api import ApiError
 from .request import Emit, Event, Job, Outcome, Request, complete
+from .scheduler import Entry, Scheduler
 from .served import Served
 
 log = logging.getLogger(__name__)
@@ -42,15 +43,26 @@ class Runner:
         pairs: the names of the configured pairs (models.toml), which a request may switch to.
         no_swap: refuse requests for another pair (400) instead of loading it.
         max_queue: most requests waiting or running; past it, 503.
+        parallel: most requests generating at once, each in a slot of the target's context (server/scheduler.py);
+            1: one at a time, the others queued.
     """
 
     def __init__(
-        self, flags: RunFlags, paths: Paths, *, pairs: Sequence[str] = (), no_swap: bool = False, max_queue: int = 8
+        self,
+        flags: RunFlags,
+        paths: Paths,
+        *,
+        pairs: Sequence[str] = (),
+        no_swap: bool = False,
+        max_queue: int = 8,
+        parallel: int = 1,
     ) -> None:
         self.flags, self.paths = flags, paths
         self.pairs = tuple(pairs)
         self.no_swap = no_swap
         self.max_queue = max_queue
+        self.parallel = parallel
+        self.scheduler = Scheduler(self, parallel) if parallel > 1 else None
         self.served: Served | None = None
         self.loading: str | None = None  # the pair being loaded (a switch in progress), for /health
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
@@ -70,6 +82,7 @@ class Runner:
         flags = self.flags if pair is None else dataclasses.replace(self.flags, pair=pair, target=None, draft=None)
         resolved = resolve_models(flags, self.paths)
         params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
+        params = dataclasses.replace(params, n_seq=self.parallel)
         name = resolved.name or resolved.target.name
         log.info("loading %s (%s) …", name, resolved.label)
         old, self.served, self.loading = self.served, None, name
@@ -95,6 +108,8 @@ class Runner:
             think_flag=flags.think,
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
+        if self.scheduler is not None:
+            self.scheduler.prepare(self.served)
         return self.served
 
     def model_ids(self) -> list[str]:
@@ -136,6 +151,14 @@ class Runner:
         with self._lock:
             return len(self._jobs)
 
+    @property
+    def slots_busy(self) -> int:
+        """Requests generating now (at most `parallel`)."""
+        if self.scheduler is not None:
+            return self.scheduler.busy
+        with self._lock:
+            return int(any(job.generation is not None for job in self._jobs))
+
     def submit(
         self, model: str | None, request: Request | None, emit: Emit | None = None, work: Callable | None = None
     ) -> tuple[Job, Future[Outcome]]:
@@ -160,6 +183,10 @@ class Runner:
                     headers={"Retry-After": "1"},
                 )
             self._jobs.append(job)
+        if self.scheduler is not None:
+            future: Future[Outcome] = Future()
+            self.scheduler.add(Entry(job, pair, request, emit or _ignore, work, future))
+            return job, future
         return job, self._executor.submit(self._run_job, job, pair, request, emit or _ignore, work)
 
     def cancel_all(self) -> None:
@@ -191,18 +218,28 @@ class Runner:
 
     def _run_job(self, job: Job, pair: str | None, request: Request | None, emit: Emit, work=None) -> Outcome:
         try:
-            self._unless_cancelled(job, "before it began")
-            if pair is not None and (self.served is None or self.served.name != pair):
-                self.load(pair)
-                self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
-            if self.served is None:
-                raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
+            served = self._prepare(job, pair)
             if work is not None:
-                return work(self.served)
-            return complete(self.served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
+                return work(served)
+            return complete(served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
         finally:
-            job.generation = None
-            with self._lock:
+            self._forget(job)
+
+    def _prepare(self, job: Job, pair: str | None) -> Served:
+        """The pair a job runs on, switched to if it asks for another (engine thread); raises for a cancelled job."""
+        self._unless_cancelled(job, "before it began")
+        if pair is not None and (self.served is None or self.served.name != pair):
+            self.load(pair)
+            self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
+        if self.served is None:
+            raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
+        return self.served
+
+    def _forget(self, job: Job) -> None:
+        """The job has ended: its place in the queue is free."""
+        job.generation = None
+        with self._lock:
+            if job in self._jobs:
                 self._jobs.remove(job)
 
     def _unless_cancelled(self, job: Job, when: str) -> None:

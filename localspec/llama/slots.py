@@ -1,0 +1,130 @@
+"""`SeqContext`: one sequence of a several-sequence `Context` (`serve --parallel`), seen as a context of its own, so
+a `KVSequence` and the one generation step work on it unchanged; `decode_together`: each active stream's next token
+in ONE `llama_decode`, handed to each stream's own next decode (DESIGN §8, several clients).
+
+A stream's step decodes [its last token] at n_past and reads row 0. `decode_together` decodes that row for every
+stream ahead of their steps and keeps it as pending; the step's `decode` finds its row decoded and reads the shared
+batch's row instead of decoding. A step that decodes something else (a grammar's forced tokens, a speculative pass)
+first removes the pending cell and decodes alone. A pending row no step took is removed (`discard`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from localspec.errors import ContextError
+
+from .context import Context
+
+
+class SeqContext:
+    """Sequence `seq` of `parent` (made with n_seq > seq): the `core.kv.Context` protocol on that sequence alone."""
+
+    device_greedy = False  # the parent keeps no sampler per sequence (refused by `Context` for n_seq > 1)
+    device_topk = False
+    host_chains = False  # a llama.cpp chain reads rows by the parent's index: the target's law is built by numpy
+
+    def __init__(self, parent: Context, seq: int) -> None:
+        assert 0 <= seq < parent.n_seq
+        self.parent, self.seq = parent, seq
+        self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
+        self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
+        self.after_decode = None
+        self._pending: tuple[int, int, int, int] | None = None  # (token, n_past, row, parent's decodes) decoded ahead
+        self._row: int | None = None  # the last decode was the shared batch's row `_row`
+
+    @property
+    def seconds_decoding(self) -> float:
+        return self.parent.seconds_decoding
+
+    @property
+    def handle(self):
+        return self.parent.handle
+
+    @property
+    def pending(self) -> bool:
+        """Whether a row decoded ahead (`decode_together`) waits for this sequence's next decode."""
+        return self._pending is not None
+
+    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
+        """As `Context.decode` on this sequence; a row `decode_together` decoded ahead is taken instead when it is
+        exactly this decode and its logits are still the parent's last."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            token, at, row, stamp = pending
+            if tokens == [token] and n_past == at and outputs <= 1 and stamp == self.parent.decodes:
+                self._row = row
+                return
+            self.parent.remove_from(at, self.seq)  # not this step's decode, or its logits are gone: undo it
+        self._row = None
+        self.parent.decode(tokens, n_past, outputs=outputs, seq=self.seq)
+
+    def discard(self) -> None:
+        """Remove a row decoded ahead that no step took (the stream finished or was cancelled instead)."""
+        if self._pending is not None:
+            self.parent.remove_from(self._pending[1], self.seq)
+            self._pending = None
+
+    def logits(self, i: int) -> np.ndarray:
+        if self._row is not None:
+            assert i in (0, -1), "a shared decode gave this sequence one row"
+            return self.parent.logits(self._row)
+        return self.parent.logits(i)
+
+    def logits_block(self, n: int, start: int = 0) -> np.ndarray:
+        if self._row is not None:
+            assert n == 1 and start in (0, -1), "a shared decode gave this sequence one row"
+            return self.parent.logits_block(1, self._row)
+        return self.parent.logits_block(n, start)
+
+    def sampled_token(self, i: int) -> int:
+        raise ContextError("no sampler in the graph for a sequence of a shared context")
+
+    def sampled_candidates(self, i: int):
+        raise ContextError("no sampler in the graph for a sequence of a shared context")
+
+    def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
+        raise ContextError("no sampler in the graph for a sequence of a shared context")
+
+    def set_threads(self, n: int) -> None:
+        self.parent.set_threads(n)
+
+    def remove_from(self, pos: int) -> bool:
+        self._row = None
+        return self.parent.remove_from(pos, self.seq)
+
+    def remove_span(self, start: int, end: int) -> bool:
+        return self.parent.remove_span(start, end, self.seq)
+
+    def can_shift(self) -> bool:
+        return self.parent.can_shift()
+
+    def shift(self, start: int, delta: int) -> None:
+        self.parent.shift(start, delta, self.seq)
+
+    def clear(self) -> None:
+        self._pending = self._row = None
+        self.parent.clear(self.seq)
+
+    def pos_range(self) -> tuple[int, int]:
+        return self.parent.pos_range(self.seq)
+
+    def save_state(self, *, partial: bool = False) -> bytes:
+        return self.parent.save_state(partial=partial, seq=self.seq)
+
+    def load_state(self, state: bytes, *, partial: bool = False) -> None:
+        self.parent.load_state(state, partial=partial, seq=self.seq)
+
+
+def decode_together(rows: Sequence[tuple[SeqContext, int, int]]) -> None:
+    """Decode each (sequence, token, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
+    next `decode` of exactly [token] at n_past takes its row from it (`SeqContext.decode`)."""
+    if not rows:
+        return
+    parent = rows[0][0].parent
+    assert all(view.parent is parent and not view.pending for view, _, _ in rows)
+    parent.decode_rows([(view.seq, token, n_past) for view, token, n_past in rows])
+    for i, (view, token, n_past) in enumerate(rows):
+        view._pending = (token, n_past, i, parent.decodes)

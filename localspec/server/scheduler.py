@@ -1,0 +1,177 @@
+"""Several requests generating at once on the one engine thread (`serve --parallel N`, DESIGN §8).
+
+Up to N requests hold a slot each (core/slots.py: a sequence of the target's context); the rest wait in arrival
+order, within the runner's bound. Each tick, on the engine thread: requests that fit join (continuous batching);
+when two or more run, the next token of every stream is decoded in ONE batch (`decode_ahead`) and each stream
+takes one step from it, plainly; a stream that runs alone takes one speculative step exactly as with one slot.
+Every running stream steps once per tick, so a long answer never holds the others back. A finished or cancelled
+request gives its slot back at once, in the tick it ends. A request for another pair waits until none runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from localspec.core.kv import KVSequence
+from localspec.core.slots import Slot, SlotPool, decode_ahead
+
+from .request import Emit, Job, Outcome, Request, steps
+from .served import Served
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """One request in the scheduler: waiting (no `run`), then running in a slot."""
+
+    job: Job
+    pair: str | None
+    request: Request | None
+    emit: Emit
+    work: Callable | None
+    future: Future
+    run: Generator[None, None, Outcome] | None = None
+    slot: Slot | None = None
+
+
+class Scheduler:
+    """The waiting and running requests of a `Runner` with N slots; its loop runs on the runner's engine thread.
+
+    Args:
+        runner: the runner (its pair, its engine thread, its queue's bookkeeping).
+        n_slots: most requests generating at once.
+    """
+
+    def __init__(self, runner, n_slots: int) -> None:
+        self.runner, self.n_slots = runner, n_slots
+        self._waiting: deque[Entry] = deque()
+        self._active: list[Entry] = []
+        self._lock = threading.Lock()
+        self._looping = False
+        self._pool: SlotPool | None = None
+        self._pool_of: Served | None = None  # the pair the pool's slots belong to
+
+    @property
+    def busy(self) -> int:
+        """Slots generating now (for /health)."""
+        return len(self._active)
+
+    def add(self, entry: Entry) -> None:
+        """Queue `entry` (any thread); the engine thread's loop starts if it is not running."""
+        with self._lock:
+            self._waiting.append(entry)
+            start, self._looping = not self._looping, True
+        if start:
+            self.runner._executor.submit(self._loop)
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._waiting and not self._active:
+                        self._looping = False
+                        return
+                self._admit()
+                self._tick()
+        except BaseException as e:  # a bug: every request hears of it, the next request starts a new loop
+            log.exception("the scheduler stopped")
+            with self._lock:
+                entries, self._looping = [*self._active, *self._waiting], False
+                self._active.clear()
+                self._waiting.clear()
+            for entry in entries:
+                self._settle(entry, error=e)
+
+    def _admit(self) -> None:
+        """Start the waiting requests that fit, in order: a free slot each; a pair switch once none runs."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    return
+                entry, served = self._waiting[0], self.runner.served
+                switch = entry.pair is not None and (served is None or served.name != entry.pair)
+                if (switch and self._active) or (entry.work is None and len(self._active) >= self.n_slots):
+                    return
+                self._waiting.popleft()
+            self._start(entry)
+
+    def _start(self, entry: Entry) -> None:
+        if not entry.future.set_running_or_notify_cancel():
+            self._settle(entry)
+            return
+        try:
+            served = self.runner._prepare(entry.job, entry.pair)
+            if entry.work is not None:
+                self._settle(entry, result=entry.work(served))
+                return
+            pool = self._slots(served)
+
+            def slot(prompt: list[int]) -> KVSequence:
+                if entry.slot is None:
+                    entry.slot = pool.acquire(prompt)
+                return entry.slot.target
+
+            request = self.runner._with_flags(entry.request)
+            max_tokens = self.runner.flags.max_tokens
+            entry.run = steps(
+                served, request, entry.job, entry.emit, default_max_tokens=max_tokens, slot=slot, batched=self._batched
+            )
+        except BaseException as e:
+            self._settle(entry, error=e)
+            return
+        with self._lock:
+            self._active.append(entry)
+
+    def _batched(self) -> bool:
+        return len(self._active) > 1
+
+    def _slots(self, served: Served) -> SlotPool:
+        """The loaded pair's slots, made (and warmed) on first use after a load (engine thread)."""
+        if self._pool is None or self._pool_of is not served:
+            self._pool, self._pool_of = SlotPool(served.engine, self.n_slots), served
+            self._pool.warm()
+        return self._pool
+
+    def prepare(self, served: Served) -> None:
+        """Make the slots of a pair just loaded (engine thread): a refusal (`--parallel` on a model that cannot
+        take it) is said at start, and their first use is warm."""
+        self._slots(served)
+
+    def _tick(self) -> None:
+        """One step of every running request: their plain next tokens decoded together first, when several run."""
+        entries = list(self._active)
+        if len(entries) > 1:
+            streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
+            decode_ahead(streams)
+        for entry in entries:
+            try:
+                next(entry.run)
+            except StopIteration as end:
+                self._settle(entry, result=end.value)
+            except BaseException as e:
+                self._settle(entry, error=e)
+        for entry in self._active:
+            if entry.slot is not None:
+                entry.slot.view.discard()
+
+    def _settle(self, entry: Entry, *, result=None, error: BaseException | None = None) -> None:
+        """End `entry`: its slot back, its place in the queue freed, its future settled."""
+        with self._lock:
+            if entry in self._active:
+                self._active.remove(entry)
+        if entry.slot is not None and self._pool is not None:
+            self._pool.release(entry.slot)
+            entry.slot = None
+        self.runner._forget(entry.job)
+        if entry.future.done():
+            return
+        if error is not None:
+            entry.future.set_exception(error)
+        else:
+            entry.future.set_result(result)

@@ -1,0 +1,149 @@
+"""Slots of one target context (`serve --parallel`): which slot a prompt takes, and streams stepped together.
+
+On the real tiny pair: the next tokens of several streams go through ONE llama_decode per step, and each stream's
+greedy text is the text it gets alone; a row decoded ahead that no step takes is removed again.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.core.engine import Engine
+from localspec.core.params import SpeculativeParams
+from localspec.core.sampling import SamplingParams
+from localspec.core.slots import SlotPool, decode_ahead
+from localspec.errors import InvalidParamsError
+
+PROMPTS = [[1, 5, 9, 13, 2], [1, 7, 7, 3], [1, 4, 8, 15, 16, 23, 42], [1, 2]]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_models):
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256, n_seq=3) as engine:
+        yield engine
+
+
+def test_a_prompt_takes_the_free_slot_that_shares_most_of_it(engine):
+    pool = SlotPool(engine, 3)
+    first = pool.acquire([1, 2, 3])
+    first.target.sync([1, 2, 3])
+    pool.release(first)
+    second = pool.acquire([9, 9])  # shares nothing: the least recently used slot, not the one holding [1, 2, 3]
+    assert second is not first
+    again = pool.acquire([1, 2, 3, 4])
+    assert again is first and pool.busy == 2
+    third = pool.acquire([1, 2])
+    assert pool.busy == 3
+    with pytest.raises(RuntimeError):
+        pool.acquire([1])
+    for slot in (second, again, third):
+        pool.release(slot)
+    assert pool.busy == 0
+
+
+def test_more_slots_than_sequences_is_refused(tiny_models):
+    with (
+        Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=256) as one,
+        pytest.raises(InvalidParamsError, match="sequences"),
+    ):
+        SlotPool(one, 2)
+
+
+FIXED_K = SpeculativeParams(draft_max=4, adaptive=False)  # drafts every step (the tiny noisy draft does not pay)
+
+
+def _alone(engine, pool, prompt, max_tokens):
+    slot = pool.acquire(prompt)
+    try:
+        gen = engine.generate(
+            prompt, sampling=SamplingParams(temperature=0), spec=FIXED_K, max_tokens=max_tokens, target=slot.target
+        )
+        for _ in gen:
+            pass
+        return gen.tokens
+    finally:
+        pool.release(slot)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alone(engine, temperature):
+    """Greedy: the text alone (speculating) equals the text beside others. At T > 0 with a seed and draft-max 0
+    (plain decoding alone too), the same seed gives the same text alone and together: each stream its own RNG."""
+    pool = SlotPool(engine, 3)
+    sampling = SamplingParams(temperature=temperature, seed=7)
+    spec = FIXED_K if temperature == 0 else SpeculativeParams(draft_max=0)
+    lengths = [12, 30, 21]
+
+    def start(prompt, n, slot):
+        return engine.generate(prompt, sampling=sampling, spec=spec, max_tokens=n, target=slot.target)
+
+    alone = []
+    for prompt, n in zip(PROMPTS, lengths, strict=False):
+        slot = pool.acquire(prompt)
+        gen = start(prompt, n, slot)
+        alone.append([e.token for e in gen])
+        pool.release(slot)
+    slots = [pool.acquire(p) for p in PROMPTS[:3]]
+    gens = [start(p, n, s) for p, n, s in zip(PROMPTS, lengths, slots, strict=False)]
+    for gen in gens:
+        gen.batched = lambda: True
+    events = [iter(g) for g in gens]
+    together: list[list[int | None]] = [[next(e).token] for e in events]  # each prompt read, first step taken
+    parent = engine.target.ctx
+    live = set(range(3))
+    while live:
+        before = parent.decodes
+        decoded = decode_ahead([(slots[i], gens[i]) for i in sorted(live)])
+        assert decoded == len(live) and parent.decodes == before + 1  # ONE llama_decode for every live stream
+        for i in sorted(live):
+            event = next(events[i])
+            together[i].append(event.token)
+            if event.finish_reason is not None:
+                live.discard(i)
+                with pytest.raises(StopIteration):
+                    next(events[i])
+        assert parent.decodes == before + 1  # no stream decoded on its own
+    assert together == alone[:3]
+    assert all(g.stats.drafted == 0 for g in gens)
+    for slot, gen in zip(slots, gens, strict=True):
+        slot.target.check()
+        assert slot.target.n_past == len(gen.prompt) + len(gen.tokens) - 1
+        pool.release(slot)
+
+
+def test_a_row_decoded_ahead_that_no_step_takes_is_removed(engine):
+    pool = SlotPool(engine, 3)
+    slot = pool.acquire(PROMPTS[0])
+    gen = engine.generate(PROMPTS[0], sampling=SamplingParams(temperature=0), max_tokens=5, target=slot.target)
+    gen.batched = lambda: True
+    events = iter(gen)
+    next(events)
+    assert decode_ahead([(slot, gen)]) == 1
+    assert slot.view.pos_range()[1] == slot.target.n_past  # one cell past the tokens: the pending row
+    gen.cancel()
+    assert next(events).finish_reason == "cancelled"
+    pool.release(slot)  # discards it
+    slot.target.check()
+    assert not slot.view.pending
+
+
+def test_a_step_that_decodes_something_else_undoes_the_row_decoded_ahead(engine):
+    """A stream that turns to speculating (it is alone now) decodes its verify pass itself: the row decoded ahead
+    is removed first, and its text is still its text alone."""
+    pool = SlotPool(engine, 3)
+    expected = _alone(engine, pool, PROMPTS[1], 20)
+    slot = pool.acquire(PROMPTS[1])
+    gen = engine.generate(
+        PROMPTS[1], sampling=SamplingParams(temperature=0), spec=FIXED_K, max_tokens=20, target=slot.target
+    )
+    shared = [True]
+    gen.batched = lambda: shared[0]
+    events = iter(gen)
+    tokens = [next(events).token]
+    decode_ahead([(slot, gen)])
+    shared[0] = False  # the step now speculates: k drafts + 1 rows, not the pending row
+    tokens += [e.token for e in events]
+    assert tokens == expected
+    slot.target.check()
+    assert gen.stats.drafted > 0
+    pool.release(slot)
