@@ -100,6 +100,16 @@ def in_order(items: list[tuple[str, bool]], separator: str, prefix: str) -> tupl
     return rules, ref("first", 0)
 
 
+def _string_enum(schema: object) -> bool:
+    """A parameter whose values are a list of strings (written as literal alternatives, not as JSON)."""
+    return isinstance(schema, dict) and "enum" in schema and all(isinstance(e, str) for e in schema["enum"])
+
+
+def _json_value(schema: object) -> str:
+    """A parameter's value as JSON under its (lenient) schema, as a Lark rule."""
+    return f"%json {json.dumps(lenient(schema if isinstance(schema, dict) else {}))}"
+
+
 def qwen35_function(index: int, name: str, parameters: dict[str, Any]) -> list[str]:
     """Qwen3.5's (and Qwen3-Coder's) XML call of one function: `<function=NAME>`, then each parameter as
     `<parameter=KEY>\\nVALUE\\n</parameter>\\n`, a string written raw, any other value as JSON."""
@@ -110,11 +120,10 @@ def qwen35_function(index: int, name: str, parameters: dict[str, Any]) -> list[s
         head = lark_string(f"<parameter={key}>\n")
         if isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema:
             value = "QWEN35_STRING"  # raw text up to the first "\n</parameter>", that included
-        elif isinstance(schema, dict) and "enum" in schema and all(isinstance(e, str) for e in schema["enum"]):
+        elif _string_enum(schema):
             value = "(" + " | ".join(lark_string(e + QWEN35_STRING_END) for e in schema["enum"]) + ")"
         else:
-            inner = json.dumps(lenient(schema if isinstance(schema, dict) else {}))
-            value = f"%json {inner} {lark_string(QWEN35_STRING_END)}"
+            value = f"{_json_value(schema)} {lark_string(QWEN35_STRING_END)}"
         rules.append(f"q{index}_p{j}: {head} {value} {lark_string(chr(10))}")
         items.append((f"q{index}_p{j}", key in required))
     listed, args = in_order(items, "", f"q{index}")
@@ -132,12 +141,12 @@ def gemma_function(index: int, name: str, parameters: dict[str, Any], quote: str
     text = "GEMMA_TEXT" if quote in specials else "GEMMA_STRING"
     items, rules = [], []
     for j, (key, schema) in enumerate(props.items()):
-        if isinstance(schema, dict) and "enum" in schema and all(isinstance(e, str) for e in schema["enum"]):
+        if _string_enum(schema):
             value = "(" + " | ".join(f"{q} {lark_string(e)} {q}" for e in schema["enum"]) + ")"
         elif isinstance(schema, dict) and schema.get("type") == "string":
             value = f"{q} {text}? {q}" if text == "GEMMA_TEXT" else f"{q} {text}"
         else:
-            value = f"%json {json.dumps(lenient(schema if isinstance(schema, dict) else {}))}"
+            value = _json_value(schema)
         rules.append(f"g{index}_p{j}: {lark_string(key + ':')} {value}")
         items.append((f"g{index}_p{j}", key in required))
     listed, args = in_order(items, '","', f"g{index}")
