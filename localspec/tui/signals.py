@@ -103,7 +103,14 @@ def discard_output(driver: object, fds: tuple[int, ...] = (1, 2)) -> None:
     Textual write from its signal handler. Call it from the signal handler (`watch`'s `at_once`), not from the loop:
     `fds` (stdout and stderr) become /dev/null, and an output thread that died — now or on a write under way — is
     replaced by one that drains the same queue, so a write blocked on it goes through. Safe to call again.
+
+    The kernel follows the SIGHUP with a SIGCONT, on which Textual restarts application mode: a new output thread
+    and a new input thread, which spins on the dead terminal (every read an instant end of file) and, when it missed
+    the exit's stop, kept the process from ending after the app had (the CI runs of 2026-11-27). So the driver no
+    longer restarts: Python runs the handlers of signals that arrive together in numeric order, SIGHUP first.
     """
+    if hasattr(driver, "_auto_restart"):
+        driver._auto_restart = False
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         for fd in fds:

@@ -179,3 +179,31 @@ def test_a_hangup_frees_a_write_blocked_on_the_dead_output_thread():
         time.sleep(0.01)
     time.sleep(0.05)  # the last item taken is written
     assert driver._writer_thread is not writer and driver._file.getvalue() == "x" * MAX_QUEUED_WRITES + "y"
+
+
+def test_after_a_hangup_the_sigcont_that_follows_does_not_restart_the_terminal_threads(monkeypatch):
+    """The kernel sends SIGCONT after SIGHUP, and Textual's driver restarts application mode on it: a new input thread
+    spins on the dead terminal, and one that missed the exit's stop kept the process from ending after the app had
+    (1 run in 5 of the 50 kB paste then hang-up). After `discard_output` the real driver's SIGCONT handler starts
+    nothing."""
+    from textual.drivers.linux_driver import LinuxDriver
+
+    from localspec.tui import signals
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTSTP, signal.SIGCONT)}  # the driver's own
+    try:
+        driver = asyncio.run(_in_a_loop(lambda: LinuxDriver(object())))  # it keeps the running loop
+        started = []
+        monkeypatch.setattr(driver, "start_application_mode", lambda: started.append("restarted"))
+        driver._sigcont_application()
+        assert started == ["restarted"]  # a SIGCONT restarts it while the terminal is there (Ctrl+Z, then fg)
+        signals.discard_output(driver, fds=())
+        driver._sigcont_application()
+        assert started == ["restarted"]
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+async def _in_a_loop(make):
+    return make()
