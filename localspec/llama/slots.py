@@ -120,11 +120,16 @@ class SeqContext:
 
 def decode_together(rows: Sequence[tuple[SeqContext, int, int]]) -> None:
     """Decode each (sequence, token, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
-    next `decode` of exactly [token] at n_past takes its row from it (`SeqContext.decode`)."""
+    next `decode` of exactly [token] at n_past takes its row from it (`SeqContext.decode`).
+
+    The rows go to llama.cpp in sequence order: with each sequence's cells kept apart it splits a batch at every
+    sequence id out of ascending order, and slots 2, 0, 3, 1 then cost two passes over the weights (3, 2, 1, 0:
+    four) where one serves them all — four clients' steps took up to 2.2× as long."""
     if not rows:
         return
     parent = rows[0][0].parent
     assert all(view.parent is parent and not view.pending for view, _, _ in rows)
+    rows = sorted(rows, key=lambda row: row[0].seq)
     parent.decode_rows([(view.seq, token, n_past) for view, token, n_past in rows])
     for i, (view, token, n_past) in enumerate(rows):
         view._pending = (token, n_past, i, parent.decodes)

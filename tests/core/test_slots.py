@@ -6,6 +6,7 @@ greedy text is the text it gets alone; a row decoded ahead that no step takes is
 
 from __future__ import annotations
 
+import llama_cpp
 import pytest
 
 from localspec.core.engine import Engine
@@ -13,6 +14,9 @@ from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.slots import SlotPool, decode_ahead
 from localspec.errors import InvalidParamsError
+from localspec.llama.context import Context
+from localspec.llama.model import Model
+from localspec.llama.slots import SeqContext, decode_together
 
 PROMPTS = [[1, 5, 9, 13, 2], [1, 7, 7, 3], [1, 4, 8, 15, 16, 23, 42], [1, 2]]
 
@@ -147,3 +151,45 @@ def test_a_step_that_decodes_something_else_undoes_the_row_decoded_ahead(engine)
     slot.target.check()
     assert gen.stats.drafted > 0
     pool.release(slot)
+
+
+class _CountingContext(Context):
+    """A context that counts the graph nodes llama.cpp computes (its eval callback is asked once per node)."""
+
+    def _configure(self, params) -> None:
+        self.nodes = 0
+
+        def asked(_tensor, ask, _user_data) -> bool:
+            self.nodes += 1
+            return False  # only counting: llama.cpp computes the graph in one go
+
+        self._asked = llama_cpp.ggml_backend_sched_eval_callback(asked)  # kept alive with the context
+        params.cb_eval = self._asked
+
+
+def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
+    """llama.cpp splits a batch of several sequences at every sequence id out of ascending order (its cache keeps
+    each sequence's cells apart): rows for slots 2, 0, 3, 1 went through the model as four passes, not one, and
+    four clients' steps cost up to 2.2× what they should (serve --parallel 4 on the demo pair, 2026-11-27: the order
+    is the order requests took their slots). `decode_together` hands llama.cpp its rows by sequence."""
+    model = Model(tiny_models.target)
+    ctx = _CountingContext(model, n_ctx=64, n_seq=4, n_threads=1)
+    try:
+        views = [SeqContext(ctx, seq) for seq in range(4)]
+        for view in views:
+            view.decode([1, 5, 9], 0)
+        nodes = []
+        for order in ([0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0]):
+            for view in views:
+                view.remove_from(3)  # the row the last order decoded
+            before = ctx.nodes
+            decode_together([(views[seq], 7, 3) for seq in order])
+            nodes.append(ctx.nodes - before)
+            rows = {seq: views[seq].logits(0).copy() for seq in order}
+            for seq in order:  # each sequence reads its own row, whatever the order it was given in
+                views[seq].decode([7], 3)
+                assert (views[seq].logits(0) == rows[seq]).all()
+        assert nodes[0] > 0 and nodes == [nodes[0]] * 3, f"graph nodes per order: {nodes}"
+    finally:
+        ctx.close()
+        model.close()
