@@ -246,7 +246,7 @@ class Generation:
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
-            if not batched:  # a shared batch's step says nothing of what a lone step costs
+            if not batched and not self.target.ctx.row_shared:  # a shared batch's step says nothing of a lone one's
                 engine.policy.observe(step)
             for i, (token, from_draft) in enumerate(step.tokens):
                 self.pending = len(step.tokens) - i - 1

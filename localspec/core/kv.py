@@ -43,6 +43,9 @@ class Context(Protocol):
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
     device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
     n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
+    # The last decode's row came from a batch shared with other sequences (`serve --parallel`): it cost no time of its
+    # own, so the step that read it says nothing of what a step costs.
+    row_shared: bool
     # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
     after_decode: Callable[[list[int], int], None] | None
 

@@ -74,6 +74,8 @@ class Context:
     Positions are explicit: callers own the token history and pass `n_past`.
     """
 
+    row_shared = False  # its decodes are its own (a shared batch's rows: llama/slots.py)
+
     def __init__(
         self,
         model: Model,

@@ -44,6 +44,11 @@ class SeqContext:
         return self.parent.handle
 
     @property
+    def row_shared(self) -> bool:
+        """Whether the last decode was a row of a shared batch (`decode_together`), not a decode of its own."""
+        return self._row is not None
+
+    @property
     def pending(self) -> bool:
         """Whether a row decoded ahead (`decode_together`) waits for this sequence's next decode."""
         return self._pending is not None

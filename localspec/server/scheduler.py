@@ -56,6 +56,7 @@ class Scheduler:
         self._looping = False
         self._pool: SlotPool | None = None
         self._pool_of: Served | None = None  # the pair the pool's slots belong to
+        self._shared = False  # this tick's steps run in a shared batch (two or more streams at its start)
 
     @property
     def busy(self) -> int:
@@ -129,7 +130,9 @@ class Scheduler:
             self._active.append(entry)
 
     def _batched(self) -> bool:
-        return len(self._active) > 1
+        """Whether the steps of this tick run in a shared batch: fixed for the tick, so a stream left alone by one
+        that ended earlier in it still takes the row decoded for it (a speculative step would redo that decode)."""
+        return self._shared
 
     def _slots(self, served: Served) -> SlotPool:
         """The loaded pair's slots, made (and warmed) on first use after a load (engine thread)."""
@@ -146,7 +149,8 @@ class Scheduler:
     def _tick(self) -> None:
         """One step of every running request: their plain next tokens decoded together first, when several run."""
         entries = list(self._active)
-        if len(entries) > 1:
+        self._shared = len(entries) > 1
+        if self._shared:
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
             decode_ahead(streams)
         for entry in entries:

@@ -193,3 +193,34 @@ def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
     finally:
         ctx.close()
         model.close()
+
+
+def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
+    """A stream left alone mid-tick (the other ended) takes the row decoded for it in the shared batch: its step cost
+    no decode of its own, and counted as a lone plain step it made plain decoding look free — `serve --parallel 4`
+    then all but stopped speculating for a lone client (4-11 drafts an answer against ~100 with one slot)."""
+    pool = SlotPool(engine, 3)
+    slots = [pool.acquire(p) for p in PROMPTS[:2]]
+    plain = SpeculativeParams(draft_max=0)  # k = 0 every step: the lone step takes the shared row
+    gens = [
+        engine.generate(p, sampling=SamplingParams(temperature=0), spec=plain, max_tokens=8, target=s.target)
+        for p, s in zip(PROMPTS, slots, strict=False)
+    ]
+    shared = [True]
+    for gen in gens:
+        gen.batched = lambda: shared[0]
+    events = [iter(g) for g in gens]
+    for e in events:
+        next(e)
+    timed = engine.policy.costs.target
+    plain_steps = timed[0].n if 0 in timed else 0
+    decode_ahead(list(zip(slots, gens, strict=True)))
+    shared[0] = False  # the other stream ended earlier in this tick
+    next(events[0])
+    assert slots[0].view.row_shared  # it took its row from the shared batch
+    assert (timed[0].n if 0 in timed else 0) == plain_steps
+    next(events[0])  # its next step decodes alone, and is timed
+    assert not slots[0].view.row_shared and timed[0].n == plain_steps + 1
+    for gen, slot in zip(gens, slots, strict=True):
+        gen.cancel()
+        pool.release(slot)

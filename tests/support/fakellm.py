@@ -61,7 +61,8 @@ class TableContext:
 
     def __init__(self, table: LogitTable, model: FakeModel, n_ctx: int = 256, *, device_greedy: bool = False) -> None:
         self.table, self.model, self.n_ctx, self.device_greedy = table, model, n_ctx, device_greedy
-        self.device_topk = False  # no top-k chain: a sampled draft reads the table's logits
+        self.device_topk = False
+        self.row_shared = False  # no top-k chain: a sampled draft reads the table's logits
         self.n_batch, self.n_rs_seq = n_ctx, 0  # one batch holds anything; no recurrent snapshots
         self.seconds_decoding = 0.0  # a table lookup is not timed
         self.after_decode = None  # no draft head reads a table
