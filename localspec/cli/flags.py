@@ -24,7 +24,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="how tokens are drafted: model (the --draft model), ngram (copy what followed the longest earlier "
         "match of the last tokens in the prompt or output; fast for repeating or editing a given text), "
         "model+ngram (that copy where it finds a match, else the model), mtp (the target's own MTP "
-        "head), none (default: model with a draft, else the target's MTP head where it has one, else none)",
+        "head), none (default: model+ngram with a draft, else the target's MTP head where it has one, else none)",
     )
     p.add_argument(
         "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"

@@ -25,6 +25,9 @@ PLAIN_DRAFTERS = ("none",)  # the drafters that propose nothing: plain decoding 
 # No draft file and no --drafter: the target's own MTP head where it has one (and llama-cpp-python can run it),
 # else plain decoding. `load_models` settles it; the engine's drafter says what it became (`Drafter.kind`).
 AUTO_DRAFTER = "auto"
+# The drafter when a draft model is loaded and none is named: the history's n-gram copy where it finds a repeat, the
+# draft model for the rest (faster than "model" alone in two quiet runs: docs/benchmarks.md "The n-gram chain").
+DEFAULT_MODEL_DRAFTER = "model+ngram"
 N_CTX_MIN = 16
 # Most tokens in one answer unless told otherwise (every entry point: generate, chat, the Python API). Long
 # enough that a chat answer or a code block rarely stops mid-way; a shorter one is a flag or setting away.

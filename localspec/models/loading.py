@@ -17,6 +17,7 @@ from typing import Any
 from localspec.core.engine import Engine
 from localspec.core.params import (
     AUTO_DRAFTER,
+    DEFAULT_MODEL_DRAFTER,
     SAMPLING_OPTIONS,
     SPECULATIVE_OPTIONS,
     LoadParams,
@@ -63,8 +64,9 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
     Args:
         flags: the explicit options (None or empty: not given).
         defaults: the pair's defaults (`PairDefaults()` for plain paths).
-        has_draft: whether a draft file was given; the drafter defaults to "model" with one, else "auto" (the
-            target's MTP head where it has one, else none: `core.load.head_drafter`).
+        has_draft: whether a draft file was given; the drafter defaults to "model+ngram" with one
+            (`DEFAULT_MODEL_DRAFTER`), else "auto" (the target's MTP head where it has one, else none:
+            `core.load.head_drafter`).
 
     Raises:
         InvalidParamsError: a value out of range.
@@ -75,7 +77,7 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
         return value if value is not None else getattr(defaults, name)
 
     return LoadParams(
-        drafter=flags.drafter or ("model" if has_draft else AUTO_DRAFTER),
+        drafter=flags.drafter or (DEFAULT_MODEL_DRAFTER if has_draft else AUTO_DRAFTER),
         n_ctx=flags.n_ctx or defaults.n_ctx,
         n_gpu_layers=given("n_gpu_layers"),
         n_gpu_layers_draft=given("n_gpu_layers_draft"),

@@ -81,7 +81,8 @@ def render_stats(view: StatsView) -> Text:
         text.append(f"  {why}\n", "dim")
     else:
         _row(text, "speculation", f"{verdict} ({why})" if why else verdict, style)
-    _row(text, "drafter", f"{view.drafter}, max {view.draft_max}" + (" adaptive" if view.adaptive else " fixed"))
+    _row(text, "drafter", view.drafter)  # "model+ngram" and a max on one row wrapped in the panel's width
+    _row(text, "draft length", (f"adaptive ≤ {view.draft_max}" if view.adaptive else f"fixed {view.draft_max}"))
     if view.drafting_note and view.drafts:
         text.append(f"  {view.drafting_note}\n", "dim")
     turn = view.turn or Stats()

@@ -14,6 +14,7 @@ from localspec.bench.peer import LlamaServer, PeerBuild, peer_build
 from localspec.bench.report import from_json, render
 from localspec.bench.run import PeerSetting, best_peer_settings
 from localspec.cli.main import main
+from localspec.core.params import DEFAULT_MODEL_DRAFTER as DEFAULT
 
 
 def bench(capsys, tiny_models, peer, *extra: str) -> tuple[int, str, str]:
@@ -138,17 +139,17 @@ def test_an_older_peer_without_ngram_mod_is_best_among_its_drafts(tiny_models, c
 def test_drafters_side_by_side_and_the_headline_follows_the_default(tiny_models, capsys, localspec_home, tmp_path):
     peer, _ = write_fake_peer(tmp_path)
     code, out, err = bench(
-        capsys, tiny_models, peer, "--k", "2", "--temperature", "0", "--drafters", "ngram,model", "--json"
+        capsys, tiny_models, peer, "--k", "2", "--temperature", "0", "--drafters", f"ngram,{DEFAULT}", "--json"
     )
     assert code == 0, err
     report = json.loads(out)
     names = {r["setting"] for r in report["rows"]}
-    assert names == {"plain", "k=2 ngram", "adaptive≤2 ngram", "k=2 model", "adaptive≤2 model"}
-    assert {r["drafter"] for r in report["rows"]} == {"", "ngram", "model"}
-    (best,) = report["best_peer"]
-    assert best["setting"] == "adaptive≤2 model" and best["label"] == "localspec default"
+    assert names == {"plain", "k=2 ngram", "adaptive≤2 ngram", f"k=2 {DEFAULT}", f"adaptive≤2 {DEFAULT}"}
+    assert {r["drafter"] for r in report["rows"]} == {"", "ngram", DEFAULT}
+    (best,) = report["best_peer"]  # the default drafter (a draft given: model+ngram), not the first listed
+    assert best["setting"] == f"adaptive≤2 {DEFAULT}" and best["label"] == "localspec default"
     rows = {r["setting"]: r for r in report["rows"]}
-    assert rows["k=2 ngram"]["peer_tokens_per_second"] == rows["k=2 model"]["peer_tokens_per_second"] == 30.0
+    assert rows["k=2 ngram"]["peer_tokens_per_second"] == rows[f"k=2 {DEFAULT}"]["peer_tokens_per_second"] == 30.0
 
 
 @pytest.mark.parametrize(

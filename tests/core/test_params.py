@@ -66,8 +66,8 @@ def test_the_rpc_flag_overrides_the_pair_and_reaches_engine_load(localspec_home,
     assert main(["generate", "hi"]) == 1
     assert main(["generate", "hi", "--rpc", "a:1,b:2", "--n-ctx", "256"]) == 1
     assert [(p.rpc, p.n_ctx, p.drafter) for p in seen_load] == [
-        (("pair-host:50052",), 512, "model"),
-        (("a:1", "b:2"), 256, "model"),
+        (("pair-host:50052",), 512, "model+ngram"),  # a draft given, no --drafter: the chain (DEFAULT_MODEL_DRAFTER)
+        (("a:1", "b:2"), 256, "model+ngram"),
     ]
     assert "stopped after loading" in capsys.readouterr().err
 
@@ -96,7 +96,7 @@ def test_pair_defaults_come_from_the_pair_and_flags_win(localspec_home, tiny_mod
     assert defaults == PairDefaults(temperature=0.2, n_gpu_layers=0, rpc=("h:9",), compat_hint="hint", notice="note")
 
     assert load_params(RunFlags(), defaults, has_draft=True) == LoadParams(
-        drafter="model", n_gpu_layers=0, compat_hint="hint", rpc=("h:9",)
+        drafter="model+ngram", n_gpu_layers=0, compat_hint="hint", rpc=("h:9",)
     )
     flags = RunFlags(drafter="ngram", n_gpu_layers=3, rpc=("x:1",))
     assert load_params(flags, defaults, has_draft=True) == LoadParams(

@@ -10,6 +10,8 @@ import pytest
 from support.server import start_server
 from support.tinymodels import write_mtp_model
 
+from localspec.core.params import DEFAULT_MODEL_DRAFTER
+
 HI = [{"role": "user", "content": "the man said that the water was hot and"}]
 
 
@@ -59,7 +61,7 @@ def pairs_server(tmp_path_factory, mtp_path, tiny_models):
 
 def test_a_request_switches_to_a_target_alone_and_its_head_drafts(pairs_server):
     client = pairs_server.client()
-    assert answer(client, "tiny", None).model_extra["localspec"]["drafter"] == "model"
+    assert answer(client, "tiny", None).model_extra["localspec"]["drafter"] == DEFAULT_MODEL_DRAFTER
     head, plain = answer(client, "mtp-alone", None), answer(client, "mtp-alone", "none")
     assert head.model == "mtp-alone" and head.model_extra["localspec"]["drafter"] == "mtp"
     assert head.model_extra["timings"]["draft_n"] > 0 and plain.model_extra["timings"]["draft_n"] == 0

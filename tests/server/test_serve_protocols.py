@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from support.server import error_of, raw, start_server, write_home
 
+from localspec.core.params import DEFAULT_MODEL_DRAFTER
+
 SYSTEM = "You are terse."
 USER = "the man said that the water was hot and"
 
@@ -63,7 +65,7 @@ def test_the_speculation_stats_ride_on_every_route(server):
     response = server.client().responses.create(model="tiny", input=USER, max_output_tokens=16, extra_body=fixed)
     for extra in (message.model_extra, response.model_extra):
         assert extra["timings"]["draft_n"] > 0 and extra["timings"]["predicted_n"] == 16
-        assert extra["localspec"]["drafter"] == "model" and extra["localspec"]["target_passes"] > 0
+        assert extra["localspec"]["drafter"] == DEFAULT_MODEL_DRAFTER and extra["localspec"]["target_passes"] > 0
     with anthropic_client(server).messages.stream(
         model="tiny", messages=[{"role": "user", "content": USER}], max_tokens=16
     ) as stream:

@@ -28,7 +28,7 @@ def test_the_chat_loads_the_head_and_the_panel_names_it(tmp_path):
         panel = render_stats(view).plain
     finally:
         loaded.engine.close()
-    assert "drafter       mtp, max 8 adaptive" in panel
+    assert "drafter       mtp\n" in panel and "draft length  adaptive ≤ 8\n" in panel
     assert "draft head: 1 MTP layer (the target drafts for itself)" in panel
 
 

@@ -292,7 +292,8 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
         await send(pilot, "Once more")
         stats = saved(chat_home, app.chat.saved_id)[-1].stats
-        assert stats["drafted"] > 0 and stats["accepted"] == stats["drafted"]  # identical draft, greedy
+        # the identical draft's tokens are all accepted; the default chain's n-gram copies may not be
+        assert stats["drafter"] == "model+ngram" and stats["drafted"] > 0 and stats["accepted"] > 0
 
 
 async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
