@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,12 +23,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import serve_overhead  # its sibling script: the prompts and a free port
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [
-    "Write a Python function that adds two numbers, with a short explanation.",
-    "Explain in a few sentences why the sky is blue.",
-    "List five fruits and one fact about each.",
-    "Write a short poem about the sea.",
+    *serve_overhead.PROMPTS,  # the same four first, so one client's figures compare with serve_overhead.py's
     "Describe how a bicycle works.",
     "Give three tips for learning a new language.",
     "What is the capital of France? Tell me about it.",
@@ -37,12 +35,6 @@ PROMPTS = [
 ]
 MODEL = ["demo"]  # the pair localspec serves (llama-server answers whatever the name)
 DEMO_TARGET = Path.home() / ".local/share/localspec/demo/SmolLM2-135M-Instruct-F32.gguf"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
@@ -95,7 +87,7 @@ def _round(port: int, clients: int, tokens: int, offset: int) -> tuple[float, fl
 
 
 def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
+    port = serve_overhead._free_port()
     env = dict(os.environ)
     if name.startswith("localspec"):
         parallel = name.split("-p")[1]

@@ -10,7 +10,7 @@ import json
 import anthropic
 import jsonschema
 import pytest
-from support.server import start_server
+from support.server import start_server, write_smol_home
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
 ASK = "What is the weather in Paris? Use the tool."
@@ -18,12 +18,7 @@ ASK = "What is the weather in Paris? Use the tool."
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
-    home = tmp_path_factory.mktemp("clients-home")
-    (home / "models.toml").write_text(
-        f'default = "smol"\n[pairs.smol]\ntarget = {{ path = "{smollm2_path}" }}\n'
-        f'draft = {{ path = "{smollm2_path}" }}\ntemperature = 0.0\nn_ctx = 2048\n',
-        encoding="utf-8",
-    )
+    home = write_smol_home(tmp_path_factory.mktemp("clients-home"), smollm2_path)
     running = start_server(home, "--draft-max", "4", "--no-adaptive")
     yield running
     running.stop()

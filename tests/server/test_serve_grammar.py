@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel
-from support.server import start_server
+from support.server import start_server, write_smol_home
 
 
 class Person(BaseModel):
@@ -22,12 +22,7 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):
-    home = tmp_path_factory.mktemp("grammar-home")
-    (home / "models.toml").write_text(
-        f'default = "smol"\n[pairs.smol]\ntarget = {{ path = "{smollm2_path}" }}\n'
-        f'draft = {{ path = "{smollm2_path}" }}\ntemperature = 0.0\nn_ctx = 2048\n',
-        encoding="utf-8",
-    )
+    home = write_smol_home(tmp_path_factory.mktemp("grammar-home"), smollm2_path)
     running = start_server(home, "--draft-max", "4", "--no-adaptive")
     yield running
     running.stop()

