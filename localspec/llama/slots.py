@@ -1,11 +1,13 @@
 """`SeqContext`: one sequence of a several-sequence `Context` (`serve --parallel`), seen as a context of its own, so
-a `KVSequence` and the one generation step work on it unchanged; `decode_together`: each active stream's next token
-in ONE `llama_decode`, handed to each stream's own next decode (DESIGN §8, several clients).
+a `KVSequence` and the one generation step work on it unchanged; `decode_together`: each active stream's next rows
+in ONE `llama_decode`, handed to each stream's own next decode (DESIGN §8, several clients); `passes`: how many
+passes over the weights llama.cpp makes of such a batch.
 
-A stream's step decodes [its last token] at n_past and reads row 0. `decode_together` decodes that row for every
-stream ahead of their steps and keeps it as pending; the step's `decode` finds its row decoded and reads the shared
-batch's row instead of decoding. A step that decodes something else (a grammar's forced tokens, a speculative pass)
-first removes the pending cell and decodes alone. A pending row no step took is removed (`discard`).
+A stream's step decodes [its last token] (and the drafts it verifies, if any) at n_past and reads those rows.
+`decode_together` decodes them for every stream ahead of their steps and keeps them as pending; the step's `decode`
+finds its tokens decoded and reads the shared batch's rows instead of decoding. A step that decodes something else
+(a grammar's forced tokens, a speculative pass of its own) first removes the pending cells and decodes alone.
+Pending rows no step took are removed (`discard`).
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class SeqContext:
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
         self.after_decode = None
-        self._pending: tuple[int, int, int, int] | None = None  # (token, n_past, row, parent's decodes) decoded ahead
-        self._row: int | None = None  # the last decode was the shared batch's row `_row`
+        # (tokens, n_past, first row, parent's decodes) decoded ahead in a shared batch
+        self._pending: tuple[tuple[int, ...], int, int, int] | None = None
+        self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
+        self._n_rows = 0
 
     @property
     def seconds_decoding(self) -> float:
@@ -50,38 +54,43 @@ class SeqContext:
 
     @property
     def pending(self) -> bool:
-        """Whether a row decoded ahead (`decode_together`) waits for this sequence's next decode."""
+        """Whether rows decoded ahead (`decode_together`) wait for this sequence's next decode."""
         return self._pending is not None
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
-        """As `Context.decode` on this sequence; a row `decode_together` decoded ahead is taken instead when it is
-        exactly this decode and its logits are still the parent's last."""
+        """As `Context.decode` on this sequence; the rows `decode_together` decoded ahead are taken instead when they
+        are exactly this decode and their logits are still the parent's last."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            token, at, row, stamp = pending
-            if tokens == [token] and n_past == at and outputs <= 1 and stamp == self.parent.decodes:
-                self._row = row
+            ahead, at, row, stamp = pending
+            if tuple(tokens) == ahead and n_past == at and outputs <= len(ahead) and stamp == self.parent.decodes:
+                self._row, self._n_rows = row + len(ahead) - outputs, outputs  # this decode's output rows: its last
                 return
             self.parent.remove_from(at, self.seq)  # not this step's decode, or its logits are gone: undo it
         self._row = None
         self.parent.decode(tokens, n_past, outputs=outputs, seq=self.seq)
 
     def discard(self) -> None:
-        """Remove a row decoded ahead that no step took (the stream finished or was cancelled instead)."""
+        """Remove rows decoded ahead that no step took (the stream finished or was cancelled instead)."""
         if self._pending is not None:
             self.parent.remove_from(self._pending[1], self.seq)
             self._pending = None
 
+    def _shared_row(self, i: int) -> int:
+        """The shared batch's row for this sequence's output row i (negative: counted from its last)."""
+        j = i + self._n_rows if i < 0 else i
+        assert 0 <= j < self._n_rows, f"row {i} of a shared decode that gave this sequence {self._n_rows}"
+        return self._row + j
+
     def logits(self, i: int) -> np.ndarray:
         if self._row is not None:
-            assert i in (0, -1), "a shared decode gave this sequence one row"
-            return self.parent.logits(self._row)
+            return self.parent.logits(self._shared_row(i))
         return self.parent.logits(i)
 
     def logits_block(self, n: int, start: int = 0) -> np.ndarray:
         if self._row is not None:
-            assert n == 1 and start in (0, -1), "a shared decode gave this sequence one row"
-            return self.parent.logits_block(1, self._row)
+            first, _ = self._shared_row(start), self._shared_row(start + n - 1)
+            return self.parent.logits_block(n, first)
         return self.parent.logits_block(n, start)
 
     def sampled_token(self, i: int) -> int:
@@ -123,9 +132,9 @@ class SeqContext:
         self.parent.load_state(state, partial=partial, seq=self.seq)
 
 
-def decode_together(rows: Sequence[tuple[SeqContext, int, int]]) -> None:
-    """Decode each (sequence, token, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
-    next `decode` of exactly [token] at n_past takes its row from it (`SeqContext.decode`).
+def decode_together(rows: Sequence[tuple[SeqContext, Sequence[int], int]]) -> None:
+    """Decode each (sequence, tokens, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
+    next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`).
 
     The rows go to llama.cpp in sequence order: with each sequence's cells kept apart it splits a batch at every
     sequence id out of ascending order, and slots 2, 0, 3, 1 then cost two passes over the weights (3, 2, 1, 0:
@@ -133,8 +142,20 @@ def decode_together(rows: Sequence[tuple[SeqContext, int, int]]) -> None:
     if not rows:
         return
     parent = rows[0][0].parent
-    assert all(view.parent is parent and not view.pending for view, _, _ in rows)
+    assert all(view.parent is parent and not view.pending and tokens for view, tokens, _ in rows)
     rows = sorted(rows, key=lambda row: row[0].seq)
-    parent.decode_rows([(view.seq, token, n_past) for view, token, n_past in rows])
-    for i, (view, token, n_past) in enumerate(rows):
-        view._pending = (token, n_past, i, parent.decodes)
+    flat = [(view.seq, token, n_past + j) for view, tokens, n_past in rows for j, token in enumerate(tokens)]
+    parent.decode_rows(flat)
+    first = 0
+    for view, tokens, n_past in rows:
+        view._pending = (tuple(tokens), n_past, first, parent.decodes)
+        first += len(tokens)
+
+
+def passes(lengths: Sequence[int]) -> int:
+    """How many passes over the weights llama.cpp makes of one batch that brings each sequence `lengths[i]` rows
+    (sequences in ascending order, each kept apart in the cache as `Context` makes them for n_seq > 1): it splits such
+    a batch into parts that take the same number of rows from every sequence in them, so one part per distinct
+    length. Counted from its graph (tests/core/test_slots.py): rows [1, 1, 1, 1] and [5, 5, 5, 5] one pass each,
+    [5, 1, 1, 1] two, [5, 3, 1, 1] three."""
+    return len({n for n in lengths if n > 0})

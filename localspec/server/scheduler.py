@@ -2,8 +2,9 @@
 
 Up to N requests hold a slot each (core/slots.py: a sequence of the target's context); the rest wait in arrival
 order, within the runner's bound. Each tick, on the engine thread: requests that fit join (continuous batching);
-when two or more run, the next token of every stream is decoded in ONE batch (`decode_ahead`) and each stream
-takes one step from it, plainly; a stream that runs alone takes one speculative step exactly as with one slot.
+when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.decode_ahead`), with the
+n-gram drafts of the streams whose text repeats where that is predicted to pay (core/batchdraft.py), and each stream
+takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back. A finished or cancelled
 request gives its slot back at once, in the tick it ends. A request for another pair waits until none runs.
 """
@@ -18,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from localspec.core.kv import KVSequence
-from localspec.core.slots import Slot, SlotPool, decode_ahead
+from localspec.core.slots import Slot, SlotPool
 
 from .request import Emit, Job, Outcome, Request, steps
 from .served import Served
@@ -147,12 +148,12 @@ class Scheduler:
         self._slots(served)
 
     def _tick(self) -> None:
-        """One step of every running request: their plain next tokens decoded together first, when several run."""
-        entries = list(self._active)
-        self._shared = len(entries) > 1
+        """One step of every running request: their next rows decoded together first, when several run."""
+        entries, streams = list(self._active), []
+        self._shared = len(entries) > 1 and self._pool is not None
         if self._shared:
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
-            decode_ahead(streams)
+            self._pool.decode_ahead(streams)
         for entry in entries:
             try:
                 next(entry.run)
@@ -160,6 +161,8 @@ class Scheduler:
                 self._settle(entry, result=end.value)
             except BaseException as e:
                 self._settle(entry, error=e)
+        if streams:
+            self._pool.learn(streams)
         for entry in self._active:
             if entry.slot is not None:
                 entry.slot.view.discard()

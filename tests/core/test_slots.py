@@ -9,14 +9,15 @@ from __future__ import annotations
 import llama_cpp
 import pytest
 
+from localspec.core.batchdraft import BatchCosts
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
-from localspec.core.slots import SlotPool, decode_ahead
+from localspec.core.slots import SlotPool
 from localspec.errors import InvalidParamsError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
-from localspec.llama.slots import SeqContext, decode_together
+from localspec.llama.slots import SeqContext, decode_together, passes
 
 PROMPTS = [[1, 5, 9, 13, 2], [1, 7, 7, 3], [1, 4, 8, 15, 16, 23, 42], [1, 2]]
 
@@ -97,7 +98,7 @@ def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alo
     live = set(range(3))
     while live:
         before = parent.decodes
-        decoded = decode_ahead([(slots[i], gens[i]) for i in sorted(live)])
+        decoded = pool.decode_ahead([(slots[i], gens[i]) for i in sorted(live)])
         assert decoded == len(live) and parent.decodes == before + 1  # ONE llama_decode for every live stream
         for i in sorted(live):
             event = next(events[i])
@@ -122,7 +123,7 @@ def test_a_row_decoded_ahead_that_no_step_takes_is_removed(engine):
     gen.batched = lambda: True
     events = iter(gen)
     next(events)
-    assert decode_ahead([(slot, gen)]) == 1
+    assert pool.decode_ahead([(slot, gen)]) == 1
     assert slot.view.pos_range()[1] == slot.target.n_past  # one cell past the tokens: the pending row
     gen.cancel()
     assert next(events).finish_reason == "cancelled"
@@ -144,7 +145,7 @@ def test_a_step_that_decodes_something_else_undoes_the_row_decoded_ahead(engine)
     gen.batched = lambda: shared[0]
     events = iter(gen)
     tokens = [next(events).token]
-    decode_ahead([(slot, gen)])
+    pool.decode_ahead([(slot, gen)])
     shared[0] = False  # the step now speculates: k drafts + 1 rows, not the pending row
     tokens += [e.token for e in events]
     assert tokens == expected
@@ -183,7 +184,7 @@ def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
             for view in views:
                 view.remove_from(3)  # the row the last order decoded
             before = ctx.nodes
-            decode_together([(views[seq], 7, 3) for seq in order])
+            decode_together([(views[seq], [7], 3) for seq in order])
             nodes.append(ctx.nodes - before)
             rows = {seq: views[seq].logits(0).copy() for seq in order}
             for seq in order:  # each sequence reads its own row, whatever the order it was given in
@@ -214,7 +215,7 @@ def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
         next(e)
     timed = engine.policy.costs.target
     plain_steps = timed[0].n if 0 in timed else 0
-    decode_ahead(list(zip(slots, gens, strict=True)))
+    pool.decode_ahead(list(zip(slots, gens, strict=True)))
     shared[0] = False  # the other stream ended earlier in this tick
     next(events[0])
     assert slots[0].view.row_shared  # it took its row from the shared batch
@@ -224,3 +225,128 @@ def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
     for gen, slot in zip(gens, slots, strict=True):
         gen.cancel()
         pool.release(slot)
+
+
+def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(tiny_models):
+    """What `core/batchdraft.py` prices drafts beside others by: llama.cpp splits a batch whose sequences bring
+    different numbers of rows into one pass over the weights per distinct count (`passes`), counted here from the
+    graph nodes it computes."""
+    model = Model(tiny_models.target)
+    ctx = _CountingContext(model, n_ctx=64, n_seq=4, n_threads=1)
+    try:
+        views = [SeqContext(ctx, seq) for seq in range(4)]
+        for view in views:
+            view.decode([1, 5, 9], 0)
+        per_pass = None
+        for lengths in ([1, 1, 1, 1], [5, 1, 1, 1], [5, 5, 1, 1], [5, 3, 1, 1], [1, 5, 1, 3], [5, 5, 5, 5], [3]):
+            for view in views:
+                view.remove_from(3)
+            before = ctx.nodes
+            decode_together([(views[seq], [7 + j for j in range(n)], 3) for seq, n in enumerate(lengths)])
+            per_pass = per_pass or ctx.nodes - before
+            assert ctx.nodes - before == passes(lengths) * per_pass, lengths
+            for view in views:
+                view.discard()
+        assert passes([1, 1, 1, 1]) == 1 and passes([5, 3, 1, 1]) == 3
+    finally:
+        ctx.close()
+        model.close()
+
+
+def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
+    """Rows decoded ahead for a step that verifies drafts: the step's decode of exactly those tokens takes them, row
+    i (or -1 from its last) is the shared batch's row for that token, whatever the other sequences brought."""
+    model = Model(tiny_models.target)
+    ctx = Context(model, n_ctx=64, n_seq=3, n_threads=1)
+    try:
+        views = [SeqContext(ctx, seq) for seq in range(3)]
+        for view in views:
+            view.decode([1, 5, 9], 0)
+        asked = {2: [11, 12, 13, 14], 0: [7], 1: [8, 9]}
+        decode_together([(views[seq], tokens, 3) for seq, tokens in asked.items()])
+        shared = ctx.logits_block(7, 0).copy()  # sequence order: 0 (1 row), 1 (2 rows), 2 (4 rows)
+        first = {0: 0, 1: 1, 2: 3}
+        for seq, tokens in asked.items():
+            views[seq].decode(tokens, 3, outputs=len(tokens))
+            assert views[seq].row_shared and ctx.decodes == 4  # taken, not decoded again
+            block = views[seq].logits_block(len(tokens), 0)
+            assert (block == shared[first[seq] : first[seq] + len(tokens)]).all()
+            assert (views[seq].logits(-1) == shared[first[seq] + len(tokens) - 1]).all()
+        assert len({row.tobytes() for row in shared}) == 7  # distinct rows: a wrong mapping would show
+        with pytest.raises(AssertionError):
+            views[0].logits(1)  # sequence 0 brought one row
+    finally:
+        ctx.close()
+        model.close()
+
+
+class _FixedCosts(BatchCosts):
+    """GPU-like costs (a pass 10 ms, a row 0.2 ms), kept whatever this machine measures: the test is about what
+    the steps do with drafts decoded ahead, not about when they pay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        super().observe(1, 1, 0.0102)
+        super().observe(1, 3, 0.0106)
+
+    def observe(self, passes: int, rows: int, seconds: float) -> None:
+        pass
+
+
+REPEATING = [
+    "Copy this list twice: apple, banana, cherry, date, elderberry, fig, grape. apple, banana, cherry,",
+    "Say it again: one two three four five six seven eight nine ten. one two three four",
+    "The code: for i in range(10): print(i). The same code: for i in range(10):",
+]
+
+
+def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_greedy_text(smollm2_path):
+    """Where drafting in the shared batch is predicted to pay, each stream's n-gram copy goes into the ONE decode
+    of the tick and its step verifies it: the greedy text is the stream's text alone (speculating with its n-grams),
+    drafts were verified and accepted, and no stream decoded on its own."""
+    with Engine.load(smollm2_path, drafter="ngram", n_ctx=512, n_seq=3) as engine:
+        pool = SlotPool(engine, 3)
+        pool.costs = _FixedCosts()
+        prompts = [engine.tokenize(text) for text in REPEATING]
+        spec = SpeculativeParams(draft_max=8, adaptive=False)
+        greedy = SamplingParams(temperature=0)
+
+        def start(prompt, slot):
+            return engine.generate(prompt, sampling=greedy, spec=spec, max_tokens=24, target=slot.target)
+
+        alone = []
+        for prompt in prompts:
+            slot = pool.acquire(prompt)
+            alone.append([e.token for e in start(prompt, slot)])
+            pool.release(slot)
+        slots = [pool.acquire(p) for p in prompts]
+        gens = [start(p, s) for p, s in zip(prompts, slots, strict=True)]
+        for gen in gens:
+            gen.batched = lambda: True
+        events = [iter(g) for g in gens]
+        together: list[list[int | None]] = [[next(e).token] for e in events]
+        parent, live, ticks = engine.target.ctx, set(range(3)), 0
+        while live:
+            streams = [(slots[i], gens[i]) for i in sorted(live)]
+            before = parent.decodes
+            pool.decode_ahead(streams)
+            ticks += 1
+            for i in sorted(live):
+                while True:  # one step: its events until the step's last
+                    event = next(events[i])
+                    together[i].append(event.token)
+                    if event.finish_reason is not None:
+                        live.discard(i)
+                        assert next(events[i], None) is None  # ended: its caches checked while the engine is open
+                        break
+                    if gens[i].pending == 0:
+                        break
+            assert parent.decodes == before + 1  # the tick's one decode: no stream decoded on its own
+            pool.learn(streams)
+        assert together == alone
+        assert sum(g.stats.drafted for g in gens) > 0 and sum(g.stats.accepted for g in gens) > 0
+        assert ticks < sum(len(t) for t in together) / 3  # fewer ticks than tokens per stream
+        for slot, gen in zip(slots, gens, strict=True):
+            slot.target.check()
+            assert slot.target.n_past == len(gen.prompt) + len(gen.tokens) - 1
+            pool.release(slot)

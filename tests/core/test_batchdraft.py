@@ -1,0 +1,104 @@
+"""Which streams of a shared batch draft (core/batchdraft.py): the cost fit, the acceptance estimate, the plan.
+
+Pure logic on numbers: the shared decodes themselves are tested on real llama.cpp in tests/core/test_slots.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, Acceptance, BatchCosts, Candidate, plan
+
+
+def costs_of(a: float, b: float, shapes=((1, 1), (1, 4), (2, 8))) -> BatchCosts:
+    costs = BatchCosts()
+    for p, r in shapes:
+        costs.observe(p, r, a * p + b * r)
+    return costs
+
+
+def test_the_cost_fit_finds_the_pass_and_the_row_apart():
+    costs = costs_of(0.010, 0.002)
+    assert costs.seconds(1, 4) == pytest.approx(0.018)
+    assert costs.seconds(2, 12) == pytest.approx(0.044)
+
+
+def test_one_slow_decode_does_not_move_the_fit():
+    costs = costs_of(0.010, 0.002)
+    for _ in range(4):
+        costs.observe(1, 4, 0.018)
+    costs.observe(1, 4, 0.5)  # another process took the cores once: the shape's median stays
+    assert costs.seconds(1, 4) == pytest.approx(0.018)
+
+
+def test_the_costs_are_unknown_until_two_shapes_were_seen():
+    costs = BatchCosts()
+    assert costs.seconds(1, 4) is None
+    costs.observe(1, 4, 0.02)
+    costs.observe(1, 4, 0.02)
+    assert costs.seconds(1, 4) is None
+    assert plan([Candidate([5, 6], 12, Acceptance())] * 4, costs, max_rows=512) == [0] * 4
+
+
+def test_rows_that_seem_free_put_the_cost_on_the_pass():
+    costs = BatchCosts()
+    costs.observe(1, 1, 0.010)
+    costs.observe(1, 4, 0.009)  # noise: more rows measured cheaper
+    assert costs.seconds(1, 16) == costs.seconds(1, 1) > 0
+
+
+def test_acceptance_learns_from_its_steps_and_drifts_back_while_idle():
+    acceptance = Acceptance()
+    assert acceptance.alpha(3) == 0.5 and acceptance.alpha(LONG_MATCH) == 0.5
+    for _ in range(10):
+        acceptance.learn(3, 0, True)  # short matches: every first draft rejected
+        acceptance.learn(LONG_MATCH, 4, False)  # long ones: all taken
+    assert acceptance.alpha(3) < 0.15 < 0.9 < acceptance.alpha(LONG_MATCH)
+    low = acceptance.alpha(3)
+    for _ in range(30):
+        acceptance.idle(3)
+    assert low < acceptance.alpha(3) < 0.5
+    alpha = acceptance.alpha(LONG_MATCH)
+    assert acceptance.expected(3, LONG_MATCH) == pytest.approx(alpha + alpha**2 + alpha**3)
+
+
+def sure(match: int = LONG_MATCH) -> Acceptance:
+    acceptance = Acceptance()
+    for _ in range(20):
+        acceptance.learn(match, 8, False)
+    return acceptance
+
+
+def test_where_rows_are_nearly_free_every_stream_with_a_copy_drafts_one_length():
+    gpu = costs_of(0.010, 0.0002)
+    copies = [list(range(12)), list(range(6)), [], list(range(12))]
+    lengths = plan([Candidate(c, LONG_MATCH, sure()) for c in copies], gpu, max_rows=512)
+    assert lengths[2] == 0 and len({n for n in lengths if n}) == 1  # one length: one more pass, not one per length
+    assert lengths[0] == lengths[3] > 0
+
+
+def test_where_every_row_costs_a_poor_copy_drafts_nothing():
+    cpu = costs_of(0.004, 0.005)  # compute-bound: a row costs more than a pass
+    poor = Acceptance()
+    for _ in range(20):
+        poor.learn(3, 0, True)
+    lengths = plan([Candidate(list(range(8)), 3, poor)] * 4, cpu, max_rows=512)
+    assert lengths == [0] * 4
+
+
+def test_a_plan_beats_the_plain_tick_by_its_margin_or_drafts_nothing():
+    cpu = costs_of(0.004, 0.005)
+    candidates = [Candidate(list(range(8)), LONG_MATCH, sure())] * 4
+    lengths = plan(candidates, cpu, max_rows=512)
+    d = max(lengths)
+    assert d > 0  # copies that are all taken pay even where rows cost
+    rows = 4 + sum(lengths)
+    tokens = 4 + sum(sure().expected(n, LONG_MATCH) for n in lengths)
+    assert tokens / cpu.seconds(1 if all(lengths) else 2, rows) > 1.05 * 4 / cpu.seconds(1, 4)
+    assert plan(candidates, cpu, max_rows=512, margin=10.0) == [0] * 4
+
+
+def test_a_plan_keeps_within_the_batch_and_the_longest_draft():
+    gpu = costs_of(0.010, 0.0001)
+    lengths = plan([Candidate(list(range(64)), LONG_MATCH, sure())] * 8, gpu, max_rows=40)
+    assert 8 + sum(lengths) <= 40 and max(lengths) <= MAX_DRAFT
