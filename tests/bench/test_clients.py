@@ -1,0 +1,84 @@
+"""`bench --clients`: several clients at once against `localspec serve --parallel N` (its real server, in a process
+of its own, on the tiny pair) and llama-server `-np N` plainly and with the draft (the fake llama-server of
+tests/support/fakepeer.py: how each starts is checked, and its speed is known in advance)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.fakepeer import SPEEDS, starts, write_fake_peer
+
+from localspec.cli.main import main
+
+
+def bench_clients(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
+    code = main(
+        [
+            "bench",
+            "--target",
+            str(tiny_models.target),
+            "--draft",
+            str(tiny_models.draft_noisy),
+            "--chat-template",
+            "chatml",
+            "--tokens",
+            "6",
+            "--rounds",
+            "1",
+            "--threads",
+            "1",
+            *extra,
+        ]
+    )
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_clients_at_once_against_llama_servers_slots_plain_and_with_its_draft(
+    tiny_models, capsys, localspec_home, tmp_path
+):
+    peer, log = write_fake_peer(tmp_path)
+    code, out, err = bench_clients(
+        capsys, tiny_models, "--clients", "1,3", "--parallel", "2", "--peer", str(peer), "--json"
+    )
+    assert code == 0, err
+    report = json.loads(out)
+    rows = {(row["server"], row["clients"]): row for row in report["rows"]}
+    servers = ["localspec --parallel 2", "llama-server -np 2", "llama-server -np 2 -md"]
+    assert set(rows) == {(s, c) for s in servers for c in (1, 3)}
+    for (server, clients), row in rows.items():
+        assert row["tokens_per_second"] > 0 and row["latency"] > 0
+        ours = rows[("localspec --parallel 2", clients)]["tokens_per_second"]
+        expected = None if server.startswith("localspec") else ours / row["tokens_per_second"]
+        assert row["ratio"] == pytest.approx(expected)
+    # the fake answers one request at a time at its plain speed: one client's tok/s is about it
+    plain = SPEEDS[("", None, False)][0]
+    assert 0.5 * plain < rows[("llama-server -np 2", 1)]["tokens_per_second"] <= plain
+    started = starts(log)
+    assert len(started) == 2 and all(args[args.index("-np") + 1] == "2" for args in started)
+    assert ["-md" in args for args in started] == [False, True]
+    assert all(args[args.index("--chat-template") + 1] == "chatml" for args in started)
+    assert report["parallel"] == 2 and report["tokens"] == 6
+
+
+def test_the_table_names_each_server_and_its_ratio(tiny_models, capsys, localspec_home):
+    code, out, err = bench_clients(capsys, tiny_models, "--clients", "2")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert any(line.split()[:4] == ["localspec", "--parallel", "2", "2"] for line in lines)
+    assert "llama-server" not in out  # no --peer: localspec alone
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--clients", "0,2"], "--clients 0,2: each client count must be 1 to 64"),
+        (["--clients", "2", "--parallel", "0"], "--parallel 0 is out of range"),
+        (["--parallel", "4"], "--parallel goes with --clients"),
+        (["--clients", "two"], "--clients takes a comma-separated list"),
+    ],
+)
+def test_bad_clients_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
+    code, _, err = bench_clients(capsys, tiny_models, *flags)
+    assert code != 0 and message in err and "Traceback" not in err
