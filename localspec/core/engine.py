@@ -28,7 +28,7 @@ from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 from .bridge import VocabBridge
 from .drafters import AheadDrafts, Drafter, DraftRequest
 from .grammar import CompiledGrammar, Grammar, GrammarVocab
-from .kv import KVSequence, PrefillStopped
+from .kv import KVSequence, PrefillStopped, common_prefix
 from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .placement import GpuPlan
@@ -163,6 +163,19 @@ class Generation:
             return 0
         return max(0, min(self.spec.draft_max, self.max_tokens - len(self.tokens) - 1, engine.n_ctx - len(history)))
 
+    def read_prompt(self, chunk: int) -> Iterator[None]:
+        """Read the prompt into the target's cache `chunk` tokens at a time before the generation runs, yielding after
+        each chunk (`serve --parallel`: the other streams step between chunks, so a long prompt does not stall their
+        answers). Iterating the generation afterwards reads the rest; a cancel stops between chunks."""
+        target, prompt = self.target, self.prompt[:-1]
+        done = common_prefix(target.tokens, prompt)
+        while len(prompt) - done > chunk and not self._cancel.is_set():
+            done += chunk
+            t0 = time.perf_counter()
+            self.stats.prefill_decoded += target.sync(prompt[:done])
+            self.stats.seconds_prefill += time.perf_counter() - t0
+            yield
+
     @property
     def caches(self) -> tuple[KVSequence, ...]:
         """The caches this generation keeps consistent: its target's, then the drafter's."""
@@ -203,7 +216,7 @@ class Generation:
         if engine.threads is not None:
             engine.threads.start()
         try:
-            stats.prefill_decoded = target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            stats.prefill_decoded += target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
             if stats.prefill_decoded:
                 target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
             # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
@@ -216,7 +229,7 @@ class Generation:
             yield self._finish(None, "cancelled")
             return
         finally:
-            stats.seconds_prefill = time.perf_counter() - t0
+            stats.seconds_prefill += time.perf_counter() - t0
         history = list(self.prompt)
         drafting = self.spec.draft_max > 0 and engine.drafter.drafts
         chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law

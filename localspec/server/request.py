@@ -143,6 +143,9 @@ def complete(
             return end.value
 
 
+PROMPT_CHUNK = 256  # tokens of a prompt read per scheduler tick while others may be answering (`Generation.read_prompt`)
+
+
 def steps(
     served: Served,
     request: Request,
@@ -200,6 +203,8 @@ def steps(
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
             gen.cancel()
+        if batched is not None:  # others may be answering: a long prompt is read a chunk per step of theirs
+            yield from gen.read_prompt(PROMPT_CHUNK)
         for event in gen:
             pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
             scored = gen.logprobs[len(gen.tokens) - 1] if gen.logprobs and event.token is not None else None

@@ -5,7 +5,8 @@ order, within the runner's bound. Each tick, on the engine thread: requests that
 when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.decode_ahead`), with the
 n-gram drafts of the streams whose text repeats where that is predicted to pay (core/batchdraft.py), and each stream
 takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
-Every running stream steps once per tick, so a long answer never holds the others back. A finished or cancelled
+Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
+read a chunk per tick (`Generation.read_prompt`) while the others answer. A finished or cancelled
 request gives its slot back at once, in the tick it ends. A request for another pair waits until none runs.
 """
 
@@ -154,6 +155,9 @@ class Scheduler:
         if self._shared:
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
             self._pool.decode_ahead(streams)
+            # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
+            # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
+            entries.sort(key=lambda e: not (e.slot is not None and e.slot.view.pending))
         for entry in entries:
             try:
                 next(entry.run)
