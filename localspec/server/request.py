@@ -143,7 +143,7 @@ def complete(
             return end.value
 
 
-PROMPT_CHUNK = 256  # tokens of a prompt read per scheduler tick while others may be answering (`Generation.read_prompt`)
+PROMPT_CHUNK = 256  # tokens of a prompt read per scheduler tick while others may answer (`Generation.read_prompt`)
 
 
 def steps(
