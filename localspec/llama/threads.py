@@ -138,7 +138,7 @@ class ThreadTuner:
     """Keeps the contexts' thread count at the cores other processes leave free (see `CoreMonitor`).
 
     `check()` is cheap; it re-measures at most every `interval` seconds and changes the contexts' threads
-    (`llama_set_n_threads`) when the free cores changed by a whole core.
+    (`llama_set_n_threads`) when the free cores moved out of the band around the count in use (`wanted`).
     """
 
     def __init__(self, contexts: list[Threaded], *, interval: float = 0.5, monitor: FreeCores | None = None) -> None:
@@ -166,10 +166,22 @@ class ThreadTuner:
             return self.threads
         self._next = time.monotonic() + self.interval
         free = self._monitor.free_cores()
-        wanted = max(1, min(self.cores, int(free + 0.3)))  # a core 70% free is worth a thread
+        wanted = self.wanted(free)
         if wanted != self.threads:
             log.info("threads %d -> %d (%.1f cores free)", self.threads, wanted, free)
             self.threads = wanted
             for ctx in self.contexts:
                 ctx.set_threads(wanted)
+        return self.threads
+
+    def wanted(self, free: float) -> int:
+        """The thread count for `free` cores, with a band between dropping and taking back a thread: a thread goes
+        when others take more than half a core of the ones in use, and comes back when they leave 80 % of another
+        core. At one cut (70 % free) a client that used a third of a core flipped 2 server threads to 1 and back
+        every half second (the server's log, 2026-11-27), each switch a cold thread pool."""
+        more, fewer = int(free + 0.2), int(free + 0.5)
+        if more > self.threads:
+            return min(self.cores, more)
+        if fewer < self.threads:
+            return max(1, fewer)
         return self.threads

@@ -62,6 +62,19 @@ def test_tuner_moves_every_context_with_the_free_cores(monkeypatch):
         assert [c.n_threads for c in contexts] == [want, want]
 
 
+def test_a_little_use_by_others_does_not_flip_the_threads_back_and_forth(monkeypatch):
+    # A client using a third of a core: at one cut (a core 70 % free is a thread) the server's two threads flipped
+    # to one and back every check. Now a thread goes past half a core of others' use and comes back below a fifth.
+    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    contexts = [FakeContext(2)]
+    monitor = FixedMonitor(2.0)
+    tuner = threads.ThreadTuner(contexts, interval=0.0, monitor=monitor)
+    for free, want in ((1.7, 2), (1.6, 2), (1.7, 2), (1.4, 1), (1.7, 1), (1.6, 1), (1.85, 2), (1.55, 2)):
+        monitor.free = free
+        assert tuner.check() == want, (free, want)
+        assert contexts[0].n_threads == want
+
+
 class WindowMonitor:
     """Reports the cores others left free since its last call, from a timeline the test writes."""
 

@@ -83,7 +83,8 @@ def test_greedy_answers_are_the_same_alone_and_beside_others(server):
     drafted_alone = [a.model_extra["timings"]["draft_n"] for a in alone]
     drafted_together = [a.model_extra["timings"]["draft_n"] for a in together]
     assert min(drafted_alone) > 0  # a lone stream speculates
-    assert drafted_together.count(0) >= 2, drafted_together  # streams beside others decode plainly, batched
+    # beside others only n-gram copies are verified, where they pay (the draft model drafts for a lone stream)
+    assert sum(drafted_together) < sum(drafted_alone) / 2, (drafted_together, drafted_alone)
 
 
 def test_each_stream_keeps_its_own_max_tokens_and_stats(server):
