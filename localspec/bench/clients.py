@@ -17,6 +17,7 @@ import logging
 import multiprocessing
 import os
 import statistics
+import sys
 import threading
 import time
 import urllib.error
@@ -87,6 +88,11 @@ def _serve_child(flags: RunFlags, paths: Paths, parallel: int, port: int) -> Non
     try:
         runner.start()
         serve(runner, ServerSettings(), port)
+    except LocalspecError as e:  # one line, as `localspec serve` says it (the parent says it exited)
+        print(f"localspec serve: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl+C reaches the whole process group: the parent reports it
+        sys.exit(130)
     finally:
         runner.close()
 

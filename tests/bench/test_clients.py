@@ -82,3 +82,14 @@ def test_the_table_names_each_server_and_its_ratio(tiny_models, capsys, localspe
 def test_bad_clients_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
     code, _, err = bench_clients(capsys, tiny_models, *flags)
     assert code != 0 and message in err and "Traceback" not in err
+
+
+def test_a_server_that_refuses_the_slots_is_one_line(tiny_models, capfd, localspec_home):
+    """`--parallel` above 1 on a model whose cache cannot drop a tail (a recurrent target) is refused by the server at
+    start: its one line, then the bench's, and no traceback from either process."""
+    code = main(["bench", "--target", str(tiny_models.recurrent), "--chat-template", "chatml", "--clients", "2",
+                 "--tokens", "4", "--rounds", "1", "--threads", "1"])  # fmt: skip
+    _, err = capfd.readouterr()
+    assert code != 0 and "Traceback" not in err, err
+    assert "localspec serve: error: --parallel above 1 needs a model whose cache can drop a tail" in err
+    assert "localspec serve exited at start (code 2)" in err
