@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import multiprocessing
 import os
 import statistics
-import sys
 import threading
 import time
 import urllib.error
@@ -51,6 +49,7 @@ class ClientsPlan:
     rounds: int
     peer: str | None  # llama-server's path or folder ("": on PATH; None: no peer)
     command: str
+    serve: Callable  # runs localspec's server in the child process (`LocalServer`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,37 +77,22 @@ LOCAL = "localspec --parallel {n}"
 STARTUP_SECONDS = 600.0  # a large pair on a slow disk: loading is what it waits for
 
 
-def _serve_child(flags: RunFlags, paths: Paths, parallel: int, port: int) -> None:  # pragma: no cover - a child
-    """The server process: `localspec serve --parallel N` on 127.0.0.1:port with the bench's flags."""
-    from localspec.server.app import ServerSettings, serve
-    from localspec.server.runner import Runner
-
-    logging.basicConfig(level=logging.WARNING)
-    runner = Runner(flags, paths, parallel=parallel)
-    try:
-        runner.start()
-        serve(runner, ServerSettings(), port)
-    except LocalspecError as e:  # one line, as `localspec serve` says it (the parent says it exited)
-        print(f"localspec serve: error: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl+C reaches the whole process group: the parent reports it
-        sys.exit(130)
-    finally:
-        runner.close()
-
-
 class LocalServer:
     """localspec's server in a process of its own. Use as a context manager.
+
+    Args:
+        serve: runs the server: serve(flags, paths, parallel, port) (`cli.serve.serve_in_child`: the server layer is
+            the command line's to start, not the bench's); a module-level function, as the spawned process imports it.
 
     Raises:
         ServeError: the process ended before it answered /health, or it did not answer in time.
     """
 
-    def __init__(self, flags: RunFlags, paths: Paths, parallel: int) -> None:
+    def __init__(self, serve: Callable, flags: RunFlags, paths: Paths, parallel: int) -> None:
         self.port = _free_port()
         context = multiprocessing.get_context("spawn")  # no inherited threads or llama.cpp state
         flags = dataclasses.replace(flags, overrides=dict(flags.overrides))  # picklable (a read-only view is not)
-        self._process = context.Process(target=_serve_child, args=(flags, paths, parallel, self.port), daemon=True)
+        self._process = context.Process(target=serve, args=(flags, paths, parallel, self.port), daemon=True)
 
     def __enter__(self) -> LocalServer:
         self._process.start()
@@ -223,7 +207,7 @@ def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None)
     servers: dict[str, object] = {}
     try:
         show("starting localspec serve")
-        local = LocalServer(plan.flags, plan.paths, n).__enter__()
+        local = LocalServer(plan.serve, plan.flags, plan.paths, n).__enter__()
         servers[LOCAL.format(n=n)] = local
         if plan.peer is not None:
             _start_peers(plan, resolved, load_params(plan.flags, resolved.defaults, has_draft=True), servers, report)

@@ -95,6 +95,7 @@ def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
     from localspec.bench.clients import ClientsPlan, clients_json, render_clients, run_clients
 
     from .checks import check_run_args
+    from .serve import serve_in_child
 
     if args.clients is None:
         raise InvalidParamsError("--parallel goes with --clients (e.g. --clients 1,2,4,8 --parallel 4)")
@@ -116,6 +117,7 @@ def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
         rounds=args.rounds,
         peer=args.peer,
         command="localspec " + " ".join(sys.argv[1:]),
+        serve=serve_in_child,
     )
     rounds = plan.rounds * len(plan.clients)
     print(f"localspec: note: bench --clients: {rounds} workloads per server, {parallel} slots", file=sys.stderr)

@@ -117,6 +117,26 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     return 0
 
 
+def serve_in_child(flags, paths: Paths, parallel: int, port: int) -> None:  # pragma: no cover - a child process
+    """`localspec serve --parallel N` on 127.0.0.1:port with these checked flags, in a process of its own
+    (`bench --clients`, bench/clients.py): a refusal is one line and exit code 2, Ctrl+C exit code 130."""
+    from localspec.server.app import ServerSettings, serve
+    from localspec.server.runner import Runner
+
+    logging.basicConfig(level=logging.WARNING)
+    runner = Runner(flags, paths, parallel=parallel)
+    try:
+        runner.start()
+        serve(runner, ServerSettings(), port)
+    except LocalspecError as e:  # as `localspec serve` says it; the bench then says the server exited
+        print(f"localspec serve: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl+C reaches the whole process group: the bench reports it
+        sys.exit(130)
+    finally:
+        runner.close()
+
+
 def _check_think(flags, paths: Paths) -> None:
     """Refuse a `--think` the model cannot follow, from its vocabulary and chat template alone (no weights loaded).
 
