@@ -16,18 +16,18 @@ effect measured in one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import serve_overhead  # its sibling script: the prompts and a free port
+
+from localspec.bench.clients import together
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -56,38 +56,11 @@ def _wait(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
     raise RuntimeError("the server did not answer")
 
 
-def _ask(port: int, prompt: str, tokens: int, out: list, i: int) -> None:
-    body = {
-        "model": MODEL[0],
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": tokens,
-        "temperature": 0,
-    }
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    t0 = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=600) as r:
-        answer = json.loads(r.read())
-    out[i] = (time.perf_counter() - t0, answer["usage"]["completion_tokens"])
-
-
 def _round(port: int, clients: int, tokens: int, offset: int) -> tuple[float, float]:
-    """(aggregate tok/s, mean client latency in s) for `clients` requests sent at once."""
-    out: list = [None] * clients
-    threads = [
-        threading.Thread(target=_ask, args=(port, PROMPTS[(offset + i) % len(PROMPTS)], tokens, out, i))
-        for i in range(clients)
-    ]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    return sum(n for _, n in out) / wall, statistics.mean(s for s, _ in out)
+    """(aggregate tok/s, mean client latency in s) for `clients` requests sent at once (`localspec bench --clients`
+    sends them the same way)."""
+    prompts = [PROMPTS[(offset + i) % len(PROMPTS)] for i in range(clients)]
+    return together(port, MODEL[0], prompts, tokens)
 
 
 def _start(name: str, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:

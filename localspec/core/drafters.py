@@ -343,31 +343,16 @@ class NgramDrafter:
         self.history.keep(n)
 
 
-class AheadDrafts:
+class AheadDrafts(NgramDrafter):
     """The drafts a shared batch decoded ahead for one step (`serve --parallel`, core/batchdraft.py), proposed as they
-    are: copied from the stream's own history, a function of it alone, so each is a point law (as `NgramDrafter`'s).
-    """
+    are: the stream's own n-gram copy, chosen before its step (so no index of its own, and nothing to keep)."""
 
-    kind = "ngram"
-    needs_model = False
-    drafts = True
-    caches: tuple[KVSequence, ...] = ()
-    n_ctx = 1 << 30
-    size_ratio = 0.0
-    after_target_decode = None
-
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: list[int]) -> None:  # NgramDrafter.__init__ not called: it builds an index
         self.tokens = tokens
 
     def propose(self, request: DraftRequest) -> Proposal:
         tokens = self.tokens[: request.k]
         return Proposal(tokens, [None] * len(tokens))
-
-    def describe(self) -> str:
-        return ""
-
-    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
-        return 0
 
     def keep(self, n: int) -> None:
         pass

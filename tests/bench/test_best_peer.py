@@ -8,36 +8,18 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.benchrun import bench_tiny
 from support.fakepeer import HELP_OLD, write_fake_peer
 
 from localspec.bench.peer import LlamaServer, PeerBuild, peer_build
 from localspec.bench.report import from_json, render
 from localspec.bench.run import PeerSetting, best_peer_settings
-from localspec.cli.main import main
 from localspec.core.params import DEFAULT_MODEL_DRAFTER as DEFAULT
 
 
 def bench(capsys, tiny_models, peer, *extra: str) -> tuple[int, str, str]:
-    code = main(
-        [
-            "bench",
-            "--target",
-            str(tiny_models.target),
-            "--draft",
-            str(tiny_models.draft_noisy),
-            "--tokens",
-            "8",
-            "--rounds",
-            "1",
-            "--threads",
-            "1",
-            "--peer",
-            str(peer),
-            *extra,
-        ]
-    )
-    out, err = capsys.readouterr()
-    return code, out, err
+    return bench_tiny(capsys, tiny_models, "--tokens", "8", "--rounds", "1", "--threads", "1", "--peer", str(peer),
+                      *extra)  # fmt: skip
 
 
 def test_the_build_says_what_it_can_run(tmp_path):

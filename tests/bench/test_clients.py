@@ -7,32 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.benchrun import bench_tiny
 from support.fakepeer import SPEEDS, starts, write_fake_peer
 
 from localspec.cli.main import main
 
 
 def bench_clients(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
-    code = main(
-        [
-            "bench",
-            "--target",
-            str(tiny_models.target),
-            "--draft",
-            str(tiny_models.draft_noisy),
-            "--chat-template",
-            "chatml",
-            "--tokens",
-            "6",
-            "--rounds",
-            "1",
-            "--threads",
-            "1",
-            *extra,
-        ]
-    )
-    out, err = capsys.readouterr()
-    return code, out, err
+    return bench_tiny(capsys, tiny_models, "--chat-template", "chatml", "--tokens", "6", "--rounds", "1",
+                      "--threads", "1", *extra)  # fmt: skip
 
 
 def test_clients_at_once_against_llama_servers_slots_plain_and_with_its_draft(

@@ -6,6 +6,8 @@ greedy text is the text it gets alone; a row decoded ahead that no step takes is
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import llama_cpp
 import pytest
 
@@ -168,17 +170,27 @@ class _CountingContext(Context):
         params.cb_eval = self._asked
 
 
+@contextmanager
+def counted_views(tiny_models, n: int = 4):
+    """A counting context of the tiny target with n sequences, each holding [1, 5, 9]: (the context, their views)."""
+    model = Model(tiny_models.target)
+    ctx = _CountingContext(model, n_ctx=64, n_seq=n, n_threads=1)
+    try:
+        views = [SeqContext(ctx, seq) for seq in range(n)]
+        for view in views:
+            view.decode([1, 5, 9], 0)
+        yield ctx, views
+    finally:
+        ctx.close()
+        model.close()
+
+
 def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
     """llama.cpp splits a batch of several sequences at every sequence id out of ascending order (its cache keeps
     each sequence's cells apart): rows for slots 2, 0, 3, 1 went through the model as four passes, not one, and
     four clients' steps cost up to 2.2× what they should (serve --parallel 4 on the demo pair, 2026-11-27: the order
     is the order requests took their slots). `decode_together` hands llama.cpp its rows by sequence."""
-    model = Model(tiny_models.target)
-    ctx = _CountingContext(model, n_ctx=64, n_seq=4, n_threads=1)
-    try:
-        views = [SeqContext(ctx, seq) for seq in range(4)]
-        for view in views:
-            view.decode([1, 5, 9], 0)
+    with counted_views(tiny_models) as (ctx, views):
         nodes = []
         for order in ([0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0]):
             for view in views:
@@ -191,9 +203,6 @@ def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
                 views[seq].decode([7], 3)
                 assert (views[seq].logits(0) == rows[seq]).all()
         assert nodes[0] > 0 and nodes == [nodes[0]] * 3, f"graph nodes per order: {nodes}"
-    finally:
-        ctx.close()
-        model.close()
 
 
 def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
@@ -231,12 +240,7 @@ def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(
     """What `core/batchdraft.py` prices drafts beside others by: llama.cpp splits a batch whose sequences bring
     different numbers of rows into one pass over the weights per distinct count (`passes`), counted here from the
     graph nodes it computes."""
-    model = Model(tiny_models.target)
-    ctx = _CountingContext(model, n_ctx=64, n_seq=4, n_threads=1)
-    try:
-        views = [SeqContext(ctx, seq) for seq in range(4)]
-        for view in views:
-            view.decode([1, 5, 9], 0)
+    with counted_views(tiny_models) as (ctx, views):
         per_pass = None
         for lengths in ([1, 1, 1, 1], [5, 1, 1, 1], [5, 5, 1, 1], [5, 3, 1, 1], [1, 5, 1, 3], [5, 5, 5, 5], [3]):
             for view in views:
@@ -248,9 +252,6 @@ def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(
             for view in views:
                 view.discard()
         assert passes([1, 1, 1, 1]) == 1 and passes([5, 3, 1, 1]) == 3
-    finally:
-        ctx.close()
-        model.close()
 
 
 def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
