@@ -105,35 +105,88 @@ class Acceptance:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One stream in a shared tick: its copy (empty: nothing to draft) and the length of the match it follows."""
+    """One stream in a shared tick: its copy (empty: nothing to copy) and the length of the match it follows, and, where
+    the draft model may draft for it, that model's acceptance for it and the rows its draft cache must catch up."""
 
     copy: Sequence[int]
     match: int
     acceptance: Acceptance
+    room: int = 0  # most drafts its step may verify (the model drafts at most this many)
+    model: Acceptance | None = None  # None: the draft model does not draft for it
+    catch_up: int = 1  # tokens the draft decodes before its first draft (its last token at least)
 
 
-def plan(candidates: Sequence[Candidate], costs: BatchCosts, *, max_rows: int, margin: float = MARGIN) -> list[int]:
-    """How many drafts each stream verifies in this tick (0: its plain row only): one length d for all that draft,
-    the streams that gain most at d first, the plan with the most expected tokens per predicted second — all
-    zeros unless that beats the plain tick by `margin`, or before the costs are known. Rows stay within `max_rows`.
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """What one stream verifies in the tick: d drafts, from the draft model or copied (d = 0: its plain row)."""
+
+    d: int = 0
+    model: bool = False
+
+
+NONE = Choice()
+LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft lengths the plan weighs (all of them: 16 a tick for 64 slots is too slow)
+MODEL_STREAMS_MAX = 8  # most streams the plan weighs the draft model for, best first
+CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first (a one-off the plan does not price)
+
+
+def plan(
+    candidates: Sequence[Candidate],
+    costs: BatchCosts,
+    *,
+    max_rows: int,
+    draft_costs: BatchCosts | None = None,
+    margin: float = MARGIN,
+) -> list[Choice]:
+    """What each stream verifies in this tick: one length d for all that draft; the draft model for the streams where
+    it is expected to gain more than their copy (its cost: one pass of the draft over their catch-up rows, all made
+    as long as the longest, then d - 1 passes of one row each, from `draft_costs`), copies for others, those that
+    gain most first; the plan with the most expected tokens per predicted second — all `NONE` unless it beats the
+    plain tick by `margin`, or before the costs are known. The target's rows stay within `max_rows`.
     """
     n = len(candidates)
-    none = [0] * n
     plain = costs.seconds(1, n)
     if plain is None or plain <= 0:
-        return none
-    best_rate, best = (1 + margin) * n / plain, none
-    longest = min(MAX_DRAFT, max((len(c.copy) for c in candidates), default=0))
-    for d in range(1, longest + 1):
-        gains = sorted(
-            ((c.acceptance.expected(d, c.match), i) for i, c in enumerate(candidates) if len(c.copy) >= d), reverse=True
-        )
-        tokens, lengths = float(n), [1] * n
-        for gain, i in gains:
-            if sum(lengths) + d > max_rows:
+        return [NONE] * n
+    best_rate, best = (1 + margin) * n / plain, [NONE] * n
+    longest = max((max(len(c.copy), c.room if c.model is not None else 0) for c in candidates), default=0)
+    for d in (d for d in LENGTHS if d <= min(MAX_DRAFT, longest)):
+        copies, models = [], []
+        for i, c in enumerate(candidates):
+            copied = c.acceptance.expected(d, c.match) if len(c.copy) >= d else -1.0
+            drafted = c.model.expected(d, 0) if c.model is not None and c.room >= d else -1.0
+            if drafted > copied:
+                models.append((drafted, i))
+            if copied >= 0:
+                copies.append((copied, i))
+        models.sort(reverse=True)
+        copies.sort(reverse=True)
+        for m in range(min(len(models), MODEL_STREAMS_MAX) + 1):
+            chosen = {i for _, i in models[:m]}
+            drafting = 0.0
+            if m:  # the catch-ups made one length (`SlotPool.draft_together`): one pass
+                catch_up = max(min(candidates[i].catch_up, CATCH_UP_MAX) for i in chosen)
+                first = draft_costs.seconds(1, m * catch_up) if draft_costs is not None else None
+                rounds = draft_costs.seconds(1, m) if draft_costs is not None else None
+                if first is None or rounds is None:
+                    break
+                drafting = first + (d - 1) * rounds
+            lengths = [1 + d if i in chosen else 1 for i in range(n)]
+            tokens = n + sum(gain for gain, _ in models[:m])
+            rows = sum(lengths)
+            if rows > max_rows:
                 break
-            tokens, lengths[i] = tokens + gain, 1 + d
-            seconds = costs.seconds(passes(lengths), sum(lengths))
-            if seconds and tokens / seconds > best_rate:
-                best_rate, best = tokens / seconds, [length - 1 for length in lengths]
+            picks = {i: Choice(d, True) for i in chosen}
+            for gain, i in [(None, None), *((g, i) for g, i in copies if i not in chosen)]:
+                if i is not None:
+                    if rows + d > max_rows:
+                        break
+                    tokens, rows, lengths[i] = tokens + gain, rows + d, 1 + d
+                    picks[i] = Choice(d, False)
+                if not picks:
+                    continue
+                seconds = costs.seconds(passes(lengths), rows)
+                if seconds and tokens / (seconds + drafting) > best_rate:
+                    best_rate = tokens / (seconds + drafting)
+                    best = [picks.get(j, NONE) for j in range(n)]
     return best

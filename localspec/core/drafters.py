@@ -344,15 +344,15 @@ class NgramDrafter:
 
 
 class AheadDrafts(NgramDrafter):
-    """The drafts a shared batch decoded ahead for one step (`serve --parallel`, core/batchdraft.py), proposed as they
-    are: the stream's own n-gram copy, chosen before its step (so no index of its own, and nothing to keep)."""
+    """The drafts a shared batch decoded ahead for one step (`serve --parallel`, core/slots.py), proposed as they are
+    with the law each was drawn from: the stream's own n-gram copy (point laws) or the draft model's, drafted before
+    its step (so no index and no cache of its own, and nothing to keep)."""
 
-    def __init__(self, tokens: list[int]) -> None:  # NgramDrafter.__init__ not called: it builds an index
-        self.tokens = tokens
+    def __init__(self, drafts: Proposal) -> None:  # NgramDrafter.__init__ not called: it builds an index
+        self.drafts = drafts
 
     def propose(self, request: DraftRequest) -> Proposal:
-        tokens = self.tokens[: request.k]
-        return Proposal(tokens, [None] * len(tokens))
+        return Proposal(self.drafts.tokens[: request.k], self.drafts.laws[: request.k])
 
     def keep(self, n: int) -> None:
         pass

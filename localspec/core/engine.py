@@ -26,7 +26,7 @@ from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 
 from .bridge import VocabBridge
-from .drafters import AheadDrafts, Drafter, DraftRequest
+from .drafters import AheadDrafts, Drafter, DraftRequest, Proposal
 from .grammar import CompiledGrammar, Grammar, GrammarVocab
 from .kv import KVSequence, PrefillStopped, common_prefix
 from .load import load_models
@@ -117,7 +117,7 @@ class Generation:
         # True while other streams share the target's batches (`serve --parallel`): a step then verifies only the
         # drafts the shared batch decoded ahead for it (`drafts_ahead`, core/batchdraft.py), else decodes plainly.
         self.batched: Callable[[], bool] | None = None
-        self.drafts_ahead: list[int] | None = None
+        self.drafts_ahead: Proposal | None = None
         self.pending = 0  # tokens of the current step not yet yielded (0: the next event starts a step)
         self._history: list[int] | None = None  # the prompt and the tokens so far, once the prompt is read
         self._text = TextStream(stop)
@@ -254,7 +254,7 @@ class Generation:
             # With a fixed seed, k must not depend on the clock: the sampled text would too.
             batched, ahead = self._is_batched(), self.drafts_ahead
             self.drafts_ahead = None
-            k = len(ahead) if batched and ahead else 0
+            k = len(ahead.tokens) if batched and ahead is not None else 0
             if not batched:
                 k = engine.draft_length(
                     self.spec,
@@ -506,6 +506,10 @@ class Engine:
     def closed(self) -> bool:
         """Whether `close()` has freed the contexts and models."""
         return not self._owned
+
+    def own(self, obj) -> None:
+        """Free `obj` (a context on one of the engine's models) with the engine, before the models it uses."""
+        self._owned.append(obj)
 
     def close(self) -> None:
         """Free contexts and models now."""

@@ -110,15 +110,22 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists.
 
     The usual case — one holds the other (a cache and the history that continues it) — is one comparison in C,
-    without copying the shorter one; otherwise the first difference is looked for token by token.
+    without copying the shorter one; otherwise the first difference is narrowed by halving with comparisons in C (a
+    draft cache holding the history and a few stale drafts: a loop in Python over thousands of tokens per step).
     """
     n = min(len(a), len(b))
     if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
         return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i
+    lo, hi = 0, n  # a[:lo] == b[:lo], and they differ before hi: halve with comparisons in C, then step
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 class PrefillStopped(Exception):

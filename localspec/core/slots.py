@@ -3,24 +3,32 @@
 Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVSequence`, so it keeps the prompt
 and answer it last held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
 chat that grows by one turn decodes only that turn, as with one slot), the one used least recently among equals.
-The draft model's cache stays one: only a stream that runs alone drafts with it (server/scheduler.py), and it syncs
-the draft to its own history first (`ModelDrafter.propose`). Beside others a stream drafts from its own n-grams
-(each slot keeps the index of its history), in the shared batch, where `core/batchdraft.py` predicts it pays.
+A stream that runs alone drafts as with one slot (server/scheduler.py), with the engine's drafter and its one draft
+cache. Beside others the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
+own n-gram copy (each slot keeps the index of its history), or the draft model's, which then drafts for all the
+streams it was chosen for together — a second context of the draft model with a sequence per slot, each slot's
+draft cache kept as its history, one batch per drafted token (`SlotPool.draft_together`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from localspec.errors import InvalidParamsError
+from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_together, passes
 
-from .batchdraft import MAX_DRAFT, Acceptance, BatchCosts, Candidate, plan
+from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, Acceptance, BatchCosts, Candidate, Choice, plan
+from .drafters import DraftLawBuilder, DraftRequest, ModelDrafter, Proposal, draft_token
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
 from .ngram import HistoryIndex
+from .sampling import penalty_window
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False, slots=True)
@@ -34,8 +42,11 @@ class Slot:
     used: int = 0  # when it was last taken (a counter): the least recently used is reused first
     ngrams: HistoryIndex = field(default_factory=HistoryIndex)  # its history's n-grams: its drafts beside others
     acceptance: Acceptance = field(default_factory=Acceptance)  # of those drafts, for the request it holds
-    # This tick's drafts: (match length, drafts, the stream's drafted, accepted and rejection counts before its step)
-    ahead: tuple[int, int, int, int, int] | None = None
+    draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model beside others)
+    model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts beside others
+    # This tick's drafts: (match length, drafts, by the model, the stream's drafted, accepted and rejection counts
+    # before its step)
+    ahead: tuple[int, int, bool, int, int, int] | None = None
 
 
 class SlotPool:
@@ -62,7 +73,15 @@ class SlotPool:
             view.clear()  # what a previous pool left: the new slots' token lists start empty
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
         self.costs = BatchCosts()  # what a shared decode costs here, learned from each
-        self._parent = parent
+        self.draft_costs = BatchCosts()  # the same for the draft model's slots context
+        self._engine, self._parent = engine, parent
+        self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
+        self._laws = DraftLawBuilder()
+        if self._drafts is not None:
+            for slot in self.slots:
+                view = SeqContext(self._drafts, slot.index)
+                view.clear()
+                slot.draft = KVSequence(view, rollback="seq_rm")
         self._clock = 0
 
     def warm(self) -> None:
@@ -82,6 +101,15 @@ class SlotPool:
                 self.costs.observe(1, len(group), time.perf_counter() - t0)
                 for slot in group:
                     slot.view.discard()
+        if self._drafts is None:
+            return
+        for _ in range(3):  # the draft's slots: allocated by the first round, timed by the next two
+            for group in (self.slots[:1], self.slots):
+                t0 = time.perf_counter()
+                decode_together([(slot.draft.ctx, [0], 0) for slot in group])
+                self.draft_costs.observe(1, len(group), time.perf_counter() - t0)
+                for slot in group:
+                    slot.draft.ctx.discard()
 
     @property
     def busy(self) -> int:
@@ -99,6 +127,8 @@ class SlotPool:
         best = max(free, key=lambda slot: (common_prefix(slot.target.tokens, prompt), -slot.used))
         self._clock += 1
         best.busy, best.used, best.acceptance = True, self._clock, Acceptance()
+        # The draft model's acceptance beside others starts from what the engine's policy measured for it alone.
+        best.model_acceptance = Acceptance(prior=self._engine.policy.alpha)
         return best
 
     def release(self, slot: Slot) -> None:
@@ -108,9 +138,11 @@ class SlotPool:
 
     def decode_ahead(self, streams: Sequence[tuple[Slot, Generation]]) -> int:
         """Decode the next rows of every stream whose next step is a plain one in ONE batch (their steps then read
-        their rows from it): its last token, and the n-gram copy `plan` chose for it, which its step then verifies
-        (`Generation.drafts_ahead`). Returns how many rows it decoded."""
+        their rows from it): its last token, and the drafts `plan` chose for it — its n-gram copy, or the draft
+        model's (`draft_together`) — which its step then verifies (`Generation.drafts_ahead`). Returns how many
+        rows it decoded."""
         live, candidates = [], []
+        model = self._drafts is not None and self._engine.drafter.needs_model
         for slot, gen in streams:
             token = gen.upcoming() if gen.target is slot.target else None
             if token is None:
@@ -118,18 +150,29 @@ class SlotPool:
             room, copy, match = min(gen.draft_room(), MAX_DRAFT), [], 0
             if room:
                 copy, match = slot.ngrams.follow(gen.history).continuation(room)
+            candidate = Candidate(copy, match, slot.acceptance, room)
+            history = gen.history
+            if model and room and len(history) + room < slot.draft.ctx.n_ctx:
+                held = min(common_prefix(slot.draft.tokens, history), len(history) - 1)
+                candidate = Candidate(copy, match, slot.acceptance, room, slot.model_acceptance, len(history) - held)
             live.append((slot, gen, token))
-            candidates.append(Candidate(copy, match, slot.acceptance))
-        lengths = plan(candidates, self.costs, max_rows=self._parent.n_batch)
+            candidates.append(candidate)
+        choices = plan(candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs)
+        drafted = self.draft_together([(slot, gen, c) for (slot, gen, _), c in zip(live, choices, strict=True)])
         rows = []
-        for (slot, gen, token), candidate, d in zip(live, candidates, lengths, strict=True):
-            drafts = list(candidate.copy[:d])
-            gen.drafts_ahead = drafts or None
+        for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
+            proposal = drafted.get(slot.index) if choice.model else None
+            if choice.d and not choice.model:
+                proposal = Proposal(list(candidate.copy[: choice.d]), [None] * choice.d)
+            gen.drafts_ahead = proposal if proposal is not None and proposal.tokens else None
+            n = len(gen.drafts_ahead.tokens) if gen.drafts_ahead is not None else 0
             stats = gen.stats
-            slot.ahead = (candidate.match, d, stats.drafted, stats.accepted, stats.rejections)
-            if candidate.copy and not d:
+            slot.ahead = (candidate.match, n, choice.model, stats.drafted, stats.accepted, stats.rejections)
+            if candidate.copy and not choice.d:
                 slot.acceptance.idle(candidate.match)
-            rows.append((slot.view, [token, *drafts], slot.target.n_past))
+            if candidate.model is not None and not choice.model:
+                slot.model_acceptance.idle(0)
+            rows.append((slot.view, [token, *(gen.drafts_ahead.tokens if n else ())], slot.target.n_past))
         if rows:
             before = self._parent.seconds_decoding
             decode_together(rows)
@@ -137,13 +180,102 @@ class SlotPool:
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before)
         return sum(len(tokens) for _, tokens, _ in rows)
 
+    def draft_together(self, streams: Sequence[tuple[Slot, Generation, Choice]]) -> dict[int, Proposal]:
+        """The draft model's drafts for the streams whose choice is the model, by slot index: each slot's draft cache
+        caught up with its history in one batch (a cache far behind, a new request's, first on its own), then one
+        batch per drafted token; each token drawn from the stream's own law and rng (`draft_token`, as a lone
+        `ModelDrafter` draws), a stream whose draft is unsure (p_min) stopping early."""
+        chosen = [(slot, gen, choice.d) for slot, gen, choice in streams if choice.model]
+        if not chosen:
+            return {}
+        held = []
+        for slot, gen, _ in chosen:
+            history, draft = gen.history, slot.draft
+            n = min(common_prefix(draft.tokens, history), len(history) - 1)
+            if len(history) - n > CATCH_UP_MAX:
+                draft.rollback_to(n)
+                draft.sync(history[:-1])  # a new request's prompt: decoded on its own, in chunks
+                n = len(history) - 1
+            held.append(n)
+        # Every cache catches up as many tokens as the furthest behind (re-decoding a few it held): rows of one
+        # length are one pass of the draft, where as many lengths as streams were as many passes.
+        longest = max(len(gen.history) - n for (_, gen, _), n in zip(chosen, held, strict=True))
+        catch_up = []
+        for (slot, gen, _), n in zip(chosen, held, strict=True):
+            start = max(0, min(n, len(gen.history) - longest))
+            slot.draft.rollback_to(start)
+            catch_up.append((slot.draft.ctx, gen.history[start:], start))
+        self._decode_drafts(catch_up, last_only=True)
+        out: dict[int, Proposal] = {}
+        asks = []
+        for (slot, gen, d), (_, tokens, _) in zip(chosen, catch_up, strict=True):
+            slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
+            sampling = gen.sampling
+            request = DraftRequest(
+                history=gen.history,
+                k=d,
+                sampling=sampling,
+                pq=gen.spec.verify != "match",
+                p_min=gen.spec.p_min,
+                rng=gen.rng,
+            )
+            out[slot.index] = Proposal()
+            asks.append((slot, request, penalty_window(gen.history, sampling)))
+        while asks:
+            going = []
+            for slot, request, recent in asks:
+                drafts, sampled = out[slot.index], request.pq and not request.sampling.greedy
+                law, token, confidence = draft_token(
+                    slot.draft.ctx, self._laws, recent, drafts.tokens, request, sampled
+                )
+                if confidence < request.p_min:
+                    continue  # unsure: this stream's draft ends here
+                drafts.tokens.append(token)
+                drafts.laws.append(law)
+                if len(drafts.tokens) < request.k:
+                    going.append((slot, request, recent))
+            if going:
+                last = [(slot.draft.ctx, out[slot.index].tokens[-1:], slot.draft.n_past) for slot, _, _ in going]
+                self._decode_drafts(last)
+                for slot, _, _ in going:
+                    slot.draft.append(out[slot.index].tokens[-1:], outputs=1)
+            asks = going
+        return out
+
+    def _decode_drafts(self, rows: list, *, last_only: bool = False) -> None:
+        """`decode_together` on the draft's slots context, timed into `draft_costs`."""
+        before = self._drafts.seconds_decoding
+        decode_together(rows, last_only=last_only)
+        sizes = [len(tokens) for _, tokens, _ in rows]
+        self.draft_costs.observe(passes(sizes), sum(sizes), self._drafts.seconds_decoding - before)
+
     def learn(self, streams: Sequence[tuple[Slot, Generation]]) -> None:
         """After a tick's steps: each stream that verified drafts decoded ahead teaches its acceptance."""
         for slot, gen in streams:
             ahead, slot.ahead = slot.ahead, None
             if ahead is None or not ahead[1]:
                 continue
-            match, _, drafted, accepted, rejections = ahead
+            match, _, model, drafted, accepted, rejections = ahead
             stats = gen.stats
             if stats.drafted > drafted:  # its step took them (not cancelled first)
-                slot.acceptance.learn(match, stats.accepted - accepted, stats.rejections > rejections)
+                learner = slot.model_acceptance if model else slot.acceptance
+                learner.learn(0 if model else match, stats.accepted - accepted, stats.rejections > rejections)
+
+
+def _draft_slots(engine: Engine, n: int) -> Context | None:
+    """A second context of the engine's draft model with `n` sequences, where the draft model may draft for several
+    streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
+    recurrent draft, no draft model, no memory for it): then only copies draft beside others. The engine frees it."""
+    drafter = engine.model_drafter
+    if not isinstance(drafter, ModelDrafter) or drafter.seq.mode != "seq_rm":
+        return None
+    own = drafter.seq.ctx
+    try:
+        ctx = Context(own.model, n_ctx=own.n_ctx, n_threads=own.n_threads, swa_full=own.swa_full, n_seq=n)
+    except LocalspecError as e:
+        log.info("the draft model drafts for a stream alone only: %s", e)
+        return None
+    engine.own(ctx)
+    if engine.threads is not None:
+        engine.threads.contexts.append(ctx)  # its threads follow the free cores with the others'
+    return ctx

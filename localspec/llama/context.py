@@ -306,15 +306,16 @@ class Context:
             self._out[first_out:n] = 1
         self._run_batch(n, tokens, n_past)
 
-    def decode_rows(self, rows: list[tuple[int, int, int]]) -> None:
-        """ONE `llama_decode` of rows of several sequences: `rows` are (seq, token, n_past), each output, and row
-        i's logits are `logits(i)` (`serve --parallel`: each active stream's next rows, llama/slots.py)."""
+    def decode_rows(self, rows: list[tuple[int, int, int]], outputs: list[bool] | None = None) -> None:
+        """ONE `llama_decode` of rows of several sequences: `rows` are (seq, token, n_past), and row i's logits are
+        `logits(i)` where `outputs[i]` (default: every row) (`serve --parallel`: each active stream's next rows,
+        llama/slots.py)."""
         n = len(rows)
         assert 0 < n <= self.n_batch and self.n_seq > 1
         self._write_seqs([seq for seq, _, _ in rows])
         self._tok[:n] = [token for _, token, _ in rows]
         self._pos[:n] = [n_past for _, _, n_past in rows]
-        self._out[:n] = 1
+        self._out[:n] = 1 if outputs is None else [int(o) for o in outputs]
         self._run_batch(n, None, 0)
 
     def _write_seqs(self, seqs: list[int]) -> None:

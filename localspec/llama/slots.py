@@ -34,8 +34,8 @@ class SeqContext:
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
         self.after_decode = None
-        # (tokens, n_past, first row, parent's decodes) decoded ahead in a shared batch
-        self._pending: tuple[tuple[int, ...], int, int, int] | None = None
+        # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded ahead in a shared batch
+        self._pending: tuple[tuple[int, ...], int, int, int, int] | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
         self._n_rows = 0
 
@@ -62,8 +62,8 @@ class SeqContext:
         are exactly this decode and their logits are still the parent's last."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            ahead, at, row, stamp = pending
-            if tuple(tokens) == ahead and n_past == at and outputs <= len(ahead) and stamp == self.parent.decodes:
+            ahead, at, row, output, stamp = pending
+            if tuple(tokens) == ahead and n_past == at and outputs <= output and stamp == self.parent.decodes:
                 self._row, self._n_rows = row + len(ahead) - outputs, outputs  # this decode's output rows: its last
                 return
             self.parent.remove_from(at, self.seq)  # not this step's decode, or its logits are gone: undo it
@@ -132,9 +132,10 @@ class SeqContext:
         self.parent.load_state(state, partial=partial, seq=self.seq)
 
 
-def decode_together(rows: Sequence[tuple[SeqContext, Sequence[int], int]]) -> None:
+def decode_together(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last_only: bool = False) -> None:
     """Decode each (sequence, tokens, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
-    next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`).
+    next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `last_only`: only
+    each sequence's last row is output (a draft catching up: the rows before are not read).
 
     The rows go to llama.cpp in sequence order: with each sequence's cells kept apart it splits a batch at every
     sequence id out of ascending order, and slots 2, 0, 3, 1 then cost two passes over the weights (3, 2, 1, 0:
@@ -145,10 +146,11 @@ def decode_together(rows: Sequence[tuple[SeqContext, Sequence[int], int]]) -> No
     assert all(view.parent is parent and not view.pending and tokens for view, tokens, _ in rows)
     rows = sorted(rows, key=lambda row: row[0].seq)
     flat = [(view.seq, token, n_past + j) for view, tokens, n_past in rows for j, token in enumerate(tokens)]
-    parent.decode_rows(flat)
+    out = [j == len(tokens) - 1 for _, tokens, _ in rows for j in range(len(tokens))] if last_only else None
+    parent.decode_rows(flat, out)
     first = 0
     for view, tokens, n_past in rows:
-        view._pending = (tuple(tokens), n_past, first, parent.decodes)
+        view._pending = (tuple(tokens), n_past, first, 1 if last_only else len(tokens), parent.decodes)
         first += len(tokens)
 
 

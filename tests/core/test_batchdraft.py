@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, Acceptance, BatchCosts, Candidate, plan
+from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, Choice, plan
 
 
 def costs_of(a: float, b: float, shapes=((1, 1), (1, 4), (2, 8))) -> BatchCosts:
@@ -37,7 +37,7 @@ def test_the_costs_are_unknown_until_two_shapes_were_seen():
     costs.observe(1, 4, 0.02)
     costs.observe(1, 4, 0.02)
     assert costs.seconds(1, 4) is None
-    assert plan([Candidate([5, 6], 12, Acceptance())] * 4, costs, max_rows=512) == [0] * 4
+    assert plan([Candidate([5, 6], 12, Acceptance())] * 4, costs, max_rows=512) == [NONE] * 4
 
 
 def test_rows_that_seem_free_put_the_cost_on_the_pass():
@@ -72,7 +72,7 @@ def sure(match: int = LONG_MATCH) -> Acceptance:
 def test_where_rows_are_nearly_free_every_stream_with_a_copy_drafts_one_length():
     gpu = costs_of(0.010, 0.0002)
     copies = [list(range(12)), list(range(6)), [], list(range(12))]
-    lengths = plan([Candidate(c, LONG_MATCH, sure()) for c in copies], gpu, max_rows=512)
+    lengths = [c.d for c in plan([Candidate(c, LONG_MATCH, sure()) for c in copies], gpu, max_rows=512)]
     assert lengths[2] == 0 and len({n for n in lengths if n}) == 1  # one length: one more pass, not one per length
     assert lengths[0] == lengths[3] > 0
 
@@ -82,23 +82,64 @@ def test_where_every_row_costs_a_poor_copy_drafts_nothing():
     poor = Acceptance()
     for _ in range(20):
         poor.learn(3, 0, True)
-    lengths = plan([Candidate(list(range(8)), 3, poor)] * 4, cpu, max_rows=512)
-    assert lengths == [0] * 4
+    assert plan([Candidate(list(range(8)), 3, poor)] * 4, cpu, max_rows=512) == [NONE] * 4
 
 
 def test_a_plan_beats_the_plain_tick_by_its_margin_or_drafts_nothing():
     cpu = costs_of(0.004, 0.005)
     candidates = [Candidate(list(range(8)), LONG_MATCH, sure())] * 4
-    lengths = plan(candidates, cpu, max_rows=512)
+    lengths = [c.d for c in plan(candidates, cpu, max_rows=512)]
     d = max(lengths)
     assert d > 0  # copies that are all taken pay even where rows cost
     rows = 4 + sum(lengths)
     tokens = 4 + sum(sure().expected(n, LONG_MATCH) for n in lengths)
     assert tokens / cpu.seconds(1 if all(lengths) else 2, rows) > 1.05 * 4 / cpu.seconds(1, 4)
-    assert plan(candidates, cpu, max_rows=512, margin=10.0) == [0] * 4
+    assert plan(candidates, cpu, max_rows=512, margin=10.0) == [NONE] * 4
 
 
 def test_a_plan_keeps_within_the_batch_and_the_longest_draft():
     gpu = costs_of(0.010, 0.0001)
-    lengths = plan([Candidate(list(range(64)), LONG_MATCH, sure())] * 8, gpu, max_rows=40)
+    lengths = [c.d for c in plan([Candidate(list(range(64)), LONG_MATCH, sure())] * 8, gpu, max_rows=40)]
     assert 8 + sum(lengths) <= 40 and max(lengths) <= MAX_DRAFT
+
+
+def model(alpha_steps: int = 20) -> Acceptance:
+    """The draft model's acceptance after `alpha_steps` steps of 3 of 4 drafts taken."""
+    acceptance = Acceptance()
+    for _ in range(alpha_steps):
+        acceptance.learn(0, 3, True)
+    return acceptance
+
+
+def test_where_a_draft_pass_is_cheap_the_model_drafts_for_the_streams_without_a_copy():
+    gpu, draft = costs_of(0.010, 0.0002), costs_of(0.001, 0.0001)  # a 1B draft beside a 14B target
+    candidates = [
+        Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=3),
+        Candidate(list(range(8)), LONG_MATCH, sure(), room=8, model=model(), catch_up=2),  # its copy beats the model
+        Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=1),
+    ]
+    choices = plan(candidates, gpu, max_rows=512, draft_costs=draft)
+    assert choices[0].model and choices[2].model and choices[0].d > 0
+    assert not choices[1].model and choices[1].d == choices[0].d == choices[2].d  # one length: one pass
+
+
+def test_a_stream_that_cannot_draft_costs_the_others_a_second_pass():
+    """Each sequence's cells kept apart, llama.cpp makes one pass per distinct row count: beside a stream that cannot
+    draft, the drafts of the others must pay a whole second pass of the target (on a GPU, as much as the first)."""
+    gpu, draft = costs_of(0.010, 0.0002), costs_of(0.001, 0.0001)
+    able = Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=2)
+    unable = Candidate([], 0, Acceptance(), room=8)  # a grammar, or a seed at T > 0
+    assert all(c.model for c in plan([able] * 3, gpu, max_rows=512, draft_costs=draft))
+    assert plan([able, able, unable], gpu, max_rows=512, draft_costs=draft) == [NONE] * 3
+
+
+def test_where_a_draft_pass_costs_like_the_targets_the_model_does_not_draft_beside_others():
+    cpu = costs_of(0.004, 0.005)
+    draft = costs_of(0.004, 0.005)  # the demo pair on a CPU: the draft is the target's size
+    candidates = [Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=2)] * 4
+    assert plan(candidates, cpu, max_rows=512, draft_costs=draft) == [NONE] * 4
+    assert plan(candidates, costs_of(0.010, 0.0002), max_rows=512) == [NONE] * 4  # the draft's costs unknown
+
+
+def test_a_choice_says_its_source():
+    assert Choice(4, True).model and not Choice(4).model and NONE.d == 0

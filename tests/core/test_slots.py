@@ -282,13 +282,13 @@ def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
 
 
 class _FixedCosts(BatchCosts):
-    """GPU-like costs (a pass 10 ms, a row 0.2 ms), kept whatever this machine measures: the test is about what
-    the steps do with drafts decoded ahead, not about when they pay."""
+    """GPU-like costs (by default a pass 10 ms, a row 0.2 ms), kept whatever this machine measures: the tests are
+    about what the steps do with drafts decoded ahead, not about when they pay."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_pass: float = 0.010, per_row: float = 0.0002) -> None:
         super().__init__()
-        super().observe(1, 1, 0.0102)
-        super().observe(1, 3, 0.0106)
+        super().observe(1, 1, per_pass + per_row)
+        super().observe(1, 3, per_pass + 3 * per_row)
 
     def observe(self, passes: int, rows: int, seconds: float) -> None:
         pass
@@ -351,3 +351,90 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
             slot.target.check()
             assert slot.target.n_past == len(gen.prompt) + len(gen.tokens) - 1
             pool.release(slot)
+
+
+def _run_together(pool, engine, gens, slots) -> tuple[list[list[int | None]], int]:
+    """Step the generations together as the scheduler does (their rows decoded ahead, then one step each) until all
+    end: (their tokens, the ticks); asserts ONE target decode per tick."""
+    for gen in gens:
+        gen.batched = lambda: True
+    events = [iter(g) for g in gens]
+    together: list[list[int | None]] = [[next(e).token] for e in events]
+    parent, live, ticks = engine.target.ctx, set(range(len(gens))), 0
+    while live:
+        streams = [(slots[i], gens[i]) for i in sorted(live)]
+        before = parent.decodes
+        pool.decode_ahead(streams)
+        ticks += 1
+        for i in sorted(live):
+            while True:  # one step: its events until the step's last
+                event = next(events[i])
+                together[i].append(event.token)
+                if event.finish_reason is not None:
+                    live.discard(i)
+                    assert next(events[i], None) is None
+                    break
+                if gens[i].pending == 0:
+                    break
+        assert parent.decodes == before + 1  # the tick's one decode of the target
+        pool.learn(streams)
+    return together, ticks
+
+
+@pytest.fixture(scope="module")
+def same_engine(tiny_models):
+    """The tiny target with an identical draft (every greedy draft is the target's token), three sequences."""
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=256, n_seq=3) as engine:
+        yield engine
+
+
+def test_the_draft_model_drafts_for_streams_beside_others_and_they_keep_their_greedy_text(same_engine):
+    """Where the draft model is predicted to pay beside others, it drafts for every stream together (its own context
+    with a sequence per slot, one batch per drafted token) and each step verifies its stream's drafts in the shared
+    batch: the greedy text is the stream's text alone, the drafts were accepted, the target decoded once a tick."""
+    engine = same_engine
+    pool = SlotPool(engine, 3)
+    pool.costs, pool.draft_costs = _FixedCosts(), _FixedCosts(0.001, 0.0001)
+    greedy, spec = SamplingParams(temperature=0), SpeculativeParams(draft_max=4, adaptive=False)
+
+    def start(prompt, slot):
+        return engine.generate(prompt, sampling=greedy, spec=spec, max_tokens=30, target=slot.target)
+
+    alone = []
+    for prompt in PROMPTS[:3]:
+        slot = pool.acquire(prompt)
+        alone.append([e.token for e in start(prompt, slot)])
+        pool.release(slot)
+    slots = [pool.acquire(p) for p in PROMPTS[:3]]
+    gens = [start(p, s) for p, s in zip(PROMPTS, slots, strict=False)]
+    draft_decodes = pool._drafts.decodes
+    together, ticks = _run_together(pool, engine, gens, slots)
+    assert together == alone
+    assert all(g.stats.drafted > 0 for g in gens) and sum(g.stats.accepted for g in gens) > 0
+    assert ticks < 30  # drafts accepted: fewer ticks than tokens
+    assert pool._drafts.decodes - draft_decodes <= ticks * 4  # a catch-up and 3 drafted tokens a tick, for all
+    for slot, gen in zip(slots, gens, strict=True):
+        slot.target.check()
+        slot.draft.check()
+        pool.release(slot)
+
+
+def test_sampled_drafts_beside_others_carry_the_law_they_were_drawn_from(same_engine):
+    """At T > 0 (no seed: which streams draft depends on timings) each model draft is verified by p/q against the law
+    the stream drew it from: with an identical draft the laws agree and nearly every draft is accepted."""
+    engine = same_engine
+    pool = SlotPool(engine, 3)
+    pool.costs, pool.draft_costs = _FixedCosts(), _FixedCosts(0.001, 0.0001)
+    sampling, spec = SamplingParams(temperature=0.8), SpeculativeParams(draft_max=4, adaptive=False)
+    slots = [pool.acquire(p) for p in PROMPTS[:3]]
+    gens = [
+        engine.generate(p, sampling=sampling, spec=spec, max_tokens=30, target=s.target)
+        for p, s in zip(PROMPTS, slots, strict=False)
+    ]
+    _run_together(pool, engine, gens, slots)
+    drafted, accepted = sum(g.stats.drafted for g in gens), sum(g.stats.accepted for g in gens)
+    assert drafted > 20 and accepted >= 0.8 * drafted, (drafted, accepted)
+    for slot in slots:
+        slot.target.check()
+        slot.draft.check()
+        pool.release(slot)
