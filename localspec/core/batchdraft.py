@@ -26,21 +26,27 @@ LONG_MATCH = 8  # matches at least this long are judged apart: they repeat far m
 
 
 class BatchCosts:
-    """Seconds of one shared decode as a·passes + b·rows, fitted to the medians of the recent decodes of each shape.
+    """Seconds of one shared decode as a·passes + b·rows, fitted to the medians of each shape among the recent decodes.
 
-    A median per (passes, rows) shape keeps one decode slowed by another process from moving the fit; each shape
-    counts as often as it was seen (its last `window`). The warm-up's timings (`SlotPool.warm`) seed the fit so
-    it is defined from the first tick: one row alone and one row per slot give a and b apart.
+    Only the last `window` decodes count (a decode's cost grows with its streams' contexts: old ones mislead), each
+    shape by its median (one decode slowed by another process does not move the fit) and as often as it was seen.
+    Seeds (`seed`: the warm-up's one row alone and one row per slot) count once each beside them, so the fit is
+    defined from the first tick and two shapes always tell a and b apart.
     """
 
-    def __init__(self, window: int = 12) -> None:
-        self._window = window
-        self._seen: dict[tuple[int, int], deque[float]] = {}
+    def __init__(self, window: int = 48) -> None:
+        self._recent: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._seeds: dict[tuple[int, int], list[float]] = {}
         self._fit: tuple[float, float] | None = None
+
+    def seed(self, passes: int, rows: int, seconds: float) -> None:
+        """A timing taken before any real decode (the warm-up): it weighs as one decode, whatever comes after."""
+        self._seeds.setdefault((passes, rows), []).append(seconds)
+        self._fit = None
 
     def observe(self, passes: int, rows: int, seconds: float) -> None:
         """One shared decode took `seconds` (inside llama_decode)."""
-        self._seen.setdefault((passes, rows), deque(maxlen=self._window)).append(seconds)
+        self._recent.append((passes, rows, seconds))
         self._fit = None
 
     def seconds(self, passes: int, rows: int) -> float | None:
@@ -52,10 +58,14 @@ class BatchCosts:
         return a * passes + b * rows
 
     def _solve(self) -> tuple[float, float] | None:
+        shapes: dict[tuple[int, int], list[float]] = {}
+        for p, r, t in self._recent:
+            shapes.setdefault((p, r), []).append(t)
+        points = [(p, r, len(times), statistics.median(times)) for (p, r), times in shapes.items()]
+        points += [(p, r, 1, statistics.median(times)) for (p, r), times in self._seeds.items()]
         # Least squares without intercept, each shape weighted by how often it was seen: the normal equations.
         spp = spr = srr = spt = srt = 0.0
-        for (p, r), times in self._seen.items():
-            w, t = len(times), statistics.median(times)
+        for p, r, w, t in points:
             spp, spr, srr = spp + w * p * p, spr + w * p * r, srr + w * r * r
             spt, srt = spt + w * p * t, srt + w * r * t
         det = spp * srr - spr * spr
@@ -79,6 +89,11 @@ class Acceptance:
     weight: float = 2.0  # the prior counts as this many verified tokens
     forget: float = 0.1  # share of the older counts forgotten at each verified step (and while not drafting)
     counts: dict[bool, list[float]] = field(default_factory=lambda: {False: [0.0, 0.0], True: [0.0, 0.0]})
+
+    @property
+    def evidence(self) -> float:
+        """Verified tokens' worth of evidence behind the estimate (both kinds of match; the prior not counted)."""
+        return sum(sum(counts) for counts in self.counts.values())
 
     def alpha(self, match: int) -> float:
         accepted, rejected = self.counts[match >= LONG_MATCH]
@@ -127,7 +142,7 @@ class Choice:
 NONE = Choice()
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft lengths the plan weighs (all of them: 16 a tick for 64 slots is too slow)
 MODEL_STREAMS_MAX = 8  # most streams the plan weighs the draft model for, best first
-CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first (a one-off the plan does not price)
+CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first, in chunks (`SlotPool.draft_together`)
 
 
 def plan(
@@ -136,19 +151,21 @@ def plan(
     *,
     max_rows: int,
     draft_costs: BatchCosts | None = None,
+    overhead: float = 0.0,
     margin: float = MARGIN,
 ) -> list[Choice]:
     """What each stream verifies in this tick: one length d for all that draft; the draft model for the streams where
     it is expected to gain more than their copy (its cost: one pass of the draft over their catch-up rows, all made
     as long as the longest, then d - 1 passes of one row each, from `draft_costs`), copies for others, those that
     gain most first; the plan with the most expected tokens per predicted second — all `NONE` unless it beats the
-    plain tick by `margin`, or before the costs are known. The target's rows stay within `max_rows`.
+    plain tick by `margin`, or before the costs are known. The target's rows stay within `max_rows`. `overhead`: the
+    seconds of a tick outside the decodes (each stream's step in Python), which fewer, longer ticks pay less often.
     """
     n = len(candidates)
     plain = costs.seconds(1, n)
     if plain is None or plain <= 0:
         return [NONE] * n
-    best_rate, best = (1 + margin) * n / plain, [NONE] * n
+    best_rate, best = (1 + margin) * n / (plain + overhead), [NONE] * n
     longest = max((max(len(c.copy), c.room if c.model is not None else 0) for c in candidates), default=0)
     for d in (d for d in LENGTHS if d <= min(MAX_DRAFT, longest)):
         copies, models = [], []
@@ -164,8 +181,9 @@ def plan(
         for m in range(min(len(models), MODEL_STREAMS_MAX) + 1):
             chosen = {i for _, i in models[:m]}
             drafting = 0.0
-            if m:  # the catch-ups made one length (`SlotPool.draft_together`): one pass
-                catch_up = max(min(candidates[i].catch_up, CATCH_UP_MAX) for i in chosen)
+            if m:  # the catch-ups made one length (`SlotPool.draft_together`): one pass, priced as when the model
+                # drafts every tick (the tokens emitted since, at most d + 1): a cache further behind catches up once
+                catch_up = max(min(candidates[i].catch_up, d + 1) for i in chosen)
                 first = draft_costs.seconds(1, m * catch_up) if draft_costs is not None else None
                 rounds = draft_costs.seconds(1, m) if draft_costs is not None else None
                 if first is None or rounds is None:
@@ -186,7 +204,7 @@ def plan(
                 if not picks:
                     continue
                 seconds = costs.seconds(passes(lengths), rows)
-                if seconds and tokens / (seconds + drafting) > best_rate:
-                    best_rate = tokens / (seconds + drafting)
+                if seconds and tokens / (seconds + drafting + overhead) > best_rate:
+                    best_rate = tokens / (seconds + drafting + overhead)
                     best = [picks.get(j, NONE) for j in range(n)]
     return best

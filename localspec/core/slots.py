@@ -13,7 +13,9 @@ draft cache kept as its history, one batch per drafted token (`SlotPool.draft_to
 from __future__ import annotations
 
 import logging
+import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,7 +23,7 @@ from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_together, passes
 
-from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, Acceptance, BatchCosts, Candidate, Choice, plan
+from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, Choice, plan
 from .drafters import DraftLawBuilder, DraftRequest, ModelDrafter, Proposal, draft_token
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
@@ -29,6 +31,9 @@ from .ngram import HistoryIndex
 from .sampling import penalty_window
 
 log = logging.getLogger(__name__)
+PROBE_EVERY = 32  # shared ticks between probes of the draft model beside others (`SlotPool._probe`)
+PROBE_DRAFTS = 4  # drafts per stream in a probe
+PROBE_EVIDENCE = 8.0  # verified tokens' worth of evidence past which the model's acceptance is judged, not probed
 
 
 @dataclass(eq=False, slots=True)
@@ -77,6 +82,9 @@ class SlotPool:
         self._engine, self._parent = engine, parent
         self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
+        self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
+        self._ticks = 0  # shared ticks so far (`_probe`)
+        self._tick: tuple[float, float] | None = None  # (when this tick began, the decoding seconds then)
         if self._drafts is not None:
             for slot in self.slots:
                 view = SeqContext(self._drafts, slot.index)
@@ -98,7 +106,7 @@ class SlotPool:
             for group in (self.slots[:1], self.slots):
                 t0 = time.perf_counter()
                 decode_together([(slot.view, [0], 0) for slot in group])
-                self.costs.observe(1, len(group), time.perf_counter() - t0)
+                self.costs.seed(1, len(group), time.perf_counter() - t0)
                 for slot in group:
                     slot.view.discard()
         if self._drafts is None:
@@ -107,7 +115,7 @@ class SlotPool:
             for group in (self.slots[:1], self.slots):
                 t0 = time.perf_counter()
                 decode_together([(slot.draft.ctx, [0], 0) for slot in group])
-                self.draft_costs.observe(1, len(group), time.perf_counter() - t0)
+                self.draft_costs.seed(1, len(group), time.perf_counter() - t0)
                 for slot in group:
                     slot.draft.ctx.discard()
 
@@ -127,8 +135,10 @@ class SlotPool:
         best = max(free, key=lambda slot: (common_prefix(slot.target.tokens, prompt), -slot.used))
         self._clock += 1
         best.busy, best.used, best.acceptance = True, self._clock, Acceptance()
-        # The draft model's acceptance beside others starts from what the engine's policy measured for it alone.
-        best.model_acceptance = Acceptance(prior=self._engine.policy.alpha)
+        # The draft model's acceptance beside others starts from what the engine's policy measured of it alone, worth
+        # as much evidence as the policy holds (up to 8 tokens' worth).
+        policy = self._engine.policy
+        best.model_acceptance = Acceptance(prior=policy.alpha, weight=min(8.0, max(2.0, policy.seen)))
         return best
 
     def release(self, slot: Slot) -> None:
@@ -141,6 +151,7 @@ class SlotPool:
         their rows from it): its last token, and the drafts `plan` chose for it — its n-gram copy, or the draft
         model's (`draft_together`) — which its step then verifies (`Generation.drafts_ahead`). Returns how many
         rows it decoded."""
+        self._tick = (time.perf_counter(), self._decoding())
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
         for slot, gen in streams:
@@ -157,7 +168,11 @@ class SlotPool:
                 candidate = Candidate(copy, match, slot.acceptance, room, slot.model_acceptance, len(history) - held)
             live.append((slot, gen, token))
             candidates.append(candidate)
-        choices = plan(candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs)
+        overhead = statistics.median(self._overheads) if self._overheads else 0.0
+        choices = plan(
+            candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
+        )
+        choices = self._probe(candidates, choices)
         drafted = self.draft_together([(slot, gen, c) for (slot, gen, _), c in zip(live, choices, strict=True)])
         rows = []
         for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
@@ -170,8 +185,6 @@ class SlotPool:
             slot.ahead = (candidate.match, n, choice.model, stats.drafted, stats.accepted, stats.rejections)
             if candidate.copy and not choice.d:
                 slot.acceptance.idle(candidate.match)
-            if candidate.model is not None and not choice.model:
-                slot.model_acceptance.idle(0)
             rows.append((slot.view, [token, *(gen.drafts_ahead.tokens if n else ())], slot.target.n_past))
         if rows:
             before = self._parent.seconds_decoding
@@ -179,6 +192,20 @@ class SlotPool:
             sizes = [len(tokens) for _, tokens, _ in rows]
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before)
         return sum(len(tokens) for _, tokens, _ in rows)
+
+    def _probe(self, candidates: list[Candidate], choices: list[Choice]) -> list[Choice]:
+        """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while it
+        has too little evidence of its acceptance beside others to be judged: a prior from nothing (no stream has run
+        alone yet) would keep it off for good. One tick in PROBE_EVERY: a few per cent at most where it does not pay."""
+        self._ticks += 1
+        if self._ticks % PROBE_EVERY or any(choice.model for choice in choices):
+            return choices
+        unsure = [
+            c.model is not None and c.room >= PROBE_DRAFTS and c.model.evidence < PROBE_EVIDENCE for c in candidates
+        ]
+        if not any(unsure):
+            return choices
+        return [Choice(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
     def draft_together(self, streams: Sequence[tuple[Slot, Generation, Choice]]) -> dict[int, Proposal]:
         """The draft model's drafts for the streams whose choice is the model, by slot index: each slot's draft cache
@@ -249,8 +276,18 @@ class SlotPool:
         sizes = [len(tokens) for _, tokens, _ in rows]
         self.draft_costs.observe(passes(sizes), sum(sizes), self._drafts.seconds_decoding - before)
 
+    def _decoding(self) -> float:
+        """Seconds inside llama_decode so far, of the target's context and the draft's slots context."""
+        return self._parent.seconds_decoding + (self._drafts.seconds_decoding if self._drafts is not None else 0.0)
+
     def learn(self, streams: Sequence[tuple[Slot, Generation]]) -> None:
-        """After a tick's steps: each stream that verified drafts decoded ahead teaches its acceptance."""
+        """After a tick's steps: each stream that verified drafts decoded ahead teaches its acceptance, and the tick's
+        time outside the decodes is the overhead the next plans count (a plain tick pays it as a drafting one does:
+        on the demo pair's 2 cores about 10 ms beside 24 ms of decoding, which made fewer, longer ticks pay)."""
+        if self._tick is not None:
+            began, decoding = self._tick
+            self._overheads.append(max(0.0, time.perf_counter() - began - (self._decoding() - decoding)))
+            self._tick = None
         for slot, gen in streams:
             ahead, slot.ahead = slot.ahead, None
             if ahead is None or not ahead[1]:
