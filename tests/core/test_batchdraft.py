@@ -143,3 +143,17 @@ def test_where_a_draft_pass_costs_like_the_targets_the_model_does_not_draft_besi
 
 def test_a_choice_says_its_source():
     assert Choice(4, True).model and not Choice(4).model and NONE.d == 0
+
+
+def test_a_ticks_time_outside_the_decodes_makes_fewer_longer_ticks_pay():
+    cpu, draft = costs_of(0.004, 0.005), costs_of(0.002, 0.004)
+    candidates = [Candidate([], 0, Acceptance(), room=8, model=sure_model(), catch_up=2)] * 3
+    assert plan(candidates, cpu, max_rows=512, draft_costs=draft) == [NONE] * 3
+    assert all(c.model for c in plan(candidates, cpu, max_rows=512, draft_costs=draft, overhead=0.05))
+
+
+def sure_model() -> Acceptance:
+    acceptance = Acceptance()
+    for _ in range(20):
+        acceptance.learn(0, 4, False)
+    return acceptance

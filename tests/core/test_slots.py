@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import llama_cpp
 import pytest
 
-from localspec.core.batchdraft import BatchCosts
+from localspec.core.batchdraft import Acceptance, BatchCosts
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
@@ -413,7 +413,7 @@ def test_the_draft_model_drafts_for_streams_beside_others_and_they_keep_their_gr
     assert all(g.stats.drafted > 0 for g in gens) and sum(g.stats.accepted for g in gens) > 0
     assert ticks < 30  # drafts accepted: fewer ticks than tokens
     assert pool._drafts.decodes - draft_decodes <= ticks * 4  # a catch-up and 3 drafted tokens a tick, for all
-    for slot, gen in zip(slots, gens, strict=True):
+    for slot in slots:
         slot.target.check()
         slot.draft.check()
         pool.release(slot)
@@ -437,4 +437,35 @@ def test_sampled_drafts_beside_others_carry_the_law_they_were_drawn_from(same_en
     for slot in slots:
         slot.target.check()
         slot.draft.check()
+        pool.release(slot)
+
+
+def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown(same_engine):
+    """Where the costs say the model does not pay at the prior's acceptance, one tick in PROBE_EVERY it drafts
+    PROBE_DRAFTS for each stream anyway while there is too little evidence to judge it (a cold server whose first
+    requests come together would otherwise never learn it): the greedy texts stay the texts alone."""
+    from localspec.core.slots import PROBE_DRAFTS, PROBE_EVERY
+
+    engine = same_engine
+    pool = SlotPool(engine, 2)
+    pool.costs, pool.draft_costs = _FixedCosts(0.004, 0.005), _FixedCosts(0.004, 0.005)  # the model does not pay
+    greedy, spec = SamplingParams(temperature=0), SpeculativeParams(draft_max=4, adaptive=False)
+    n = PROBE_EVERY + 6  # one probe (its drafts accepted: four tokens a stream in that tick)
+
+    def start(prompt, slot):
+        return engine.generate(prompt, sampling=greedy, spec=spec, max_tokens=n, target=slot.target)
+
+    alone = []
+    for prompt in PROMPTS[:2]:
+        slot = pool.acquire(prompt)
+        alone.append([e.token for e in start(prompt, slot)])
+        pool.release(slot)
+    slots = [pool.acquire(p) for p in PROMPTS[:2]]
+    for slot in slots:
+        slot.model_acceptance = Acceptance()  # nothing known: as on a server whose first requests came together
+    gens = [start(p, s) for p, s in zip(PROMPTS, slots, strict=False)]
+    together, _ = _run_together(pool, engine, gens, slots)
+    assert together == alone
+    assert [g.stats.drafted for g in gens] == [PROBE_DRAFTS, PROBE_DRAFTS]
+    for slot in slots:
         pool.release(slot)
