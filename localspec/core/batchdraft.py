@@ -23,6 +23,7 @@ from localspec.llama.slots import passes
 MAX_DRAFT = 16  # longest copy a stream verifies beside others: past this its rows cost more than they are likely worth
 MARGIN = 0.05  # draft only when the plan is predicted at least this much faster than the plain tick
 LONG_MATCH = 8  # matches at least this long are judged apart: they repeat far more reliably than short ones
+SEEN_ENOUGH = 3  # recent decodes of one shape whose median predicts it, not the fit
 
 
 class BatchCosts:
@@ -37,6 +38,7 @@ class BatchCosts:
     def __init__(self, window: int = 48) -> None:
         self._recent: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._seeds: dict[tuple[int, int], list[float]] = {}
+        self._shapes: dict[tuple[int, int], list[float]] = {}  # the recent decodes by shape (made by `_solve`)
         self._fit: tuple[float, float] | None = None
 
     def seed(self, passes: int, rows: int, seconds: float) -> None:
@@ -50,10 +52,16 @@ class BatchCosts:
         self._fit = None
 
     def seconds(self, passes: int, rows: int) -> float | None:
-        """The predicted seconds of a decode of that shape; None until two shapes were seen."""
+        """The predicted seconds of a decode of that shape: the median of its recent decodes where there are
+        `SEEN_ENOUGH` of them, else the fit; None until two shapes were seen. A shape's own median wins because a
+        CPU's cost is not linear in rows: its kernels take rows in blocks (the demo pair on 2 cores: 3 rows 32 ms,
+        4 rows 23 ms, 9 rows 50 ms, 10 rows 35 ms)."""
         fit = self._fit or self._solve()
         if fit is None:
             return None
+        seen = self._shapes.get((passes, rows))
+        if seen is not None and len(seen) >= SEEN_ENOUGH:
+            return statistics.median(seen)
         a, b = fit
         return a * passes + b * rows
 
@@ -61,6 +69,7 @@ class BatchCosts:
         shapes: dict[tuple[int, int], list[float]] = {}
         for p, r, t in self._recent:
             shapes.setdefault((p, r), []).append(t)
+        self._shapes = shapes
         points = [(p, r, len(times), statistics.median(times)) for (p, r), times in shapes.items()]
         points += [(p, r, 1, statistics.median(times)) for (p, r), times in self._seeds.items()]
         # Least squares without intercept, each shape weighted by how often it was seen: the normal equations.
@@ -129,6 +138,7 @@ class Candidate:
     room: int = 0  # most drafts its step may verify (the model drafts at most this many)
     model: Acceptance | None = None  # None: the draft model does not draft for it
     catch_up: int = 1  # tokens the draft decodes before its first draft (its last token at least)
+    remaining: int = 0  # tokens it may still emit (capped): what a catch-up far behind is paid back over
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,13 +192,19 @@ def plan(
             chosen = {i for _, i in models[:m]}
             drafting = 0.0
             if m:  # the catch-ups made one length (`SlotPool.draft_together`): one pass, priced as when the model
-                # drafts every tick (the tokens emitted since, at most d + 1): a cache further behind catches up once
+                # drafts every tick (the tokens emitted since, at most d + 1); a cache further behind catches up once
+                # on its own, that cost spread over the ticks left to the stream
                 catch_up = max(min(candidates[i].catch_up, d + 1) for i in chosen)
                 first = draft_costs.seconds(1, m * catch_up) if draft_costs is not None else None
                 rounds = draft_costs.seconds(1, m) if draft_costs is not None else None
                 if first is None or rounds is None:
                     break
                 drafting = first + (d - 1) * rounds
+                for gain, i in models[:m]:
+                    behind = candidates[i].catch_up - catch_up
+                    if behind > 0:
+                        once = draft_costs.seconds(1, behind) or 0.0
+                        drafting += once * (1 + gain) / max(1, candidates[i].remaining)
             lengths = [1 + d if i in chosen else 1 for i in range(n)]
             tokens = n + sum(gain for gain, _ in models[:m])
             rows = sum(lengths)

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 PROBE_EVERY = 32  # shared ticks between probes of the draft model beside others (`SlotPool._probe`)
 PROBE_DRAFTS = 4  # drafts per stream in a probe
 PROBE_EVIDENCE = 8.0  # verified tokens' worth of evidence past which the model's acceptance is judged, not probed
+RECHECK_EVERY = 8  # ticks between drafting ticks while drafting measures slower (and plain ones while plain is unknown)
+RATES_ENOUGH = 4  # recent ticks of a kind whose median is trusted
+REMAINING_CAP = 256  # most tokens a stream is counted on to emit still (max_tokens is often far above its answer)
 
 
 @dataclass(eq=False, slots=True)
@@ -79,11 +82,15 @@ class SlotPool:
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
         self.costs = BatchCosts()  # what a shared decode costs here, learned from each
         self.draft_costs = BatchCosts()  # the same for the draft model's slots context
+        # The draft model's acceptance beside others over every stream (a property of the pair more than of one
+        # answer): the next requests' prior, and the probes' evidence.
+        self.model_alpha = Acceptance(forget=0.02)
         self._engine, self._parent = engine, parent
         self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
-        self._ticks = 0  # shared ticks so far (`_probe`)
+        self._ticks = 0  # shared ticks so far (`_probe`, `_checked`)
+        self._rates: dict[tuple[int, bool], deque[float]] = {}  # tokens/s of recent ticks by (streams, drafted)
         self._tick: tuple[float, float] | None = None  # (when this tick began, the decoding seconds then)
         if self._drafts is not None:
             for slot in self.slots:
@@ -135,10 +142,13 @@ class SlotPool:
         best = max(free, key=lambda slot: (common_prefix(slot.target.tokens, prompt), -slot.used))
         self._clock += 1
         best.busy, best.used, best.acceptance = True, self._clock, Acceptance()
-        # The draft model's acceptance beside others starts from what the engine's policy measured of it alone, worth
-        # as much evidence as the policy holds (up to 8 tokens' worth).
-        policy = self._engine.policy
-        best.model_acceptance = Acceptance(prior=policy.alpha, weight=min(8.0, max(2.0, policy.seen)))
+        # The draft model's acceptance beside others starts from what was measured of it before: by the engine's
+        # policy alone, or by every stream beside others (`model_alpha`), whichever holds more evidence (up to 8
+        # tokens' worth).
+        policy, pooled = self._engine.policy, self.model_alpha
+        alone = policy.seen >= pooled.evidence
+        prior, seen = (policy.alpha, policy.seen) if alone else (pooled.alpha(0), pooled.evidence)
+        best.model_acceptance = Acceptance(prior=prior, weight=min(8.0, max(2.0, seen)))
         return best
 
     def release(self, slot: Slot) -> None:
@@ -151,7 +161,7 @@ class SlotPool:
         their rows from it): its last token, and the drafts `plan` chose for it — its n-gram copy, or the draft
         model's (`draft_together`) — which its step then verifies (`Generation.drafts_ahead`). Returns how many
         rows it decoded."""
-        self._tick = (time.perf_counter(), self._decoding())
+        self._tick = (time.perf_counter(), self._decoding(), sum(len(gen.tokens) for _, gen in streams))
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
         for slot, gen in streams:
@@ -165,14 +175,17 @@ class SlotPool:
             history = gen.history
             if model and room and len(history) + room < slot.draft.ctx.n_ctx:
                 held = min(common_prefix(slot.draft.tokens, history), len(history) - 1)
-                candidate = Candidate(copy, match, slot.acceptance, room, slot.model_acceptance, len(history) - held)
+                remaining = min(REMAINING_CAP, gen.max_tokens - len(gen.tokens))
+                candidate = Candidate(
+                    copy, match, slot.acceptance, room, slot.model_acceptance, len(history) - held, remaining
+                )
             live.append((slot, gen, token))
             candidates.append(candidate)
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
         choices = plan(
             candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
         )
-        choices = self._probe(candidates, choices)
+        choices = self._checked(len(choices), self._probe(candidates, choices))
         drafted = self.draft_together([(slot, gen, c) for (slot, gen, _), c in zip(live, choices, strict=True)])
         rows = []
         for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
@@ -193,16 +206,35 @@ class SlotPool:
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before)
         return sum(len(tokens) for _, tokens, _ in rows)
 
+    def _checked(self, n: int, choices: list[Choice]) -> list[Choice]:
+        """The plan, unless this machine's own ticks of n streams say drafting beside others loses: the median tokens
+        per second of the recent ticks that drafted below that of the recent plain ones (the plan's costs and
+        acceptances are estimates; these are what happened). Then plain, but for one tick in RECHECK_EVERY, which
+        keeps the drafting figure current; and one plain tick in RECHECK_EVERY while the plain figure is unknown."""
+        drafting = self._rates.get((n, True), ())
+        plain = self._rates.get((n, False), ())
+        recheck = self._ticks % RECHECK_EVERY == 0
+        if not any(choice.d for choice in choices):
+            return choices
+        if len(plain) < RATES_ENOUGH:
+            return [NONE] * n if recheck else choices
+        if len(drafting) >= RATES_ENOUGH and statistics.median(drafting) < statistics.median(plain) and not recheck:
+            return [NONE] * n
+        return choices
+
     def _probe(self, candidates: list[Candidate], choices: list[Choice]) -> list[Choice]:
-        """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while it
-        has too little evidence of its acceptance beside others to be judged: a prior from nothing (no stream has run
-        alone yet) would keep it off for good. One tick in PROBE_EVERY: a few per cent at most where it does not pay."""
+        """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while
+        there is too little evidence of its acceptance to judge it — neither the engine's policy (no stream has run
+        alone yet: its prior then counts for little) nor drafts beside others: a prior from nothing would keep it off
+        for good. One tick in PROBE_EVERY until the pair's draft has PROBE_EVIDENCE of evidence (a probe gives
+        PROBE_DRAFTS a stream): a few probes a server, each catching its streams' draft caches up with their
+        histories."""
         self._ticks += 1
         if self._ticks % PROBE_EVERY or any(choice.model for choice in choices):
             return choices
-        unsure = [
-            c.model is not None and c.room >= PROBE_DRAFTS and c.model.evidence < PROBE_EVIDENCE for c in candidates
-        ]
+        if self.model_alpha.evidence + self._engine.policy.seen >= PROBE_EVIDENCE:
+            return choices  # the pair's draft has been measured, alone or beside others: the plan judges it
+        unsure = [c.model is not None and c.room >= PROBE_DRAFTS for c in candidates]
         if not any(unsure):
             return choices
         return [Choice(PROBE_DRAFTS, True) if u else NONE for u in unsure]
@@ -285,8 +317,12 @@ class SlotPool:
         time outside the decodes is the overhead the next plans count (a plain tick pays it as a drafting one does:
         on the demo pair's 2 cores about 10 ms beside 24 ms of decoding, which made fewer, longer ticks pay)."""
         if self._tick is not None:
-            began, decoding = self._tick
-            self._overheads.append(max(0.0, time.perf_counter() - began - (self._decoding() - decoding)))
+            began, decoding, emitted = self._tick
+            seconds = time.perf_counter() - began
+            self._overheads.append(max(0.0, seconds - (self._decoding() - decoding)))
+            emitted = sum(len(gen.tokens) for _, gen in streams) - emitted
+            drafted = any(slot.ahead is not None and slot.ahead[1] for slot, _ in streams)
+            self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
             self._tick = None
         for slot, gen in streams:
             ahead, slot.ahead = slot.ahead, None
@@ -297,6 +333,8 @@ class SlotPool:
             if stats.drafted > drafted:  # its step took them (not cancelled first)
                 learner = slot.model_acceptance if model else slot.acceptance
                 learner.learn(0 if model else match, stats.accepted - accepted, stats.rejections > rejections)
+                if model:
+                    self.model_alpha.learn(0, stats.accepted - accepted, stats.rejections > rejections)
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:

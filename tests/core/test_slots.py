@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import llama_cpp
 import pytest
 
-from localspec.core.batchdraft import Acceptance, BatchCosts
+from localspec.core.batchdraft import BatchCosts
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
@@ -460,12 +460,36 @@ def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown
         slot = pool.acquire(prompt)
         alone.append([e.token for e in start(prompt, slot)])
         pool.release(slot)
+    engine.use_drafter(engine.drafter)  # a fresh policy: nothing measured alone (the first requests came together)
     slots = [pool.acquire(p) for p in PROMPTS[:2]]
-    for slot in slots:
-        slot.model_acceptance = Acceptance()  # nothing known: as on a server whose first requests came together
     gens = [start(p, s) for p, s in zip(PROMPTS, slots, strict=False)]
     together, _ = _run_together(pool, engine, gens, slots)
     assert together == alone
-    assert [g.stats.drafted for g in gens] == [PROBE_DRAFTS, PROBE_DRAFTS]
+    assert [g.stats.drafted for g in gens] == [PROBE_DRAFTS, PROBE_DRAFTS]  # one probe: then it is measured
+    assert pool.model_alpha.evidence >= 2 * PROBE_DRAFTS - 1
     for slot in slots:
         pool.release(slot)
+
+
+def test_drafting_beside_others_stops_where_its_ticks_measure_slower_than_plain_ones(same_engine):
+    """The plan's costs and acceptances are estimates; the ticks' own tokens per second are what happened: while the
+    recent drafting ticks of n streams are slower than the plain ones, the plan is overruled (but for one tick in
+    RECHECK_EVERY, which keeps the drafting figure current)."""
+    from collections import deque
+
+    from localspec.core.batchdraft import NONE, Choice
+    from localspec.core.slots import RECHECK_EVERY
+
+    pool = SlotPool(same_engine, 2)
+    drafts = [Choice(2), NONE]
+    pool._ticks = 1
+    assert pool._checked(2, drafts) == drafts  # nothing measured yet
+    pool._rates[(2, False)] = deque([100.0] * 4)
+    pool._rates[(2, True)] = deque([60.0] * 4)
+    assert pool._checked(2, drafts) == [NONE, NONE]
+    pool._ticks = RECHECK_EVERY
+    assert pool._checked(2, drafts) == drafts  # the recheck
+    pool._ticks = 1
+    pool._rates[(2, True)] = deque([140.0] * 4)
+    assert pool._checked(2, drafts) == drafts
+    assert pool._checked(3, drafts) == drafts  # three streams: nothing measured of them
