@@ -322,28 +322,7 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
             pool.release(slot)
         slots = [pool.acquire(p) for p in prompts]
         gens = [start(p, s) for p, s in zip(prompts, slots, strict=True)]
-        for gen in gens:
-            gen.batched = lambda: True
-        events = [iter(g) for g in gens]
-        together: list[list[int | None]] = [[next(e).token] for e in events]
-        parent, live, ticks = engine.target.ctx, set(range(3)), 0
-        while live:
-            streams = [(slots[i], gens[i]) for i in sorted(live)]
-            before = parent.decodes
-            pool.decode_ahead(streams)
-            ticks += 1
-            for i in sorted(live):
-                while True:  # one step: its events until the step's last
-                    event = next(events[i])
-                    together[i].append(event.token)
-                    if event.finish_reason is not None:
-                        live.discard(i)
-                        assert next(events[i], None) is None  # ended: its caches checked while the engine is open
-                        break
-                    if gens[i].pending == 0:
-                        break
-            assert parent.decodes == before + 1  # the tick's one decode: no stream decoded on its own
-            pool.learn(streams)
+        together, ticks = _run_together(pool, engine, gens, slots)
         assert together == alone
         assert sum(g.stats.drafted for g in gens) > 0 and sum(g.stats.accepted for g in gens) > 0
         assert ticks < sum(len(t) for t in together) / 3  # fewer ticks than tokens per stream
