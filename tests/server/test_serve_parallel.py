@@ -81,10 +81,9 @@ def test_greedy_answers_are_the_same_alone_and_beside_others(server):
     assert [a.choices[0].text for a in together] == [a.choices[0].text for a in alone]
     assert all(a.usage.completion_tokens == 40 for a in alone)
     drafted_alone = [a.model_extra["timings"]["draft_n"] for a in alone]
-    drafted_together = [a.model_extra["timings"]["draft_n"] for a in together]
     assert min(drafted_alone) > 0  # a lone stream speculates
-    # beside others only n-gram copies are verified, where they pay (the draft model drafts for a lone stream)
-    assert sum(drafted_together) < sum(drafted_alone) / 2, (drafted_together, drafted_alone)
+    # Beside others a stream drafts where this machine's costs say it pays (copies, or the draft model batched): how
+    # much depends on the timings, the text does not. tests/core/test_slots.py drafts beside others on purpose.
 
 
 def test_each_stream_keeps_its_own_max_tokens_and_stats(server):
