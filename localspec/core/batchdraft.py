@@ -53,15 +53,20 @@ class BatchCosts:
 
     def seconds(self, passes: int, rows: int) -> float | None:
         """The predicted seconds of a decode of that shape: the median of its recent decodes where there are
-        `SEEN_ENOUGH` of them, else the fit; None until two shapes were seen. A shape's own median wins because a
-        CPU's cost is not linear in rows: its kernels take rows in blocks (the demo pair on 2 cores: 3 rows 32 ms,
-        4 rows 23 ms, 9 rows 50 ms, 10 rows 35 ms)."""
+        `SEEN_ENOUGH` of them, else of its seeds where there are two, else the fit; None until two shapes were seen.
+        A shape's own median wins because a CPU's cost is not linear in rows: its kernels take rows in blocks (the
+        demo pair on 2 cores: 3 rows 32 ms, 4 rows 23 ms, 9 rows 50 ms, 10 rows 35 ms), and a batch of many rows
+        costs far less per row than one of a few (a 1B-shape target: 4 rows 64 ms, where a line through 1 and 4
+        rows put 16 at 227 ms)."""
         fit = self._fit or self._solve()
         if fit is None:
             return None
         seen = self._shapes.get((passes, rows))
         if seen is not None and len(seen) >= SEEN_ENOUGH:
             return statistics.median(seen)
+        seeded = self._seeds.get((passes, rows))
+        if seeded is not None and len(seeded) >= 2:
+            return statistics.median(seeded)
         a, b = fit
         return a * passes + b * rows
 

@@ -109,22 +109,28 @@ class SlotPool:
         decode_together([(slot.view, [0], 0) for slot in self.slots])
         for slot in self.slots:
             slot.view.discard()
-        for _ in range(2):  # warm now: one row alone and one per slot seed the costs (`BatchCosts`)
-            for group in (self.slots[:1], self.slots):
+        # Seed the costs (`BatchCosts`) with the shapes a tick takes: one row alone, one per slot, and every slot
+        # with 1, 2 or 4 drafts (one pass each) — the target's and, where it drafts beside others, the draft's.
+        n = len(self.slots)
+        shapes = [
+            (self.slots[:1], 1),
+            *((self.slots, rows) for rows in (1, 2, 3, 5) if n * rows <= self._parent.n_batch),
+        ]
+        self._seed(self.costs, lambda slot: slot.view, shapes)
+        if self._drafts is not None:
+            self._seed(self.draft_costs, lambda slot: slot.draft.ctx, shapes)
+
+    @staticmethod
+    def _seed(costs: BatchCosts, view, shapes: list) -> None:
+        """Time each (slots, rows a slot) shape twice, after a round that allocates, into `costs` as seeds."""
+        for round_ in range(3):
+            for group, rows in shapes:
                 t0 = time.perf_counter()
-                decode_together([(slot.view, [0], 0) for slot in group])
-                self.costs.seed(1, len(group), time.perf_counter() - t0)
+                decode_together([(view(slot), [0] * rows, 0) for slot in group])
+                if round_:
+                    costs.seed(1, len(group) * rows, time.perf_counter() - t0)
                 for slot in group:
-                    slot.view.discard()
-        if self._drafts is None:
-            return
-        for _ in range(3):  # the draft's slots: allocated by the first round, timed by the next two
-            for group in (self.slots[:1], self.slots):
-                t0 = time.perf_counter()
-                decode_together([(slot.draft.ctx, [0], 0) for slot in group])
-                self.draft_costs.seed(1, len(group), time.perf_counter() - t0)
-                for slot in group:
-                    slot.draft.ctx.discard()
+                    view(slot).discard()
 
     @property
     def busy(self) -> int:
