@@ -151,17 +151,14 @@ class Generation:
         """Most drafts a step may verify after drafts decoded ahead in a shared batch (`serve --parallel`): 0 where this
         generation does not speculate, follows a grammar (its forced tokens come first), or must not let the clock
         decide its text (a seed at T > 0: which streams draft beside others depends on timings)."""
-        engine, history = self.engine, self._history
+        history = self._history
         if (
             history is None
             or self.constraint is not None
-            or self.spec.draft_max == 0
-            or not engine.drafter.drafts
-            or engine.cannot_roll_back
             or (self.sampling.seed is not None and not self.sampling.greedy)
         ):
             return 0
-        return max(0, min(self.spec.draft_max, self.max_tokens - len(self.tokens) - 1, engine.n_ctx - len(history)))
+        return self.engine.draft_limit(self.spec, self.max_tokens - len(self.tokens), len(history))
 
     def read_prompt(self, chunk: int) -> Iterator[None]:
         """Read the prompt into the target's cache `chunk` tokens at a time before the generation runs, yielding after
@@ -449,13 +446,20 @@ class Engine:
             stats.speculation_off = "no drafter" if no_drafter else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
             return 0
-        # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
-        room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
-        limit = max(0, min(spec.draft_max, remaining - 1, room))
+        limit = self.draft_limit(spec, remaining, n_history)
         choice = self.policy.choose(spec.adaptive, limit, timed=timed)
         stats.record_choice(choice.k, choice.reason, probe=choice.probe)
         stats.decision = self.policy.decision
         return choice.k
+
+    def draft_limit(self, spec: SpeculativeParams, remaining: int, n_history: int) -> int:
+        """Most drafts a step may verify: draft_max, within what is wanted and the room left (0 where nothing drafts:
+        no drafter, draft-max 0, a cache that cannot roll back)."""
+        if not self.drafter.drafts or spec.draft_max == 0 or self.cannot_roll_back:
+            return 0
+        # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
+        room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
+        return max(0, min(spec.draft_max, remaining - 1, room))
 
     def compile_grammar(self, grammar: Grammar | CompiledGrammar) -> CompiledGrammar:
         """`grammar` checked against the target's vocabulary (the vocabulary built once, about 0.2 s at 49k tokens

@@ -100,15 +100,12 @@ class SlotPool:
         self._clock = 0
 
     def warm(self) -> None:
-        """Decode on every slot alone and on all together once, then empty them: llama.cpp allocates each
-        sequence's buffers on first use, and the first requests beside each other would pay for it (measured:
-        four clients' first round took 13 s against 5.6 s for the next, demo pair, 2 cores)."""
+        """Decode on every slot alone and on all together, then empty them: llama.cpp allocates each sequence's
+        buffers on first use, and the first requests beside each other would pay for it (measured: four clients'
+        first round took 13 s against 5.6 s for the next, demo pair, 2 cores)."""
         for slot in self.slots:
             assert not slot.target.tokens, "warm empty slots only"
             slot.target.warm()
-        decode_together([(slot.view, [0], 0) for slot in self.slots])
-        for slot in self.slots:
-            slot.view.discard()
         # Seed the costs (`BatchCosts`) with the shapes a tick takes: one row alone, one per slot, and every slot
         # with 1, 2 or 4 drafts (one pass each) — the target's and, where it drafts beside others, the draft's.
         n = len(self.slots)
@@ -122,7 +119,8 @@ class SlotPool:
 
     @staticmethod
     def _seed(costs: BatchCosts, view, shapes: list) -> None:
-        """Time each (slots, rows a slot) shape twice, after a round that allocates, into `costs` as seeds."""
+        """Time each (slots, rows a slot) shape twice, after a round that allocates (all slots together among them),
+        into `costs` as seeds."""
         for round_ in range(3):
             for group, rows in shapes:
                 t0 = time.perf_counter()
@@ -168,31 +166,31 @@ class SlotPool:
         model's (`draft_together`) — which its step then verifies (`Generation.drafts_ahead`). Returns how many
         rows it decoded."""
         self._tick = (time.perf_counter(), self._decoding(), sum(len(gen.tokens) for _, gen in streams))
+        self._ticks += 1
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
         for slot, gen in streams:
             token = gen.upcoming() if gen.target is slot.target else None
             if token is None:
                 continue
-            room, copy, match = min(gen.draft_room(), MAX_DRAFT), [], 0
+            history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT), [], 0
             if room:
-                copy, match = slot.ngrams.follow(gen.history).continuation(room)
-            candidate = Candidate(copy, match, slot.acceptance, room)
-            history = gen.history
+                copy, match = slot.ngrams.follow(history).continuation(room)
+            drafts, catch_up, remaining = None, 1, 0  # what the draft model needs to draft for it (None: it may not)
             if model and room and len(history) + room < slot.draft.ctx.n_ctx:
-                held = min(common_prefix(slot.draft.tokens, history), len(history) - 1)
+                drafts = slot.model_acceptance
+                catch_up = len(history) - min(common_prefix(slot.draft.tokens, history), len(history) - 1)
                 remaining = min(REMAINING_CAP, gen.max_tokens - len(gen.tokens))
-                candidate = Candidate(
-                    copy, match, slot.acceptance, room, slot.model_acceptance, len(history) - held, remaining
-                )
             live.append((slot, gen, token))
-            candidates.append(candidate)
+            candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
         choices = plan(
             candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
         )
         choices = self._checked(len(choices), self._probe(candidates, choices))
-        drafted = self.draft_together([(slot, gen, c) for (slot, gen, _), c in zip(live, choices, strict=True)])
+        drafted = self.draft_together(
+            [(slot, gen, c.d, cand.catch_up) for (slot, gen, _), c, cand in zip(live, choices, candidates) if c.model]
+        )
         rows = []
         for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
             proposal = drafted.get(slot.index) if choice.model else None
@@ -235,7 +233,6 @@ class SlotPool:
         for good. One tick in PROBE_EVERY until the pair's draft has PROBE_EVIDENCE of evidence (a probe gives
         PROBE_DRAFTS a stream): a few probes a server, each catching its streams' draft caches up with their
         histories."""
-        self._ticks += 1
         if self._ticks % PROBE_EVERY or any(choice.model for choice in choices):
             return choices
         if self.model_alpha.evidence + self._engine.policy.seen >= PROBE_EVIDENCE:
@@ -245,35 +242,34 @@ class SlotPool:
             return choices
         return [Choice(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
-    def draft_together(self, streams: Sequence[tuple[Slot, Generation, Choice]]) -> dict[int, Proposal]:
-        """The draft model's drafts for the streams whose choice is the model, by slot index: each slot's draft cache
-        caught up with its history in one batch (a cache far behind, a new request's, first on its own), then one
-        batch per drafted token; each token drawn from the stream's own law and rng (`draft_token`, as a lone
-        `ModelDrafter` draws), a stream whose draft is unsure (p_min) stopping early."""
-        chosen = [(slot, gen, choice.d) for slot, gen, choice in streams if choice.model]
+    def draft_together(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:
+        """The draft model's drafts for each (slot, generation, d, tokens its draft cache lags), by slot index: each
+        slot's draft cache caught up with its history in one batch (a cache far behind, a new request's, first on its
+        own), then one batch per drafted token; each token drawn from the stream's own law and rng (`draft_token`,
+        as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min) stopping early."""
         if not chosen:
             return {}
         held = []
-        for slot, gen, _ in chosen:
+        for slot, gen, _, lag in chosen:
             history, draft = gen.history, slot.draft
-            n = min(common_prefix(draft.tokens, history), len(history) - 1)
-            if len(history) - n > CATCH_UP_MAX:
+            n = len(history) - lag
+            if lag > CATCH_UP_MAX:
                 draft.rollback_to(n)
                 draft.sync(history[:-1])  # a new request's prompt: decoded on its own, in chunks
                 n = len(history) - 1
             held.append(n)
         # Every cache catches up as many tokens as the furthest behind (re-decoding a few it held): rows of one
         # length are one pass of the draft, where as many lengths as streams were as many passes.
-        longest = max(len(gen.history) - n for (_, gen, _), n in zip(chosen, held, strict=True))
+        longest = max(len(gen.history) - n for (_, gen, _, _), n in zip(chosen, held, strict=True))
         catch_up = []
-        for (slot, gen, _), n in zip(chosen, held, strict=True):
+        for (slot, gen, _, _), n in zip(chosen, held, strict=True):
             start = max(0, min(n, len(gen.history) - longest))
             slot.draft.rollback_to(start)
             catch_up.append((slot.draft.ctx, gen.history[start:], start))
         self._decode_drafts(catch_up, last_only=True)
         out: dict[int, Proposal] = {}
         asks = []
-        for (slot, gen, d), (_, tokens, _) in zip(chosen, catch_up, strict=True):
+        for (slot, gen, d, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
             slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
             sampling = gen.sampling
             request = DraftRequest(

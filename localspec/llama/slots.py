@@ -89,8 +89,8 @@ class SeqContext:
 
     def logits_block(self, n: int, start: int = 0) -> np.ndarray:
         if self._row is not None:
-            first, _ = self._shared_row(start), self._shared_row(start + n - 1)
-            return self.parent.logits_block(n, first)
+            self._shared_row(start + n - 1)  # the block's last row is this sequence's too
+            return self.parent.logits_block(n, self._shared_row(start))
         return self.parent.logits_block(n, start)
 
     def sampled_token(self, i: int) -> int:

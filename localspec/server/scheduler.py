@@ -2,9 +2,9 @@
 
 Up to N requests hold a slot each (core/slots.py: a sequence of the target's context); the rest wait in arrival
 order, within the runner's bound. Each tick, on the engine thread: requests that fit join (continuous batching);
-when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.decode_ahead`), with the
-n-gram drafts of the streams whose text repeats where that is predicted to pay (core/batchdraft.py), and each stream
-takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
+when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.decode_ahead`), with drafts
+for some of them (their n-gram copies, or the draft model's) where that is predicted to pay (core/batchdraft.py),
+and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
 read a chunk per tick (`Generation.read_prompt`) while the others answer. A finished or cancelled
 request gives its slot back at once, in the tick it ends. A request for another pair waits until none runs.
