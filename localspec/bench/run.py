@@ -250,13 +250,14 @@ def rotated(items: Sequence[T], shift: int) -> list[T]:
 
 
 def interleaved(
-    settings: Sequence[T], n_prompts: int, rounds: int, groups: Sequence[G] = (None,)
+    settings: Sequence[T], n_prompts: int, rounds: int | range, groups: Sequence[G] = (None,)
 ) -> Iterator[tuple[int, G, int, T]]:
     """Every run of a side-by-side measurement as (round, group, prompt, setting), in the order that spreads
     machine noise evenly: each round visits every group (rotated by one per round; e.g. the RPC bench's added
     round trips), each prompt, and every setting in an order rotated by one per prompt, so no setting always
-    runs first, or always right after the same other one."""
-    for round_ in range(rounds):
+    runs first, or always right after the same other one. `rounds`: how many, or which (a range: one round at a
+    time, with other work between them — the peer's rounds)."""
+    for round_ in range(rounds) if isinstance(rounds, int) else rounds:
         for group in rotated(groups, round_):
             for p in range(n_prompts):
                 for setting in rotated(settings, round_ * n_prompts + p):
@@ -269,12 +270,16 @@ def run_bench(
     settings: list[Setting],
     *,
     tokens: int,
-    rounds: int,
+    rounds: int | range,
+    tallies: dict[Setting, Tally] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[Setting, Tally]:
-    """Run every setting on every prompt, interleaved, `rounds` times; returns what each setting added up."""
-    tallies = {s: Tally() for s in settings}
-    total = rounds * len(prompts) * len(settings)
+    """Run every setting on every prompt, interleaved, `rounds` times (or those rounds: a range); returns what each
+    setting added up, added to `tallies` where given (the rounds before)."""
+    tallies = {} if tallies is None else tallies
+    for s in settings:  # in the settings' order (the report's rows)
+        tallies.setdefault(s, Tally())
+    total = len(range(rounds) if isinstance(rounds, int) else rounds) * len(prompts) * len(settings)
     drafters = Drafters(engine, [s.drafter for s in settings])
     for done, (round_, _, p, setting) in enumerate(interleaved(settings, len(prompts), rounds), 1):
         drafters.use(setting.drafter)
@@ -440,6 +445,21 @@ def _probabilistic(setting: Setting) -> bool:
     return bool(setting.k) and setting.temperature > 0 and setting.verify == "pq"
 
 
+@dataclass(slots=True)
+class PeerTally:
+    """llama-server's runs of each setting so far: each prompt's tok/s, and the tokens drafted and accepted."""
+
+    rates: dict[PeerSetting, list[float]] = field(default_factory=dict)
+    drafted: dict[PeerSetting, list[int]] = field(default_factory=dict)  # [drafted, accepted]
+
+    def result(self) -> dict[PeerSetting, tuple[float, float]]:
+        """(median tok/s, acceptance) per setting."""
+        return {
+            s: (statistics.median(rates), self.drafted[s][1] / self.drafted[s][0] if self.drafted[s][0] else 0.0)
+            for s, rates in self.rates.items()
+        }
+
+
 def run_peer(
     binary: Path,
     target: str,
@@ -448,19 +468,21 @@ def run_peer(
     settings: list[PeerSetting],
     *,
     tokens: int,
-    rounds: int,
+    rounds: int | range,
     threads: int,
     n_ctx: int,
     placed: GpuPlan | None,
     progress: Callable[[str], None],
-) -> dict[PeerSetting, tuple[float, float]]:
-    """(tok/s, acceptance) of llama-server per setting: one server per setting and round, every prompt."""
+    tally: PeerTally | None = None,
+) -> PeerTally:
+    """llama-server's runs of each setting, `rounds` times (or those rounds: a range, between localspec's own), one
+    server per setting and round, every prompt; added to `tally` where given (the rounds before)."""
     from .peer import LlamaServer
 
-    rates: dict[PeerSetting, list[float]] = {s: [] for s in settings}
-    drafted: dict[PeerSetting, list[int]] = {s: [0, 0] for s in settings}
+    tally = PeerTally() if tally is None else tally
+    rounds = range(rounds) if isinstance(rounds, int) else rounds
     done = 0
-    for round_ in range(rounds):
+    for round_ in rounds:
         for setting in rotated(settings, round_):  # one server per setting and round: the whole prompt list
             with LlamaServer(
                 binary,
@@ -484,9 +506,10 @@ def run_peer(
                         min_p=sp.min_p,
                         seed=1000 * round_ + p,
                     )
-                    rates[setting].append(result.tokens_per_second)
-                    drafted[setting][0] += result.drafted
-                    drafted[setting][1] += result.accepted
+                    tally.rates.setdefault(setting, []).append(result.tokens_per_second)
+                    counts = tally.drafted.setdefault(setting, [0, 0])
+                    counts[0] += result.drafted
+                    counts[1] += result.accepted
             done += 1
-            progress(f"{_bar(done, rounds * len(settings))} llama-server {setting.name}, round {round_ + 1}")
-    return {s: (statistics.median(rates[s]), drafted[s][1] / drafted[s][0] if drafted[s][0] else 0.0) for s in settings}
+            progress(f"{_bar(done, len(rounds) * len(settings))} llama-server {setting.name}, round {round_ + 1}")
+    return tally

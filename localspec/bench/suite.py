@@ -1,6 +1,7 @@
 """One whole `localspec bench`: what it runs (`plan_bench`: the pair and its drafter, the settings, the peer, the
-relays' round trips), then the run itself — load the pair once, run every setting interleaved, the exactness checks
-and the sampling yardstick, then llama-server as the peer and the busy-core rows — and the report. The CLI
+relays' round trips), then the run itself — load the pair once, run every setting interleaved, round by round with
+llama-server's round as the peer after each of localspec's, the exactness checks and the sampling yardstick, the
+busy-core rows — and the report. The CLI
 (`localspec.cli.bench`) reads and checks the flags and prints the report.
 """
 
@@ -11,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from localspec.core.engine import Engine
 from localspec.core.params import LoadParams, needs_draft_model
-from localspec.core.placement import GpuPlan
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import Endpoint, probe
@@ -188,12 +189,18 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
                 engine, prompts, chosen, relays, plan.rtts, tokens=tokens, rounds=rounds, progress=show
             )
         else:
-            tallies = bench.run_bench(engine, prompts, chosen, tokens=tokens, rounds=rounds, progress=show)
+            peer = _Peer(report, binary, plan, engine, prompts, threads, show) if binary is not None else None
+            tallies: dict[Setting, bench.Tally] = {}
+            for r in range(rounds):  # a round of every setting, then the peer's round: the same minutes for both
+                bench.run_bench(engine, prompts, chosen, tokens=tokens, rounds=range(r, r + 1), tallies=tallies,
+                                progress=lambda line, r=r: show(f"round {r + 1}/{rounds}: {line}"))  # fmt: skip
+                if peer is not None:
+                    peer.run(r)
             report.rows = bench.rows_from(engine, prompts, tallies)
             report.logit_noise = logit_noise(engine, prompts)
             report.sampling = sampling_costs(engine, prompts[0], plan.temperatures)
-        if binary is not None:
-            _add_peer(report, binary, plan, engine.n_ctx, engine.plan, prompts, threads, show)
+            if peer is not None:
+                peer.finish()
         if busy:
             pair = [s for s in chosen if s.temperature == plan.temperatures[0] and (s.k == 0 or s.k is None)]
             report.busy = bench.busy_rows(engine, prompts, pair, tokens, show)
@@ -205,72 +212,101 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
     return report
 
 
-def _add_peer(
-    report: BenchReport,
-    binary: Path,
-    plan: BenchPlan,
-    n_ctx: int,
-    placed: GpuPlan | None,
-    prompts: list[list[int]],
-    threads: int,
-    show: Callable[[str], None],
-) -> None:
-    """Run llama-server on the same prompts and settings, and with its own strong settings (`best_peer_settings`):
-    its speed and acceptance join each row, with each row's ratio to the peer's fastest, and the headline compares
-    localspec's default with that fastest (a note if the peer fails)."""
-    from .peer import PeerError, peer_build
+class _Peer:
+    """llama-server as the peer: on the same prompts and settings, and with its own strong settings
+    (`best_peer_settings`), a round at a time between localspec's (`run`); then (`finish`) its speed and acceptance
+    join each row, with each row's ratio to the peer's fastest, and the headline compares localspec's default with
+    that fastest. A peer that fails is a note, and no peer column."""
 
-    try:
-        build = peer_build(binary)
+    def __init__(
+        self,
+        report: BenchReport,
+        binary: Path,
+        plan: BenchPlan,
+        engine: Engine,
+        prompts: list[list[int]],
+        threads: int,
+        show: Callable[[str], None],
+    ) -> None:
+        from .peer import PeerError, peer_build
+
+        self.report, self.binary, self.plan, self.prompts, self.show = report, binary, plan, prompts, show
+        self.n_ctx, self.placed, self.threads = engine.n_ctx, engine.plan, threads
+        self.tally: bench.PeerTally | None = bench.PeerTally()
+        try:
+            build = peer_build(binary)
+        except PeerError as e:
+            self._failed(e)
+            return
         free = [s for s in plan.settings if s.k is not None and not s.schema]  # the peer runs free text only
         same = {s: bench.same_k(s, draft_sampling=build.draft_sampling) for s in free}
-        same = {s: p for s, p in same.items() if build.draft_sampling or not bench.needs_draft_sampling(s)}
-        if len(same) < len(free):
+        self.same = {s: p for s, p in same.items() if build.draft_sampling or not bench.needs_draft_sampling(s)}
+        if len(self.same) < len(free):
             report.notes.append(
                 "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
                 "the target and keeping an equal draft, so it has no pq rows"
             )
         if "ngram-mod" not in build.spec_types:
             report.notes.append("this llama-server has no ngram-mod: its best is sought among its draft settings")
-        runs = {_runs_as(p): p for p in [*same.values(), *bench.best_peer_settings(plan.temperatures, build)]}
-        ran = bench.run_peer(
-            binary,
-            plan.target,
-            plan.draft,
-            prompts,
-            list(dict.fromkeys(runs.values())),
-            tokens=plan.tokens,
-            rounds=plan.rounds,
-            threads=threads,
-            n_ctx=n_ctx,
-            placed=placed,
-            progress=show,
-        )
-    except PeerError as e:
-        report.notes.append(f"llama-server failed: {e}")
-        return
-    result = {key: ran[p] for key, p in runs.items()}  # a same-k run and a strong setting that are one run: once
-    by_row = {(s.name, s.temperature): result[_runs_as(p)] for s, p in same.items()}
-    report.peer = [
-        PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p])
-        for p in sorted(dict.fromkeys(runs.values()), key=lambda p: p.temperature)
-    ]
-    best = {}
-    for p in report.peer:
-        if p.tokens_per_second > best.get(p.temperature, (None, 0.0))[1]:
-            best[p.temperature] = (p.setting, p.tokens_per_second)
-    report.rows = [
-        dataclasses.replace(
-            r,
-            peer_tokens_per_second=by_row.get((r.setting, r.temperature), (None, None))[0],
-            peer_acceptance=by_row.get((r.setting, r.temperature), (None, None))[1],
-            best_peer_ratio=r.tokens_per_second / best[r.temperature][1]
-            if r.temperature in best and not r.schema
-            else None,
-        )
-        for r in report.rows
-    ]
-    report.best_peer = _headline(report.rows, best, plan.headline)
+        # a same-k run and a strong setting that are one run: once
+        self.runs = {_runs_as(p): p for p in [*self.same.values(), *bench.best_peer_settings(plan.temperatures, build)]}
+
+    def _failed(self, e: Exception) -> None:
+        self.report.notes.append(f"llama-server failed: {e}")
+        self.tally = None
+
+    def run(self, round_: int) -> None:
+        """The peer's round `round_` of every setting (nothing once it failed)."""
+        from .peer import PeerError
+
+        if self.tally is None:
+            return
+        plan = self.plan
+        try:
+            bench.run_peer(
+                self.binary,
+                plan.target,
+                plan.draft,
+                self.prompts,
+                list(dict.fromkeys(self.runs.values())),
+                tokens=plan.tokens,
+                rounds=range(round_, round_ + 1),
+                threads=self.threads,
+                n_ctx=self.n_ctx,
+                placed=self.placed,
+                progress=lambda line: self.show(f"round {round_ + 1}/{plan.rounds}: {line}"),
+                tally=self.tally,
+            )
+        except PeerError as e:
+            self._failed(e)
+
+    def finish(self) -> None:
+        """The peer's figures into the report's rows, its own settings' table and the headline."""
+        if self.tally is None:
+            return
+        report, ran = self.report, self.tally.result()
+        result = {key: ran[p] for key, p in self.runs.items()}
+        by_row = {(s.name, s.temperature): result[_runs_as(p)] for s, p in self.same.items()}
+        report.peer = [
+            PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p])
+            for p in sorted(dict.fromkeys(self.runs.values()), key=lambda p: p.temperature)
+        ]
+        best = {}
+        for p in report.peer:
+            if p.tokens_per_second > best.get(p.temperature, (None, 0.0))[1]:
+                best[p.temperature] = (p.setting, p.tokens_per_second)
+        report.rows = [
+            dataclasses.replace(
+                r,
+                peer_tokens_per_second=by_row.get((r.setting, r.temperature), (None, None))[0],
+                peer_acceptance=by_row.get((r.setting, r.temperature), (None, None))[1],
+                best_peer_ratio=r.tokens_per_second / best[r.temperature][1]
+                if r.temperature in best and not r.schema
+                else None,
+            )
+            for r in report.rows
+        ]
+        report.best_peer = _headline(report.rows, best, self.plan.headline)
 
 
 def _runs_as(p: bench.PeerSetting) -> tuple:

@@ -163,3 +163,29 @@ def test_the_structured_workload_is_not_compared_with_the_peers_free_text(
     (best,) = report["best_peer"]
     assert best["setting"] == "adaptive≤2"
     assert not any("schema" in p["setting"] for p in report["peer"])
+
+
+def test_the_peer_runs_a_round_after_each_of_localspecs(tiny_models, capsys, localspec_home, tmp_path, monkeypatch):
+    """localspec's round of every setting, then the peer's round, and again: both measured in the same minutes (a
+    machine's speed drifts 2-3x over a long bench; all of localspec's rounds before all of the peer's put the drift
+    into the ratio)."""
+    from localspec.cli import bench as cli_bench
+
+    peer, log = write_fake_peer(tmp_path)
+    shown: list[str] = []
+    monkeypatch.setattr(cli_bench, "_progress", lambda: shown.append)
+    code, out, err = bench(capsys, tiny_models, peer, "--k", "2", "--temperature", "0", "--rounds", "2")
+    assert code == 0, err
+    runs = [
+        ("llama-server" if "llama-server" in line else "localspec", line.split(":")[0])
+        for line in shown
+        if line.startswith("round ")
+    ]
+    order = [run for i, run in enumerate(runs) if i == 0 or run != runs[i - 1]]
+    assert order == [
+        ("localspec", "round 1/2"),
+        ("llama-server", "round 1/2"),
+        ("localspec", "round 2/2"),
+        ("llama-server", "round 2/2"),
+    ]
+    assert len(log.read_text().splitlines()) == 2 * 7  # each of its 7 settings started once a round
