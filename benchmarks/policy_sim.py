@@ -53,6 +53,15 @@ SCENARIOS = [
     # a useless draft, and one as costly as the target: never worse than plain
     Scenario("useless draft", lambda i: 0.05, 0.3, lambda k: 1.0 + 0.2 * k),
     Scenario("costly draft", lambda i: 0.5, 1.0, lambda k: 1.0 + 0.2 * k),
+    # the demo pair at T 0.8 with the default chain (2026-11-27 14:20, in-process): α 0.95 over a run, 0.90-0.98 from
+    # one stretch of text to the next; a draft decode 0.3-0.45 of a plain step; v(4) 1.88, v(8) 2.41
+    Scenario(
+        "demo T 0.8",
+        lambda i: 0.98 if (i // 40) % 2 == 0 else 0.9,
+        0.35,
+        lambda k: 1.35 + 0.13 * k,
+        stalls=0.04,
+    ),
     # acceptance that changes with the text: code (0.9) then prose (0.4), every 150 tokens
     Scenario("changing text", lambda i: 0.9 if (i // 150) % 2 == 0 else 0.4, 0.13, lambda k: 1.0 + 0.12 * k),
 ]

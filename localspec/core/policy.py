@@ -105,6 +105,45 @@ class RecentMedian:
         return min(self._recent) if self._recent else 0.0
 
 
+class DraftSpend:
+    """The drafter's seconds per draft decode over recent steps, as two medians weighted by their shares: the steps
+    on which the draft model decoded (per decode), and those on which it decoded nothing (per drafted token: a
+    copy from the history, or the n-gram drafter's lookup), each weighed by its share of the drafted tokens.
+
+    `--drafter model+ngram` mixes the two, and one median of the mix snapped to one kind's cost or the other's as the
+    share of copies crossed one half: c read 0.001 and 0.49 on the demo pair at T 0.8 in two runs of one bench, and
+    the draft length followed it. Each median keeps what the medians are here for: a stalled step does not move it.
+    """
+
+    __slots__ = ("n", "decoding", "copying", "_drafted")
+
+    def __init__(self, window: int = 12) -> None:
+        self.n = 0
+        self.decoding = RecentMedian(window)  # seconds per decode, on steps the draft model ran
+        self.copying = RecentMedian(window)  # seconds per drafted token, on steps it did not
+        self._drafted: deque[tuple[int, bool]] = deque(maxlen=window)  # (tokens drafted, the model ran)
+
+    def add(self, seconds: float, decoded: int, drafted: int) -> None:
+        self.n += 1
+        self._drafted.append((drafted, decoded > 0))
+        (self.decoding if decoded else self.copying).add(seconds / (decoded or drafted))
+
+    def keep_newest(self, n: int) -> None:
+        """Forget all but the newest n steps (a new generation: conditions may have changed)."""
+        for estimator in (self.decoding, self.copying):
+            estimator.keep_newest(n)
+        while len(self._drafted) > n:
+            self._drafted.popleft()
+
+    @property
+    def value(self) -> float:
+        total = sum(d for d, _ in self._drafted)
+        decoded = sum(d for d, ran in self._drafted if ran)
+        if not total:
+            return self.decoding.value or self.copying.value
+        return (self.decoding.value * decoded + self.copying.value * (total - decoded)) / total
+
+
 TRUSTED = 3  # timings of one draft length before its own median is used rather than the line's
 
 
@@ -124,7 +163,7 @@ class MeasuredCosts:
     def __init__(self, min_samples: int = 4) -> None:
         self.min_samples = min_samples  # per kind of step, before the costs are trusted
         self.target: dict[int, RecentMedian] = {}  # k -> seconds, target part of a step verifying k drafts
-        self.draft = RecentMedian()  # seconds per drafted token
+        self.draft = DraftSpend()  # seconds per draft decode (a copied token: nearly free)
         self.catch_up = RecentMedian()  # seconds per token the draft decoded in a catch-up
         self._ratios: tuple[float, float, float, float] | None = None  # (c, a, b, catch-up) / plain, refitted lazily
 
@@ -188,7 +227,7 @@ class MeasuredCosts:
             # Per decode, not per drafted token: a step decodes k + 1 tokens after a full acceptance (the last draft
             # and the bonus), so per drafted token a k = 1 step cost twice a k = 8 one, and the first answers'
             # short exploring drafts made a draft at 0.45 of the target look like 0.8-1.0 (speculation went off).
-            self.draft.add(draft_seconds / (draft_decoded or drafted))
+            self.draft.add(draft_seconds, draft_decoded, drafted)
         elif draft_decoded >= 8:
             self.catch_up.add(draft_seconds / draft_decoded)
 

@@ -125,6 +125,22 @@ def test_measured_costs_fit_the_batch_line_and_skip_catch_up_steps():
     assert costs.batch_ratio(8) == pytest.approx(3.0)  # extrapolated
 
 
+@pytest.mark.parametrize("copies", [5, 7])
+def test_a_chains_draft_cost_is_its_average_over_copies_and_model_drafts(copies):
+    """`--drafter model+ngram`: a step that copies from the history decodes nothing, one the model drafts decodes k.
+    The draft's cost per decode is the model's, times the share of the drafted tokens the model drew (a copy's own
+    cost besides): it moves with the share of copies, where one median of the mix read the model's whole cost at 5
+    copies in 12 and nothing at 7. A stalled step still moves nothing."""
+    costs = MeasuredCosts(min_samples=2)
+    for _ in range(3):
+        costs.observe(0, 0.010, 0.0, 0)
+    for copy in [True] * copies + [False] * (12 - copies):
+        costs.observe(4, 0.020, 0.0 if copy else 0.012, 0 if copy else 4)  # 3 ms a decode: c 0.3
+    assert costs.draft_ratio() == pytest.approx(0.3 * (12 - copies) / 12)
+    costs.observe(4, 0.020, 0.120, 4)  # a stalled model step (ten times the others); the oldest copy leaves
+    assert costs.draft_ratio() == pytest.approx(0.3 * (13 - copies) / 12)
+
+
 def test_measured_costs_see_the_jump_from_one_row_to_two_on_a_gpu():
     """H100-like timings (8B shape): 4 ms plain, 6 ms with one draft, then +0.3 ms a row. A line through plain
     steps (intercept 4.7 ms) misses them all; the line over the draft lengths, against the plain steps' 4 ms, says
