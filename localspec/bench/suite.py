@@ -192,8 +192,11 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
             peer = _Peer(report, binary, plan, engine, prompts, threads, show) if binary is not None else None
             tallies: dict[Setting, bench.Tally] = {}
             for r in range(rounds):  # a round of every setting, then the peer's round: the same minutes for both
-                bench.run_bench(engine, prompts, chosen, tokens=tokens, rounds=range(r, r + 1), tallies=tallies,
-                                progress=lambda line, r=r: show(f"round {r + 1}/{rounds}: {line}"))  # fmt: skip
+                in_round = range(r, r + 1)
+                shown = _in_round(show, r, rounds)
+                bench.run_bench(
+                    engine, prompts, chosen, tokens=tokens, rounds=in_round, tallies=tallies, progress=shown
+                )
                 if peer is not None:
                     peer.run(r)
             report.rows = bench.rows_from(engine, prompts, tallies)
@@ -274,7 +277,7 @@ class _Peer:
                 threads=self.threads,
                 n_ctx=self.n_ctx,
                 placed=self.placed,
-                progress=lambda line: self.show(f"round {round_ + 1}/{plan.rounds}: {line}"),
+                progress=_in_round(self.show, round_, plan.rounds),
                 tally=self.tally,
             )
         except PeerError as e:
@@ -307,6 +310,11 @@ class _Peer:
             for r in report.rows
         ]
         report.best_peer = _headline(report.rows, best, self.plan.headline)
+
+
+def _in_round(show: Callable[[str], None], round_: int, rounds: int) -> Callable[[str], None]:
+    """`show` for the progress of one round of `rounds` (its lines begin "round 2/3: ")."""
+    return lambda line: show(f"round {round_ + 1}/{rounds}: {line}" if line else "")
 
 
 def _runs_as(p: bench.PeerSetting) -> tuple:

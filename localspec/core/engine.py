@@ -446,8 +446,8 @@ class Engine:
             stats.speculation_off = "no drafter" if no_drafter else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
             return 0
-        limit = self.draft_limit(spec, remaining, n_history)
-        choice = self.policy.choose(spec.adaptive, limit, timed=timed)
+        cap = self.draft_limit(spec, remaining, n_history)
+        choice = self.policy.choose(spec.adaptive, spec.draft_max, timed=timed, cap=cap)
         stats.record_choice(choice.k, choice.reason, probe=choice.probe)
         stats.decision = self.policy.decision
         return choice.k

@@ -385,16 +385,24 @@ class DraftPolicy:
         """Whether the drafter should follow the prompt now (not while adaptive speculation is off)."""
         return not (adaptive and self.off) or self._start_probes > 0
 
-    def choose(self, adaptive: bool, limit: int, *, timed: bool = True) -> Choice:
-        """The draft length for the next step, at most `limit`.
+    def choose(self, adaptive: bool, limit: int, *, timed: bool = True, cap: int | None = None) -> Choice:
+        """The draft length for the next step, at most `limit` (--draft-max) and `cap`.
 
-        With `adaptive` off, k is `limit` (the fixed --draft-max, bounded by what is left). With `timed` off
-        (a fixed seed), the choice uses the estimated costs, so it never depends on the clock.
+        With `adaptive` off, k is the smaller of the two. With `timed` off (a fixed seed), the choice uses the
+        estimated costs, so it never depends on the clock. `cap` (None: `limit`) is what this step may verify — the
+        answer's last tokens, the context's room: k stays within it, but the verdict weighs `limit`, so an answer
+        that ends does not turn speculation off (its last steps, only k = 1 or 2 allowed, predicted a loss and did,
+        and the next answer opened with a probe instead of drafting).
         """
-        if adaptive and limit > 0:
-            choice = self._decide(limit, self.costs if timed else self.estimate, timed)
+        cap = limit if cap is None else min(cap, limit)
+        if adaptive and cap > 0:
+            costs = self.costs if timed else self.estimate
+            choice = self._decide(limit, costs, timed)
+            if choice.k > cap:
+                k, speedup = self.best(cap, costs)
+                choice = Choice(k if speedup > 1.0 or choice.probe else 0, probe=choice.probe)
         else:
-            choice = Choice(limit, self.reason if adaptive and self.off else "")
+            choice = Choice(cap, self.reason if adaptive and self.off else "")
         self._last = choice
         return choice
 

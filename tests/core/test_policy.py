@@ -414,3 +414,21 @@ def test_a_marginal_gain_is_not_switched_off_by_one_noisy_estimate():
     policy.accepted, policy.seen = 0.5 * 40, 40  # much evidence of a poor draft: off
     choice = policy.choose(True, 8)
     assert choice.k == 0 and policy.off and "α̂ 0.50" in choice.reason
+
+
+def test_an_answers_last_tokens_do_not_turn_speculation_off():
+    """Near the end of an answer a step may verify only 1 or 2 drafts (`cap`), which here predicts a loss: those
+    steps decode plainly or draft little, but the verdict weighs --draft-max, so speculation stays on and the next
+    answer drafts from its first step (judged on the cap, it went off and the next answer opened with a probe)."""
+    policy = DraftPolicy(costs=InjectedCosts(), tuning=PolicyTuning())
+    run_turn(policy, 40, draft_token=0.004, alpha=0.9)
+    assert policy.state is PolicyState.ON
+    assert policy.best(1, policy.costs)[1] < 1.0 < policy.best(8, policy.costs)[1]  # k = 1 alone would lose
+    for cap in (2, 1):
+        choice = policy.choose(True, 8, cap=cap)
+        assert choice.k <= cap and not choice.reason
+        policy.observe(timed_step(choice.k, choice.k, plain=0.010, draft_token=0.004))
+    assert policy.state is PolicyState.ON
+    policy.start()
+    first = policy.choose(True, 8)
+    assert first.k > 2 and not first.probe and not policy.off
