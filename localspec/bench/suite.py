@@ -1,8 +1,7 @@
 """One whole `localspec bench`: what it runs (`plan_bench`: the pair and its drafter, the settings, the peer, the
 relays' round trips), then the run itself — load the pair once, run every setting interleaved, round by round with
 llama-server's round as the peer after each of localspec's, the exactness checks and the sampling yardstick, the
-busy-core rows — and the report. The CLI
-(`localspec.cli.bench`) reads and checks the flags and prints the report.
+busy-core rows — and the report. The CLI (`localspec.cli.bench`) reads and checks the flags and prints the report.
 """
 
 from __future__ import annotations
