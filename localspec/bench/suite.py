@@ -191,10 +191,8 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
             peer = _Peer(report, binary, plan, engine, prompts, threads, show) if binary is not None else None
             tallies: dict[Setting, bench.Tally] = {}
             for r in range(rounds):  # a round of every setting, then the peer's round: the same minutes for both
-                in_round = range(r, r + 1)
-                shown = _in_round(show, r, rounds)
                 bench.run_bench(
-                    engine, prompts, chosen, tokens=tokens, rounds=in_round, tallies=tallies, progress=shown
+                    engine, prompts, chosen, tokens=tokens, rounds=range(r, r + 1), tallies=tallies, progress=show
                 )
                 if peer is not None:
                     peer.run(r)
@@ -276,7 +274,7 @@ class _Peer:
                 threads=self.threads,
                 n_ctx=self.n_ctx,
                 placed=self.placed,
-                progress=_in_round(self.show, round_, plan.rounds),
+                progress=self.show,
                 tally=self.tally,
             )
         except PeerError as e:
@@ -309,11 +307,6 @@ class _Peer:
             for r in report.rows
         ]
         report.best_peer = _headline(report.rows, best, self.plan.headline)
-
-
-def _in_round(show: Callable[[str], None], round_: int, rounds: int) -> Callable[[str], None]:
-    """`show` for the progress of one round of `rounds` (its lines begin "round 2/3: ")."""
-    return lambda line: show(f"round {round_ + 1}/{rounds}: {line}" if line else "")
 
 
 def _runs_as(p: bench.PeerSetting) -> tuple:
