@@ -90,6 +90,7 @@ class SlotPool:
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
         self._ticks = 0  # shared ticks so far (`_probe`, `_checked`)
+        self._probed_at = -PROBE_EVERY  # the tick of the latest probe (`_probe`): the first is due at once
         self._rates: dict[tuple[int, bool], deque[float]] = {}  # tokens/s of recent ticks by (streams, drafted)
         self._tick: tuple[float, float] | None = None  # (when this tick began, the decoding seconds then)
         if self._drafts is not None:
@@ -230,16 +231,17 @@ class SlotPool:
         """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while
         there is too little evidence of its acceptance to judge it — neither the engine's policy (no stream has run
         alone yet: its prior then counts for little) nor drafts beside others: a prior from nothing would keep it off
-        for good. One tick in PROBE_EVERY until the pair's draft has PROBE_EVIDENCE of evidence (a probe gives
-        PROBE_DRAFTS a stream): a few probes a server, each catching its streams' draft caches up with their
-        histories."""
-        if self._ticks % PROBE_EVERY or any(choice.model for choice in choices):
+        for good. The first tick that can, then one in PROBE_EVERY, until the pair's draft has PROBE_EVIDENCE of
+        evidence (a probe gives PROBE_DRAFTS a stream): a few probes a server, each catching its streams' draft caches
+        up with their histories. (Probing first at the 32nd tick left a cold server's first answers undrafted.)"""
+        if self._ticks - self._probed_at < PROBE_EVERY or any(choice.model for choice in choices):
             return choices
         if self.model_alpha.evidence + self._engine.policy.seen >= PROBE_EVIDENCE:
             return choices  # the pair's draft has been measured, alone or beside others: the plan judges it
         unsure = [c.model is not None and c.room >= PROBE_DRAFTS for c in candidates]
         if not any(unsure):
             return choices
+        self._probed_at = self._ticks
         return [Choice(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
     def draft_together(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:

@@ -420,9 +420,10 @@ def test_sampled_drafts_beside_others_carry_the_law_they_were_drawn_from(same_en
 
 
 def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown(same_engine):
-    """Where the costs say the model does not pay at the prior's acceptance, one tick in PROBE_EVERY it drafts
-    PROBE_DRAFTS for each stream anyway while there is too little evidence to judge it (a cold server whose first
-    requests come together would otherwise never learn it): the greedy texts stay the texts alone."""
+    """Where the costs say the model does not pay at the prior's acceptance, it drafts PROBE_DRAFTS for each stream
+    anyway while there is too little evidence to judge it — at the first tick, then one in PROBE_EVERY (a cold
+    server whose first requests come together would otherwise never learn it, or only after their first answers):
+    the greedy texts stay the texts alone."""
     from localspec.core.slots import PROBE_DRAFTS, PROBE_EVERY
 
     engine = same_engine
@@ -445,6 +446,8 @@ def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown
     together, _ = _run_together(pool, engine, gens, slots)
     assert together == alone
     assert [g.stats.drafted for g in gens] == [PROBE_DRAFTS, PROBE_DRAFTS]  # one probe: then it is measured
+    for gen in gens:  # the probe was the first tick: the prompt's token, then the probe's drafts
+        assert gen.from_draft[: 1 + PROBE_DRAFTS] == [False] + [True] * PROBE_DRAFTS
     assert pool.model_alpha.evidence >= 2 * PROBE_DRAFTS - 1
     for slot in slots:
         pool.release(slot)
