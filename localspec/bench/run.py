@@ -250,14 +250,14 @@ def rotated(items: Sequence[T], shift: int) -> list[T]:
 
 
 def interleaved(
-    settings: Sequence[T], n_prompts: int, rounds: int | range, groups: Sequence[G] = (None,)
+    settings: Sequence[T], n_prompts: int, rounds: range, groups: Sequence[G] = (None,)
 ) -> Iterator[tuple[int, G, int, T]]:
     """Every run of a side-by-side measurement as (round, group, prompt, setting), in the order that spreads
     machine noise evenly: each round visits every group (rotated by one per round; e.g. the RPC bench's added
     round trips), each prompt, and every setting in an order rotated by one per prompt, so no setting always
-    runs first, or always right after the same other one. `rounds`: how many, or which (a range: one round at a
-    time, with other work between them — the peer's rounds)."""
-    for round_ in range(rounds) if isinstance(rounds, int) else rounds:
+    runs first, or always right after the same other one. `rounds`: which (one alone where other work runs between
+    rounds: the peer's)."""
+    for round_ in rounds:
         for group in rotated(groups, round_):
             for p in range(n_prompts):
                 for setting in rotated(settings, round_ * n_prompts + p):
@@ -270,16 +270,16 @@ def run_bench(
     settings: list[Setting],
     *,
     tokens: int,
-    rounds: int | range,
+    rounds: range,
     tallies: dict[Setting, Tally] | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[Setting, Tally]:
-    """Run every setting on every prompt, interleaved, `rounds` times (or those rounds: a range); returns what each
-    setting added up, added to `tallies` where given (the rounds before)."""
+    """Run every setting on every prompt, interleaved, in each of `rounds`; returns what each setting added up,
+    added to `tallies` where given (the rounds before)."""
     tallies = {} if tallies is None else tallies
     for s in settings:  # in the settings' order (the report's rows)
         tallies.setdefault(s, Tally())
-    total = len(range(rounds) if isinstance(rounds, int) else rounds) * len(prompts) * len(settings)
+    total = len(rounds) * len(prompts) * len(settings)
     drafters = Drafters(engine, [s.drafter for s in settings])
     for done, (round_, _, p, setting) in enumerate(interleaved(settings, len(prompts), rounds), 1):
         drafters.use(setting.drafter)
@@ -314,7 +314,7 @@ def run_rpc_bench(
     decodes = dict.fromkeys(tallies, 0)
     total = rounds * len(rtts) * len(prompts) * len(settings)
     drafters = Drafters(engine, [s.drafter for s in settings])
-    for done, (round_, rtt, p, setting) in enumerate(interleaved(settings, len(prompts), rounds, rtts), 1):
+    for done, (round_, rtt, p, setting) in enumerate(interleaved(settings, len(prompts), range(rounds), rtts), 1):
         drafters.use(setting.drafter)
         for relay in relays:
             relay.rtt_ms = rtt
@@ -367,7 +367,7 @@ def busy_rows(
     """Each setting quiet and with one busy core, interleaved like the main runs."""
     tallies = {(s, busy): Tally() for s in settings for busy in (False, True)}
     drafters = Drafters(engine, [s.drafter for s in settings])
-    for done, (_, _, p, (setting, busy)) in enumerate(interleaved(list(tallies), len(prompts), 1), 1):
+    for done, (_, _, p, (setting, busy)) in enumerate(interleaved(list(tallies), len(prompts), range(1)), 1):
         drafters.use(setting.drafter)
         with BusyCore() if busy else contextlib.nullcontext():
             if busy:
@@ -468,19 +468,18 @@ def run_peer(
     settings: list[PeerSetting],
     *,
     tokens: int,
-    rounds: int | range,
+    rounds: range,
     threads: int,
     n_ctx: int,
     placed: GpuPlan | None,
     progress: Callable[[str], None],
     tally: PeerTally | None = None,
 ) -> PeerTally:
-    """llama-server's runs of each setting, `rounds` times (or those rounds: a range, between localspec's own), one
-    server per setting and round, every prompt; added to `tally` where given (the rounds before)."""
+    """llama-server's runs of each setting in each of `rounds` (one alone between localspec's own), one server per
+    setting and round, every prompt; added to `tally` where given (the rounds before)."""
     from .peer import LlamaServer
 
     tally = PeerTally() if tally is None else tally
-    rounds = range(rounds) if isinstance(rounds, int) else rounds
     done = 0
     for round_ in rounds:
         for setting in rotated(settings, round_):  # one server per setting and round: the whole prompt list

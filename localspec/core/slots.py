@@ -92,7 +92,7 @@ class SlotPool:
         self._ticks = 0  # shared ticks so far (`_probe`, `_checked`)
         self._probed_at = -PROBE_EVERY  # the tick of the latest probe (`_probe`): the first is due at once
         self._rates: dict[tuple[int, bool], deque[float]] = {}  # tokens/s of recent ticks by (streams, drafted)
-        self._tick: tuple[float, float] | None = None  # (when this tick began, the decoding seconds then)
+        self._tick: tuple[float, float, int] | None = None  # (when this tick began, decoding seconds, tokens) then
         if self._drafts is not None:
             for slot in self.slots:
                 view = SeqContext(self._drafts, slot.index)

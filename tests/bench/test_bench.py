@@ -163,7 +163,7 @@ def test_runs_are_interleaved_each_exactly_once_and_no_setting_always_first():
 
     from localspec.bench.run import interleaved
 
-    runs = list(interleaved(["a", "b", "c"], n_prompts=2, rounds=3, groups=(0, 5)))
+    runs = list(interleaved(["a", "b", "c"], n_prompts=2, rounds=range(3), groups=(0, 5)))
     assert Counter(runs) == Counter((r, g, p, s) for r in range(3) for g in (0, 5) for p in range(2) for s in "abc")
     firsts = Counter(runs[i][3] for i in range(0, len(runs), 3))  # the setting that opens each prompt's turn
     assert set(firsts) == {"a", "b", "c"} and max(firsts.values()) - min(firsts.values()) <= 2
