@@ -20,6 +20,7 @@ from localspec.errors import HistoryError
 log = logging.getLogger(__name__)
 
 SEARCH_TABLE = "messages_fts"  # the FTS5 index of messages.content (absent where SQLite was built without FTS5)
+SEARCH_COLUMNS = "content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'"
 
 
 def _m001_conversations(db: sqlite3.Connection) -> None:
@@ -105,10 +106,7 @@ def _m005_search(db: sqlite3.Connection) -> None:
     if not has_fts5(db):
         log.warning("this SQLite has no FTS5: searching the chats reads every message instead")
         return
-    db.execute(
-        f"CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5(content, content='messages', content_rowid='id',"
-        " tokenize='unicode61 remove_diacritics 2')"
-    )
+    db.execute(f"CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5({SEARCH_COLUMNS})")
     add, drop = (
         f"INSERT INTO {SEARCH_TABLE} (rowid, content) VALUES (new.id, new.content);",
         f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, content) VALUES ('delete', old.id, old.content);",
@@ -144,12 +142,58 @@ def open_error(path: Path, error: Exception) -> str:
 
 def write_error(path: Path, error: sqlite3.Error) -> str:
     """One line for a write that failed: a lock held by another process says who to wait for."""
-    if "locked" in str(error) or "busy" in str(error):
+    if is_busy(error):
         return (
             f"cannot save to the chat database {path}: another localspec holds it locked; try again in a "
             "moment (what you typed is kept)"
         )
     return f"cannot save to the chat database {path}: {error}"
+
+
+def repair_search(db: sqlite3.Connection) -> None:
+    """Rebuild the search index from the messages (FTS5's own 'rebuild'). Where the index's own tables are too
+    damaged for that (its structure record or config lost, a table gone), they are first replaced by those of a
+    fresh, empty index. The messages are only read.
+
+    Raises:
+        sqlite3.Error: it could not be rebuilt (the file is read-only or locked, or the messages are damaged too).
+    """
+    rebuild = f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}) VALUES ('rebuild')"
+    try:
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(rebuild)
+        return
+    except sqlite3.DatabaseError as e:
+        if is_busy(e):
+            raise
+        log.warning("the search index cannot be rebuilt as it is (%s): replacing its tables", e)
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        _fresh_search_tables(db)
+        db.execute(rebuild)
+
+
+def _fresh_search_tables(db: sqlite3.Connection) -> None:
+    """Replace the index's shadow tables by those of a fresh index of the same definition (made in `temp`): their
+    columns and first rows are FTS5's own, whatever this SQLite's version writes."""
+    fresh = "localspec_fresh_fts"
+    db.execute(f"CREATE VIRTUAL TABLE temp.{fresh} USING fts5({SEARCH_COLUMNS})")
+    tables = db.execute(
+        "SELECT name, sql FROM temp.sqlite_master WHERE type = 'table' AND name LIKE ? ESCAPE '!'",
+        (fresh.replace("_", "!_") + "!_%",),
+    ).fetchall()
+    for name, sql in tables:
+        ours = SEARCH_TABLE + name[len(fresh) :]
+        db.execute(f'DROP TABLE IF EXISTS main."{ours}"')
+        db.execute(sql.replace(f"'{name}'", f'main."{ours}"', 1))
+        db.execute(f'INSERT INTO main."{ours}" SELECT * FROM temp."{name}"')
+    db.execute(f"DROP TABLE temp.{fresh}")
+
+
+def is_busy(error: sqlite3.Error) -> bool:
+    """Whether another connection holds the file locked (then waiting, not repairing, is the fix)."""
+    return "locked" in str(error) or "busy" in str(error)
 
 
 def has_fts5(db: sqlite3.Connection) -> bool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from localspec.errors import HistoryError
 
-from .schema import SEARCH_TABLE
+from .schema import SEARCH_TABLE, is_busy
 from .store import ChatStore
 
 MARK = ("\x02", "\x03")  # around the matched words in a hit's snippet
@@ -46,26 +46,43 @@ def fts_query(text: str) -> str | None:
 def search(store: ChatStore, text: str, limit: int = 100) -> list[SearchHit]:
     """The messages of every chat (every branch) that hold all the words of `text`, best first.
 
+    A damaged index is rebuilt from the messages (they are only read) and asked again.
+
     Raises:
-        HistoryError: the database cannot be read.
+        HistoryError: the database cannot be read, or its damaged index could not be rebuilt (the line says why).
     """
     query = fts_query(text)
     if query is None:
         return []
-    db = store.db
     try:
-        if db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (SEARCH_TABLE,)).fetchone() is None:
-            return _search_without_index(db, re.findall(r"\w+", text), limit)
-        rows = db.execute(
-            f"SELECT m.conversation_id, c.title, m.id, m.role,"
-            f" snippet({SEARCH_TABLE}, 0, ?, ?, '…', {SNIPPET_WORDS}), m.created FROM {SEARCH_TABLE} s"
-            f" JOIN messages m ON m.id = s.rowid JOIN conversations c ON c.id = m.conversation_id"
-            f" WHERE {SEARCH_TABLE} MATCH ? ORDER BY rank, m.id DESC LIMIT ?",
-            (*MARK, query, limit),
-        ).fetchall()
+        if not store.has_search_index():
+            return _search_without_index(store.db, re.findall(r"\w+", text), limit)
+        try:
+            rows = _matches(store.db, query, limit)
+        except sqlite3.DatabaseError as e:
+            if is_busy(e):
+                raise
+            store.repair_search(e)  # a damaged index (FTS5 names its own fix, 'rebuild'): rebuilt, asked again
+            rows = _matches(store.db, query, limit)
     except sqlite3.Error as e:
-        raise HistoryError(f"cannot search the chat database {store.path}: {e}") from e
+        raise HistoryError(_search_error(store, e)) from e
     return [SearchHit(*row) for row in rows]
+
+
+def _matches(db: sqlite3.Connection, query: str, limit: int) -> list[tuple]:
+    return db.execute(
+        f"SELECT m.conversation_id, c.title, m.id, m.role,"
+        f" snippet({SEARCH_TABLE}, 0, ?, ?, '…', {SNIPPET_WORDS}), m.created FROM {SEARCH_TABLE} s"
+        f" JOIN messages m ON m.id = s.rowid JOIN conversations c ON c.id = m.conversation_id"
+        f" WHERE {SEARCH_TABLE} MATCH ? ORDER BY rank, m.id DESC LIMIT ?",
+        (*MARK, query, limit),
+    ).fetchall()
+
+
+def _search_error(store: ChatStore, error: sqlite3.Error) -> str:
+    if is_busy(error):
+        return f"cannot search the chat database {store.path}: another localspec holds it locked; try again in a moment"
+    return f"cannot search the chat database {store.path}: {error}"
 
 
 def _search_without_index(db: sqlite3.Connection, words: list[str], limit: int) -> list[SearchHit]:

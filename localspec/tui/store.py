@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from localspec.errors import ConversationGone, HistoryError
 
-from .schema import MIGRATIONS, migrate  # noqa: F401  (tests and callers migrate through the store)
+from .schema import MIGRATIONS, SEARCH_TABLE, is_busy, migrate, repair_search  # noqa: F401  (tests, callers)
 from .schema import open_error as _open_error
 from .schema import write_error as _write_error
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 Provenance = list[tuple[str, bool]]
 """An answer's text as runs of (text, came from the draft)."""
 
+T = TypeVar("T")
 LEAF = -1  # `add_message`'s default parent: the last message of the branch on screen
 _COLUMNS = (
     "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id,"
@@ -103,12 +105,59 @@ class ChatStore:
         self.db.close()
 
     def _write(self, sql: str, params: Sequence = ()) -> sqlite3.Cursor:
+        return self._transaction(lambda: self.db.execute(sql, params), "BEGIN")
+
+    def _transaction(self, work: Callable[[], T], begin: str = "BEGIN IMMEDIATE") -> T:
+        """Run `work` in one transaction and commit it (or nothing of it). The search index's triggers write to it
+        with every message: a damaged index fails the write, so it is rebuilt and `work` run once more — a
+        damaged index must not cost the user a message.
+
+        Raises:
+            HistoryError: the database cannot be written (locked, full, read-only, damaged).
+        """
         try:
-            with self.db:
-                self.db.execute("BEGIN")
-                return self.db.execute(sql, params)
+            return self._commit(work, begin)
+        except sqlite3.Error as e:
+            if not self._search_repaired(e):
+                raise HistoryError(_write_error(self.path, e)) from e
+        try:
+            return self._commit(work, begin)
         except sqlite3.Error as e:
             raise HistoryError(_write_error(self.path, e)) from e
+
+    def _commit(self, work: Callable[[], T], begin: str) -> T:
+        with self.db:
+            self.db.execute(begin)
+            return work()
+
+    def _search_repaired(self, error: sqlite3.Error) -> bool:
+        """After a write failed: whether the search index was rebuilt (it may have been the cause)."""
+        if is_busy(error) or not self.has_search_index():
+            return False
+        try:
+            repair_search(self.db)
+        except sqlite3.Error as e:
+            log.warning("a write failed (%s) and rebuilding the search index did not help: %s", error, e)
+            return False
+        log.warning("a write failed (%s): the search index was rebuilt, and the write is tried again", error)
+        return True
+
+    def has_search_index(self) -> bool:
+        """Whether the file has the FTS5 index (not where SQLite was built without FTS5)."""
+        sql = "SELECT 1 FROM sqlite_master WHERE name = ?"
+        return self.db.execute(sql, (SEARCH_TABLE,)).fetchone() is not None
+
+    def repair_search(self, damage: sqlite3.Error) -> None:
+        """Rebuild the search index, which a search found damaged (`damage`); the messages are only read.
+
+        Raises:
+            HistoryError: it could not be rebuilt; the line says what to do.
+        """
+        try:
+            repair_search(self.db)
+        except sqlite3.Error as e:
+            raise HistoryError(_repair_error(self.path, damage, e)) from e
+        log.warning("the search index of %s was damaged (%s): rebuilt from the messages", self.path, damage)
 
     def create_conversation(self, title: str, *, pair: str = "", system: str = "") -> int:
         """Start a conversation; returns its id."""
@@ -135,21 +184,20 @@ class ChatStore:
             HistoryError: the database cannot be written (then nothing of it is).
         """
         now = _now()
-        try:
-            with self.db:
-                self.db.execute("BEGIN IMMEDIATE")
-                cid = self.db.execute(
-                    "INSERT INTO conversations (title, pair, system, created, updated, think)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (title, pair, system, now, now, think),
-                ).lastrowid
-                ids: list[int] = []
-                for message in messages:
-                    ids.append(self._insert(cid, now, parent_id=ids[-1] if ids else None, **message))
-                self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (ids[-1] if ids else None, cid))
-        except sqlite3.Error as e:
-            raise HistoryError(_write_error(self.path, e)) from e
-        return int(cid), now, ids
+
+        def save() -> tuple[int, list[int]]:
+            cid = self.db.execute(
+                "INSERT INTO conversations (title, pair, system, created, updated, think) VALUES (?, ?, ?, ?, ?, ?)",
+                (title, pair, system, now, now, think),
+            ).lastrowid
+            ids: list[int] = []
+            for message in messages:
+                ids.append(self._insert(cid, now, parent_id=ids[-1] if ids else None, **message))
+            self.db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (ids[-1] if ids else None, cid))
+            return int(cid), ids
+
+        cid, ids = self._transaction(save)
+        return cid, now, ids
 
     def _insert(
         self,
@@ -210,22 +258,20 @@ class ChatStore:
             HistoryError: the database cannot be written (locked, full, read-only).
         """
         now = _now()
-        try:
-            with self.db:
-                self.db.execute("BEGIN IMMEDIATE")  # the check and the insert see the same database
-                if not self._holds(conversation_id, created):
-                    raise ConversationGone(f"saved conversation {conversation_id} was deleted (in another window?)")
-                if parent_id == LEAF:
-                    parent_id = self._leaf(conversation_id)
-                elif parent_id is not None and not self._has(conversation_id, parent_id):
-                    raise ConversationGone(f"saved message {parent_id} was deleted (in another window?)")
-                message_id = self._insert(conversation_id, now, role, content, parent_id=parent_id, **fields)
-                self.db.execute(
-                    "UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?", (now, message_id, conversation_id)
-                )
-        except sqlite3.Error as e:
-            raise HistoryError(_write_error(self.path, e)) from e
-        return message_id
+
+        def add() -> int:  # in one transaction: the check and the insert see the same database
+            if not self._holds(conversation_id, created):
+                raise ConversationGone(f"saved conversation {conversation_id} was deleted (in another window?)")
+            parent = self._leaf(conversation_id) if parent_id == LEAF else parent_id
+            if parent_id != LEAF and parent is not None and not self._has(conversation_id, parent):
+                raise ConversationGone(f"saved message {parent} was deleted (in another window?)")
+            message_id = self._insert(conversation_id, now, role, content, parent_id=parent, **fields)
+            self.db.execute(
+                "UPDATE conversations SET updated = ?, leaf_id = ? WHERE id = ?", (now, message_id, conversation_id)
+            )
+            return message_id
+
+        return self._transaction(add)
 
     def update_message(
         self,
@@ -247,29 +293,29 @@ class ChatStore:
             HistoryError: the database cannot be written.
         """
         now = _now()
-        try:
-            with self.db:
-                self.db.execute("BEGIN IMMEDIATE")
-                cur = self.db.execute(
-                    "UPDATE messages SET content = ?, finish_reason = ?, stats = ?, provenance = ?, reasoning = ?,"
-                    " reasoning_provenance = ?, tool_calls = ? WHERE id = ? AND conversation_id = ?",
-                    (
-                        content,
-                        finish_reason,
-                        _json_or_none(stats),
-                        _json_or_none(provenance),
-                        reasoning,
-                        _json_or_none(reasoning_provenance),
-                        _json_or_none(tool_calls),
-                        message_id,
-                        conversation_id,
-                    ),
-                )
-                if cur.rowcount == 0:
-                    raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
-                self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
-        except sqlite3.Error as e:
-            raise HistoryError(_write_error(self.path, e)) from e
+        row = (
+            content,
+            finish_reason,
+            _json_or_none(stats),
+            _json_or_none(provenance),
+            reasoning,
+            _json_or_none(reasoning_provenance),
+            _json_or_none(tool_calls),
+            message_id,
+            conversation_id,
+        )
+
+        def update() -> None:
+            cur = self.db.execute(
+                "UPDATE messages SET content = ?, finish_reason = ?, stats = ?, provenance = ?, reasoning = ?,"
+                " reasoning_provenance = ?, tool_calls = ? WHERE id = ? AND conversation_id = ?",
+                row,
+            )
+            if cur.rowcount == 0:
+                raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
+            self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
+
+        self._transaction(update)
 
     def set_tool_calls(self, conversation_id: int, message_id: int, calls: list[dict]) -> None:
         """Record an answer's tool calls and their results so far (each result as it comes)."""
@@ -433,6 +479,20 @@ class ChatStore:
         sql = f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id"
         places = self.branches(conversation_id)
         return [replace(_stored(r), branch=places[r[0]]) for r in self.db.execute(sql, (conversation_id,))]
+
+
+def _repair_error(path: Path, damage: sqlite3.Error, error: sqlite3.Error) -> str:
+    """One line for a damaged search index that could not be rebuilt: what to do about what stopped it."""
+    if is_busy(error):
+        fix = "another localspec holds the file locked: search again in a moment (the index is rebuilt then)"
+    elif "readonly" in str(error) or "read-only" in str(error):
+        fix = "make the file writable and search again (the index is rebuilt then)"
+    else:
+        fix = f"the file itself is damaged: copy it away and recover it (`sqlite3 {path} .recover | sqlite3 new.db`)"
+    return (
+        f"cannot search the chat database {path}: its search index is damaged ({damage}) and rebuilding it failed"
+        f" ({error}); {fix}"
+    )
 
 
 def _children(parents: dict[int, int | None]) -> dict[int | None, list[int]]:

@@ -13,7 +13,7 @@ from support import store_v3
 from localspec.tui.export import export_conversation
 from localspec.tui.schema import SEARCH_TABLE
 from localspec.tui.search import MARK, PromptHistory, fts_query, prompts, search
-from localspec.tui.store import MIGRATIONS, ChatStore
+from localspec.tui.store import MIGRATIONS, ChatStore, HistoryError
 
 
 def v3_database(path):
@@ -197,5 +197,81 @@ def test_a_migration_step_that_fails_keeps_the_database_of_todays_main(tmp_path)
     try:
         assert len(store.tree(1)) == len([r for r in before["messages"] if r[1] == 1])
         assert search(store, "zebras")
+    finally:
+        store.close()
+
+
+# How a real file's search index is found damaged: each breaks a different part of FTS5's shadow tables, as a disk
+# error or a torn copy of the file would, and each once ended a search in a bare SQLite error that said nothing of the
+# fix — or, for the structure, the config or a lost table, failed every save of a message too.
+INDEX_DAMAGE = {
+    "leaf pages": f"UPDATE {SEARCH_TABLE}_data SET block = substr(block, 1, 5) WHERE id > 10",
+    "structure": f"DELETE FROM {SEARCH_TABLE}_data WHERE id = 10",
+    "config": f"DELETE FROM {SEARCH_TABLE}_config",  # FTS5 says "run 'rebuild'", and its 'rebuild' fails
+    "a table lost": f"DROP TABLE {SEARCH_TABLE}_idx",
+}
+
+
+def chats_with_a_damaged_index(path, damage: str) -> list[int]:
+    """Two chats saved and closed, then the index damaged by another connection; returns the messages' ids."""
+    store = ChatStore(path)
+    cid = store.create_conversation("zoo")
+    ids = [store.add_message(cid, "user", f"zebras number {i} and giraffes") for i in range(30)]
+    ids.append(store.add_message(cid, "assistant", "Stripes, mostly."))
+    store.close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute(damage)
+    db.close()
+    return ids
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGE.values(), ids=INDEX_DAMAGE.keys())
+def test_a_damaged_search_index_is_rebuilt_and_the_search_finds_every_message(tmp_path, damage):
+    path = tmp_path / "chats.sqlite3"
+    ids = chats_with_a_damaged_index(path, damage)
+    store = ChatStore(path)
+    try:
+        assert sorted(h.message_id for h in search(store, "zebras giraffes")) == ids[:30]
+        assert [h.message_id for h in search(store, "stripes")] == [ids[30]]
+        new = store.add_message(1, "user", "okapis too")  # the index keeps following the messages
+        assert [h.message_id for h in search(store, "okapi")] == [new]
+        store.db.execute(f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}) VALUES ('integrity-check')")
+        assert store.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("damage", INDEX_DAMAGE.keys())
+def test_a_damaged_search_index_costs_no_message_when_saving(tmp_path, damage):
+    path = tmp_path / "chats.sqlite3"
+    chats_with_a_damaged_index(path, INDEX_DAMAGE[damage])
+    store = ChatStore(path)
+    try:
+        new = store.add_message(1, "user", "saved all the same")  # the index's triggers failed every save
+        cid, _, _ = store.save_copy("new chat", [{"role": "user", "content": "a first message"}])
+        assert store.messages(1)[-1].id == new and store.messages(cid)[0].content == "a first message"
+        assert [h.message_id for h in search(store, "same")] == [new]
+    finally:
+        store.close()
+
+
+def test_an_index_that_cannot_be_rebuilt_is_one_line_that_says_what_to_do(tmp_path):
+    """The messages' own pages damaged too: rebuilding reads them and fails; the line names the file's recovery."""
+    path = tmp_path / "chats.sqlite3"
+    chats_with_a_damaged_index(path, INDEX_DAMAGE["leaf pages"])
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = db.execute("PRAGMA page_size").fetchone()[0]
+    root = db.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'").fetchone()[0]
+    db.close()
+    with path.open("r+b") as f:  # the messages' first page: garbage, as a bad sector would leave it
+        f.seek((root - 1) * page)
+        f.write(b"\xa5" * page)
+    store = ChatStore(path)
+    try:
+        with pytest.raises(HistoryError) as caught:
+            search(store, "zebras")
+        line = str(caught.value)
+        assert "\n" not in line and "search index is damaged" in line and f"sqlite3 {path} .recover" in line
     finally:
         store.close()
