@@ -25,6 +25,7 @@ from .textinput import clean
 DEFAULT_PORT = 8080
 DEFAULT_QUEUE = 8
 DEFAULT_PARALLEL = 1
+DEFAULT_TIMEOUT = 30.0  # as server/app.py TIMEOUT_S (this module imports no server code before a serve runs)
 
 
 def register(sub) -> None:
@@ -45,7 +46,8 @@ def register(sub) -> None:
         action="append",
         default=[],
         metavar="ORIGIN",
-        help="let a web page from ORIGIN (e.g. http://localhost:3000) read responses (repeatable; default: none)",
+        help="let a web page from ORIGIN (e.g. http://localhost:3000) read responses (repeatable; default: none; "
+        "'*', any page, only with --api-key)",
     )
     p.add_argument(
         "--no-swap", action="store_true", help="refuse requests for another pair (default: load it, like Ollama)"
@@ -65,6 +67,14 @@ def register(sub) -> None:
         f"(default {DEFAULT_PARALLEL})",
     )
     p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="seconds a client has to send a request's head, and again its body; a slower one is dropped "
+        f"(default {DEFAULT_TIMEOUT:g})",
+    )
+    p.add_argument(
         "--embedding-model",
         metavar="PATH",
         help="a GGUF embedding model for /v1/embeddings, loaded on first use (default: an embeddings context over "
@@ -80,11 +90,18 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         raise InvalidParamsError(f"--port {args.port} is not a TCP port: use 1 to 65535")
     if not 1 <= args.queue <= 10_000:
         raise InvalidParamsError(f"--queue {args.queue} is out of range: use 1 to 10000")
+    if not 0 < args.timeout <= 3600:
+        raise InvalidParamsError(f"--timeout {args.timeout:g} is out of range: use more than 0 and at most 3600")
     if not 1 <= args.parallel <= 64:
         raise InvalidParamsError(f"--parallel {args.parallel} is out of range: use 1 to 64")
     api_key = clean(args.api_key)[0] if args.api_key is not None else None
     if api_key is not None and not api_key.strip():
         raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
+    if "*" in args.cors and api_key is None:
+        raise InvalidParamsError(
+            "--cors '*' would let any web page you visit drive this server and read its answers: name the origins "
+            "(--cors http://localhost:3000), or require a key with --api-key KEY"
+        )
     from localspec.server.app import ServerSettings, is_loopback
     from localspec.server.runner import Runner
 
@@ -94,7 +111,13 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
 
         check_gguf_file(Path(args.embedding_model))  # a wrong path is one line now, not an error per request
         embedding_model = str(Path(args.embedding_model).expanduser())
-    settings = ServerSettings(host=args.host, api_key=api_key, cors=tuple(args.cors), embedding_model=embedding_model)
+    settings = ServerSettings(
+        host=args.host,
+        api_key=api_key,
+        cors=tuple(args.cors),
+        embedding_model=embedding_model,
+        timeout=args.timeout,
+    )
     _check_bind(args.host, args.port)  # before a model loads (a busy port costs no wait) and before any warning
     if not is_loopback(args.host) and api_key is None:
         print(

@@ -3,8 +3,9 @@ text (the server's `/v1/embeddings`).
 
 The pooling is the model's own (`<arch>.pooling_type` in its GGUF: mean, CLS, last); a model that names none (a chat
 model) is pooled by the mean of its last hidden states. It is a second context beside the generation's, so it never
-touches the caches speculation keeps; each input is decoded alone, from an empty cache, as llama.cpp's
-`llama-embedding` does.
+touches the caches speculation keeps. Several inputs are decoded in one batch, a sequence each, from an empty cache
+(as llama.cpp's `llama-embedding` does): the cells are one pool (`kv_unified`), so an input may be as long as the
+context whatever the number of sequences, and `packs` splits a request's inputs into batches that fit.
 """
 
 from __future__ import annotations
@@ -37,8 +38,25 @@ def model_pooling(model: Model) -> int:
     return pooling if pooling in POOLING_NAMES else llama_cpp.LLAMA_POOLING_TYPE_MEAN
 
 
+SEQ_MAX = 64  # inputs decoded together in one batch, at most
+
+
+def packs(lengths: list[int], n_ctx: int, seq_max: int = SEQ_MAX) -> list[range]:
+    """The inputs' indices split, in order, into batches of at most `seq_max` inputs and `n_ctx` tokens in all (each
+    length at most `n_ctx`)."""
+    out, start, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and (used + n > n_ctx or i - start == seq_max):
+            out.append(range(start, i))
+            start, used = i, 0
+        used += n
+    if lengths:
+        out.append(range(start, len(lengths)))
+    return out
+
+
 class EmbeddingContext:
-    """Pooled embeddings of token sequences of at most `n_ctx` tokens."""
+    """Pooled embeddings of token sequences of at most `n_ctx` tokens, up to `SEQ_MAX` of them in one decode."""
 
     def __init__(self, model: Model, *, n_ctx: int, n_threads: int | None = None) -> None:
         """Raises:
@@ -48,7 +66,8 @@ class EmbeddingContext:
         self.pooling = model_pooling(model)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx
-        params.n_seq_max = 1
+        params.n_seq_max = SEQ_MAX
+        params.kv_unified = True  # one pool of cells: any input up to n_ctx, however many share the batch
         params.n_threads = params.n_threads_batch = n_threads or physical_cores()
         params.embeddings = True
         params.pooling_type = self.pooling
@@ -72,19 +91,34 @@ class EmbeddingContext:
         Raises:
             ContextError: no tokens, more than the context holds, or llama.cpp failed.
         """
-        if not tokens or len(tokens) > self.n_ctx:
-            raise ContextError(f"an embedding input must have 1 to {self.n_ctx} tokens, not {len(tokens)}")
+        return self.embed_batch([tokens])[0]
+
+    def embed_batch(self, inputs: list[list[int]]) -> list[np.ndarray]:
+        """The L2-normalised pooled embeddings of `inputs`, decoded in one batch (a sequence each): at most `SEQ_MAX`
+        inputs and `n_ctx` tokens in all (`packs` splits a longer list).
+
+        Raises:
+            ContextError: an empty input, more than the batch holds, or llama.cpp failed.
+        """
+        total = sum(len(tokens) for tokens in inputs)
+        if not inputs or len(inputs) > SEQ_MAX or total > self.n_ctx or not all(inputs):
+            raise ContextError(f"an embeddings batch holds 1 to {SEQ_MAX} inputs of {self.n_ctx} tokens in all")
         handle = self._handle
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(handle), True)
-        batch = self._batch
-        batch.n_tokens = len(tokens)
-        for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i] = token, i
-            batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, 1
+        batch, row = self._batch, 0
+        batch.n_tokens = total
+        for seq, tokens in enumerate(inputs):
+            for pos, token in enumerate(tokens):
+                batch.token[row], batch.pos[row] = token, pos
+                batch.n_seq_id[row], batch.seq_id[row][0], batch.logits[row] = 1, seq, 1
+                row += 1
         run = llama_cpp.llama_encode if self._encoder else llama_cpp.llama_decode
         if self._call(run, handle, batch) != 0:
-            raise ContextError(f"llama.cpp could not embed {len(tokens)} tokens{llama_error()}")
-        pointer = self._call(llama_cpp.llama_get_embeddings_seq, handle, 0)
+            raise ContextError(f"llama.cpp could not embed {total} tokens{llama_error()}")
+        return [self._pooled(seq) for seq in range(len(inputs))]
+
+    def _pooled(self, seq: int) -> np.ndarray:
+        pointer = self._call(llama_cpp.llama_get_embeddings_seq, self._handle, seq)
         if not pointer:
             raise ContextError(f"llama.cpp returned no pooled embedding for {self.model.path.name}")
         vector = np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (self.n_embd,)).copy()

@@ -11,6 +11,7 @@ for the origins `--cors` names.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import ipaddress
 import logging
@@ -29,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from localspec.core.grammar import GrammarError
 from localspec.core.params import OVERRIDE_OPTIONS
@@ -47,6 +49,7 @@ from .runner import Runner
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 * 2**20  # bytes; a long chat is far below this
+TIMEOUT_S = 30.0  # a request half sent is dropped after this (a slow client's connection is not held forever)
 LOOPBACK_NAMES = ("localhost", "localhost.")
 
 
@@ -59,6 +62,7 @@ class ServerSettings:
     cors: tuple[str, ...] = ()  # origins allowed to read responses from a browser (empty: no CORS headers)
     max_body: int = MAX_BODY
     embedding_model: str | None = None  # `--embedding-model`: a GGUF for /v1/embeddings (None: the target)
+    timeout: float = TIMEOUT_S  # `--timeout`: seconds a client has to send a request's head, and again its body
 
 
 def is_loopback(host: str) -> bool:
@@ -187,6 +191,15 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
 
         return endpoint
 
+    async def read_body(request: Request, limit: int) -> bytes:
+        try:
+            async with asyncio.timeout(settings.timeout):
+                return await _read_body(request, limit)
+        except TimeoutError:
+            raise ApiError(
+                408, f"the body was not sent within {settings.timeout:g} s", code="request_timeout"
+            ) from None
+
     async def health(request: Request) -> Response:
         served, loading = runner.served, runner.loading
         status = "ok" if served else "loading" if loading else "no model"
@@ -209,7 +222,7 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
 
     async def chat(request: Request) -> Response:
-        parsed = parse_body(await _read_body(request, settings.max_body), ChatRequest)
+        parsed = parse_body(await read_body(request, settings.max_body), ChatRequest)
         messages = tuple(
             ChatTurn(
                 "system" if m.role == "developer" else m.role,
@@ -223,7 +236,7 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
 
     async def completions(request: Request) -> Response:
-        parsed = parse_body(await _read_body(request, settings.max_body), CompletionRequest)
+        parsed = parse_body(await read_body(request, settings.max_body), CompletionRequest)
         return await _answer(request, runner, parsed, _request(parsed, prompt=parsed.text), "text")
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -238,7 +251,7 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
     ]
-    for path, handler, methods in more_routes(runner, settings.max_body, _read_body, EventStream, settings):
+    for path, handler, methods in more_routes(runner, settings.max_body, read_body, EventStream, settings):
         routes.append(Route(path, guarded(handler), methods=methods))
     middleware = [Middleware(Guard, settings=settings)]
     if settings.cors:
@@ -372,6 +385,41 @@ async def _events(
     yield sse("[DONE]")
 
 
+class _Http(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's head: a connection that sends its request line
+    and headers too slowly, or nothing at all, is closed after `head_timeout` s instead of being held forever."""
+
+    def __init__(self, *args, head_timeout: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
+        self._deadline: asyncio.TimerHandle | None = None
+        self._after = None  # the request-response cycle the deadline waits for a successor of (None: the first)
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._after = self.cycle
+        self._deadline = self.loop.call_later(self.head_timeout, self._overdue)
+
+    def _overdue(self) -> None:
+        if self.cycle is self._after and not self.transport.is_closing():  # no new request's head came in time
+            log.info("a client sent no complete request within %g s: its connection is closed", self.head_timeout)
+            self.transport.close()
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, which also cancels the running generations when told to stop, so open streams end."""
 
@@ -395,6 +443,7 @@ def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
         access_log=False,
         timeout_graceful_shutdown=5,
         lifespan="off",
+        http=functools.partial(_Http, head_timeout=settings.timeout),
     )
     server = _Server(config, runner)
 

@@ -1,9 +1,12 @@
 """`POST /v1/embeddings`: OpenAI's embeddings from the loaded target (an embeddings context made over its model on
 first use, pooled as its GGUF says, mean where it says nothing) or from `serve --embedding-model PATH` (loaded on
-first use). The work runs as a job on the one worker thread, in its turn, so it never races a generation.
+first use). The work runs as a job on the one worker thread, in its turn, so it never races a generation: the inputs
+are decoded a batch at a time (`packs`: up to 64 inputs in one decode), and between batches the job stops if its
+client went away or the server is stopping, and — with several slots — the running chats take their next step.
 
 Inputs are checked before the engine sees them, as chat requests are: a string, a list of strings, a token array or
-a list of token arrays, none empty, at most `INPUTS_MAX`; the body's size is bounded by the server's guard.
+a list of token arrays, none empty, at most `INPUTS_MAX` inputs and `TOKENS_MAX` tokens in all; the body's size is
+bounded by the server's guard.
 `dimensions` is refused unless it is the model's own width (nothing to shorten to: no model here is trained for it).
 """
 
@@ -20,7 +23,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from localspec.errors import LocalspecError
-from localspec.llama.embedding import EmbeddingContext
+from localspec.llama.embedding import EmbeddingContext, packs
 from localspec.llama.model import Model
 
 from . import flow
@@ -30,6 +33,7 @@ from .runner import Runner
 log = logging.getLogger(__name__)
 
 INPUTS_MAX = 2048  # inputs per request, as OpenAI allows
+TOKENS_MAX = 65_536  # tokens per request, all inputs together: a bound on the engine time one request may ask for
 
 
 class EmbeddingsRequest(_Strict):
@@ -78,43 +82,28 @@ def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str
     async def embeddings(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), EmbeddingsRequest, unsupported={}, ignored=("user",))
         inputs = parsed.inputs()
+        single = not isinstance(parsed.input, list)
 
-        def work(served):
+        def work(served):  # a job's work: one batch of inputs a part, the engine free for other work between parts
             try:
                 name, context = embedder(served)
             except LocalspecError as e:
                 raise ApiError(400, f"no embeddings: {e}", param="model", code="embeddings_unavailable") from None
-            if parsed.dimensions is not None and parsed.dimensions != context.n_embd:
+            _check_dimensions(parsed.dimensions, name, context)
+            tokens = [_tokens(context, item, "input" if single else f"input.{i}") for i, item in enumerate(inputs)]
+            total = sum(map(len, tokens))
+            if total > TOKENS_MAX:
                 raise ApiError(
                     400,
-                    f"'dimensions' {parsed.dimensions} is not supported: {name} gives {context.n_embd} dimensions "
-                    "(leave 'dimensions' out)",
-                    param="dimensions",
-                    code="unsupported_value",
+                    f"the inputs are {total} tokens in all; a request may ask for at most {TOKENS_MAX}: "
+                    "split them over several requests",
+                    param="input",
+                    code="too_many_tokens",
                 )
-            model, vectors, total = context.model, [], 0
-            for i, item in enumerate(inputs):
-                where = "input" if len(inputs) == 1 and not isinstance(parsed.input, list) else f"input.{i}"
-                if isinstance(item, str):
-                    tokens = model.tokenize(item, add_special=True, parse_special=True)
-                else:
-                    tokens = item
-                    if bad := [t for t in tokens if not 0 <= t < model.n_vocab]:
-                        raise ApiError(
-                            400,
-                            f"{where}: token {bad[0]} is not in the model's vocabulary",
-                            param=where,
-                            code="invalid_value",
-                        )
-                if len(tokens) > context.n_ctx:
-                    raise ApiError(
-                        400,
-                        f"{where} is {len(tokens)} tokens; the embeddings context holds {context.n_ctx}: shorten it",
-                        param=where,
-                        code="context_length_exceeded",
-                    )
-                vectors.append(context.embed(tokens))
-                total += len(tokens)
+            vectors: list[np.ndarray] = []
+            for part in packs([len(t) for t in tokens], context.n_ctx):
+                yield
+                vectors += context.embed_batch([tokens[i] for i in part])
             return name, vectors, total
 
         model = None if settings.embedding_model is not None else parsed.model
@@ -128,6 +117,38 @@ def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str
         return JSONResponse({"object": "list", "data": data, "model": name, "usage": usage})
 
     return [("/v1/embeddings", embeddings, ["POST"])]
+
+
+def _check_dimensions(dimensions: int | None, name: str, context: EmbeddingContext) -> None:
+    if dimensions is not None and dimensions != context.n_embd:
+        raise ApiError(
+            400,
+            f"'dimensions' {dimensions} is not supported: {name} gives {context.n_embd} dimensions "
+            "(leave 'dimensions' out)",
+            param="dimensions",
+            code="unsupported_value",
+        )
+
+
+def _tokens(context: EmbeddingContext, item: str | list[int], where: str) -> list[int]:
+    """An input's tokens, checked: in the vocabulary, within the context."""
+    model = context.model
+    if isinstance(item, str):
+        tokens = model.tokenize(item, add_special=True, parse_special=True)
+    else:
+        tokens = item
+        if bad := [t for t in tokens if not 0 <= t < model.n_vocab]:
+            raise ApiError(
+                400, f"{where}: token {bad[0]} is not in the model's vocabulary", param=where, code="invalid_value"
+            )
+    if len(tokens) > context.n_ctx:
+        raise ApiError(
+            400,
+            f"{where} is {len(tokens)} tokens; the embeddings context holds {context.n_ctx}: shorten it",
+            param=where,
+            code="context_length_exceeded",
+        )
+    return tokens
 
 
 def _encoded(vector: np.ndarray, encoding: str) -> list[float] | str:

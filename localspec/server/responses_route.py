@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,6 +34,8 @@ from .responses_api import IGNORED, UNSUPPORTED, ResponsesRequest, messages_from
 from .runner import Runner
 from .store import ResponseStore
 
+log = logging.getLogger(__name__)
+
 
 def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
@@ -45,7 +48,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
         parsed = parse_body(await read_body(http, max_body), ResponsesRequest, unsupported=UNSUPPORTED, ignored=IGNORED)
         history: list[Message] = []
         if parsed.previous_response_id is not None:
-            found = store.get(parsed.previous_response_id)
+            found = await store.get(parsed.previous_response_id)
             if found is None:
                 raise ApiError(
                     400,
@@ -58,6 +61,8 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
         request = parsed.to_request(history)
         turns = request.messages[1:] if parsed.instructions else request.messages
         answer = _Answer(parsed, store, list(turns or ()))
+        if parsed.store:  # a store that cannot be used is said before the answer is generated, not after
+            await store.check()
         if not parsed.stream:
             outcome = await flow.whole(http, runner, parsed.model, request)
             token_bytes = outcome.served.engine.target_model.token_bytes
@@ -65,7 +70,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
             [gen], [split] = outcome.generations or [None], outcome.splits or [None]
             if gen is None:
                 raise ApiError(499, "the request was cancelled", code="cancelled")
-            return JSONResponse(answer.finish(outcome.prompt_tokens, gen, split))
+            return JSONResponse(await answer.finish(outcome.prompt_tokens, gen, split))
         first, queue, job = await flow.streamed(http, runner, parsed.model, request)
         answer.reply = Reply("chat", first.model, tools=first.tools, token_bytes=first.token_bytes)
 
@@ -76,13 +81,13 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
         return event_stream(answer.events(queue, first.prompt_tokens), closed)
 
     async def get(http: HttpRequest) -> Response:
-        found = store.get(http.path_params["id"])
+        found = await store.get(http.path_params["id"])
         if found is None:
             raise _not_found(http.path_params["id"])
         return JSONResponse(found[0])
 
     async def delete(http: HttpRequest) -> Response:
-        if not store.delete(http.path_params["id"]):
+        if not await store.delete(http.path_params["id"]):
             raise _not_found(http.path_params["id"])
         return JSONResponse({"id": http.path_params["id"], "object": "response.deleted", "deleted": True})
 
@@ -91,6 +96,9 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
         ("/v1/responses/{id}", get, ["GET"]),
         ("/v1/responses/{id}", delete, ["DELETE"]),
     ]
+
+
+_unsaved: set[asyncio.Task] = set()  # the cancelled responses being stored
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -150,7 +158,7 @@ class _Answer:
         items += [_call(c) for c in calls]
         return items
 
-    def finish(self, prompt_tokens: int, gen, split) -> dict:
+    async def finish(self, prompt_tokens: int, gen, split) -> dict:
         """The final response object; stored unless `store: false`."""
         if not self.output:
             self.output = self.items(gen, split)
@@ -173,18 +181,25 @@ class _Answer:
         self.done = True
         text, calls = self.reply.calls(0, gen, split)
         reasoning = split.reasoning if split is not None else ""
-        self._keep(body, Message("assistant", text or "", reasoning, tuple(calls)))
+        await self._keep(body, Message("assistant", text or "", reasoning, tuple(calls)))
         return body
 
     def cancelled(self) -> None:
         """The stream closed before it finished (its client went away): stored as `cancelled`."""
         if not self.done:
             self.done = True
-            self._keep(self.body("cancelled"), None)
+            task = asyncio.get_running_loop().create_task(self._keep(self.body("cancelled"), None))
+            _unsaved.add(task)  # held until it ends (the loop keeps only a weak reference)
+            task.add_done_callback(_unsaved.discard)
 
-    def _keep(self, body: dict, answer: Message | None) -> None:
-        if self.parsed.store:
-            self.store.put(body, messages_to_json([*self.turns, *([answer] if answer else [])]))
+    async def _keep(self, body: dict, answer: Message | None) -> None:
+        """Store the response (unless `store: false`); a store that fails now costs the stored copy, not the answer."""
+        if not self.parsed.store:
+            return
+        try:
+            await self.store.put(body, messages_to_json([*self.turns, *([answer] if answer else [])]))
+        except ApiError as e:
+            log.warning("response %s was answered but not stored: %s", body["id"], e)
 
     def _event(self, kind: str, **data) -> bytes:
         self.seq += 1
@@ -220,7 +235,7 @@ class _Answer:
                         if whole["type"] != "reasoning":
                             for chunk in self._whole(whole):
                                 yield chunk
-                body = self.finish(prompt_tokens, item.generation, item.split)
+                body = await self.finish(prompt_tokens, item.generation, item.split)
                 kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(body["status"])
                 yield self._event(kind or "response.completed", response=body)
             elif isinstance(item, request_mod.Done):

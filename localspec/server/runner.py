@@ -17,8 +17,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from localspec.errors import LocalspecError
 from localspec.models.flags import RunFlags
@@ -165,8 +166,10 @@ class Runner:
         """Queue `request` (for the pair `model` names); the future gives its `Outcome`.
 
         `emit` (called on the worker thread) receives `Started`, then a `Token` for each token and an `Ended` for
-        each choice (server/request.py). `work` instead of a request: `work(served)` runs in the job's turn on the
-        worker thread and the future gives what it returns (the embeddings route's use of the pair).
+        each choice (server/request.py). `work` instead of a request: `work(served)`, a generator, runs in the
+        job's turn on the worker thread, part by part (each `yield` ends a part): between parts a cancelled job
+        stops and, with several slots, the running streams step; the future gives what it returns (the embeddings
+        route's use of the pair).
 
         Raises:
             ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full.
@@ -220,7 +223,7 @@ class Runner:
         try:
             served = self._prepare(job, pair)
             if work is not None:
-                return work(served)
+                return finish(self.checked(job, work(served)))
             return complete(served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
         finally:
             self._forget(job)
@@ -234,6 +237,16 @@ class Runner:
         if self.served is None:
             raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
         return self.served
+
+    def checked(self, job: Job, work: Generator[None, None, Any]) -> Generator[None, None, Any]:
+        """A job's `work` with the job's cancellation checked after each of its parts."""
+        while True:
+            try:
+                next(work)
+            except StopIteration as end:
+                return end.value
+            self._unless_cancelled(job, "while it ran")
+            yield
 
     def _forget(self, job: Job) -> None:
         """The job has ended: its place in the queue is free."""
@@ -257,6 +270,15 @@ class Runner:
                 headers={"Retry-After": "1"},
             )
         raise ApiError(499, "the request was cancelled", code="cancelled")
+
+
+def finish(work: Generator[None, None, Any]) -> Any:
+    """Run `work` to its end: what it returns."""
+    while True:
+        try:
+            next(work)
+        except StopIteration as end:
+            return end.value
 
 
 def _reload(old: Served) -> Served | None:

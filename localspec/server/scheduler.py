@@ -62,8 +62,8 @@ class Scheduler:
 
     @property
     def busy(self) -> int:
-        """Slots generating now (for /health)."""
-        return len(self._active)
+        """Slots generating now (for /health); a job's work (embeddings) holds none."""
+        return sum(entry.work is None for entry in self._active)
 
     def add(self, entry: Entry) -> None:
         """Queue `entry` (any thread); the engine thread's loop starts if it is not running."""
@@ -99,7 +99,7 @@ class Scheduler:
                     return
                 entry, served = self._waiting[0], self.runner.served
                 switch = entry.pair is not None and (served is None or served.name != entry.pair)
-                if (switch and self._active) or (entry.work is None and len(self._active) >= self.n_slots):
+                if (switch and self._active) or (entry.work is None and self.busy >= self.n_slots):
                     return
                 self._waiting.popleft()
             self._start(entry)
@@ -110,8 +110,10 @@ class Scheduler:
             return
         try:
             served = self.runner._prepare(entry.job, entry.pair)
-            if entry.work is not None:
-                self._settle(entry, result=entry.work(served))
+            if entry.work is not None:  # a part a tick, beside the streams
+                entry.run = self.runner.checked(entry.job, entry.work(served))
+                with self._lock:
+                    self._active.append(entry)
                 return
             pool = self._slots(served)
 
@@ -151,7 +153,7 @@ class Scheduler:
     def _tick(self) -> None:
         """One step of every running request: their next rows decoded together first, when several run."""
         entries, streams = list(self._active), []
-        self._shared = len(entries) > 1 and self._pool is not None
+        self._shared = sum(e.work is None for e in entries) > 1 and self._pool is not None
         if self._shared:
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
             self._pool.decode_ahead(streams)

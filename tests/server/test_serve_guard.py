@@ -3,6 +3,7 @@ and a fuzz of request bodies — each against a real server subprocess, each cas
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -137,6 +138,8 @@ def test_loopback_names():
         (["--queue", "0"], "--queue 0 is out of range"),
         (["--api-key", " "], "--api-key is empty"),
         (["--temperature", "-1"], "temperature must be"),
+        (["--cors", "*"], "--cors '*' would let any web page you visit drive this server"),
+        (["--timeout", "0"], "--timeout 0 is out of range"),
     ],
 )
 def test_bad_flags_are_one_line_before_anything_loads(home, monkeypatch, capsys, flags, message):
@@ -218,3 +221,29 @@ def test_fuzzed_bodies_get_an_answer_or_an_error_object_never_a_500(server, body
     elif not body.get("stream"):
         assert "choices" in json.loads(data)
     assert server.healthy()
+
+
+def test_any_origin_needs_the_key_and_half_sent_requests_are_dropped(home):
+    """`--cors '*'` with `--api-key`: any page may call, with the key only. `--timeout 1`: a connection that never
+    finishes its request's head is closed, and a body that stops halfway is a 408 — neither holds the server."""
+    server = start_server(home, "--pair", "tiny", "--cors", "*", "--api-key", KEY, "--timeout", "1")
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        status, headers, _ = raw(server.port, "GET", "/v1/models", headers={**auth, "Origin": "http://any.example"})
+        assert status == 200 and headers.get("access-control-allow-origin") == "*"
+        status, _, _ = raw(server.port, "GET", "/v1/models", headers={"Origin": "http://any.example"})
+        assert status == 401
+        with socket.create_connection(("127.0.0.1", server.port), timeout=20) as half:
+            half.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            assert half.recv(1024) == b""  # closed by the server (a timeout here: held forever)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=20) as half:
+            head = f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+            head += "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+            half.sendall(head.encode() + b'{"messages": [')
+            answer = http.client.HTTPResponse(half)
+            answer.begin()
+            assert answer.status == 408 and error_of(answer.read())["code"] == "request_timeout"
+        assert server.healthy()
+    finally:
+        assert server.stop() == 143, server.stderr()
+    assert "Traceback" not in server.stderr() and "Traceback" not in server.log()
