@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
+# A draft that must read more of the prompt than this reads it after the first token, not before: the first step is
+# plain, so the first token waits for the target's read alone (issue 56; llama-server's drafter does the same).
+DRAFT_READ_FIRST_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +219,9 @@ class Generation:
             stats.prefill_decoded += target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
             if stats.prefill_decoded:
                 target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
-            # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
-            drafter_room = len(self.prompt) < engine.drafter.n_ctx
-            if drafter_room and not self._is_batched() and engine.policy.wants_draft(self.spec.adaptive):
-                stats.draft_prefill_decoded = engine.drafter.prefill(
-                    self.prompt, progress=self._prefill_progress("draft")
-                )
+            later = self._draft_reads_later()
+            if not later:
+                self._read_draft(self.prompt)
         except PrefillStopped:  # Esc while reading a long prompt: the caches hold what was read so far
             yield self._finish(None, "cancelled")
             return
@@ -232,18 +232,57 @@ class Generation:
         chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
         self._history = history
         try:
-            yield from self._steps(history, chain)
+            yield from self._steps(history, chain, draft_unread=later)
         finally:
             if chain is not None:
                 chain.close()
 
-    def _steps(self, history: list[int], chain: ChainLawBuilder | None) -> Iterator[TokenEvent]:
+    def _draft_reads_later(self) -> bool:
+        """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
+        of it to read (a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
+        drafter = self.engine.drafter
+        if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
+            return False
+        held = self.prompt[:-1]
+        unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
+        return unread > DRAFT_READ_FIRST_MAX
+
+    def _draft_wanted(self, history: list[int]) -> bool:
+        # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
+        engine = self.engine
+        fits = len(history) < engine.drafter.n_ctx
+        return fits and not self._is_batched() and engine.policy.wants_draft(self.spec.adaptive)
+
+    def _read_draft(self, history: list[int]) -> None:
+        """The drafter reads `history` (but its last token) to draft after it.
+
+        Raises:
+            PrefillStopped: the generation was cancelled while a long history was read.
+        """
+        if self._draft_wanted(history):
+            self.stats.draft_prefill_decoded += self.engine.drafter.prefill(
+                history, progress=self._prefill_progress("draft")
+            )
+
+    def _steps(
+        self, history: list[int], chain: ChainLawBuilder | None, *, draft_unread: bool = False
+    ) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
         while True:
             reason = self._reason_to_stop(history)
             if reason:
                 yield self._finish(None, reason)
                 return
+            if draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
+                draft_unread = False
+                t0 = time.perf_counter()
+                try:
+                    self._read_draft(history)
+                except PrefillStopped:
+                    yield self._finish(None, "cancelled")
+                    return
+                finally:
+                    stats.seconds_prefill += time.perf_counter() - t0
             remaining, forced = self.max_tokens - len(self.tokens), []
             if self.constraint is not None:  # tokens the grammar forces: emitted without asking the model
                 room = min(remaining, engine.n_ctx - len(history)) - 1
@@ -252,7 +291,9 @@ class Generation:
             batched, ahead = self._is_batched(), self.drafts_ahead
             self.drafts_ahead = None
             k = len(ahead.tokens) if batched and ahead is not None else 0
-            if not batched:
+            if draft_unread:
+                k = 0  # the first step, before the draft has read the prompt
+            elif not batched:
                 k = engine.draft_length(
                     self.spec,
                     remaining - len(forced),

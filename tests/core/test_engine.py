@@ -328,3 +328,29 @@ def test_greedy_and_distribution_views_of_the_verified_rows_agree(repeat_penalty
         assert law.top() == (token, 1.0)
         if repeat_penalty == 1.0:
             assert token == int(np.argmax(table.logits(tuple([*history, *drafts][: len(history) + i]))))
+
+
+def test_the_first_token_never_waits_for_the_draft_to_read_a_long_prompt(tiny_models):
+    """A prompt the draft has not read: the first token comes from a plain step after the target's read alone, the
+    draft reads the prompt before the second step, and the answer is the one plain decoding gives (issue 56). A
+    prompt the draft mostly holds (the chat's next turn) is read by it first: the first step drafts."""
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=1024) as engine:
+        prompt = engine.tokenize(PROMPT * 20)
+        assert len(prompt) > 200
+        draft = engine.drafter.caches[0]
+        plain = run_greedy(engine, prompt, k=0, n=24)
+        draft.rollback_to(0)
+        gen = engine.generate(prompt, sampling=GREEDY, spec=FIXED4, max_tokens=24)
+        events = iter(gen)
+        first = next(events)
+        held_at_first = draft.n_past
+        second = next(events)
+        rest = list(events)
+        assert held_at_first == 0 and first.from_draft is False  # the first token came before the draft read
+        assert draft.n_past >= len(prompt) - 1 and gen.stats.draft_prefill_decoded >= len(prompt) - 1
+        assert [first.token, second.token, *(e.token for e in rest if e.token is not None)] == gen.tokens
+        assert gen.stats.accepted > 0  # an identical draft: its drafts accepted once it read the prompt
+        assert_identical(tiny_models.target, prompt, plain.tokens, gen.tokens)
+        follow = prompt + gen.tokens + engine.tokenize(" and then", add_special=False)
+        gen = engine.generate(follow, sampling=GREEDY, spec=FIXED4, max_tokens=8)
+        assert next(iter(gen)).from_draft  # the draft held all but a few tokens: it read them and drafted
