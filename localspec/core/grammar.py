@@ -24,6 +24,7 @@ from localspec.errors import InvalidParamsError
 
 from .laws import Law
 from .sampling import SamplingParams, greedy_token, sampling_law
+from .schemacheck import problem
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "grammar", "lark", "gbnf", "regex")  # "grammar": Lark or GBNF
 # JSON as OpenAI's structured outputs write it: no whitespace between tokens, so keys, quotes and braces are forced.
@@ -51,6 +52,8 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not JSON: {e}") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a JSON schema is an object, not {type(schema).__name__}")
+        if (why := problem(schema)) is not None:
+            raise GrammarError(f"the JSON schema {why}")
         return cls("json_schema", json.dumps(schema))
 
     @classmethod
@@ -115,10 +118,17 @@ class GrammarVocab:
             source = grammar.source()
         except ValueError as e:
             raise GrammarError(f"the {_name(grammar)} cannot be compiled: {e}") from None
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, self.tokenizer)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, self.tokenizer, limits=_limits())
         if failed:
             raise GrammarError(f"the {_name(grammar)} cannot be compiled: {_one_line(messages[0])}")
         return CompiledGrammar(self, source)
+
+
+def _limits():
+    """llguidance's default limits, its errors without the parser's state (a one-line error, never a dump)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
 
 
 def _name(grammar: Grammar) -> str:
@@ -152,7 +162,7 @@ class CompiledGrammar:
         import llguidance
 
         if not self._kept:
-            kept = llguidance.LLMatcher(self.vocab.tokenizer, self.source, log_level=0)
+            kept = llguidance.LLMatcher(self.vocab.tokenizer, self.source, log_level=0, limits=_limits())
             if kept.is_error():  # compiled already: a limit of this vocabulary, said the same way
                 raise GrammarError(f"the grammar cannot be used: {_one_line(kept.get_error())}")
             self._kept.append(kept)

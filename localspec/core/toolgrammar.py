@@ -11,10 +11,11 @@ matches, never its text spelled in pieces.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from localspec.core.grammar import Grammar
+from localspec.core.schemacheck import DATA_KEYWORDS, local_ref, resolved
 
 QWEN35_STRING_END = "\n</parameter>"
 
@@ -61,14 +62,32 @@ def token_set(ids: Sequence[int]) -> str:
 
 
 def closed(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A function's parameters as its call is constrained: only the parameters it declares (`additionalProperties`
-    false where the schema does not say, as OpenAI's strict function calling has it) — a small model constrained to
-    an open object goes on inventing keys."""
-    if not parameters:
-        return {"type": "object"}
-    if "properties" in parameters and "additionalProperties" not in parameters:
-        return {**parameters, "additionalProperties": False}
-    return parameters
+    """A function's parameters as its call is constrained: only the parameters it declares, at every level
+    (`additionalProperties` false where an object lists its `properties` and does not say, as OpenAI's strict function
+    calling has it) — a small model constrained to an open object goes on inventing keys, in a nested one too (a
+    pydantic model's `$defs`)."""
+    return _closed(parameters) if parameters else {"type": "object"}
+
+
+# Keywords whose values are subschemas, by shape: a map of them, a list of them, one.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties")
+
+
+def _closed(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    out.update(
+        {k: {n: _closed(v) for n, v in schema[k].items()} for k in _SCHEMA_MAPS if isinstance(schema.get(k), dict)}
+    )
+    out.update({k: [_closed(v) for v in schema[k]] for k in _SCHEMA_LISTS if isinstance(schema.get(k), list)})
+    out.update({k: _closed(schema[k]) for k in _SCHEMA_ONE if isinstance(schema.get(k), dict)})
+    # An object composed with others (allOf, a $ref beside it) gets their properties too: it stays as it says.
+    if "properties" in schema and not any(k in schema for k in ("additionalProperties", "allOf", "$ref")):
+        out["additionalProperties"] = False
+    return out
 
 
 def lenient(schema: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +96,43 @@ def lenient(schema: dict[str, Any]) -> dict[str, Any]:
     them was a 400). The call is still parsed, and the client checks it against its own schema. A `response_format`
     schema stays strict: there an unimplemented keyword is a 400 naming it."""
     return {**schema, "x-guidance": {**schema.get("x-guidance", {}), "lenient": True}}
+
+
+def _has_local_ref(schema: object) -> bool:
+    if isinstance(schema, dict):
+        if local_ref(schema.get("$ref")):
+            return True
+        return any(_has_local_ref(v) for k, v in schema.items() if k not in DATA_KEYWORDS)
+    return isinstance(schema, list) and any(_has_local_ref(v) for v in schema)
+
+
+def refs_under(schema: Any, base: str) -> Any:
+    """`schema` with each local `$ref` (`#`, `#/…`) pointing under `base` (a JSON pointer): the schema as it reads
+    once placed at `base` inside a larger one."""
+    if isinstance(schema, list):
+        return [refs_under(v, base) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in DATA_KEYWORDS else refs_under(v, base) for k, v in schema.items()}
+    if local_ref(ref := schema.get("$ref")):
+        out["$ref"] = "#" + base + ref[1:]
+    return out
+
+
+def placed(index: int, parameters: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A function's (closed) parameters as they sit inside a larger schema, and the `$defs` that schema's root must
+    hold. A tool's `#/$defs/X` (pydantic's, the MCP SDK's, `openai.pydantic_function_tool`'s) points into the tool's
+    own schema, not the grammar's: where it has local refs, the schema goes under the root's `$defs` (as
+    `fn{index}`) with its refs pointing there, and the call refers to it. A schema without refs is left as it is."""
+    schema = closed(parameters)
+    if not _has_local_ref(schema):
+        return schema, {}
+    key = f"fn{index}"
+    return {"$ref": f"#/$defs/{key}"}, {key: refs_under(schema, f"/$defs/{key}")}
+
+
+def with_defs(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def in_order(items: list[tuple[str, bool]], separator: str, prefix: str) -> tuple[list[str], str]:
@@ -100,30 +156,49 @@ def in_order(items: list[tuple[str, bool]], separator: str, prefix: str) -> tupl
     return rules, ref("first", 0)
 
 
-def _string_enum(schema: object) -> bool:
+def properties(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A parameters schema's `properties` ({} where it is not an object of names)."""
+    props = parameters.get("properties") if isinstance(parameters, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def string_enum(schema: object) -> bool:
     """A parameter whose values are a list of strings (written as literal alternatives, not as JSON)."""
     return isinstance(schema, dict) and "enum" in schema and all(isinstance(e, str) for e in schema["enum"])
 
 
-def _json_value(schema: object) -> str:
-    """A parameter's value as JSON under its (lenient) schema, as a Lark rule."""
-    return f"%json {json.dumps(lenient(schema if isinstance(schema, dict) else {}))}"
+def _json_value(schema: object, defs: dict[str, Any]) -> str:
+    """A parameter's value as JSON under its (lenient) schema, as a Lark rule (`defs`: what its refs point into)."""
+    return f"%json {json.dumps(lenient(with_defs(schema if isinstance(schema, dict) else {}, defs)))}"
+
+
+def _parameters(index: int, parameters: dict[str, Any]) -> tuple[dict, set, Callable[[Any], tuple[Any, str]]]:
+    """A function's properties, its required names, and each property's (schema followed through a top-level
+    `$ref`, its value as JSON)."""
+    body = resolved(parameters, parameters)
+    _, defs = placed(index, parameters)
+
+    def value(schema: Any) -> tuple[Any, str]:
+        own = refs_under(schema, f"/$defs/fn{index}") if defs else schema
+        return resolved(schema, parameters), _json_value(own, defs)
+
+    return properties(body), set(body.get("required") or ()), value
 
 
 def qwen35_function(index: int, name: str, parameters: dict[str, Any]) -> list[str]:
     """Qwen3.5's (and Qwen3-Coder's) XML call of one function: `<function=NAME>`, then each parameter as
     `<parameter=KEY>\\nVALUE\\n</parameter>\\n`, a string written raw, any other value as JSON."""
-    props = parameters.get("properties") or {}
-    required = set(parameters.get("required") or ())
+    props, required, value_of = _parameters(index, parameters)
     items, rules = [], []
     for j, (key, schema) in enumerate(props.items()):
         head = lark_string(f"<parameter={key}>\n")
-        if isinstance(schema, dict) and schema.get("type") == "string" and "enum" not in schema:
+        form, as_json = value_of(schema)
+        if isinstance(form, dict) and form.get("type") == "string" and "enum" not in form:
             value = "QWEN35_STRING"  # raw text up to the first "\n</parameter>", that included
-        elif _string_enum(schema):
-            value = "(" + " | ".join(lark_string(e + QWEN35_STRING_END) for e in schema["enum"]) + ")"
+        elif string_enum(form):
+            value = "(" + " | ".join(lark_string(e + QWEN35_STRING_END) for e in form["enum"]) + ")"
         else:
-            value = f"{_json_value(schema)} {lark_string(QWEN35_STRING_END)}"
+            value = f"{as_json} {lark_string(QWEN35_STRING_END)}"
         rules.append(f"q{index}_p{j}: {head} {value} {lark_string(chr(10))}")
         items.append((f"q{index}_p{j}", key in required))
     listed, args = in_order(items, "", f"q{index}")
@@ -135,18 +210,18 @@ def qwen35_function(index: int, name: str, parameters: dict[str, Any]) -> list[s
 def gemma_function(index: int, name: str, parameters: dict[str, Any], quote: str, specials: dict[str, int]) -> list:
     """Gemma's call of one function: `call:NAME{key:value,…}`, a string value between quote markers (`<|"|>` for
     Gemma 4, `<escape>` for FunctionGemma), any other value as JSON (the parser reads both)."""
-    props = parameters.get("properties") or {}
-    required = set(parameters.get("required") or ())
+    props, required, value_of = _parameters(index, parameters)
     q = marker(quote, specials)
     text = "GEMMA_TEXT" if quote in specials else "GEMMA_STRING"
     items, rules = [], []
     for j, (key, schema) in enumerate(props.items()):
-        if _string_enum(schema):
-            value = "(" + " | ".join(f"{q} {lark_string(e)} {q}" for e in schema["enum"]) + ")"
-        elif isinstance(schema, dict) and schema.get("type") == "string":
+        form, as_json = value_of(schema)
+        if string_enum(form):
+            value = "(" + " | ".join(f"{q} {lark_string(e)} {q}" for e in form["enum"]) + ")"
+        elif isinstance(form, dict) and form.get("type") == "string":
             value = f"{q} {text}? {q}" if text == "GEMMA_TEXT" else f"{q} {text}"
         else:
-            value = _json_value(schema)
+            value = as_json
         rules.append(f"g{index}_p{j}: {lark_string(key + ':')} {value}")
         items.append((f"g{index}_p{j}", key in required))
     listed, args = in_order(items, '","', f"g{index}")
@@ -170,9 +245,7 @@ def call_grammar(
     if syntax in ("hermes", "qwen35"):
         open_text, close = "<tool_call>", "</tool_call>"
         if syntax == "hermes":
-            body = {"anyOf": [_call_schema(n, p) for n, p in functions]} if len(functions) > 1 else None
-            schema = body or _call_schema(*functions[0])
-            rules = [f"body: %json {json.dumps(lenient(schema))}"]
+            rules = [f"body: %json {json.dumps(lenient(with_defs(*any_call(functions))))}"]
             one = f'"\\n" body "\\n" {marker(close, specials)}'
         else:
             rules = [r for i, (n, p) in enumerate(functions) for r in qwen35_function(i, n, closed(p))]
@@ -183,10 +256,9 @@ def call_grammar(
         rest = f'{one} {more} "\\n"?'
     elif syntax == "mistral":
         open_text = "[TOOL_CALLS]"
-        calls = {"type": "array", "items": _any_call(functions), "minItems": 1}
-        if not parallel:
-            calls["maxItems"] = 1
-        rules, rest = [], f"%json {json.dumps(lenient(calls))}"
+        call, defs = any_call(functions)
+        calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+        rules, rest = [], f"%json {json.dumps(lenient(with_defs(calls, defs)))}"
     elif syntax in ("gemma4", "functiongemma"):
         open_text, close, quote = GEMMA_MARKERS[syntax]
         rules = [r for i, (n, p) in enumerate(functions) for r in gemma_function(i, n, closed(p), quote, specials)]
@@ -211,15 +283,18 @@ GEMMA_MARKERS = {
 }
 
 
-def _call_schema(name: str, parameters: dict, arguments_key: str = "arguments") -> dict:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": name}, arguments_key: closed(parameters)},
-        "required": ["name", arguments_key],
-        "additionalProperties": False,
-    }
-
-
-def _any_call(functions: list[tuple[str, dict]], arguments_key: str = "arguments") -> dict:
-    options = [_call_schema(n, p, arguments_key) for n, p in functions]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+def any_call(functions: list[tuple[str, dict]], arguments_key: str = "arguments") -> tuple[dict, dict]:
+    """The schema of one call of any of the functions, and the `$defs` its root must hold (`placed`)."""
+    options, defs = [], {}
+    for i, (name, parameters) in enumerate(functions):
+        arguments, own = placed(i, parameters)
+        defs |= own
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, arguments_key: arguments},
+                "required": ["name", arguments_key],
+                "additionalProperties": False,
+            }
+        )
+    return (options[0] if len(options) == 1 else {"anyOf": options}), defs

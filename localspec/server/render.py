@@ -58,9 +58,7 @@ class Reply:
         if self.tools is None:
             return text, []
         if index not in self._parsed:
-            if self.tools.specials and self.token_bytes is not None and (split is None or not split.reasoning):
-                text = self.tools.marked_text(gen.tokens, self.token_bytes) or text  # control tokens render empty
-            self._parsed[index] = self.tools.parse(text)
+            self._parsed[index] = self.tools.parse(answer_text(self.tools, gen, split, self.token_bytes))
         return self._parsed[index]
 
     def finish(self, gen: Generation, split: ThinkingSplit | None, index: int = 0) -> str | None:
@@ -159,6 +157,17 @@ class Reply:
     def usage_chunk(self, prompt_tokens: int, generations: Sequence[Generation], splits: Splits = ()) -> dict:
         """The chunk `stream_options.include_usage` asks for: no choices, the usage (and our timings)."""
         return {**self._head(True), "choices": [], **usage_and_timings(prompt_tokens, generations, splits)}
+
+
+def answer_text(
+    tools: ToolSetup, gen: Generation, split: ThinkingSplit | None, token_bytes: Callable[[int], bytes] | None
+) -> str:
+    """The answer's text as its tool calls are parsed from: a marker that is a control token written out (it renders
+    as no text)."""
+    text = split.answer if split is not None else gen.text
+    if tools.specials and token_bytes is not None and (split is None or not split.reasoning):
+        return tools.marked_text(gen.tokens, token_bytes) or text
+    return text
 
 
 def _finish(gen: Generation) -> str | None:

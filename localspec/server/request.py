@@ -28,6 +28,7 @@ from localspec.errors import ChatTemplateError, ContextError, LocalspecError
 from localspec.models.loading import sampling_params, speculative_params
 
 from .api import ApiError
+from .render import answer_text
 from .served import Served
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def steps(
     tools = _tools(served, request)
     if tools is not None:
         request = dataclasses.replace(request, messages=with_tools(request.messages or (), tools))
-        if (grammar := tools.grammar()) is not None:
+        if (grammar := _tools_grammar(tools)) is not None:
             request = dataclasses.replace(request, grammar=grammar, grammar_param="tools")
     prompt = _prompt_tokens(served, request, think, tools)
     if request.count_only:
@@ -205,18 +206,41 @@ def steps(
             gen.cancel()
         if batched is not None:  # others may be answering: a long prompt is read a chunk per step of theirs
             yield from gen.read_prompt(PROMPT_CHUNK)
+        repeats = _Repeats(tools, engine.target_model.token_bytes) if tools is not None and tools.parallel else None
         for event in gen:
             pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]
             scored = gen.logprobs[len(gen.tokens) - 1] if gen.logprobs and event.token is not None else None
             emit(Token(index, event, [p for p in pieces if p[1]], scored))
             if not gen.pending:
+                if repeats is not None and repeats.found(gen, split):
+                    gen.cancel()  # the list is over: its end, not the client's
                 yield  # a step's tokens are out: another request's step may run
+        if repeats is not None and repeats.hit and gen.finish_reason == "cancelled" and not job.cancelled:
+            gen.finish_reason = "stop"
+            log.info("choice %d: a tool call repeated an earlier one, which ends the list", index)
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
             log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
         generations.append(gen)
         splits.append(split)
         emit(Ended(index, gen, split))
     return Outcome(served, len(prompt), generations, splits, tools)
+
+
+class _Repeats:
+    """Whether a list of tool calls has reached a call identical to an earlier one: a model that repeats its call
+    (a small one asked for a required call) would go on to max_tokens, and the list ends there instead (issue 55).
+    Looked at after each step whose text holds a call's last character."""
+
+    def __init__(self, tools: ToolSetup, token_bytes: Callable[[int], bytes]) -> None:
+        self.tools, self.token_bytes = tools, token_bytes
+        self.read, self.hit = 0, False
+
+    def found(self, gen: Generation, split: ThinkingSplit | None) -> bool:
+        text = answer_text(self.tools, gen, split, self.token_bytes)
+        new, self.read = text[self.read :], len(text)
+        if not self.hit and ("}" in new or ">" in new):
+            self.hit = self.tools.repeats(text)
+        return self.hit
 
 
 def _tools(served: Served, request: Request) -> ToolSetup | None:
@@ -236,6 +260,13 @@ def _tools(served: Served, request: Request) -> ToolSetup | None:
     if request.tool_choice == "auto" and syntax != "llama3":  # a lazy grammar: free text first
         free = tuple(i for i in special_ids if i not in specials.values())
     return ToolSetup(syntax, request.functions, request.tool_choice, request.parallel_tool_calls, specials, free)
+
+
+def _tools_grammar(tools: ToolSetup) -> Grammar | None:
+    try:
+        return tools.grammar()
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="tools", code="invalid_schema") from None
 
 
 def special_markers(model: Model, texts: Sequence[str], special_ids: Sequence[int]) -> dict[str, int]:
