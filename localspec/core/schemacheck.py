@@ -3,7 +3,8 @@
 Two shapes compile and then fail mid-answer (issue 55): a `$ref` that requires itself with no way to end (no finite
 value matches it: the grammar forces `{"a":{"a":…` until the library's item limit), and a choice of more structured
 alternatives at one place than the library's Earley row holds (`max_items_in_row`, 2000: "Current row has 3000
-items"). Both are told from the schema here, so the request is a 400 naming them. Local `$ref`s (`#`, `#/…`) are
+items"). Both are told from the schema here, so the request is a 400 naming them; and a schema nested deeper than
+the library reads is refused before the checks (which recurse) meet it. Local `$ref`s (`#`, `#/…`) are
 read as JSON pointers into the schema they came from.
 """
 
@@ -16,6 +17,9 @@ from urllib.parse import unquote
 # llguidance's default `max_items_in_row`: a choice of more object or array alternatives fails once the answer
 # reaches it (a const, an enum or a string's alternatives are one lexeme, and do not count).
 MAX_ALTERNATIVES = 2000
+# serde_json's recursion limit, which llguidance reads a schema with (inside its own wrapping: a few levels less are
+# left, and it refuses those in its own words): the checks here recurse, and never meet a deeper one.
+MAX_DEPTH = 128
 # Keywords whose values are data, not schemas: a `$ref` key inside them is a value.
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "example"})
 _STRUCTURED = ("properties", "items", "prefixItems", "additionalProperties", "allOf", "$ref")
@@ -51,6 +55,8 @@ def resolved(schema: Any, root: Any, hops: int = 8) -> Any:
 
 def problem(schema: Any) -> str | None:
     """What makes `schema` unusable as a grammar, as the end of a sentence ("has …"); None when nothing does."""
+    if (depth := _depth(schema)) > MAX_DEPTH:  # first, and without recursion: the checks below recurse
+        return f"nests {depth} levels deep: the grammar library reads at most {MAX_DEPTH}; flatten it"
     unending = _unending_ref(schema)
     if unending is not None:
         return (
@@ -64,6 +70,17 @@ def problem(schema: Any) -> str | None:
             "fit the grammar library; split it, or use an enum"
         )
     return None
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in `value` (a scalar: 0), counted without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _unending_ref(root: Any) -> str | None:

@@ -117,7 +117,7 @@ class ToolSetup:
             )
         for f in called:
             if (why := problem(f.parameters)) is not None:
-                raise GrammarError(f"the parameters of tool {f.name!r} {why}")
+                raise GrammarError(f"the parameters schema of tool {f.name!r} {why}")
         if self.syntax == "generic":
             call, defs = self._call_schema()
             calls = {"type": "array", "items": call, "minItems": 1, **({} if self.parallel else {"maxItems": 1})}

@@ -437,7 +437,7 @@ def test_a_ref_with_no_way_to_end_is_refused_before_decoding(schema, ends):
         return
     with pytest.raises(GrammarError, match="requires itself with no way to end"):
         Grammar.json_schema(schema)
-    with pytest.raises(GrammarError, match="the parameters of tool 'f' has '#.*requires itself"):
+    with pytest.raises(GrammarError, match="the parameters schema of tool 'f' has '#.*requires itself"):
         ToolSetup("qwen35", (Function("f", "", schema),), "required").grammar()
 
 
@@ -453,3 +453,16 @@ def test_a_choice_wider_than_the_library_holds_is_refused_before_decoding(smol):
     many = tuple(Function(f"f{i}", "", {"type": "object"}) for i in range(2001))
     with pytest.raises(GrammarError, match="2001 tools are offered"):
         ToolSetup("hermes", many, "required").grammar()
+
+
+def test_a_schema_nested_deeper_than_the_library_reads_is_refused_without_recursing():
+    """The checks above recurse: a schema 600 levels deep (within what a body's JSON may hold) meets a depth check
+    first, not a RecursionError (a 500)."""
+    schema: dict = {"type": "string"}
+    for _ in range(300):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    with pytest.raises(GrammarError, match="nests 601 levels deep: the grammar library reads at most 128"):
+        Grammar.json_schema(schema)
+    for syntax in ("generic", "qwen35"):
+        with pytest.raises(GrammarError, match="schema of tool 'f' nests 601 levels deep"):
+            ToolSetup(syntax, (Function("f", "", schema),), "required").grammar()
