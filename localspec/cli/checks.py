@@ -60,6 +60,10 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
     gpu_memory = getattr(args, "gpu_memory", None)
     if gpu_memory is not None:
         gpu_memory = parse_size(clean(gpu_memory)[0])
+    cache_ram = getattr(args, "cache_ram", None)
+    if cache_ram is not None:
+        cache_ram = clean(cache_ram)[0]
+        cache_ram = 0 if cache_ram.strip() == "0" else parse_size(cache_ram, "--cache-ram")
     _bounded(args, "max_tokens", 1)
     _bounded(args, "n", 1, N_MAX)
     if args.threads is not None:
@@ -102,6 +106,7 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         n_gpu_layers=args.n_gpu_layers,
         n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
         gpu_memory=gpu_memory,
+        cache_ram=cache_ram,
         cpu_moe=getattr(args, "cpu_moe", None),
         threads=threads,
         rpc=tuple(rpc),

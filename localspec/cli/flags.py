@@ -42,6 +42,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="plan as if the GPU had SIZE free, e.g. 8G or 7.5GiB (a cap when sharing it; a laptop on a big GPU)",
     )
     p.add_argument(
+        "--cache-ram",
+        metavar="SIZE",
+        help="keep earlier prompts' KV states in RAM, up to SIZE (e.g. 2G; 0: none), and restore a prompt that comes "
+        "back instead of reading it again (default: an eighth of the free memory, at most 8G)",
+    )
+    p.add_argument(
         "--cpu-moe",
         action="store_const",
         const=True,

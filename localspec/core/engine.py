@@ -33,6 +33,7 @@ from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .placement import GpuPlan
 from .policy import DraftPolicy
+from .promptcache import PromptCache, cache_budget
 from .sampling import SamplingParams
 from .stats import Stats, TokenLogprob
 from .step import speculative_step, target_chain
@@ -216,7 +217,9 @@ class Generation:
         if engine.threads is not None:
             engine.threads.start()
         try:
+            restored = target.n_restored
             stats.prefill_decoded += target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            stats.prefill_restored += target.n_restored - restored
             if stats.prefill_decoded:
                 target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
             later = self._draft_reads_later()
@@ -391,8 +394,12 @@ class Engine:
         bridge: VocabBridge | None = None,
         plan: GpuPlan | None = None,
         load_note: str = "",
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self.target_model = target_model
+        # Earlier prompts' states, saved and restored by every cache of the engine (`KVSequence.use_cache`).
+        self.prompt_cache = prompt_cache
+        target.use_cache(prompt_cache, "target")
         self.plan = plan  # where the models went (None: built without `load`)
         self.target = target
         self.eog = target_model.eog_tokens()
@@ -448,6 +455,7 @@ class Engine:
             bridge=loaded.bridge,
             plan=loaded.plan,
             load_note=loaded.note,
+            prompt_cache=PromptCache(cache_budget(params.cache_ram)),
         )
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
@@ -467,6 +475,8 @@ class Engine:
         self.drafter = drafter
         # Every cache the engine keeps consistent: the target's first, then the drafter's own.
         self.caches: tuple[KVSequence, ...] = (self.target, *drafter.caches)
+        for seq in drafter.caches:
+            seq.use_cache(self.prompt_cache, f"draft:{seq.ctx.model.path}")
         if drafter.after_target_decode is not None:
             self.target.ctx.after_decode = drafter.after_target_decode
         self.policy = policy or DraftPolicy(draft_size_ratio=drafter.size_ratio)

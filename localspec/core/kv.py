@@ -5,8 +5,9 @@ through here. Rollback removes the KV tail when the memory allows it; recurrent/
 llama.cpp's rollback snapshots (`n_rs_seq`) removes a tail of its last decode too ("snapshot"); otherwise, and
 sliding-window caches that lost cells, fall back to a state checkpoint, then to a full re-prefill.
 `drop` removes a span from the middle and shifts the rest back (context shifting), where the
-memory can move positions. `Context` is the protocol a cache is kept in: `llama.context.Context` is the
-llama.cpp one; the pure-logic tests run the same code over numpy fakes.
+memory can move positions. With a `PromptCache` (core/promptcache.py), `sync` saves what it is about to drop and
+restores an earlier prompt's state instead of reading it again. `Context` is the protocol a cache is kept in:
+`llama.context.Context` is the llama.cpp one; the pure-logic tests run the same code over numpy fakes.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from localspec.errors import ContextError
 if TYPE_CHECKING:
     from localspec.llama.model import Model
 
+    from .promptcache import PromptCache
+
 log = logging.getLogger(__name__)
 
 ROLLBACK_MODES = ("auto", "seq_rm", "snapshot", "checkpoint", "refill")
 PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
+SAVE_MIN = 64  # tokens about to be dropped worth keeping in a prompt cache (fewer are read again as fast)
 
 Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
 
@@ -162,6 +166,16 @@ class KVSequence:
         self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
         self._anchor: Checkpoint | None = None  # the last prompt's state (`anchor`)
+        self.prompt_cache: PromptCache | None = None  # earlier prompts' states (`use_cache`)
+        self.cache_namespace = ""
+        self.n_restored = 0  # tokens restored from the prompt cache instead of decoded
+
+    def use_cache(self, cache: PromptCache | None, namespace: str) -> None:
+        """Save the states `sync` drops into `cache`, and restore from it, under `namespace` (the states of one
+        model's contexts: any sequence of them may restore another's). None: no cache. A memory that can neither
+        drop a tail nor restore a state (`refill`) keeps none."""
+        self.prompt_cache = cache if self.mode != "refill" else None
+        self.cache_namespace = namespace
 
     @property
     def n_past(self) -> int:
@@ -273,9 +287,12 @@ class KVSequence:
         """Keep the state after a prompt, where the memory cannot drop an arbitrary tail (recurrent/hybrid): the
         next turn of a chat diverges soon after it (a template that drops the last reply's reasoning, a
         regenerate), and restoring it then beats re-reading the whole conversation. One at a time; a hybrid keeps
-        its recurrent part alone (`checkpoint`)."""
+        its recurrent part alone (`checkpoint`). A memory that cannot cut a state back also keeps it whole in the
+        prompt cache: the same prompt coming back later restores it."""
         if self.mode in ("snapshot", "checkpoint") and self.tokens:
             self._anchor = self._saved()
+        if self.prompt_cache is not None and not self._trims and self.n_past >= SAVE_MIN:  # whole: it cannot be cut
+            self.prompt_cache.save(self.cache_namespace, self.tokens, self.ctx.save_state(), trims=False)
 
     def _saved(self) -> Checkpoint:
         """The state now, as `checkpoint` and `anchor` keep it: a hybrid memory's recurrent part alone."""
@@ -366,10 +383,40 @@ class KVSequence:
             PrefillStopped: `progress` asked to stop; the cache holds a prefix of `tokens`.
         """
         common = min(common_prefix(self.tokens, tokens), len(tokens) - outputs)
+        if self.prompt_cache is not None:
+            common = self._through_cache(tokens, common, len(tokens) - outputs)
         before = self.n_decoded
         self.rollback_to(common)
         self.append(tokens[common:], outputs=outputs, progress=progress)
         return self.n_decoded - before
+
+    @property
+    def _trims(self) -> bool:
+        """Whether a restored state can be cut back to any prefix (plain KV, a sliding window with its full cache)."""
+        return self.mode == "seq_rm" and (self.ctx.model.info.n_swa == 0 or self.ctx.swa_full)
+
+    def _through_cache(self, tokens: list[int], common: int, limit: int) -> int:
+        """Before `sync` keeps `common` tokens and reads the rest of `tokens`: save what it would drop, then restore
+        the cached state that holds the most of `tokens[:limit]`, if that spares reading. Returns the tokens held."""
+        cache, space, trims = self.prompt_cache, self.cache_namespace, self._trims
+        if self.n_past - common >= SAVE_MIN:  # the cells past `common` are about to go: keep them
+            cache.save(space, self.tokens, self.ctx.save_state(), trims=trims)
+        found = cache.best(space, tokens[:limit], common, trims=trims)
+        if found is None:
+            return common
+        entry, n = found
+        self._checkpoint = self._anchor = None
+        self._tail = 0
+        try:
+            self.ctx.load_state(entry.state)
+        except ContextError as e:  # the sequence's cells are in doubt: empty them, read the prompt
+            log.warning("%s: a cached prompt could not be restored (%s); reading it", self.ctx.model.path.name, e)
+            self.ctx.clear()
+            self.tokens = []
+            return 0
+        self.tokens = list(entry.tokens)
+        self.n_restored += n
+        return n
 
     def repair(self) -> None:
         """Make `tokens` and the cache agree again after an operation was cut short (Ctrl+C, an error).

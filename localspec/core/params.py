@@ -129,6 +129,9 @@ class LoadParams:
     # "text" re-tokenises its text, "shared" drafts on the shared tokens only.
     bridge: str = "auto"
     n_seq: int = 1  # sequences in the target's context, each with n_ctx cells (`serve --parallel`)
+    # Bytes of earlier prompts' KV states kept in RAM and restored when a prompt comes back (core/promptcache.py);
+    # None: an eighth of the memory free after loading, at most 8 GiB; 0: none.
+    cache_ram: int | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):
@@ -141,6 +144,9 @@ class LoadParams:
                 raise InvalidParamsError(f"invalid load setting: {name.replace('_', '-')} must be -1 (all) or more")
         if self.gpu_memory is not None and (not isinstance(self.gpu_memory, int) or self.gpu_memory <= 0):
             raise InvalidParamsError("invalid load setting: gpu-memory must be a size such as 8G")
+        if self.cache_ram is not None and (isinstance(self.cache_ram, bool) or not isinstance(self.cache_ram, int)
+                                           or self.cache_ram < 0):  # fmt: skip
+            raise InvalidParamsError("invalid load setting: cache-ram must be a size such as 2G, or 0 for none")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParamsError("invalid load setting: threads must be at least 1")
         if self.device_sampling not in DEVICE_SAMPLING:

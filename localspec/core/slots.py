@@ -80,6 +80,8 @@ class SlotPool:
         for view in views:
             view.clear()  # what a previous pool left: the new slots' token lists start empty
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
+        for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
+            slot.target.use_cache(engine.prompt_cache, "target")
         self.costs = BatchCosts()  # what a shared decode costs here, learned from each
         self.draft_costs = BatchCosts()  # the same for the draft model's slots context
         # The draft model's acceptance beside others over every stream (a property of the pair more than of one

@@ -78,6 +78,7 @@ class Stats:
     drafter: str = field(default="", metadata=LATEST)  # the drafter's name (DRAFTERS): "mtp" for the target's own head
     prompt_tokens: int = 0
     prefill_decoded: int = 0  # prompt tokens the target really decoded (the rest came from prefix reuse)
+    prefill_restored: int = 0  # of the prompt tokens not decoded, those restored from the prompt cache (promptcache.py)
     draft_prefill_decoded: int = 0  # the same for the draft model
     drafted: int = 0
     accepted: int = 0

@@ -84,6 +84,7 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
         gpu_memory=given("gpu_memory"),
         cpu_moe=given("cpu_moe"),
         n_threads=flags.threads,
+        cache_ram=flags.cache_ram,
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,
         device_sampling=flags.device_sampling or "auto",

@@ -239,6 +239,7 @@ def speculation(stats: Stats, prompt_tokens: int, cache_n: int) -> dict:
         "probes": stats.probes,
         "decision": {k: finite(v) for k, v in dataclasses.asdict(stats.decision).items()},
         "prompt_reused": finite(cache_n / prompt_tokens) if prompt_tokens else 0.0,
+        "prompt_restored": stats.prefill_restored,  # of the reused tokens, those from the prompt cache in RAM
         "seconds_draft": stats.seconds_draft,
         "seconds_verify": stats.seconds_verify,
         "seconds_sampling": stats.seconds_sampling,
