@@ -20,7 +20,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
@@ -192,45 +193,24 @@ def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None)
     Raises:
         LocalspecError: localspec's server did not start (llama-server's failures are notes in the report).
     """
-    from localspec.models.loading import load_params, resolve_models
-
-    resolved = resolve_models(plan.flags, plan.paths)
     n = plan.parallel
-    report = ClientsReport(
-        command=plan.command,
-        machine=machine_line(plan.flags.threads or os.cpu_count() or 1),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        parallel=n,
-        tokens=plan.tokens,
-        rounds=plan.rounds,
-    )
-    servers: dict[str, object] = {}
-    try:
-        show("starting localspec serve")
-        local = LocalServer(plan.serve, plan.flags, plan.paths, n).__enter__()
-        servers[LOCAL.format(n=n)] = local
-        if plan.peer is not None:
-            _start_peers(plan, resolved, load_params(plan.flags, resolved.defaults, has_draft=True), servers, report)
-        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    report = ClientsReport(plan.command, machine(plan.flags), now(), parallel=n, tokens=plan.tokens, rounds=plan.rounds)
+    results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    with started_servers(plan.serve, plan.flags, plan.paths, n, plan.peer, report.notes, show) as servers:
         names = list(servers)
-        models = {name: model_id(server.port) for name, server in servers.items()}
         for name, server in servers.items():  # warm-up: every slot used once, not measured
             show(f"warming {name}")
-            together(server.port, models[name], _prompts(plan.prompts, n, 0), 8)
+            together(server.port, server.model, _prompts(plan.prompts, n, 0), 8)
         for r in range(plan.rounds):
             for clients in plan.clients:
-                for name in names[r % len(names) :] + names[: r % len(names)]:
+                for name in rotated(names, r):
                     show(f"round {r + 1}/{plan.rounds}: {clients} client{'s' * (clients > 1)} on {name}")
                     prompts = _prompts(plan.prompts, clients, r)
-                    rate = together(servers[name].port, models[name], prompts, plan.tokens)
+                    rate = together(servers[name].port, servers[name].model, prompts, plan.tokens)
                     results.setdefault((name, clients), []).append(rate)
-    finally:
-        for server in servers.values():
-            server.__exit__(None, None, None)
-        show("")
     for clients in plan.clients:
         ours = statistics.median(rate for rate, _ in results[(LOCAL.format(n=n), clients)])
-        for name in servers:
+        for name in names:
             runs = results[(name, clients)]
             rate = statistics.median(x for x, _ in runs)
             latency = statistics.median(y for _, y in runs)
@@ -239,20 +219,80 @@ def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None)
     return report
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One started server: its port and the name its requests give its model."""
+
+    port: int
+    model: str
+
+
+@contextmanager
+def started_servers(
+    serve: Callable,
+    flags: RunFlags,
+    paths: Paths,
+    parallel: int,
+    peer: str | None,
+    notes: list[str],
+    show: Callable[[str], None],
+) -> Iterator[dict[str, Served]]:
+    """localspec's server (`LOCAL`) and, with a peer, llama-server with as many slots, plainly and with the pair's
+    draft where it has one: name → `Served`, localspec's first; every one stopped on leaving. `bench --clients` and
+    `bench --agents` drive them alike.
+
+    Args:
+        serve: runs localspec's server in the child process (see `LocalServer`).
+        peer: llama-server's path or folder ("": on PATH; None: no peer).
+        notes: told why a llama-server did not run (the bench goes on without it).
+
+    Raises:
+        LocalspecError: localspec's server did not start.
+    """
+    from localspec.models.loading import load_params, resolve_models
+
+    resolved = resolve_models(flags, paths)
+    running: dict[str, object] = {}
+    try:
+        show("starting localspec serve")
+        running[LOCAL.format(n=parallel)] = LocalServer(serve, flags, paths, parallel).__enter__()
+        if peer is not None:
+            params = load_params(flags, resolved.defaults, has_draft=True)
+            _start_peers(peer, parallel, flags, resolved, params, running, notes)
+        yield {name: Served(server.port, model_id(server.port)) for name, server in running.items()}
+    finally:
+        for server in running.values():
+            server.__exit__(None, None, None)
+        show("")
+
+
+def rotated(names: Sequence[str], r: int) -> list[str]:
+    """The servers' order in round r: each round starts one later, so no server always goes first."""
+    return [*names[r % len(names) :], *names[: r % len(names)]]
+
+
+def machine(flags: RunFlags) -> str:
+    return machine_line(flags.threads or os.cpu_count() or 1)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _prompts(prompts: Sequence[str], clients: int, offset: int) -> list[str]:
     return [prompts[(offset + i) % len(prompts)] for i in range(clients)]
 
 
-def _start_peers(plan: ClientsPlan, resolved, params, servers: dict, report: ClientsReport) -> None:
+def _start_peers(peer: str, parallel: int, flags: RunFlags, resolved, params, servers: dict, notes: list[str]) -> None:
     """llama-server with N slots, plain and with the pair's draft, where it runs (else a note)."""
     try:
-        binary = find_llama_server(plan.peer or None)
+        binary = find_llama_server(peer or None)
     except PeerError as e:
-        report.notes.append(f"llama-server not run: {e}")
+        notes.append(f"llama-server not run: {e}")
         return
-    n, n_ctx = plan.parallel, params.n_ctx or 4096
-    template = plan.flags.chat_template or resolved.defaults.chat_template
-    threads = plan.flags.threads or os.cpu_count() or 1
+    n, n_ctx = parallel, params.n_ctx or 4096
+    template = flags.chat_template or resolved.defaults.chat_template
+    threads = flags.threads or os.cpu_count() or 1
     drafts = [None] if resolved.draft is None else [None, str(resolved.draft)]
     for draft in drafts:
         name = f"llama-server -np {n}" + (" -md" if draft else "")
@@ -270,7 +310,7 @@ def _start_peers(plan: ClientsPlan, resolved, params, servers: dict, report: Cli
         try:
             server.start()
         except PeerError as e:
-            report.notes.append(f"{name} not run: {e}")
+            notes.append(f"{name} not run: {e}")
             continue
         servers[name] = server
 

