@@ -24,7 +24,7 @@ from .textinput import clean
 
 DEFAULT_PORT = 8080
 DEFAULT_QUEUE = 8
-DEFAULT_PARALLEL = 1
+DEFAULT_PARALLEL = "auto"
 DEFAULT_TIMEOUT = 30.0  # as server/app.py TIMEOUT_S (this module imports no server code before a serve runs)
 
 
@@ -60,11 +60,11 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--parallel",
-        type=int,
         default=DEFAULT_PARALLEL,
-        metavar="N",
-        help="most requests generating at once, decoded together in one batch; a request alone still speculates "
-        f"(default {DEFAULT_PARALLEL})",
+        metavar="N|auto",
+        help="most requests generating at once, decoded together in one batch, each in --n-ctx tokens of its own; "
+        "a request alone still speculates (default auto: 4 where their KV cache fits in a quarter of the memory "
+        "left, 1 where the target cannot take several streams — a recurrent or hybrid model, an MTP head)",
     )
     p.add_argument(
         "--timeout",
@@ -92,8 +92,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         raise InvalidParamsError(f"--queue {args.queue} is out of range: use 1 to 10000")
     if not 0 < args.timeout <= 3600:
         raise InvalidParamsError(f"--timeout {args.timeout:g} is out of range: use more than 0 and at most 3600")
-    if not 1 <= args.parallel <= 64:
-        raise InvalidParamsError(f"--parallel {args.parallel} is out of range: use 1 to 64")
+    parallel = _parallel(args.parallel)
     api_key = clean(args.api_key)[0] if args.api_key is not None else None
     if api_key is not None and not api_key.strip():
         raise InvalidParamsError("--api-key is empty: give a key, or leave the flag out")
@@ -130,7 +129,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     _log_to_stderr()
     # A models.toml that cannot be read is said once: by the load when it serves a pair, as a warning for --target.
     pairs = _configured_pairs(paths, warn=flags.target is not None)
-    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue, parallel=args.parallel)
+    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue, parallel=parallel)
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
     with SignalGuard():
         try:
@@ -160,6 +159,20 @@ def serve_in_child(flags, paths: Paths, parallel: int, port: int) -> None:  # pr
         runner.close()
 
 
+def _parallel(value: str) -> int:
+    """--parallel as the runner takes it: a count of 1 to 64, or 0 for auto.
+
+    Raises:
+        InvalidParamsError: neither.
+    """
+    text = str(value).strip().lower()
+    if text == "auto":
+        return 0
+    if not text.isdigit() or not 1 <= int(text) <= 64:
+        raise InvalidParamsError(f"--parallel {value} is out of range: use 1 to 64, or auto")
+    return int(text)
+
+
 def _check_think(flags, paths: Paths) -> None:
     """Refuse a `--think` the model cannot follow, from its vocabulary and chat template alone (no weights loaded).
 
@@ -182,12 +195,13 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
     served = runner.start()
-    for note in (served.resolved.defaults.notice, served.engine.drafting_note):
+    for note in (served.resolved.defaults.notice, served.engine.drafting_note, served.engine.slots_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)
+    slots = f"{runner.parallel} slot{'s' * (runner.parallel > 1)} of {served.engine.n_ctx} tokens"
     print(
         f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
-        "(OpenAI-compatible); stop with Ctrl+C",
+        f"(OpenAI-compatible, {slots}); stop with Ctrl+C",
         file=sys.stderr,
         flush=True,
     )

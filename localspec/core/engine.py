@@ -395,6 +395,7 @@ class Engine:
         plan: GpuPlan | None = None,
         load_note: str = "",
         prompt_cache: PromptCache | None = None,
+        slots_note: str = "",
     ) -> None:
         self.target_model = target_model
         # Earlier prompts' states, saved and restored by every cache of the engine (`KVSequence.use_cache`).
@@ -413,6 +414,7 @@ class Engine:
         self.model_drafter = model_drafter
         self.bridge = bridge  # how the draft drafts when its vocabulary is not the target's (None: same vocabulary)
         self.load_note = load_note  # what loading found that the user must know (a head it could not run)
+        self.slots_note = slots_note  # why automatic slots (`LoadParams.n_seq` 0) are fewer than 4 ("" otherwise)
         self._grammar_vocab: GrammarVocab | None = None  # the target's vocabulary for grammars, built on first use
         self._grammars: dict[Grammar, CompiledGrammar] = {}
         for seq in self.caches:
@@ -456,6 +458,7 @@ class Engine:
             plan=loaded.plan,
             load_note=loaded.note,
             prompt_cache=PromptCache(cache_budget(params.cache_ram)),
+            slots_note=loaded.slots_note,
         )
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -23,8 +23,6 @@ from localspec.errors import ContextError
 
 if TYPE_CHECKING:
     from localspec.llama.model import Model
-
-    from .promptcache import PromptCache
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +130,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+class StateCache(Protocol):
+    """What `KVSequence` asks of a prompt cache (core/promptcache.py's `PromptCache`): keep a sequence's state under
+    the tokens it holds, and find the one to restore before reading others."""
+
+    def save(self, namespace: str, tokens: list[int], state: bytes, *, trims: bool) -> None: ...
+
+    def best(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> tuple[Any, int] | None:
+        """(an entry with `.tokens` and `.state`, how many of `tokens` it gives), or None."""
+        ...
+
+
 class PrefillStopped(Exception):
     """A progress callback asked to stop; the cache holds the tokens decoded so far (still consistent)."""
 
@@ -166,11 +175,11 @@ class KVSequence:
         self.mode = self._probe() if self.probed else rollback
         self._checkpoint: Checkpoint | None = None
         self._anchor: Checkpoint | None = None  # the last prompt's state (`anchor`)
-        self.prompt_cache: PromptCache | None = None  # earlier prompts' states (`use_cache`)
+        self.prompt_cache: StateCache | None = None  # earlier prompts' states (`use_cache`)
         self.cache_namespace = ""
         self.n_restored = 0  # tokens restored from the prompt cache instead of decoded
 
-    def use_cache(self, cache: PromptCache | None, namespace: str) -> None:
+    def use_cache(self, cache: StateCache | None, namespace: str) -> None:
         """Save the states `sync` drops into `cache`, and restore from it, under `namespace` (the states of one
         model's contexts: any sequence of them may restore another's). None: no cache. A memory that can neither
         drop a tail nor restore a state (`refill`) keeps none."""

@@ -17,7 +17,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
-from localspec.llama.context import memory_bytes
+from localspec.llama.context import kv_bytes_estimate, memory_bytes
 from localspec.llama.devices import devices
 from localspec.llama.footprint import Footprint, read_footprint
 from localspec.llama.model import Model, check_gguf_file
@@ -45,6 +45,7 @@ class Loaded:
     plan: GpuPlan  # where each model went (core/placement.py)
     owned: list = field(default_factory=list)
     note: str = ""  # what loading must tell the user (the MTP head's fallback to n-grams)
+    slots_note: str = ""  # why a target loaded for automatic slots (`LoadParams.n_seq` 0) has fewer ("" otherwise)
 
 
 def load_models(
@@ -92,7 +93,8 @@ def load_models(
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
         speculating = drafts(kind)
         n_ctx = plan.n_ctx
-        target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS, n_seq=params.n_seq)
+        n_seq, slots_note = (params.n_seq, "") if params.n_seq else slots_for(target_model, kind, n_ctx, params)
+        target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS, n_seq=n_seq)
         draft = None
         if draft_model is not None:
             draft_n_ctx = min(n_ctx, draft_model.info.n_ctx_train)
@@ -109,11 +111,36 @@ def load_models(
                 log.warning("the MTP head could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
         drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
-        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note)
+        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note, slots_note)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+AUTO_SLOTS = 4  # slots where the target can take several streams (llama-server's automatic `-np`)
+AUTO_KV_SHARE = 4  # the slots' extra KV may take at most this part of the memory free after loading (1/4)
+
+
+def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) -> tuple[int, str]:
+    """(sequences, why fewer than `AUTO_SLOTS`) for automatic slots. One where a slot could not share the target's
+    context — a recurrent or hybrid memory cannot drop a tail beside others, an MTP head reads the target's own
+    rows — else as many of `AUTO_SLOTS` as the KV cache of each (n_ctx cells a slot: llama.cpp's one shared pool
+    misplaces cells in this build, DESIGN §8) fits in a quarter of the memory free now: the GPU's where the target
+    is on one, else RAM."""
+    info = target.info
+    if info.is_recurrent or info.is_hybrid:
+        return 1, f"{target.path.name} is a {'hybrid' if info.is_hybrid else 'recurrent'} model: one slot"
+    if drafter_kind == "mtp":
+        return 1, "the target's MTP head drafts: one slot (it reads the target's rows, one stream's)"
+    gpu = local_gpu(params.gpu_memory) if target.on_local_gpu else None
+    free = gpu.free if gpu is not None else memory_bytes()
+    kv = max(1, kv_bytes_estimate(info, n_ctx))
+    n = max(1, min(AUTO_SLOTS, 1 + free // AUTO_KV_SHARE // kv))
+    if n < AUTO_SLOTS:
+        where = "GPU memory" if gpu is not None else "memory"
+        return n, f"{n} slot{'s' * (n > 1)}: the KV cache of another {n_ctx} tokens would not fit in the {where} left"
+    return n, ""
 
 
 def local_gpu(gpu_memory: int | None = None) -> Gpu | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from localspec.core.load import AUTO_SLOTS
 from localspec.errors import LocalspecError
 from localspec.models.flags import RunFlags
 from localspec.models.loading import load_engine, load_params, resolve_models
@@ -45,7 +46,8 @@ class Runner:
         no_swap: refuse requests for another pair (400) instead of loading it.
         max_queue: most requests waiting or running; past it, 503.
         parallel: most requests generating at once, each in a slot of the target's context (server/scheduler.py);
-            1: one at a time, the others queued.
+            1: one at a time, the others queued; 0 (`--parallel auto`): as many as the loaded target can share
+            (`core.load.slots_for`: 4, or 1 for a recurrent or hybrid target or an MTP head), decided at each load.
     """
 
     def __init__(
@@ -62,8 +64,9 @@ class Runner:
         self.pairs = tuple(pairs)
         self.no_swap = no_swap
         self.max_queue = max_queue
-        self.parallel = parallel
-        self.scheduler = Scheduler(self, parallel) if parallel > 1 else None
+        self.auto = parallel == 0
+        self.parallel = parallel or AUTO_SLOTS  # until a load says how many the target takes
+        self.scheduler = Scheduler(self, self.parallel) if self.parallel > 1 else None
         self.served: Served | None = None
         self.loading: str | None = None  # the pair being loaded (a switch in progress), for /health
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
@@ -83,7 +86,7 @@ class Runner:
         flags = self.flags if pair is None else dataclasses.replace(self.flags, pair=pair, target=None, draft=None)
         resolved = resolve_models(flags, self.paths)
         params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
-        params = dataclasses.replace(params, n_seq=self.parallel)
+        params = dataclasses.replace(params, n_seq=0 if self.auto else self.parallel)
         name = resolved.name or resolved.target.name
         log.info("loading %s (%s) …", name, resolved.label)
         old, self.served, self.loading = self.served, None, name
@@ -109,6 +112,14 @@ class Runner:
             think_flag=flags.think,
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
+        if self.auto:  # the slots this target takes (a switch may change them; the scheduler serves one as well)
+            self.parallel = self.scheduler.n_slots = engine.target.ctx.n_seq
+            log.info(
+                "%d slots of %d tokens each%s",
+                self.parallel,
+                engine.n_ctx,
+                f": {engine.slots_note}" * bool(engine.slots_note),
+            )
         if self.scheduler is not None:
             self.scheduler.prepare(self.served)
         return self.served

@@ -118,6 +118,7 @@ class Scheduler:
             pool = self._slots(served)
 
             def slot(prompt: list[int]) -> KVSequence:
+                assert pool is not None
                 if entry.slot is None:
                     entry.slot = pool.acquire(prompt)
                 return entry.slot.target
@@ -125,7 +126,13 @@ class Scheduler:
             request = self.runner._with_flags(entry.request)
             max_tokens = self.runner.flags.max_tokens
             entry.run = steps(
-                served, request, entry.job, entry.emit, default_max_tokens=max_tokens, slot=slot, batched=self._batched
+                served,
+                request,
+                entry.job,
+                entry.emit,
+                default_max_tokens=max_tokens,
+                slot=slot if pool is not None else None,
+                batched=self._batched,
             )
         except BaseException as e:
             self._settle(entry, error=e)
@@ -138,8 +145,13 @@ class Scheduler:
         that ended earlier in it still takes the row decoded for it (a speculative step would redo that decode)."""
         return self._shared
 
-    def _slots(self, served: Served) -> SlotPool:
-        """The loaded pair's slots, made (and warmed) on first use after a load (engine thread)."""
+    def _slots(self, served: Served) -> SlotPool | None:
+        """The loaded pair's slots, made (and warmed) on first use after a load (engine thread); None for a target
+        with one sequence (`--parallel auto` on a model that cannot share: its requests run one at a time, on the
+        engine's own cache)."""
+        if served.engine.target.ctx.n_seq == 1:
+            self._pool, self._pool_of = None, served
+            return None
         if self._pool is None or self._pool_of is not served:
             self._pool, self._pool_of = SlotPool(served.engine, self.n_slots), served
             self._pool.warm()

@@ -46,3 +46,27 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home)
     steps = [later - earlier for earlier, later in zip(between, between[1:], strict=False)]
     assert steps[1:] and set(steps[1:]) == {2}, steps
     assert who.count("A") == 300 and who.count("B") == 4
+
+
+def test_automatic_slots_are_four_where_the_target_shares_and_one_where_it_cannot(chat_home, tiny_models):
+    """`serve --parallel auto` (the default): four slots for a KV-cache target, each request answered as with one
+    slot; a recurrent target takes one, says why, and its requests run one at a time on the engine's own cache."""
+    runner = Runner(RunFlags(pair="tiny", drafter="none"), chat_home, parallel=0)
+    try:
+        served = runner.start()
+        assert runner.parallel == 4 and served.engine.target.ctx.n_seq == 4 and not served.engine.slots_note
+        futures = [runner.submit(None, ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(3)]
+        texts = {f.result(120).generations[0].text for f in futures}
+        assert len(texts) == 1  # greedy, the same prompt: the same answer in every slot
+    finally:
+        runner.close()
+    runner = Runner(RunFlags(target=str(tiny_models.recurrent), drafter="none"), chat_home, parallel=0)
+    try:
+        served = runner.start()
+        assert runner.parallel == 1 and served.engine.target.ctx.n_seq == 1
+        assert "recurrent" in served.engine.slots_note
+        futures = [runner.submit(None, ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(2)]
+        outcomes = [f.result(120) for f in futures]
+        assert all(o.generations[0].stats.emitted == 8 for o in outcomes)
+    finally:
+        runner.close()
