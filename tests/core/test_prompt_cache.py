@@ -100,3 +100,19 @@ def test_alternating_prompts_give_the_same_greedy_answers_restored(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=1024, cache_ram=0) as fresh:
         assert run_greedy(fresh, A, k=4, n=16).tokens == answers[0]
         assert fresh.prompt_cache.budget == 0 and fresh.target.n_restored == 0
+
+
+def test_two_chats_taken_in_turns_restore_instead_of_reading_again(tiny_models):
+    """What the chat app does on F4 (another saved chat) and on a branch: a second conversation takes the caches, and
+    going back restores the first's state — the next turn reads its new message, not the whole chat again."""
+    from localspec.core.session import ChatSession
+
+    words = " ".join(["the man said that the water was hot and"] * 12)
+    with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=1024, cache_ram=2**30) as engine:
+        first = ChatSession(engine, system=f"first: {words}")
+        second = ChatSession(engine, system=f"second: {words[::-1]}")
+        for gen in (first.send("hello", max_tokens=4), second.send("hello", max_tokens=4)):
+            list(gen)
+        back = first.send("and then", max_tokens=4)
+        list(back)
+        assert back.stats.prefill_restored > 100 and back.stats.prefill_decoded < 32, back.stats
