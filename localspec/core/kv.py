@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 ROLLBACK_MODES = ("auto", "seq_rm", "snapshot", "checkpoint", "refill")
 PROGRESS_CHUNK = 256  # tokens per decode when a prefill reports progress (and may be stopped)
 SAVE_MIN = 64  # tokens about to be dropped worth keeping in a prompt cache (fewer are read again as fast)
+RESTORE_MIN = 32  # tokens to read before a prompt cache is looked up (`PromptCache.best`'s least gain)
 
 Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
 
@@ -410,6 +411,8 @@ class KVSequence:
         cache, space, trims = self.prompt_cache, self.cache_namespace, self._trims
         if self.n_past - common >= SAVE_MIN:  # the cells past `common` are about to go: keep them
             cache.save(space, self.tokens, self.ctx.save_state(), trims=trims)
+        if limit - common < RESTORE_MIN:  # a step's few tokens (every step syncs): nothing to look up
+            return common
         found = cache.best(space, tokens[:limit], common, trims=trims)
         if found is None:
             return common

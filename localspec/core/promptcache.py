@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 from localspec.llama.context import memory_bytes
 
-from .kv import SAVE_MIN, common_prefix
+from .kv import RESTORE_MIN, SAVE_MIN, common_prefix
 
 log = logging.getLogger(__name__)
 
-GAIN_MIN = 32  # a restore must spare reading at least this many tokens
+GAIN_MIN = RESTORE_MIN  # a restore must spare reading at least this many tokens
 AUTO_MAX = 8 * 2**30  # the default budget's cap (llama-server's --cache-ram default)
 
 
