@@ -31,7 +31,8 @@ def server(tiny_models, tmp_path_factory):
     home = write_home(
         tmp_path_factory.mktemp("serve-home"), tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same
     )
-    running = start_server(home, "--pair", "tiny", "--queue", "2")
+    # one slot: the queue's tests need requests that wait (the default, --parallel auto, runs four at once)
+    running = start_server(home, "--pair", "tiny", "--queue", "2", "--parallel", "1")
     yield running
     code = running.stop()  # SIGTERM: 143, as `generate` exits on it
     assert code == 143, running.stderr()
@@ -435,3 +436,27 @@ def test_a_bridged_draft_serves_and_says_how_it_drafts(tiny_models, tmp_path):
     finally:
         assert running.stop() == 143
     assert running.stderr().count("localspec: note: draft tokenizer differs: drafting on the") == 1
+
+
+def test_the_default_server_runs_four_slots_and_says_so(tiny_models, tmp_path):
+    """`--parallel auto`, the default: four slots on the tiny pair, said in the start line and /health, and four
+    concurrent greedy requests all answered alike."""
+    home = write_home(tmp_path / "home", tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same)
+    running = start_server(home, "--pair", "tiny")
+    try:
+        assert "4 slots of" in running.stderr()
+        assert json.loads(raw(running.port, "GET", "/health")[2])["slots"]["total"] == 4
+        answers: list[str] = []
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append(chat(running.client(), max_tokens=8).choices[0].message.content)
+            )
+            for _ in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert len(answers) == 4 and len(set(answers)) == 1
+    finally:
+        assert running.stop() == 143, running.stderr()
