@@ -146,6 +146,18 @@ class ToolOutcome:
     text: str
 
 
+@dataclass(slots=True)
+class _Run:
+    """One server's life: the future its task sets once the session is up, the event that asks it to end, the
+    cancel scope that ends it when it does not listen (anyio's: the SDK's shielded shutdown, which ends the
+    process, holds against it, not against a bare `Task.cancel`), and the task."""
+
+    ready: asyncio.Future
+    stop: asyncio.Event
+    scope: Any  # anyio.CancelScope (anyio comes with the SDK, imported when a server starts)
+    task: asyncio.Task | None = None
+
+
 class McpHub:
     """The chat's MCP servers, running on their own event loop thread.
 
@@ -159,32 +171,29 @@ class McpHub:
         self.tools: list[McpTool] = []
         self._errlog_path = errlog
         self._sessions: dict[str, Any] = {}
-        self._stops: list[asyncio.Event] = []
-        self._tasks: list[asyncio.Task] = []
+        self._runs: list[_Run] = []
+        self._closing = False  # set by `close`: a server not started yet is not started at all
+        self._starting: asyncio.Task | None = None  # `start`'s, which `close` lets end (its caller waits on it)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="localspec-mcp", daemon=True)
         self._thread.start()
 
     def start(self) -> list[str]:
         """Start every server and list its tools (blocking; call it from a worker thread); one line per server
-        that did not start."""
+        that did not start or list its tools in `start_timeout` (the others' tools are kept)."""
         future = asyncio.run_coroutine_threadsafe(self._start_all(), self._loop)
         return future.result()
 
     async def _start_all(self) -> list[str]:
-        try:
-            if self._errlog_path is not None:
-                self._errlog_path.parent.mkdir(parents=True, exist_ok=True)
-            self._errlog = open(self._errlog_path or os.devnull, "a", encoding="utf-8")  # noqa: SIM115 (see close)
-        except OSError:
-            self._errlog = open(os.devnull, "a", encoding="utf-8")  # noqa: SIM115
-        results = await asyncio.gather(*(self._start(s) for s in self.config.servers))
-        errors = [e for e in results if e]
+        self._starting = asyncio.current_task()
+        self._errlog = _open_errlog(self._errlog_path)
+        results = await asyncio.gather(*(self._open(s) for s in self.config.servers))
+        errors: list[str] = []
         seen: set[str] = set()
-        for server in self.config.servers:
-            if server.name not in self._sessions:
-                continue
-            for tool in (await self._sessions[server.name].list_tools()).tools:
+        for server, (error, tools) in zip(self.config.servers, results, strict=True):
+            if error:
+                errors.append(error)
+            for tool in tools:
                 name = tool.name if tool.name not in seen else f"{server.name}_{tool.name}"
                 seen.add(name)
                 parameters = dict(tool.input_schema or {})
@@ -192,21 +201,31 @@ class McpHub:
                 self.tools.append(McpTool(server.name, name, tool.name, tool.description or "", parameters))
         return errors
 
-    async def _start(self, server: McpServer) -> str | None:
-        ready: asyncio.Future = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        self._stops.append(stop)
-        self._tasks.append(asyncio.create_task(self._run(server, ready, stop)))
-        try:
-            await asyncio.wait_for(asyncio.shield(ready), self.config.start_timeout)
-        except TimeoutError:
-            stop.set()
-            return f"MCP server {server.name} ({server.describe()}) did not start in {self.config.start_timeout:g} s"
-        except Exception as e:
-            return f"MCP server {server.name} ({server.describe()}) did not start: {_reason(e)}"
-        return None
+    async def _open(self, server: McpServer) -> tuple[str | None, list]:
+        """Start one server and list its tools, both within `start_timeout`: (None, its tools), or (the line that
+        says why not, []) with its process ended — a server that never answers must not hold the others' tools."""
+        if self._closing:
+            return None, []
+        import anyio
 
-    async def _run(self, server: McpServer, ready: asyncio.Future, stop: asyncio.Event) -> None:
+        run = _Run(asyncio.get_running_loop().create_future(), asyncio.Event(), anyio.CancelScope())
+        run.task = asyncio.create_task(self._run(server, run))
+        self._runs.append(run)
+        what, timeout = "start", self.config.start_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(run.ready)
+                what = "list its tools"
+                listed = await self._sessions[server.name].list_tools()
+            return None, list(listed.tools)
+        except TimeoutError:
+            error = f"MCP server {server.name} ({server.describe()}) did not {what} in {timeout:g} s"
+        except Exception as e:
+            error = f"MCP server {server.name} ({server.describe()}) did not {what}: {_reason(e)}"
+        await _end(run)
+        return (f"{error}: its tools are left out" if what != "start" else error), []
+
+    async def _run(self, server: McpServer, run: _Run) -> None:
         """One server's whole life in one task (the SDK's contexts are entered and left here)."""
         from mcp import ClientSession, StdioServerParameters
         from mcp.client.stdio import stdio_client
@@ -218,21 +237,23 @@ class McpHub:
             else:
                 params = StdioServerParameters(command=server.command[0], args=list(server.command[1:]), env=server.env)
                 transport = stdio_client(params, errlog=self._errlog)
-            async with transport as streams, ClientSession(streams[0], streams[1]) as session:
-                await session.initialize()
-                self._sessions[server.name] = session
-                if not ready.done():
-                    ready.set_result(True)
-                await stop.wait()
+            with run.scope:
+                async with transport as streams, ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    self._sessions[server.name] = session
+                    run.ready.set_result(True)
+                    await run.stop.wait()
         except BaseException as e:  # noqa: BLE001 (a task group's ExceptionGroup too): the server is gone
-            if not ready.done():
-                ready.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
+            if not run.ready.done():
+                run.ready.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
             else:
                 log.warning("MCP server %s ended: %s", server.name, _reason(e))
             if isinstance(e, asyncio.CancelledError):
                 raise
         finally:
             self._sessions.pop(server.name, None)
+            if not run.ready.done():  # ended by its scope before it started
+                run.ready.set_exception(ConnectionError("stopped before it started"))
 
     def call(self, tool: McpTool, arguments: dict, stopped: Callable[[], bool] = lambda: False) -> ToolOutcome:
         """Run `tool` with `arguments` (blocking, from a worker); its outcome, the text cut to `max_result_chars`.
@@ -272,23 +293,46 @@ class McpHub:
         return f"{text[:limit]}\n[… cut: the tool returned {len(text):,} characters; the first {limit:,} are kept]"
 
     def close(self) -> None:
-        """Stop every server (their processes end) and the loop thread."""
+        """Stop every server — one still starting too — so their processes end, then the loop thread."""
 
         async def stop_all() -> None:
-            for stop in self._stops:
-                stop.set()
-            if self._tasks:
-                await asyncio.wait(self._tasks, timeout=5)
-            for task in self._tasks:
-                task.cancel()
+            self._closing = True
+            await asyncio.gather(*(_end(run) for run in self._runs))
+            if self._starting is not None:  # its servers ended: it returns their lines, and `start` returns
+                await asyncio.wait({self._starting}, timeout=5)
             with contextlib.suppress(AttributeError, OSError):
                 self._errlog.close()
 
         if self._loop.is_running():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(stop_all(), self._loop).result(timeout=10)
+                asyncio.run_coroutine_threadsafe(stop_all(), self._loop).result(timeout=15)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+
+
+async def _end(run: _Run) -> None:
+    """End one server's task and wait for it: the SDK's contexts close on the way out, and the stdio client ends
+    the process there (closes its stdin, then terminates it). A server that started is asked to end; one still in
+    `initialize` (it never reaches the wait on `stop`), or one that does not end when asked, is cancelled."""
+    assert run.task is not None
+    run.stop.set()
+    started = run.ready.done() and not run.ready.cancelled() and run.ready.exception() is None
+    if not started or not (await asyncio.wait({run.task}, timeout=5))[0]:
+        run.scope.cancel()
+        if not (await asyncio.wait({run.task}, timeout=8))[0]:  # the SDK's own waits: 2 s, then the kill's
+            run.task.cancel()
+    if run.ready.done() and not run.ready.cancelled():
+        run.ready.exception()  # retrieved: no "exception never retrieved" in the log for a server already named
+
+
+def _open_errlog(path: Path | None):
+    """Where the servers' stderr goes: the log file, else (no folder for it) the null device."""
+    try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path or os.devnull, "a", encoding="utf-8")  # noqa: SIM115 (closed by `close`)
+    except OSError:
+        return open(os.devnull, "a", encoding="utf-8")  # noqa: SIM115
 
 
 def _content_text(block: Any) -> str:

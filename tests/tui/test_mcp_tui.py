@@ -193,6 +193,54 @@ async def test_a_server_that_does_not_start_is_one_line_and_the_chat_works_witho
         assert [m.role for m in app.chat.dialogue] == ["user", "assistant"] and not app.chat.mcp_tools
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie has ended: only its exit status is left to collect)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def server_pid(pidfile: Path) -> int | None:
+    text = pidfile.read_text().strip() if pidfile.exists() else ""
+    return int(text) if text else None
+
+
+async def test_a_server_that_never_lists_its_tools_is_one_line_and_the_others_tools_are_kept(options, store, tmp_path):
+    pidfile = tmp_path / "mute.pid"
+    mute = McpServer("mute", (sys.executable, str(SERVER), "--no-listing", "--pidfile", str(pidfile), "secret"))
+    good = McpServer("good", (sys.executable, str(SERVER), "secret"))
+    config = McpConfig((mute, good), start_timeout=4.0)
+    app = make_app(dataclasses.replace(options, mcp=config), store=store)
+    seen = record_notifications(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await wait_until(pilot, lambda: app.chat.mcp_tools, timeout=30, what="the good server's tools")
+        assert [(t.server, t.name) for t in app.chat.mcp_tools] == [("good", "secret")]
+        [line] = [s for s in seen if "mute" in s]
+        assert line.startswith("MCP server mute (") and "did not list its tools in 4 s: its tools are left out" in line
+        assert "good" not in line and "\n" not in line
+        await wait_until(pilot, lambda: not alive(server_pid(pidfile)), timeout=15, what="the mute server to end")
+
+
+@pytest.mark.parametrize("start_timeout", [1.0, 60.0], ids=["timed out", "quit while it starts"])
+async def test_a_server_that_hangs_in_initialize_does_not_outlive_the_chat(options, store, tmp_path, start_timeout):
+    pidfile = tmp_path / "silent.pid"
+    command = (sys.executable, str(SERVER), "--silent", "--pidfile", str(pidfile))
+    config = McpConfig((McpServer("silent", command),), start_timeout=start_timeout)
+    app = make_app(dataclasses.replace(options, mcp=config), store=store)
+    seen = record_notifications(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_ready(pilot)
+        await wait_until(pilot, lambda: server_pid(pidfile), timeout=30, what="the server's process")
+        pid = server_pid(pidfile)
+        assert alive(pid)
+        if start_timeout < 10:  # given up on: ended then, not at quit
+            await wait_until(pilot, lambda: any("did not start in 1 s" in s for s in seen), what="the error line")
+            await wait_until(pilot, lambda: not alive(pid), timeout=15, what="the server to end")
+    assert not alive(pid)
+
+
 def test_the_config_file_and_the_flags(tmp_path):
     path = tmp_path / "mcp.toml"
     path.write_text(
