@@ -19,6 +19,7 @@ import signal
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from localspec.errors import LocalspecError
@@ -32,6 +33,7 @@ from .failure import error_text
 from .keymap import KEYS_FILE, bound_ids, load_keymap
 from .mcp_client import McpHub
 from .messages import EngineReady, LoadFailed, LoadProgress, McpReady, PullBytes, PullDone
+from .safe_text import terminal_safe
 from .screens import ConfirmScreen, PairScreen, SettingsScreen
 from .settings import ChatOptions, ChatSettings
 from .slot import EngineSlot
@@ -73,6 +75,21 @@ class ChatApp(App[int]):
         keymap, warnings = load_keymap(options.paths.config_dir / KEYS_FILE, binding_groups())
         self.set_keymap(keymap)
         self.notices = (*notices, *warnings)
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        """Every toast of the chat (a widget's and a screen's `notify` come here): drawn as data, never as Textual
+        markup, whatever `markup` says — a tool's error, a file's name or a model's notice may hold `[/`, which
+        ended the app, or `[@click=…]`, which became an action."""
+        safe, title = terminal_safe(str(message)), terminal_safe(title)
+        super().notify(safe, title=title, severity=severity, timeout=timeout, markup=False)
 
     def get_default_screen(self) -> Screen:
         self.chat_screen = ChatScreen(self.chat, self.options)
@@ -189,7 +206,7 @@ class ChatApp(App[int]):
             screen.set_status("no chat possible with this model: pick another pair (F2)")
             screen.error(str(e))
             return
-        self.sub_title = loaded.pair.label
+        self.sub_title = terminal_safe(loaded.pair.label)
         screen.set_status(self.chat.ready_text())
         screen.draw_stats()
         if loaded.pair.defaults.notice:

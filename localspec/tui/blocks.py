@@ -22,6 +22,8 @@ from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+from .safe_text import terminal_safe
+
 CODE_THEME = "monokai"
 
 
@@ -83,7 +85,8 @@ class MarkdownBlocks:
 
 
 def _markdown(source: str) -> Markdown:
-    return Markdown(source.strip("\n"), code_theme=CODE_THEME)
+    # the whole block's source, so that a control sequence split between two streamed chunks goes whole
+    return Markdown(terminal_safe(source).strip("\n"), code_theme=CODE_THEME)
 
 
 class LineBlocks:
@@ -100,8 +103,8 @@ class LineBlocks:
             self.feed(text, style)
 
     def feed(self, text: str, style: str = "") -> None:
-        """Add text in `style` at the end; each line break finishes a line."""
-        *complete, rest = text.split("\n")
+        """Add text in `style` at the end (as it can be drawn: `terminal_safe`); each line break finishes a line."""
+        *complete, rest = terminal_safe(text).split("\n")
         for piece in complete:
             self._line.append(piece, style)
             self.finished.append(self._line)

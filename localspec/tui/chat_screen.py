@@ -26,6 +26,7 @@ from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .message_list import MessageList, saved_widget, shown_widget
 from .messages import AnswerChunk, AnswerDone, PromptReading, TurnFailed
+from .safe_text import terminal_safe
 from .screens import HistoryScreen, SearchScreen, TextPromptScreen
 from .search import PromptHistory
 from .settings import ChatOptions
@@ -101,8 +102,8 @@ class ChatScreen(Screen):
         return self.query_one(MessageList)
 
     def set_status(self, text: str) -> None:
-        """Say `text` on the status line (one line, whatever it says)."""
-        self.query_one("#status", Static).update(text, layout=False)
+        """Say `text` on the status line (one line, whatever it says: a tool's name, a chat's title)."""
+        self.query_one("#status", Static).update(terminal_safe(text), layout=False)
 
     def progress(self, on: bool, total: float | None = None, done: float = 0) -> None:
         """Show (`on`) or hide the progress bar; `total` None is a bar of unknown length."""
@@ -414,7 +415,7 @@ class ChatScreen(Screen):
         here = self.chat.loaded.pair.name if self.chat.loaded else None
         if conversation.pair and here and conversation.pair != here:
             self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
-        self.set_status(f"resumed {conversation.title!r}")
+        self.set_status(f"resumed {terminal_safe(conversation.title)!r}")  # as the chats list shows it
 
     def action_system_prompt(self) -> None:
         """Edit the system prompt."""

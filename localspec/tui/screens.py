@@ -23,6 +23,7 @@ from localspec.errors import LocalspecError
 
 from .export import export_conversation, export_folder
 from .loading import PairRow
+from .safe_text import plain, terminal_safe
 from .search import MARK, SearchHit, search
 from .settings import DRAFTERS, FORM_FIELDS, ChatSettings
 from .store import ChatStore
@@ -39,7 +40,7 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Static(self.question, markup=False)
+            yield Static(terminal_safe(self.question), markup=False)
             with Horizontal(classes="buttons"):
                 yield Button("Yes (y)", id="yes", variant="primary")
                 yield Button("No (n)", id="no")
@@ -59,11 +60,12 @@ class TextPromptScreen(ModalScreen[str | None]):
 
     def __init__(self, title: str, value: str = "", *, multiline: bool = False, cursor_blink: bool = True) -> None:
         super().__init__()
-        self.title_text, self.value, self.multiline, self.cursor_blink = title, value, multiline, cursor_blink
+        self.title_text, self.multiline, self.cursor_blink = title, multiline, cursor_blink
+        self.value = terminal_safe(value)  # a saved title or message: Input and TextArea draw controls as they are
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog"):
-            yield Label(self.title_text)
+            yield Label(terminal_safe(self.title_text), markup=False)
             if self.multiline:
                 area = TextArea(self.value, id="value", soft_wrap=True)
                 area.cursor_blink = self.cursor_blink
@@ -101,14 +103,14 @@ class PairScreen(ModalScreen[str | None]):
             yield Label("Pairs (Enter switches · Esc closes)")
             yield DataTable(id="pairs", cursor_type="row", zebra_stripes=True)
             if self.placement:
-                yield Label(f"{self.current} placement: {self.placement}", id="placement")
+                yield Label(terminal_safe(f"{self.current} placement: {self.placement}"), id="placement", markup=False)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("", "pair", "status", "description")
         for row in self.rows:
             mark = "●" if row.name == self.current else ("★" if row.default else "")
-            table.add_row(mark, row.name, row.status, row.description, key=row.name)
+            table.add_row(mark, plain(row.name), plain(row.status), plain(row.description), key=row.name)
         names = [row.name for row in self.rows]
         if self.current in names:
             table.move_cursor(row=names.index(self.current))
@@ -170,7 +172,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         """A switch for a model whose template has one; otherwise a line saying what the model does."""
         if self.thinking is None or not self.thinking.can_switch:
             what = self.thinking.describe() if self.thinking is not None else "no model loaded"
-            return Static(what, id="think-note", classes="hint", markup=False)
+            return Static(terminal_safe(what), id="think-note", classes="hint", markup=False)
         default = {None: "the model's", True: "on", False: "off"}[self.default_think]
         options = [(f"default ({default})", "default"), ("on", "on"), ("off", "off")]
         return Select(options, value=value, allow_blank=False, id="think", compact=True)
@@ -194,7 +196,7 @@ class SettingsScreen(ModalScreen[ChatSettings | None]):
         try:
             settings = self.settings.with_values(values)
         except LocalspecError as e:
-            self.query_one("#error", Static).update(str(e))
+            self.query_one("#error", Static).update(terminal_safe(str(e)))
             return
         self.dismiss(settings)
 
@@ -236,8 +238,8 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
         for c in conversations:
             table.add_row(
                 "●" if c.id == self.current else "",
-                c.title,
-                c.pair,
+                plain(c.title),  # a DataTable parses a str cell as markup
+                plain(c.pair),
                 str(c.n_messages),
                 c.updated[:16].replace("T", " "),
                 key=str(c.id),
@@ -285,7 +287,7 @@ class HistoryScreen(ModalScreen[tuple[str, int] | None]):
                     self.dismiss(("deleted", cid))
 
         if saved := self._guarded(self.store.get, cid):
-            self.app.push_screen(ConfirmScreen(f"Delete {saved.title!r}?"), done)
+            self.app.push_screen(ConfirmScreen(f"Delete {terminal_safe(saved.title)!r}?"), done)
         else:
             self.reload()
 
@@ -330,7 +332,7 @@ class SearchScreen(ModalScreen[tuple[int, int] | None]):
             self.hits = search(self.store, event.value)
         except LocalspecError as e:
             self.hits = []
-            self.query_one("#found", Static).update(str(e))
+            self.query_one("#found", Static).update(terminal_safe(str(e)))
             return
         hits.add_options([Option(_hit_text(hit), id=str(i)) for i, hit in enumerate(self.hits)])
         if self.hits:
@@ -359,9 +361,9 @@ class SearchScreen(ModalScreen[tuple[int, int] | None]):
 def _hit_text(hit: SearchHit) -> Text:
     """Two lines: the chat's title, who wrote the message and when; the words around the match, the match marked."""
     text = Text()
-    text.append(hit.title, "bold")
+    text.append(terminal_safe(hit.title), "bold")
     text.append(f"  {'you' if hit.role == 'user' else 'assistant'} · {hit.created[:16].replace('T', ' ')}\n", "dim")
     words = " ".join(hit.snippet.split())
-    for i, part in enumerate(words.replace(MARK[1], MARK[0]).split(MARK[0])):
-        text.append(part, "reverse" if i % 2 else "")
+    for i, part in enumerate(words.replace(MARK[1], MARK[0]).split(MARK[0])):  # the marks are controls: cut first
+        text.append(terminal_safe(part), "reverse" if i % 2 else "")
     return text

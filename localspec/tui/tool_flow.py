@@ -16,13 +16,14 @@ import logging
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Static
 
 from .mcp_client import McpHub, McpTool, ToolOutcome
+from .safe_text import terminal_safe
 from .tool_calls import DECLINED, NO_RESULT, STOPPED, Call
 from .widgets import ChatMessage
 
@@ -32,7 +33,11 @@ SHOWN_RESULT = 2000  # characters of a result shown in the chat (the model gets 
 
 
 class ToolApprovalScreen(ModalScreen[str]):
-    """Run this tool call? "yes", "no", "always" (this tool, from now on) or "stop" (the answer)."""
+    """Run this tool call? "yes", "no", "always" (this tool, from now on) or "stop" (the answer).
+
+    The whole call is shown, in a box that scrolls when it is longer than the window allows, and y (or a) counts only
+    once the call's end has been on screen: a long call must not run with what it ends in (`…; rm -rf ~`) unseen.
+    """
 
     BINDINGS = [
         Binding("y", "answer('yes')", "Run it"),
@@ -40,24 +45,60 @@ class ToolApprovalScreen(ModalScreen[str]):
         Binding("a", "answer('always')", "Always for this tool"),
         Binding("escape", "answer('stop')", "Stop the answer"),
     ]
+    # The keys' line is docked, so the call's box gets what is left of the dialog and scrolls: a box of auto height
+    # alone outgrew the dialog, which cut it and the keys off unseen.
     DEFAULT_CSS = """
     ToolApprovalScreen { align: center middle; }
-    ToolApprovalScreen > Vertical { width: 80%; height: auto; max-height: 80%; border: thick $warning;
+    ToolApprovalScreen > Vertical { width: 80%; height: auto; max-height: 90%; border: thick $warning;
         background: $surface; padding: 1 2; }
+    ToolApprovalScreen #call { height: auto; max-height: 100%; }
+    ToolApprovalScreen #keys { dock: bottom; margin-top: 1; }
+    ToolApprovalScreen.-short > Vertical { padding: 0 1; }
     """
 
     def __init__(self, call: Call, server: str) -> None:
         super().__init__()
         self.call, self.server = call, server
+        self.end_seen = False  # the call's last line has been on screen: y and a count from then on
 
     def compose(self) -> ComposeResult:
         arguments = json.dumps(self.call.parsed_arguments(), ensure_ascii=False, indent=2)
         with Vertical():
-            yield Static(f"The model calls the tool {self.call.name} of MCP server {self.server}:", markup=False)
-            yield Static(arguments, markup=False, id="arguments")
-            yield Static(f"y run it · n decline · a always run {self.call.name} · Esc stop the answer", markup=False)
+            with VerticalScroll(id="call"):
+                heading = f"The model calls the tool {self.call.name} of MCP server {self.server}:"
+                yield Static(terminal_safe(heading), markup=False)
+                yield Static(terminal_safe(arguments), markup=False, id="arguments")
+            yield Static("", markup=False, id="keys")
+
+    def on_mount(self) -> None:
+        box = self.query_one("#call", VerticalScroll)
+        self.watch(box, "scroll_y", self._check_end, init=False)
+        box.focus()  # ↓, PgDn, End and the wheel scroll the call
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._check_end)  # a call that fits (at this size) is seen whole
+
+    def _check_end(self) -> None:
+        box = self.query_one("#call", VerticalScroll)
+        # in a window too small for the dialog the box overflows it, cut off: its end is then not on screen
+        whole = box.size.height > 0 and box.region.bottom <= self.query_one(Vertical).content_region.bottom
+        if whole and box.scroll_y >= box.max_scroll_y:
+            self.end_seen = True
+        if self.end_seen:
+            keys = "y run it · n decline · a always run this tool · Esc stop the answer"
+        elif not whole:
+            keys = "a taller window shows the whole call · n decline · Esc stop the answer"
+        else:
+            below = box.max_scroll_y - round(box.scroll_y)
+            keys = f"↓ {below} more lines (↓ PgDn End) · y once its end is shown · n decline · Esc stop the answer"
+        self.query_one("#keys", Static).update(keys)
 
     def action_answer(self, what: str) -> None:
+        if what in ("yes", "always") and not self.end_seen:
+            self._check_end()  # laid out since the last check (a call that fits is seen whole at once)
+        if what in ("yes", "always") and not self.end_seen:
+            self.app.bell()
+            return
         self.dismiss(what)
 
 

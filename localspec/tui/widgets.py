@@ -20,6 +20,7 @@ from textual.widgets import Collapsible, Static, TextArea
 
 from .blocks import BlockText, LineBlocks, MarkdownBlocks
 from .live import Runs, StatsView, add_run
+from .safe_text import terminal_safe
 from .stats_text import DRAFT_STYLE, TARGET_STYLE, render_stats
 
 ROLE_NAMES = {"user": "you", "assistant": "assistant", "system": "system prompt", "tool": "tool"}
@@ -85,8 +86,13 @@ class PromptInput(TextArea):
 
     def recall(self, text: str) -> None:
         """Show an earlier prompt ("" empties the box), the cursor at its end."""
+        text = terminal_safe(text)  # a TextArea draws control characters as they are
         self.text, self._recalled = text, text or None
         self.move_cursor(self.document.end)
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        event.text = terminal_safe(event.text)  # as `recall`: a paste is drawn as it comes
+        await super()._on_paste(event)
 
     def render_line(self, y: int) -> Strip:
         # Textual 8.2's TextArea wraps its placeholder to the content width, and rich's `chop_cells` steps by
@@ -257,7 +263,7 @@ class ChatMessage(Vertical, can_focus=True):
     def compose(self):
         yield Static(self._title(), classes="caption", markup=False)
         if self.role != "assistant":  # what the user typed, line breaks and all
-            yield Static(self.text, classes="plain-body", markup=False)
+            yield Static(terminal_safe(self.text), classes="plain-body", markup=False)
             return
         yield ThinkingBlock(self.reasoning_runs, tokens=self.thinking_tokens, collapsed=not self.thinking_expanded)
         yield self._markdown
@@ -266,7 +272,8 @@ class ChatMessage(Vertical, can_focus=True):
     def _title(self) -> str:
         place, count = self.branch
         branch = f" · {place}/{count} (←/→)" if count > 1 else ""
-        return ROLE_NAMES.get(self.role, self.role) + branch + (f" · {self.caption}" if self.caption else "")
+        caption = f" · {terminal_safe(self.caption)}" if self.caption else ""  # a tool call's name and arguments
+        return ROLE_NAMES.get(self.role, self.role) + branch + caption
 
     def set_branch(self, branch: tuple[int, int]) -> None:
         """Its place among its siblings changed (an edit, an answer generated again): the caption says it."""
@@ -352,13 +359,14 @@ class ChatMessage(Vertical, can_focus=True):
             block.collapsed = not expanded
 
     def action_copy(self) -> None:
-        """Copy the whole message to the clipboard."""
-        self.app.copy_to_clipboard(self.text)
+        """Copy the whole message to the clipboard, as shown: what a control sequence hid on screen must not come
+        with it into the next terminal it is pasted in."""
+        self.app.copy_to_clipboard(terminal_safe(self.text))
         self.notify("copied the message")
 
     def action_copy_code(self) -> None:
         """Copy the next code block of the message (press again for the one after)."""
-        blocks = code_blocks(self.text)
+        blocks = code_blocks(terminal_safe(self.text))  # as shown (see `action_copy`)
         if not blocks:
             self.notify("this message has no code block", severity="warning")
             return
