@@ -1,4 +1,4 @@
-"""Structured output on a real model (issue 46): 50 seeded answers at temperature 1 of the demo pair (SmolLM2's F32
+"""Structured output on a real model (issue 46): 24 seeded answers at temperature 1 of the demo pair (SmolLM2's F32
 target, its Q4_1 draft: drafts rejected as well as accepted) under a nested schema (objects, arrays, enums, bounded
 integers) each validate with `jsonschema`, and greedy speculative decoding equals plain decoding under the schema."""
 
@@ -47,10 +47,11 @@ def engine(demo_home, smollm2_path):
 
 
 @pytest.mark.slow
-def test_fifty_seeded_answers_at_temperature_1_validate(engine):
+def test_seeded_answers_at_temperature_1_validate(engine):
+    """24 answers (50 took 64 s on a loaded 2-core machine: past the suite's 60 s a test)."""
     prompt = engine.target_model.tokenize(PROMPT, parse_special=True)
     grammar, accepted, rejected = Grammar.json_schema(SCHEMA), 0, 0
-    for seed in range(50):
+    for seed in range(24):
         gen = engine.generate(
             prompt,
             sampling=SamplingParams(temperature=1.0, seed=seed),
