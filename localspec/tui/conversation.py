@@ -241,6 +241,8 @@ class Conversation(PairState):
         stats = finished.stats.to_dict()
         if finished.parts is not None:
             stats["parts"] = {name: part.to_dict() for name, part in finished.parts.items()}
+        if turn is not None and turn.cut:
+            self._keep_cut(turn)
         content, calls = finished.text, []
         if turn is not None and turn.tools is not None and turn.calls and finished.reason == "stop":
             parsed, found = turn.tools.parse(finished.text)  # the generic syntax's answer is its "response"
@@ -265,6 +267,28 @@ class Conversation(PairState):
             if calls and turn is not None:  # the calls run next, one by one, as the user allows (tool_flow.py)
                 self.tool_round = ToolRound(turn.answer_id, calls, turn.round + 1)
                 self.phase = Phase.GENERATING
+
+    def _keep_cut(self, turn: Turn) -> None:
+        """The results `turn` cut to fit the context replace the whole ones, in the dialogue and saved: the next
+        answer reads what this one read (the caches keep it), and so does the chat resumed."""
+        for i, text in turn.cut.items():
+            shown = self.messages[i] if i < len(self.messages) else None
+            if shown is None or shown.role != "tool" or shown.tool_call_id != turn.messages[i].tool_call_id:
+                continue  # the dialogue changed since the turn began: nothing of it to replace
+            self.messages[i] = dataclasses.replace(shown, content=text)
+            answer_id = self.ids[i - self._n_system]
+            if self.saved_id is not None and answer_id is not None:
+                self._save_result(answer_id, shown.tool_call_id, text)
+
+    def _save_result(self, answer_id: int, call_id: str, text: str) -> None:
+        """Rewrite the saved result of call `call_id` of answer `answer_id` (a failure is logged)."""
+        try:
+            saved = next((m for m in self.store.messages(self.saved_id) if m.id == answer_id), None)
+            calls = [{**c, "result": text} if c.get("id") == call_id else c for c in (saved and saved.tool_calls) or []]
+            if calls:
+                self.store.set_tool_calls(self.saved_id, answer_id, calls)
+        except LocalspecError as e:
+            log.warning("the cut result could not be saved (the whole one stays saved): %s", e)
 
     def tool_result(self, call: Call, status: str, text: str) -> None:
         """The current call of the round ended (ran, declined, stopped): its result joins the dialogue and the saved

@@ -193,6 +193,41 @@ async def test_a_server_that_does_not_start_is_one_line_and_the_chat_works_witho
         assert [m.role for m in app.chat.dialogue] == ["user", "assistant"] and not app.chat.mcp_tools
 
 
+async def test_a_result_too_long_for_the_context_is_cut_to_the_room_left_and_named(options, store):
+    """8,000 characters of result (the default cut) are some 8,000 tokens of the tiny vocabulary: four times the
+    2,048-token context. Not the user's message: the result is cut to the room left, and the line names it."""
+    app = make_app(dataclasses.replace(options, max_tokens=64, mcp=mcp("big")), store=store)
+    seen = record_notifications(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready_with_tools(pilot)
+        await ask(pilot, "hello")
+        await pilot.press("y")
+        await answered(pilot)
+        assert not [s for s in seen if "does not fit in the context" in s], seen  # the user's message is not blamed
+        [line] = [s for s in seen if "the result of big" in s]
+        assert "does not fit the 2,048-token context" in line and "\n" not in line
+        assert [m.role for m in app.chat.dialogue] == ["user", "assistant", "tool", "assistant"]
+        result = app.chat.dialogue[2].content
+        assert result.startswith("xxxx") and "cut to fit the context: the result was 8,0" in result
+        assert "cut to fit the context: the result was 8,0" in decoded(app)  # the model read it, its note at the end
+        assert store.messages(app.chat.saved_id)[1].tool_calls[0]["result"] == result  # kept as the model read it
+
+
+async def test_tools_too_long_for_the_context_are_named_and_the_message_is_answered_without_them(options, store):
+    """A tool's description of 16,000 characters: the tools alone overflow the context, whatever the message."""
+    app = make_app(dataclasses.replace(options, max_tokens=64, mcp=mcp("wide")), store=store)
+    seen = record_notifications(app)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready_with_tools(pilot)
+        await send(pilot, "hello")
+        assert not [s for s in seen if "does not fit in the context" in s], seen
+        [line] = [s for s in seen if "the MCP tools take" in s]
+        assert "tokens of the 2,048-token context" in line and "without them" in line and "\n" not in line
+        assert [(m.role, m.content) for m in app.chat.dialogue][0] == ("user", "hello")
+        assert [m.role for m in app.chat.dialogue] == ["user", "assistant"]
+        assert [m.role for m in store.messages(app.chat.saved_id)] == ["user", "assistant"]
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` still runs (a zombie has ended: only its exit status is left to collect)."""
     try:
