@@ -9,6 +9,7 @@ argparse namespace.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from types import MappingProxyType
 
@@ -97,6 +98,7 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         names = builtin_chat_templates()
         if chat_template not in names:
             raise ChatTemplateError(f"unknown chat template {chat_template!r}: choose one of {', '.join(names)}")
+    cache_dir, cache_dir_size = _cache_dir(getattr(args, "cache_dir", None))  # last: it creates the directory
     return RunFlags(
         pair=pair,
         target=args.target,
@@ -107,6 +109,8 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         n_gpu_layers_draft=getattr(args, "n_gpu_layers_draft", None),
         gpu_memory=gpu_memory,
         cache_ram=cache_ram,
+        cache_dir=cache_dir,
+        cache_dir_size=cache_dir_size,
         cpu_moe=getattr(args, "cpu_moe", None),
         threads=threads,
         rpc=tuple(rpc),
@@ -119,6 +123,21 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         overrides=MappingProxyType(overrides),
         think=think,
     )
+
+
+def _cache_dir(value: str | None) -> tuple[str | None, int | None]:
+    """--cache-dir DIR[:SIZE] as (DIR, SIZE in bytes or None), DIR created and writable. A last colon followed by a
+    digit starts the size ("~/cache:8G"); any other colon belongs to DIR."""
+    if value is None:
+        return None, None
+    text, size = clean(value)[0].strip(), None
+    if not text:
+        raise InvalidParamsError('--cache-dir "" is empty: give a directory, or leave the flag out for RAM only')
+    if m := re.fullmatch(r"(.+):(\d[^:/\\]*)", text):
+        text, size = m.group(1), parse_size(m.group(2), "--cache-dir's size")
+    from localspec.core.promptcache import open_cache_dir
+
+    return str(open_cache_dir(text)), size
 
 
 def _text(value: str | None) -> str | None:

@@ -48,6 +48,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "back instead of reading it again (default: an eighth of the free memory, at most 8G)",
     )
     p.add_argument(
+        "--cache-dir",
+        metavar="DIR[:SIZE]",
+        help="keep those states on disk in DIR too (created if missing), up to SIZE (default 4G; the least recently "
+        "used files go first), so a prompt comes back restored after a restart too (default: RAM only)",
+    )
+    p.add_argument(
         "--cpu-moe",
         action="store_const",
         const=True,

@@ -33,7 +33,7 @@ from .load import load_models
 from .params import DEFAULT_MAX_TOKENS, LoadParams, SpeculativeParams
 from .placement import GpuPlan
 from .policy import DraftPolicy
-from .promptcache import PromptCache, cache_budget
+from .promptcache import DIR_SIZE, DiskTier, PromptCache, cache_budget
 from .sampling import SamplingParams
 from .stats import Stats, TokenLogprob
 from .step import speculative_step, target_chain
@@ -446,8 +446,10 @@ class Engine:
             LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter.
         """
         params = dataclasses.replace(params or LoadParams(), **options)
+        disk = None if params.cache_dir is None else DiskTier(params.cache_dir, params.cache_dir_size or DIR_SIZE)
         loaded = load_models(target_path, draft_path, params, progress=progress)
-        return cls(
+        prompt_cache = PromptCache(cache_budget(params.cache_ram), disk)
+        engine = cls(
             loaded.target_model,
             loaded.target,
             loaded.drafter,
@@ -457,9 +459,13 @@ class Engine:
             bridge=loaded.bridge,
             plan=loaded.plan,
             load_note=loaded.note,
-            prompt_cache=PromptCache(cache_budget(params.cache_ram)),
+            prompt_cache=prompt_cache,
             slots_note=loaded.slots_note,
         )
+        model_caches = engine.model_drafter.caches if engine.model_drafter is not None else ()
+        for seq in (*engine.caches, *model_caches):  # each namespace's states on disk are its model file's
+            prompt_cache.identify(seq.cache_namespace, seq.ctx.model.path)
+        return engine
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
         """Draft with `drafter` from the next generation on (the server's per-request drafter); its caches join

@@ -134,6 +134,10 @@ class LoadParams:
     # Bytes of earlier prompts' KV states kept in RAM and restored when a prompt comes back (core/promptcache.py);
     # None: an eighth of the memory free after loading, at most 8 GiB; 0: none.
     cache_ram: int | None = None
+    # A directory that keeps those states on disk too, across restarts (None: RAM only), and its size in bytes (None:
+    # 4 GiB), the least recently used files removed past it.
+    cache_dir: str | None = None
+    cache_dir_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):
@@ -149,6 +153,9 @@ class LoadParams:
         if self.cache_ram is not None and (isinstance(self.cache_ram, bool) or not isinstance(self.cache_ram, int)
                                            or self.cache_ram < 0):  # fmt: skip
             raise InvalidParamsError("invalid load setting: cache-ram must be a size such as 2G, or 0 for none")
+        size = self.cache_dir_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
+            raise InvalidParamsError("invalid load setting: cache-dir-size must be a size such as 4G")
         if self.n_threads is not None and self.n_threads < 1:
             raise InvalidParamsError("invalid load setting: threads must be at least 1")
         if self.device_sampling not in DEVICE_SAMPLING:

@@ -27,6 +27,8 @@ class RunFlags:
     n_gpu_layers_draft: int | None = None  # the draft's (None: the plan's)
     gpu_memory: int | None = None  # --gpu-memory in bytes: plan as if the GPU had this much free
     cache_ram: int | None = None  # --cache-ram in bytes (0: no prompt cache; None: the default budget)
+    cache_dir: str | None = None  # --cache-dir's directory (created by the checks), the prompt cache on disk
+    cache_dir_size: int | None = None  # its size in bytes (None: the default)
     cpu_moe: bool | None = None  # --cpu-moe (None: the pair's, else the plan's)
     threads: int | None = None  # the flag, else $LOCALSPEC_THREADS, else None (the engine picks)
     rpc: tuple[str, ...] = ()  # parsed "host:port" llama.cpp RPC workers for the target (empty: the pair's)

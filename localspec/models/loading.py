@@ -85,6 +85,8 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
         cpu_moe=given("cpu_moe"),
         n_threads=flags.threads,
         cache_ram=flags.cache_ram,
+        cache_dir=flags.cache_dir,
+        cache_dir_size=flags.cache_dir_size,
         compat_hint=defaults.compat_hint,
         rpc=flags.rpc or defaults.rpc,
         device_sampling=flags.device_sampling or "auto",

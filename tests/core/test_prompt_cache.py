@@ -2,9 +2,15 @@
 them, and the prompt coming back is restored, not read again — on real llama.cpp for a plain target, the draft, a
 recurrent (mamba) and a hybrid (gated delta net + attention) memory. A restored state must answer as reading the
 prompt does: the next row's logits within batch noise (a restored state holds cells decoded in other batch shapes),
-and the greedy answer the same. The budget and the rules of reuse as pure logic."""
+and the greedy answer the same. The budget and the rules of reuse as pure logic. On disk (`--cache-dir`), real files:
+a new engine restores what an earlier one saved, a damaged file or a full disk is one warning, the directory keeps its
+size, and a state is restored only into the model that saved it."""
 
 from __future__ import annotations
+
+import errno
+import logging
+import os
 
 import numpy as np
 import pytest
@@ -14,7 +20,8 @@ from support.tinymodels import write_mtp_model
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
-from localspec.core.promptcache import GAIN_MIN, PromptCache
+from localspec.core.promptcache import GAIN_MIN, SUFFIX, DiskTier, PromptCache
+from localspec.errors import LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 
@@ -116,3 +123,171 @@ def test_two_chats_taken_in_turns_restore_instead_of_reading_again(tiny_models):
         back = first.send("and then", max_tokens=4)
         list(back)
         assert back.stats.prefill_restored > 100 and back.stats.prefill_decoded < 32, back.stats
+
+
+# The cache on disk (`--cache-dir`): states that outlive the engine, files checked before they are restored.
+
+LOAD = {"drafter": "none", "n_ctx": 1024}
+
+
+def _answer(engine: Engine, prompt: list[int]):
+    gen = engine.generate(prompt, sampling=GREEDY, spec=SpeculativeParams(draft_max=4, adaptive=False), max_tokens=16)
+    return [e.token for e in gen if e.token is not None], gen.stats
+
+
+def _saved_to(directory, model, **load) -> list[int]:
+    """Run A then B on an engine keeping its cache in `directory` (B takes the cells: A's state is saved), and wait
+    for the files; A's answer."""
+    with Engine.load(model, cache_dir=directory, **{**LOAD, **load}) as engine:
+        tokens, _ = _answer(engine, A)
+        _answer(engine, B)
+        engine.prompt_cache.flush()
+    return tokens
+
+
+def _reference(model, **load) -> list[int]:
+    with Engine.load(model, cache_ram=0, **{**LOAD, **load}) as engine:
+        return _answer(engine, A)[0]
+
+
+def _files(directory, namespace: str) -> list:
+    """The state files in `directory` whose identity (right after the fixed header) starts with `namespace`."""
+    return [p for p in sorted(directory.glob("*" + SUFFIX)) if p.read_bytes()[:300].find(namespace.encode()) == 30]
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_a_new_engine_restores_from_the_directory_and_answers_as_read(tiny_models, tmp_path):
+    """A restart: the pair's states (target and draft) saved by one engine are restored by the next from the files,
+    and the greedy answer is the one reading the prompt gives."""
+    pair = {"drafter": "model", "draft_path": tiny_models.draft_noisy}
+    first = _saved_to(tmp_path, tiny_models.target, **pair)
+    assert len(_files(tmp_path, "target\n")) == 1 and len(_files(tmp_path, "draft:")) == 1
+    with Engine.load(tiny_models.target, cache_dir=tmp_path, cache_ram=0, **{**LOAD, **pair}) as engine:
+        tokens, stats = _answer(engine, A)
+        assert stats.prefill_restored == len(A) - 1 and stats.prefill_decoded < GAIN_MIN
+        assert engine.drafter.caches[0].n_restored > 0  # the draft's state came back too
+    assert tokens == first == _reference(tiny_models.target, **pair)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "not ours"])
+def test_a_damaged_file_is_one_warning_removed_and_the_prompt_read(tiny_models, tmp_path, caplog, damage):
+    _saved_to(tmp_path, tiny_models.target)
+    (path,) = _files(tmp_path, "target\n")
+    data = bytearray(path.read_bytes())
+    if damage == "flipped":  # in the state: found when it is the one to restore
+        data[-100:-90] = bytes(255 - b for b in data[-100:-90])
+    elif damage == "truncated":  # found at start, from the header
+        data = data[: len(data) // 2]
+    else:
+        data[:8] = b"GGUFxxxx"
+    path.write_bytes(bytes(data))
+    with Engine.load(tiny_models.target, cache_dir=tmp_path, **LOAD) as engine:
+        tokens, stats = _answer(engine, A)
+    assert tokens == _reference(tiny_models.target) and stats.prefill_restored == 0
+    (line,) = _warnings(caplog)
+    assert str(path) in line and "prompt cache" in line, line
+    assert not path.exists()
+
+
+def test_a_full_disk_is_one_warning_and_ram_still_restores(tiny_models, tmp_path, caplog, monkeypatch):
+    """ENOSPC part way through a write (the first 4 KiB land): one line naming the directory, the half-written temp
+    file gone, no more writes, and the RAM tier restores as before."""
+    write, written = os.write, []
+
+    def full_disk(fd: int, data) -> int:
+        if sum(written) >= 4096:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        written.append(write(fd, bytes(data[:4096])))
+        return written[-1]
+
+    monkeypatch.setattr(os, "write", full_disk)
+    with Engine.load(tiny_models.target, cache_dir=tmp_path, **LOAD) as engine:
+        answers = [_answer(engine, prompt) for prompt in (A, B, A, B)]
+        engine.prompt_cache.flush()
+        assert not engine.prompt_cache.disk.writable
+    monkeypatch.undo()
+    assert [stats.prefill_restored for _, stats in answers] == [0, 0, len(A) - 1, len(B) - 1]
+    assert answers[2][0] == answers[0][0] == _reference(tiny_models.target)
+    (line,) = _warnings(caplog)
+    assert str(tmp_path) in line and "is full" in line and "RAM only" in line, line
+    assert written and list(tmp_path.iterdir()) == []
+
+
+def test_another_models_states_in_the_same_directory_are_never_restored(tiny_models, tmp_path):
+    """Two targets, one directory: each finds only its own states, after the other wrote there."""
+    target, other = tiny_models.target, tiny_models.draft_noisy
+    _saved_to(tmp_path, target)
+    with Engine.load(other, cache_dir=tmp_path, **LOAD) as engine:
+        tokens, stats = _answer(engine, A)
+        _answer(engine, B)
+        engine.prompt_cache.flush()
+    assert stats.prefill_restored == 0 and tokens == _reference(other)
+    assert len(_files(tmp_path, "target\n")) == 2  # one each
+    for model in (target, other):
+        with Engine.load(model, cache_dir=tmp_path, **LOAD) as engine:
+            tokens, stats = _answer(engine, A)
+        assert stats.prefill_restored == len(A) - 1 and tokens == _reference(model), model.name
+
+
+def _disk(tmp_path, size: int) -> tuple[PromptCache, DiskTier]:
+    """A cache that keeps nothing in RAM, all on disk, for namespace "t" of a stand-in model file."""
+    model = tmp_path / "model.gguf"
+    if not model.exists():
+        model.write_bytes(b"GGUF")
+    disk = DiskTier(tmp_path / "cache", size)
+    cache = PromptCache(budget=0, disk=disk)
+    cache.identify("t", model)
+    return cache, disk
+
+
+def test_the_directory_keeps_its_size_the_least_recently_used_file_removed(tmp_path):
+    c = [[100 + i] + A[1:] for i in range(4)]  # four prompts that share nothing at their start
+    cache, disk = _disk(tmp_path, size=25_000)  # two 10 kB states and their headers (under 1 kB each) fit, not three
+    for tokens in c[:2]:
+        cache.save("t", tokens, bytes([tokens[0]]) * 10_000, trims=True)
+    cache.flush()
+    assert cache.best("t", c[0], held=0, trims=True)[0].state == b"d" * 10_000  # c[0] read: c[1] is now the older
+    cache.save("t", c[2], b"x" * 10_000, trims=True)
+    cache.flush()
+    assert len(disk) == 2 and cache.best("t", c[1], held=0, trims=True) is None
+    assert sum(p.stat().st_size for p in disk.directory.iterdir()) <= 25_000
+    again, _ = _disk(tmp_path, size=25_000)  # a restart reads the same two from their headers
+    assert [again.best("t", t, held=0, trims=True)[1] for t in (c[0], c[2])] == [len(A), len(A)]
+    cache.save("t", c[3], b"z" * 30_000, trims=True)  # larger than the directory: stays out
+    cache.flush()
+    assert len(disk) == 2 and cache.best("t", c[3], held=0, trims=True) is None
+    assert all(p.suffix == SUFFIX for p in disk.directory.iterdir())  # no temp file left
+
+
+def test_a_changed_model_file_or_another_namespace_restores_nothing(tmp_path):
+    cache, disk = _disk(tmp_path, size=2**20)
+    cache.save("t", A[:100], b"s" * 100, trims=True)
+    cache.save("t", A, b"s" * 100, trims=True)  # A[:100]'s state is cut back from this one: its file goes
+    cache.flush()
+    assert len(disk) == 1 and len(list(disk.directory.iterdir())) == 1
+    restart, _ = _disk(tmp_path, size=2**20)
+    assert restart.best("t", A, held=0, trims=True)[1] == len(A)
+    restart.identify("d", tmp_path / "model.gguf")
+    assert restart.best("d", A, held=0, trims=True) is None  # the same file under another namespace
+    (tmp_path / "model.gguf").write_bytes(b"GGUF v2")  # re-downloaded: another size and mtime
+    changed, _ = _disk(tmp_path, size=2**20)
+    assert changed.best("t", A, held=0, trims=True) is None
+
+
+def test_a_directory_that_cannot_be_made_is_one_line_at_start(tmp_path):
+    from localspec.cli.checks import check_run_args
+    from localspec.cli.main import build_parser
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    parse = build_parser().parse_args
+    with pytest.raises(LocalspecError, match=r"^--cache-dir .*file/cache cannot be used \(.*\): give a directory"):
+        check_run_args(parse(["generate", "hi", "--cache-dir", f"{blocker}/cache"]))
+    with pytest.raises(LocalspecError, match="--cache-dir's size '8X' is not a memory size"):
+        check_run_args(parse(["generate", "hi", "--cache-dir", f"{tmp_path}/c:8X"]))
+    flags = check_run_args(parse(["generate", "hi", "--cache-dir", f"{tmp_path}/a:b/c:2G"]))
+    assert (flags.cache_dir, flags.cache_dir_size) == (f"{tmp_path}/a:b/c", 2 * 2**30)
+    assert (tmp_path / "a:b" / "c").is_dir()
