@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 
 class Runner:
-    """The loaded pair, the worker thread, the bounded queue.
+    """The loaded pair, the worker thread, the bounded queue. Its scheduler asks of it only what the scheduler's
+    `Host` protocol names (server/scheduler.py), all public.
 
     Args:
         flags: the checked command line (`models.flags.RunFlags`): the pair or files, load flags, and `overrides` /
@@ -112,7 +113,8 @@ class Runner:
             think_flag=flags.think,
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
-        if self.auto:  # the slots this target takes (a switch may change them; the scheduler serves one as well)
+        # The slots this target takes (a switch may change them; the scheduler serves one as well).
+        if self.auto and self.scheduler is not None:
             self.parallel = self.scheduler.n_slots = engine.target.ctx.n_seq
             log.info(
                 "%d slots of %d tokens each%s",
@@ -221,7 +223,11 @@ class Runner:
             self.served.engine.close()
             self.served = None
 
-    def _with_flags(self, request: Request) -> Request:
+    def call_on_engine(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread, after the jobs queued there (the scheduler's loop)."""
+        return self._executor.submit(fn)
+
+    def with_flags(self, request: Request) -> Request:
         """The request over the command line's settings: its options first, then the flags'."""
         flags = self.flags
         return dataclasses.replace(
@@ -232,14 +238,15 @@ class Runner:
 
     def _run_job(self, job: Job, pair: str | None, request: Request | None, emit: Emit, work=None) -> Outcome:
         try:
-            served = self._prepare(job, pair)
+            served = self.prepare(job, pair)
             if work is not None:
                 return finish(self.checked(job, work(served)))
-            return complete(served, self._with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
+            assert request is not None  # a job is a request or its work
+            return complete(served, self.with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
         finally:
-            self._forget(job)
+            self.forget(job)
 
-    def _prepare(self, job: Job, pair: str | None) -> Served:
+    def prepare(self, job: Job, pair: str | None) -> Served:
         """The pair a job runs on, switched to if it asks for another (engine thread); raises for a cancelled job."""
         self._unless_cancelled(job, "before it began")
         if pair is not None and (self.served is None or self.served.name != pair):
@@ -259,7 +266,7 @@ class Runner:
             self._unless_cancelled(job, "while it ran")
             yield
 
-    def _forget(self, job: Job) -> None:
+    def forget(self, job: Job) -> None:
         """The job has ended: its place in the queue is free."""
         job.generation = None
         with self._lock:

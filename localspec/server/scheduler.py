@@ -18,14 +18,44 @@ from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from localspec.core.kv import KVSequence
 from localspec.core.slots import Slot, SlotPool
+from localspec.models.flags import RunFlags
 
 from .request import Emit, Job, Outcome, Request, steps
 from .served import Served
 
 log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    """What the scheduler asks of its runner (server/runner.py: `Runner`): the loaded pair, the engine thread, and a
+    job's bookkeeping in the runner's queue."""
+
+    @property
+    def served(self) -> Served | None:
+        """The loaded pair, if any."""
+
+    @property
+    def flags(self) -> RunFlags:
+        """The command line's settings (`max_tokens`, what `with_flags` adds)."""
+
+    def call_on_engine(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread, after what it runs now."""
+
+    def prepare(self, job: Job, pair: str | None) -> Served:
+        """The pair `job` runs on, switched to if it names another; raises for a cancelled job (engine thread)."""
+
+    def checked(self, job: Job, work: Generator[None, None, Any]) -> Generator[None, None, Any]:
+        """`work` with the job's cancellation checked after each of its parts."""
+
+    def with_flags(self, request: Request) -> Request:
+        """The request over the command line's settings."""
+
+    def forget(self, job: Job) -> None:
+        """The job has ended: its place in the queue is free."""
 
 
 @dataclass(eq=False, slots=True)
@@ -46,11 +76,11 @@ class Scheduler:
     """The waiting and running requests of a `Runner` with N slots; its loop runs on the runner's engine thread.
 
     Args:
-        runner: the runner (its pair, its engine thread, its queue's bookkeeping).
+        runner: the runner (its pair, its engine thread, its queue's bookkeeping: `Host`).
         n_slots: most requests generating at once.
     """
 
-    def __init__(self, runner, n_slots: int) -> None:
+    def __init__(self, runner: Host, n_slots: int) -> None:
         self.runner, self.n_slots = runner, n_slots
         self._waiting: deque[Entry] = deque()
         self._active: list[Entry] = []
@@ -71,7 +101,7 @@ class Scheduler:
             self._waiting.append(entry)
             start, self._looping = not self._looping, True
         if start:
-            self.runner._executor.submit(self._loop)
+            self.runner.call_on_engine(self._loop)
 
     def _loop(self) -> None:
         try:
@@ -109,7 +139,7 @@ class Scheduler:
             self._settle(entry)
             return
         try:
-            served = self.runner._prepare(entry.job, entry.pair)
+            served = self.runner.prepare(entry.job, entry.pair)
             if entry.work is not None:  # a part a tick, beside the streams
                 entry.run = self.runner.checked(entry.job, entry.work(served))
                 with self._lock:
@@ -123,7 +153,8 @@ class Scheduler:
                     entry.slot = pool.acquire(prompt)
                 return entry.slot.target
 
-            request = self.runner._with_flags(entry.request)
+            assert entry.request is not None  # an entry is a request or a job's work
+            request = self.runner.with_flags(entry.request)
             max_tokens = self.runner.flags.max_tokens
             entry.run = steps(
                 served,
@@ -165,22 +196,24 @@ class Scheduler:
     def _tick(self) -> None:
         """One step of every running request: their next rows decoded together first, when several run."""
         entries, streams = list(self._active), []
-        self._shared = sum(e.work is None for e in entries) > 1 and self._pool is not None
-        if self._shared:
+        pool = self._pool if sum(e.work is None for e in entries) > 1 else None
+        self._shared = pool is not None
+        if pool is not None:
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
-            self._pool.decode_ahead(streams)
+            pool.decode_ahead(streams)
             # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
             # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
             entries.sort(key=lambda e: not (e.slot is not None and e.slot.view.pending))
         for entry in entries:
+            assert entry.run is not None  # set when it started
             try:
                 next(entry.run)
             except StopIteration as end:
                 self._settle(entry, result=end.value)
             except BaseException as e:
                 self._settle(entry, error=e)
-        if streams:
-            self._pool.learn(streams)
+        if pool is not None and streams:
+            pool.learn(streams)
         for entry in self._active:
             if entry.slot is not None:
                 entry.slot.view.discard()
@@ -193,7 +226,7 @@ class Scheduler:
         if entry.slot is not None and self._pool is not None:
             self._pool.release(entry.slot)
             entry.slot = None
-        self.runner._forget(entry.job)
+        self.runner.forget(entry.job)
         if entry.future.done():
             return
         if error is not None:
