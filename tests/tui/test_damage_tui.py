@@ -208,7 +208,7 @@ async def _pick(pilot, name: str) -> None:
     await pilot.press("f2")
     await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
     table = app.screen.query_one(DataTable)
-    names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+    names = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
     table.move_cursor(row=names.index(name))
     await pilot.press("enter")
 

@@ -46,7 +46,7 @@ async def test_f2_lists_a_target_alone_and_switching_to_it_drafts_with_its_head(
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
         table = app.screen.query_one(DataTable)
-        rows = {table.get_row_at(i)[1]: table.get_row_at(i) for i in range(table.row_count)}
+        rows = {str(table.get_row_at(i)[1]): [str(c) for c in table.get_row_at(i)] for i in range(table.row_count)}
         assert rows["mtp-alone"][2] == "downloaded, MTP head" and rows["tiny"][2] == "downloaded"
         table.move_cursor(row=list(rows).index("mtp-alone"))
         await pilot.press("enter")

@@ -278,9 +278,9 @@ async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
         table = app.screen.query_one(DataTable)
-        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+        names = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
         assert {"tiny", "tiny-same", "remote", "demo"} <= set(names)
-        statuses = dict(zip(names, (table.get_row_at(i)[2] for i in range(table.row_count))))
+        statuses = dict(zip(names, (str(table.get_row_at(i)[2]) for i in range(table.row_count))))
         assert statuses["tiny-same"] == "downloaded" and statuses["remote"] == "not downloaded"
         table.move_cursor(row=names.index("tiny-same"))
         await pilot.press("enter")
@@ -303,7 +303,7 @@ async def test_a_pair_that_is_not_downloaded_offers_pull(options, chat_home):
         await pilot.press("f2")
         await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
         table = app.screen.query_one(DataTable)
-        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+        names = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
         table.move_cursor(row=names.index("remote"))
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the pull offer")
@@ -330,7 +330,7 @@ async def test_history_is_saved_and_resumed_after_a_restart(options, chat_home):
         await pilot.press("f4")
         await wait_until(pilot, lambda: isinstance(app.screen, HistoryScreen), what="the saved chats")
         table = app.screen.query_one(DataTable)
-        assert table.row_count == 1 and table.get_row_at(0)[1] == "Remember me"
+        assert table.row_count == 1 and str(table.get_row_at(0)[1]) == "Remember me"
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.chat.saved_id == cid, what="the resume")
         assert [a.text for a in answers(app)] == [first_answer]
@@ -352,7 +352,7 @@ async def test_history_rename_export_and_delete(options, chat_home, tmp_path):
         app.screen.query_one(Input).value = "Renamed chat"
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, HistoryScreen), what="the list again")
-        assert app.screen.query_one(DataTable).get_row_at(0)[1] == "Renamed chat"
+        assert str(app.screen.query_one(DataTable).get_row_at(0)[1]) == "Renamed chat"
         await pilot.press("m", "j")
         md = (tmp_path / "exports" / f"chat-{cid}-renamed-chat.md").read_text()
         assert "# Renamed chat" in md and "## You\n\nExport me" in md
@@ -497,7 +497,7 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
             await pilot.press("f2")
             await wait_until(pilot, lambda: isinstance(app.screen, PairScreen), what="the pair list")
             table = app.screen.query_one(DataTable)
-            names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+            names = [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
             table.move_cursor(row=names.index("pullme"))
             await pilot.press("enter")
             await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the pull offer")
