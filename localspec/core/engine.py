@@ -462,9 +462,12 @@ class Engine:
             prompt_cache=prompt_cache,
             slots_note=loaded.slots_note,
         )
+        # Each namespace's states on disk are its model file's: the target's, and the draft's as `use_drafter` names
+        # them (the model drafter's too: the server drafts with it on request).
+        prompt_cache.identify("target", loaded.target_model.path)
         model_caches = engine.model_drafter.caches if engine.model_drafter is not None else ()
-        for seq in (*engine.caches, *model_caches):  # each namespace's states on disk are its model file's
-            prompt_cache.identify(seq.cache_namespace, seq.ctx.model.path)
+        for seq in (*engine.drafter.caches, *model_caches):
+            prompt_cache.identify(f"draft:{seq.ctx.model.path}", seq.ctx.model.path)
         return engine
 
     def use_drafter(self, drafter: Drafter, policy: DraftPolicy | None = None) -> DraftPolicy:
