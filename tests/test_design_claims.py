@@ -171,11 +171,21 @@ def test_each_number_design_quotes_is_the_codes(said, module, name, value):
 # --- the step and the loop ----------------------------------------------------------------------------------------
 
 
-def function(module: str, name: str, cls: str | None = None) -> ast.FunctionDef:
-    nodes = tree(PACKAGE / module).body
-    if cls is not None:
-        nodes = next(n for n in nodes if isinstance(n, ast.ClassDef) and n.name == cls).body
-    return next(n for n in nodes if isinstance(n, ast.FunctionDef) and n.name == name)
+def function(module: str, name: str) -> ast.FunctionDef:
+    """A top-level function of `module` (a path under localspec/)."""
+    return next(n for n in tree(PACKAGE / module).body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def method(cls: str, name: str) -> ast.FunctionDef:
+    """A method of the package's one class `cls`, wherever its module is."""
+    owners = [
+        node
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in tree(path).body
+        if isinstance(node, ast.ClassDef) and node.name == cls
+    ]
+    assert len(owners) == 1, f"{len(owners)} classes named {cls}"
+    return next(n for n in owners[0].body if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
 def test_the_step_is_as_short_as_design_says():
@@ -195,11 +205,11 @@ def calls(node: ast.AST) -> list[str]:
 def test_the_loop_checks_every_cache_after_each_step_and_repairs_on_an_exception():
     text = folded(design())
     assert "After every step the loop checks each of its caches" in text and "(`seq.repair()`)" in text
-    steps = calls(function("core/engine.py", "_steps", "Generation"))
+    steps = calls(method("Generation", "_steps"))
     assert "seq.check" in steps[steps.index("speculative_step") :]
-    run = calls(function("core/engine.py", "__iter__", "Generation"))
+    run = calls(method("Generation", "__iter__"))
     assert "seq.repair" in run and "seq.check" in run
-    caches = ast.unparse(function("core/engine.py", "caches", "Generation"))
+    caches = ast.unparse(method("Generation", "caches"))
     assert "self.target" in caches and "drafter.caches" in caches  # the target's and the drafter's
 
 

@@ -99,6 +99,7 @@ def test_the_baseline_is_the_pinned_mypys_and_ci_runs_the_check():
     assert ci.index(".venv/bin/python scripts/typecheck.py") > lint  # after the tests and the lint
     hooks = (ROOT / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     assert "entry: .venv/bin/python scripts/typecheck.py" in hooks and "language: system" in hooks
+    assert "entry: '\\A[^\\n]{73,}'" in hooks and "stages: [commit-msg]" in hooks  # a subject of 72 characters at most
 
 
 def test_the_runner_answers_the_schedulers_host_protocol_with_public_names():
