@@ -1,0 +1,388 @@
+"""The generation loop: one path for plain, draft-model, n-gram and bridged decoding (DESIGN §1).
+
+`Generation` runs `speculative_step` (core/step.py) until a stop, with detokenisation, stop strings,
+cancellation and stats, yielding one `TokenEvent` per emitted token; it runs once. It runs on an engine
+(core/engine.py's `Engine`, which owns the models and their caches); `Engine` below is what it asks of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypedDict
+
+import numpy as np
+
+from localspec.errors import ContextError, InvalidParamsError
+from localspec.llama.model import Model
+from localspec.llama.sampler import ChainLawBuilder
+from localspec.llama.threads import ThreadTuner
+
+from .drafters import AheadDrafts, Drafter, DraftRequest, Proposal
+from .grammar import CompiledGrammar, Grammar
+from .kv import KVSequence, PrefillStopped, common_prefix
+from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
+from .policy import DraftPolicy
+from .sampling import SamplingParams
+from .stats import Stats, TokenLogprob
+from .step import speculative_step, target_chain
+from .textstream import TextStream
+
+log = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """What a generation asks of the engine it runs on (core/engine.py's `Engine` is the one)."""
+
+    target: KVSequence
+    target_model: Model
+    drafter: Drafter
+    policy: DraftPolicy
+    threads: ThreadTuner | None
+    eog: frozenset[int]
+    n_ctx: int
+
+    def compile_grammar(self, grammar: Grammar | CompiledGrammar) -> CompiledGrammar: ...
+
+    def draft_limit(self, spec: SpeculativeParams, remaining: int, n_history: int) -> int: ...
+
+    def draft_length(
+        self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
+    ) -> int: ...
+
+
+PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
+# A draft that must read more of the prompt than this reads it after the first token, not before: the first step is
+# plain, so the first token waits for the target's read alone (issue 56; llama-server's drafter does the same).
+DRAFT_READ_FIRST_MAX = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One emitted token (or, with token None, the close of a generation ended between steps)."""
+
+    token: int | None
+    text: str  # text released with this token ("" while bytes or a possible stop string are held back)
+    from_draft: bool
+    finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
+
+
+class GenerateOptions(TypedDict, total=False):
+    """The keywords that start a generation, said once: `Engine.generate` takes them, and `ChatSession`'s `send`,
+    `reply`, `answer` and `regenerate` take them and `think`. Their defaults are `Generation`'s."""
+
+    sampling: SamplingParams  # how tokens are chosen (default: SamplingParams())
+    spec: SpeculativeParams  # how drafting and verification run (default: SpeculativeParams())
+    max_tokens: int  # most tokens in the answer (default: DEFAULT_MAX_TOKENS)
+    stop: Sequence[str]  # stop strings (default: none)
+    rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
+    grammar: Grammar | CompiledGrammar | None  # what the answer must match (core/grammar.py; default: anything)
+    logprobs: int | None  # each token's log-probability and this many alternatives (core/step.py; default: none)
+    target: KVSequence | None  # the target's cache to generate in (a `serve --parallel` slot's; default: the engine's)
+
+
+class Generation:
+    """A running generation: iterate it once for `TokenEvent`s, then read `tokens`, `text`, `stats`.
+
+    Stopping early (break, `close()`, `cancel()` from another thread) leaves both caches consistent:
+    every step finishes its rollback before anything is yielded. A second iteration raises
+    RuntimeError: the caches have moved on, and `on_finish` has been called.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,  # core/engine.py's, as the `Engine` protocol below says what it is asked
+        prompt: list[int],
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpeculativeParams = SpeculativeParams(),
+        max_tokens: int = DEFAULT_MAX_TOKENS,
+        stop: Sequence[str] = (),
+        rng: np.random.Generator | None = None,
+        grammar: Grammar | CompiledGrammar | None = None,
+        logprobs: int | None = None,
+        target: KVSequence | None = None,
+    ) -> None:
+        if not prompt:
+            raise InvalidParamsError("the prompt is empty: give some text to continue")
+        if max_tokens < 1:
+            raise InvalidParamsError("max-tokens must be at least 1")
+        if len(prompt) >= engine.n_ctx:
+            raise ContextError(
+                f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten it or raise --n-ctx"
+            )
+        self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
+        self.target = target if target is not None else engine.target
+        self.max_tokens = max_tokens
+        self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
+        # The grammar's matcher for this generation (compiled here, so a bad grammar fails before anything runs).
+        self.constraint = None if grammar is None else engine.compile_grammar(grammar).start()
+        self.logprobs_top = logprobs
+        self.logprobs: list[TokenLogprob] = []  # each token's, where asked
+        self.stats = Stats(prompt_tokens=len(prompt))
+        self.tokens: list[int] = []
+        self.from_draft: list[bool] = []
+        self.finish_reason: str | None = None
+        self.notices: list[str] = []  # things the user should be told (e.g. old turns dropped)
+        self.on_finish: Callable[[Generation], None] | None = None
+        # Called as on_prefill(model, decoded, total) while a long prompt is read ("target" or "draft").
+        self.on_prefill: Callable[[str, int, int], None] | None = None
+        # True while other streams share the target's batches (`serve --parallel`): a step then verifies only the
+        # drafts the shared batch decoded ahead for it (`drafts_ahead`, core/batchdraft.py), else decodes plainly.
+        self.batched: Callable[[], bool] | None = None
+        self.drafts_ahead: Proposal | None = None
+        self.pending = 0  # tokens of the current step not yet yielded (0: the next event starts a step)
+        self._history: list[int] | None = None  # the prompt and the tokens so far, once the prompt is read
+        self._text = TextStream(stop)
+        self._cancel = threading.Event()
+        self._started = False
+
+    @property
+    def text(self) -> str:
+        return self._text.text
+
+    def cancel(self) -> None:
+        """Ask the generation to stop after the current step (thread-safe)."""
+        self._cancel.set()
+
+    def upcoming(self) -> int | None:
+        """The token a plain next step decodes (the last one, at the target's n_past), where the next event starts a
+        step; None while the prompt is unread, at the end, or when cancelled (`serve --parallel` decodes it ahead)."""
+        history = self._history
+        if history is None or self.pending or self.finish_reason is not None or self._cancel.is_set():
+            return None
+        if len(history) > self.engine.n_ctx or self.target.n_past != len(history) - 1:
+            return None
+        return history[-1]
+
+    @property
+    def history(self) -> list[int]:
+        """The prompt and the tokens so far (empty until the prompt is read); read it, never change it."""
+        return self._history if self._history is not None else []
+
+    def draft_room(self) -> int:
+        """Most drafts a step may verify after drafts decoded ahead in a shared batch (`serve --parallel`): 0 where this
+        generation does not speculate, follows a grammar (its forced tokens come first), or must not let the clock
+        decide its text (a seed at T > 0: which streams draft beside others depends on timings)."""
+        history = self._history
+        if (
+            history is None
+            or self.constraint is not None
+            or (self.sampling.seed is not None and not self.sampling.greedy)
+        ):
+            return 0
+        return self.engine.draft_limit(self.spec, self.max_tokens - len(self.tokens), len(history))
+
+    def read_prompt(self, chunk: int) -> Iterator[None]:
+        """Read the prompt into the target's cache `chunk` tokens at a time before the generation runs, yielding after
+        each chunk (`serve --parallel`: the other streams step between chunks, so a long prompt does not stall their
+        answers). Iterating the generation afterwards reads the rest; a cancel stops between chunks."""
+        target, prompt = self.target, self.prompt[:-1]
+        done = common_prefix(target.tokens, prompt)
+        while len(prompt) - done > chunk and not self._cancel.is_set():
+            done += chunk
+            t0 = time.perf_counter()
+            self.stats.prefill_decoded += target.sync(prompt[:done])
+            self.stats.seconds_prefill += time.perf_counter() - t0
+            yield
+
+    @property
+    def caches(self) -> tuple[KVSequence, ...]:
+        """The caches this generation keeps consistent: its target's, then the drafter's."""
+        return (self.target, *self.engine.drafter.caches)
+
+    def __iter__(self) -> Iterator[TokenEvent]:
+        """The events of this generation, once.
+
+        Raises:
+            RuntimeError: at the first event of a second iteration (it would re-sync the caches and call
+                `on_finish` again); call `Engine.generate` for a new generation.
+        """
+        if self._started:
+            raise RuntimeError("this Generation has already run: call Engine.generate for a new one")
+        self._started = True
+        start = time.perf_counter()
+        try:
+            yield from self._run()
+        except GeneratorExit:
+            raise  # closed at a yield: between steps, the caches are consistent
+        except BaseException:
+            for seq in self.caches:  # a step cut short (Ctrl+C inside a decode or a rollback): roll it back
+                seq.repair()
+            raise
+        finally:
+            self.stats.seconds = time.perf_counter() - start
+            self.finish_reason = self.finish_reason or "cancelled"
+            for seq in self.caches:
+                seq.check()
+            if self.on_finish is not None:
+                self.on_finish(self)
+
+    def _run(self) -> Iterator[TokenEvent]:
+        engine, stats, target = self.engine, self.stats, self.target
+        stats.drafter = engine.drafter.kind
+        t0 = time.perf_counter()
+        engine.policy.start()
+        if engine.threads is not None:
+            engine.threads.start()
+        try:
+            restored = target.n_restored
+            stats.prefill_decoded += target.sync(self.prompt[:-1], progress=self._prefill_progress("target"))
+            stats.prefill_restored += target.n_restored - restored
+            if stats.prefill_decoded:
+                target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
+            later = self._draft_reads_later()
+            if not later:
+                self._read_draft(self.prompt)
+        except PrefillStopped:  # Esc while reading a long prompt: the caches hold what was read so far
+            yield self._finish(None, "cancelled")
+            return
+        finally:
+            stats.seconds_prefill += time.perf_counter() - t0
+        history = list(self.prompt)
+        drafting = self.spec.draft_max > 0 and engine.drafter.drafts
+        chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
+        self._history = history
+        try:
+            yield from self._steps(history, chain, draft_unread=later)
+        finally:
+            if chain is not None:
+                chain.close()
+
+    def _draft_reads_later(self) -> bool:
+        """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
+        of it to read (a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
+        drafter = self.engine.drafter
+        if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
+            return False
+        held = self.prompt[:-1]
+        unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
+        return unread > DRAFT_READ_FIRST_MAX
+
+    def _draft_wanted(self, history: list[int]) -> bool:
+        # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
+        engine = self.engine
+        fits = len(history) < engine.drafter.n_ctx
+        return fits and not self._is_batched() and engine.policy.wants_draft(self.spec.adaptive)
+
+    def _read_draft(self, history: list[int]) -> None:
+        """The drafter reads `history` (but its last token) to draft after it.
+
+        Raises:
+            PrefillStopped: the generation was cancelled while a long history was read.
+        """
+        if self._draft_wanted(history):
+            self.stats.draft_prefill_decoded += self.engine.drafter.prefill(
+                history, progress=self._prefill_progress("draft")
+            )
+
+    def _steps(
+        self, history: list[int], chain: ChainLawBuilder | None, *, draft_unread: bool = False
+    ) -> Iterator[TokenEvent]:
+        engine, stats = self.engine, self.stats
+        while True:
+            reason = self._reason_to_stop(history)
+            if reason:
+                yield self._finish(None, reason)
+                return
+            if draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
+                draft_unread = False
+                t0 = time.perf_counter()
+                try:
+                    self._read_draft(history)
+                except PrefillStopped:
+                    yield self._finish(None, "cancelled")
+                    return
+                finally:
+                    stats.seconds_prefill += time.perf_counter() - t0
+            remaining, forced = self.max_tokens - len(self.tokens), []
+            if self.constraint is not None:  # tokens the grammar forces: emitted without asking the model
+                room = min(remaining, engine.n_ctx - len(history)) - 1
+                forced = self.constraint.forced(room, engine.eog)
+            # With a fixed seed, k must not depend on the clock: the sampled text would too.
+            batched, ahead = self._is_batched(), self.drafts_ahead
+            self.drafts_ahead = None
+            k = len(ahead.tokens) if batched and ahead is not None else 0
+            if draft_unread:
+                k = 0  # the first step, before the draft has read the prompt
+            elif not batched:
+                k = engine.draft_length(
+                    self.spec,
+                    remaining - len(forced),
+                    len(history) + len(forced),
+                    stats,
+                    timed=self.sampling.seed is None,
+                )
+            if forced and engine.drafter.after_target_decode is not None:
+                k = 0  # a head that reads the target's rows has none yet for the forced tokens: it drafts next step
+            if engine.threads is not None:
+                engine.threads.check()
+            request = DraftRequest(
+                history=history + forced if forced else history,
+                k=k,
+                sampling=self.sampling,
+                pq=self.spec.verify != "match",
+                p_min=self.spec.p_min,
+                rng=self.rng,
+                chain=chain,
+                grammar=self.constraint,
+                forced=len(forced),
+                logprobs=self.logprobs_top,
+            )
+            drafter = AheadDrafts(ahead) if k and batched else engine.drafter
+            step = speculative_step(self.target, drafter, request)
+            for seq in self.caches:
+                seq.check()
+            stats.record_step(step)
+            if not batched and not self.target.ctx.row_shared:  # a shared batch's step says nothing of a lone one's
+                engine.policy.observe(step)
+            for i, (token, from_draft) in enumerate(step.tokens):
+                self.pending = len(step.tokens) - i - 1
+                if step.logprobs is not None:
+                    self.logprobs.append(step.logprobs[i])
+                history.append(token)
+                self.tokens.append(token)
+                self.from_draft.append(from_draft)
+                if token in engine.eog:
+                    yield self._finish(token, "stop", from_draft)
+                    return
+                text = self._text.push(engine.target_model.token_bytes(token))
+                if self._text.stopped:
+                    yield self._finish(token, "stop", from_draft, text)
+                    return
+                if len(self.tokens) >= self.max_tokens:
+                    yield self._finish(token, "length", from_draft, text)
+                    return
+                yield TokenEvent(token, text, from_draft)
+
+    def _is_batched(self) -> bool:
+        return self.batched is not None and self.batched()
+
+    def _prefill_progress(self, model: str) -> Callable[[int, int], bool]:
+        def report(done: int, total: int) -> bool:
+            if self.on_prefill is not None and total >= PREFILL_REPORT_MIN:
+                self.on_prefill(model, done, total)
+            return not self._cancel.is_set()
+
+        return report
+
+    def _reason_to_stop(self, history: list[int]) -> str | None:
+        if self._cancel.is_set():
+            return "cancelled"
+        if len(history) > self.engine.n_ctx:  # the cache holds history[:-1]: no cell left for the last token
+            self.notices.append(
+                f"the context is full ({self.engine.n_ctx} tokens): the answer was cut short; "
+                "raise --n-ctx or shorten the prompt"
+            )
+            return "length"
+        return None
+
+    def _finish(self, token: int | None, reason: str, from_draft: bool = False, text: str = "") -> TokenEvent:
+        self.finish_reason = reason
+        if token is not None:
+            # Tokens past the end of the step were counted as emitted; the user sees only these.
+            self.stats.emitted = len(self.tokens)
+        return TokenEvent(token, text + self._text.flush(), from_draft, reason)
