@@ -65,6 +65,9 @@ def test_a_file_with_more_errors_fails_and_shows_them():
 def test_a_new_file_with_errors_fails_though_the_total_shrank():
     status, said = typecheck().check(REPORT, "2.4.1", baseline({"localspec/a.py": 9}))
     assert status == 1 and "  localspec/core/b.py: 1 now, 0 in the baseline" in said
+    assert "(3 errors in all, baseline 9: where code moved between files" in said  # how to record a move
+    _, said = typecheck().check(REPORT, "2.4.1", baseline({"localspec/a.py": 1, "localspec/core/b.py": 1}))
+    assert "moved" not in said
 
 
 def test_fewer_errors_pass_and_say_how_to_lower_the_baseline():
