@@ -150,6 +150,25 @@ def write_error(path: Path, error: sqlite3.Error) -> str:
     return f"cannot save to the chat database {path}: {error}"
 
 
+def has_search_index(db: sqlite3.Connection) -> bool:
+    """Whether the file has the FTS5 index (not where SQLite was built without FTS5)."""
+    return db.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (SEARCH_TABLE,)).fetchone() is not None
+
+
+def repair_error(path: Path, damage: sqlite3.Error, error: sqlite3.Error) -> str:
+    """One line for a damaged search index that could not be rebuilt: what to do about what stopped it."""
+    if is_busy(error):
+        fix = "another localspec holds the file locked: search again in a moment (the index is rebuilt then)"
+    elif "readonly" in str(error) or "read-only" in str(error):
+        fix = "make the file writable and search again (the index is rebuilt then)"
+    else:
+        fix = f"the file itself is damaged: copy it away and recover it (`sqlite3 {path} .recover | sqlite3 new.db`)"
+    return (
+        f"cannot search the chat database {path}: its search index is damaged ({damage}) and rebuilding it failed"
+        f" ({error}); {fix}"
+    )
+
+
 def repair_search(db: sqlite3.Connection) -> None:
     """Rebuild the search index from the messages (FTS5's own 'rebuild'). Where the index's own tables are too
     damaged for that (its structure record or config lost, a table gone), they are first replaced by those of a

@@ -13,64 +13,26 @@ and the earlier prompts: search.py.
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
 from localspec.errors import ConversationGone, HistoryError
 
-from .schema import MIGRATIONS, SEARCH_TABLE, is_busy, migrate, repair_search  # noqa: F401  (tests, callers)
+from . import tree as message_tree
+from .records import COLUMNS, Provenance, SavedConversation, StoredMessage, json_or_none, loads, stored
+from .schema import MIGRATIONS, SEARCH_TABLE, has_search_index, is_busy, migrate, repair_error, repair_search  # noqa: F401
 from .schema import open_error as _open_error
 from .schema import write_error as _write_error
 
 log = logging.getLogger(__name__)
 
-Provenance = list[tuple[str, bool]]
-"""An answer's text as runs of (text, came from the draft)."""
-
 T = TypeVar("T")
 LEAF = -1  # `add_message`'s default parent: the last message of the branch on screen
-_COLUMNS = (
-    "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id,"
-    " tool_calls"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class SavedConversation:
-    """One saved conversation (without its messages)."""
-
-    id: int
-    title: str
-    pair: str
-    system: str
-    created: str
-    updated: str
-    n_messages: int = 0
-    think: bool | None = None  # the chat's thinking switch (None: the pair's default)
-
-
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """One saved message."""
-
-    id: int
-    role: str
-    content: str
-    created: str
-    finish_reason: str | None = None
-    stats: dict | None = None
-    provenance: Provenance | None = None
-    reasoning: str = ""  # an answer's thinking, apart from its content
-    reasoning_provenance: Provenance | None = None
-    parent_id: int | None = None  # the message it follows (None: the conversation's first)
-    branch: tuple[int, int] = (1, 1)  # its place among the messages that follow the same one (1-based), and how many
-    tool_calls: list[dict] | None = None  # an answer's tool calls and their results (tool_calls.py: `SavedCall`)
 
 
 def _now() -> str:
@@ -144,8 +106,7 @@ class ChatStore:
 
     def has_search_index(self) -> bool:
         """Whether the file has the FTS5 index (not where SQLite was built without FTS5)."""
-        sql = "SELECT 1 FROM sqlite_master WHERE name = ?"
-        return self.db.execute(sql, (SEARCH_TABLE,)).fetchone() is not None
+        return has_search_index(self.db)
 
     def repair_search(self, damage: sqlite3.Error) -> None:
         """Rebuild the search index, which a search found damaged (`damage`); the messages are only read.
@@ -156,7 +117,7 @@ class ChatStore:
         try:
             repair_search(self.db)
         except sqlite3.Error as e:
-            raise HistoryError(_repair_error(self.path, damage, e)) from e
+            raise HistoryError(repair_error(self.path, damage, e)) from e
         log.warning("the search index of %s was damaged (%s): rebuilt from the messages", self.path, damage)
 
     def create_conversation(self, title: str, *, pair: str = "", system: str = "") -> int:
@@ -223,12 +184,12 @@ class ChatStore:
                 content,
                 now,
                 finish_reason,
-                _json_or_none(stats),
-                _json_or_none(provenance),
+                json_or_none(stats),
+                json_or_none(provenance),
                 reasoning,
-                _json_or_none(reasoning_provenance),
+                json_or_none(reasoning_provenance),
                 parent_id,
-                _json_or_none(tool_calls),
+                json_or_none(tool_calls),
             ),
         )
         return int(cur.lastrowid)
@@ -296,11 +257,11 @@ class ChatStore:
         row = (
             content,
             finish_reason,
-            _json_or_none(stats),
-            _json_or_none(provenance),
+            json_or_none(stats),
+            json_or_none(provenance),
             reasoning,
-            _json_or_none(reasoning_provenance),
-            _json_or_none(tool_calls),
+            json_or_none(reasoning_provenance),
+            json_or_none(tool_calls),
             message_id,
             conversation_id,
         )
@@ -320,7 +281,7 @@ class ChatStore:
     def set_tool_calls(self, conversation_id: int, message_id: int, calls: list[dict]) -> None:
         """Record an answer's tool calls and their results so far (each result as it comes)."""
         sql = "UPDATE messages SET tool_calls = ? WHERE id = ? AND conversation_id = ?"
-        if self._write(sql, (_json_or_none(calls), message_id, conversation_id)).rowcount == 0:
+        if self._write(sql, (json_or_none(calls), message_id, conversation_id)).rowcount == 0:
             raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
 
     def _holds(self, conversation_id: int, created: str | None) -> bool:
@@ -353,8 +314,7 @@ class ChatStore:
 
     def branches(self, conversation_id: int) -> dict[int, tuple[int, int]]:
         """Every message's place among its siblings (1-based) and how many they are."""
-        children = _children(self._parents(conversation_id))
-        return {m: (i + 1, len(group)) for group in children.values() for i, m in enumerate(group)}
+        return message_tree.places(self._parents(conversation_id))
 
     def set_leaf(self, conversation_id: int, message_id: int | None) -> None:
         """Show the branch that ends at `message_id` (None: no message; a regenerate shows its question alone)."""
@@ -369,23 +329,15 @@ class ChatStore:
         parents = self._parents(conversation_id)
         if message_id not in parents:
             raise ConversationGone(f"saved message {message_id} was deleted (in another window?)")
-        children, newest, below = _children(parents), message_id, [message_id]
-        while below:
-            newest = max(newest, *below)
-            below = [child for m in below for child in children.get(m, ())]
-        self.set_leaf(conversation_id, newest)
+        self.set_leaf(conversation_id, message_tree.newest_below(parents, message_id))
 
     def switch(self, conversation_id: int, message_id: int, step: int) -> bool:
         """Show the branch of the sibling `step` places after `message_id` (before, when negative); False when
         there is none that way."""
-        parents = self._parents(conversation_id)
-        if message_id not in parents:
+        other = message_tree.sibling(self._parents(conversation_id), message_id, step)
+        if other is None:
             return False
-        siblings = [m for m, p in parents.items() if p == parents[message_id]]
-        place = siblings.index(message_id) + step
-        if not 0 <= place < len(siblings):
-            return False
-        self.show(conversation_id, siblings[place])
+        self.show(conversation_id, other)
         return True
 
     def delete_last_answer(self, conversation_id: int) -> bool:
@@ -401,7 +353,7 @@ class ChatStore:
         """Remove one message and those that follow it (a user message that could not be answered); a branch on
         screen through it then ends at the message before it."""
         parents = self._parents(conversation_id)
-        if message_id in _path(parents, self._leaf(conversation_id)):
+        if message_id in message_tree.path(parents, self._leaf(conversation_id)):
             self.set_leaf(conversation_id, parents[message_id])
         self._write("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
 
@@ -426,14 +378,14 @@ class ChatStore:
     def preference(self, key: str, default=None):
         """One of the app's preferences (a JSON value), or `default` when it was never set or is unreadable."""
         row = self.db.execute("SELECT value FROM preferences WHERE key = ?", (key,)).fetchone()
-        value = _loads(row[0]) if row else None
+        value = loads(row[0]) if row else None
         return default if value is None else value
 
     def set_preference(self, key: str, value) -> None:
         """Remember one of the app's preferences (a JSON value)."""
         self._write(
             "INSERT INTO preferences (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, _json_or_none(value)),
+            (key, json_or_none(value)),
         )
 
     def delete(self, conversation_id: int) -> None:
@@ -467,85 +419,18 @@ class ChatStore:
         """The branch on screen, in order, each message with its place among its siblings."""
         rows = self.db.execute(
             "WITH RECURSIVE path(id) AS (SELECT ? UNION SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id"
-            f" WHERE m.parent_id IS NOT NULL) SELECT {_COLUMNS} FROM messages"
+            f" WHERE m.parent_id IS NOT NULL) SELECT {COLUMNS} FROM messages"
             " WHERE conversation_id = ? AND id IN path ORDER BY id",  # a parent is always older than its children
             (self._leaf(conversation_id), conversation_id),
         ).fetchall()
         places = self.branches(conversation_id)
-        return [replace(_stored(r), branch=places[r[0]]) for r in rows]
+        return [replace(stored(r), branch=places[r[0]]) for r in rows]
 
     def tree(self, conversation_id: int) -> list[StoredMessage]:
         """Every message of the conversation, every branch, in the order they were written."""
-        sql = f"SELECT {_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id"
+        sql = f"SELECT {COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id"
         places = self.branches(conversation_id)
-        return [replace(_stored(r), branch=places[r[0]]) for r in self.db.execute(sql, (conversation_id,))]
-
-
-def _repair_error(path: Path, damage: sqlite3.Error, error: sqlite3.Error) -> str:
-    """One line for a damaged search index that could not be rebuilt: what to do about what stopped it."""
-    if is_busy(error):
-        fix = "another localspec holds the file locked: search again in a moment (the index is rebuilt then)"
-    elif "readonly" in str(error) or "read-only" in str(error):
-        fix = "make the file writable and search again (the index is rebuilt then)"
-    else:
-        fix = f"the file itself is damaged: copy it away and recover it (`sqlite3 {path} .recover | sqlite3 new.db`)"
-    return (
-        f"cannot search the chat database {path}: its search index is damaged ({damage}) and rebuilding it failed"
-        f" ({error}); {fix}"
-    )
-
-
-def _children(parents: dict[int, int | None]) -> dict[int | None, list[int]]:
-    """The messages that follow each one, oldest first (None: the conversation's first messages)."""
-    children: dict[int | None, list[int]] = {}
-    for message, parent in parents.items():
-        children.setdefault(parent, []).append(message)
-    return children
-
-
-def _path(parents: dict[int, int | None], leaf: int | None) -> list[int]:
-    """The ids from the first message to `leaf`."""
-    path: list[int] = []
-    while leaf is not None and leaf in parents and leaf not in path:
-        path.append(leaf)
-        leaf = parents[leaf]
-    return path[::-1]
-
-
-def _stored(r: tuple) -> StoredMessage:
-    return StoredMessage(
-        id=r[0],
-        role=r[1],
-        content=r[2],
-        created=r[3],
-        finish_reason=r[4],
-        stats=_loads(r[5]),
-        provenance=_provenance(_loads(r[6])),
-        reasoning=r[7],
-        reasoning_provenance=_provenance(_loads(r[8])),
-        parent_id=r[9],
-        tool_calls=_loads(r[10]),
-    )
-
-
-def _json_or_none(value) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _loads(text: str | None):
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        log.warning("ignoring an unreadable JSON column in the chat database")
-        return None
-
-
-def _provenance(value) -> Provenance | None:
-    if not isinstance(value, list):
-        return None
-    return [(str(text), bool(from_draft)) for text, from_draft in value]
+        return [replace(stored(r), branch=places[r[0]]) for r in self.db.execute(sql, (conversation_id,))]
 
 
 __all__ = ["LEAF", "MIGRATIONS", "ChatStore", "ConversationGone", "HistoryError", "SavedConversation", "StoredMessage"]
