@@ -13,6 +13,7 @@ cold prompt's first token (the first round's prompts and the fresh ones); and lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -159,6 +160,11 @@ def ask_streamed(port: int, model: str, messages: Sequence[dict], tokens: int) -
                     first = time.perf_counter() - t0
                 timings = chunk.get("timings") or timings
                 ours = chunk.get("localspec") or ours
+    except urllib.error.HTTPError as e:  # e.g. a prompt longer than the context: the server's own words
+        said = e.read().decode(errors="replace").strip()
+        with contextlib.suppress(ValueError, KeyError, TypeError):  # OpenAI's error object, else the body as it is
+            said = str(json.loads(said)["error"]["message"])
+        raise PeerError(f"the server refused a chat request ({e.code}): {said[:300]}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
         raise PeerError(f"the server did not answer a chat request: {e}") from e
     seconds = time.perf_counter() - t0

@@ -102,3 +102,9 @@ def test_each_agents_system_prompt_is_its_own_and_long():
 def test_bad_agents_flags_are_one_line(tiny_models, capsys, localspec_home, flags, message):
     code, _, err = bench_agents(capsys, tiny_models, *flags)
     assert code != 0 and message in err and "Traceback" not in err
+
+
+def test_a_prompt_past_the_context_is_the_servers_one_line(tiny_models, capsys, localspec_home):
+    code, _, err = bench_agents(capsys, tiny_models, "--agents", "2", "--prompt-words", "400", "--n-ctx", "256")
+    assert code != 0 and "Traceback" not in err, err
+    assert "the server refused a chat request (400): the " in err and "but the context holds 256" in err
