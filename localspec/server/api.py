@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
-from localspec.core.params import DRAFTERS, OPTIONS
+from localspec.core.params import DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
 
 STOP_MAX = 16  # stop strings per request
 N_MAX = 16  # choices per request
@@ -200,11 +200,27 @@ def _option_fields() -> dict[str, Any]:
 REQUEST_PENALTIES = {name: Limit(-2, 2, note="0 = off") for name in ("presence_penalty", "frequency_penalty")}
 
 
-_Options = create_model("_Options", __base__=_Strict, **_option_fields())
+_OptionFields = create_model("_OptionFields", __base__=_Strict, **_option_fields())
 
 
-class _Common(_Options):
-    """The fields both routes share: the options above, then the model, stop, n, max tokens, streaming, drafter."""
+class Extensions(_OptionFields):
+    """Our extension fields, the same on every route's body (chat, completions, Messages, Responses): the user
+    options of the option table (sampling and speculation: `top_k`, `min_p`, `draft_max`, `adaptive`, …), OpenAI's
+    two penalties, and the drafter."""
+
+    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
+
+    def engine_options(self) -> dict[str, Any]:
+        """`request.Request`'s `overrides`, `penalties` and `drafter` (what the body leaves out: the server's)."""
+        return {
+            "overrides": {name: getattr(self, name) for name in OVERRIDE_OPTIONS if getattr(self, name) is not None},
+            "penalties": {name: getattr(self, name) for name in REQUEST_PENALTIES if getattr(self, name) is not None},
+            "drafter": self.drafter,
+        }
+
+
+class _Common(Extensions):
+    """The fields both OpenAI routes share: the extensions, then the model, stop, n, max tokens, streaming."""
 
     model: str | None = None
     stream: bool = False
@@ -212,7 +228,6 @@ class _Common(_Options):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
-    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None
 
     @field_validator("response_format")

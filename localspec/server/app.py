@@ -32,16 +32,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.core.grammar import GrammarError
-from localspec.core.params import OVERRIDE_OPTIONS
-from localspec.core.session import Message as ChatTurn
 from localspec.core.thinking import THINKING
-from localspec.core.tools import Function
 from localspec.errors import LocalspecError, RpcError
 
 from . import flow, messages_api
 from . import request as request_mod
-from .api import REQUEST_PENALTIES, ApiError, ChatRequest, CompletionRequest, parse_body
+from .api import ApiError, parse_body
+from .chat_api import ChatBody, CompletionBody
 from .render import Reply, sse, usage_and_timings
 from .routes import more_routes
 from .runner import Runner
@@ -222,22 +219,12 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
 
     async def chat(request: Request) -> Response:
-        parsed = parse_body(await read_body(request, settings.max_body), ChatRequest)
-        messages = tuple(
-            ChatTurn(
-                "system" if m.role == "developer" else m.role,
-                m.text,
-                m.reasoning_content or "",
-                tuple(c.model_dump() for c in m.tool_calls or ()),
-                m.tool_call_id or "",
-            )
-            for m in parsed.messages
-        )
-        return await _answer(request, runner, parsed, _request(parsed, messages=messages), "chat")
+        parsed = parse_body(await read_body(request, settings.max_body), ChatBody)
+        return await _answer(request, runner, parsed, parsed.to_request(), "chat")
 
     async def completions(request: Request) -> Response:
-        parsed = parse_body(await read_body(request, settings.max_body), CompletionRequest)
-        return await _answer(request, runner, parsed, _request(parsed, prompt=parsed.text), "text")
+        parsed = parse_body(await read_body(request, settings.max_body), CompletionBody)
+        return await _answer(request, runner, parsed, parsed.to_request(), "text")
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -291,38 +278,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise _too_large(limit)
     return bytes(body)
-
-
-def _request(parsed, *, messages=None, prompt=None) -> request_mod.Request:
-    overrides = {name: getattr(parsed, name) for name in OVERRIDE_OPTIONS if getattr(parsed, name, None) is not None}
-    penalties = {name: getattr(parsed, name) for name in REQUEST_PENALTIES if getattr(parsed, name) is not None}
-    max_tokens = getattr(parsed, "max_completion_tokens", None) or parsed.max_tokens
-    return request_mod.Request(
-        messages=messages,
-        prompt=prompt,
-        n=parsed.n,
-        max_tokens=max_tokens,
-        stop=parsed.stops,
-        overrides=overrides,
-        penalties=penalties,
-        drafter=parsed.drafter,
-        think=getattr(parsed, "think", None),
-        grammar=_grammar(parsed),
-        tool_choice=getattr(parsed, "tool_mode", None),
-        functions=tuple(
-            Function(t.function.name, t.function.description, t.function.parameters or {"type": "object"})
-            for t in getattr(parsed, "tools", None) or ()
-        ),
-        parallel_tool_calls=getattr(parsed, "parallel_tool_calls", True),
-        logprobs=parsed.logprobs_top,
-    )
-
-
-def _grammar(parsed):
-    try:
-        return parsed.grammar
-    except GrammarError as e:
-        raise ApiError(400, str(e), param="response_format.json_schema.schema", code="invalid_schema") from None
 
 
 async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Request, kind: str) -> Response:

@@ -12,11 +12,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from localspec.core.grammar import Grammar, GrammarError
-from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 from localspec.core.session import Message
 from localspec.core.tools import Function
 
-from .api import REQUEST_PENALTIES, ApiError, _Options, _Strict
+from .api import ApiError, Extensions, _Strict
 from .request import Request
 
 # Anthropic's error types by HTTP status (its `{"type": "error", "error": {"type", "message"}}` object).
@@ -136,7 +135,7 @@ class ThinkingConfig(_Strict):
     budget_tokens: Annotated[int, Field(ge=1)] | None = None  # accepted; the model ends its thinking itself
 
 
-class CountRequest(_Options):
+class CountRequest(Extensions):
     """`/v1/messages/count_tokens`: the conversation without `max_tokens`."""
 
     model: str | None = None
@@ -146,7 +145,6 @@ class CountRequest(_Options):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
-    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
 
     @model_validator(mode="before")
     @classmethod
@@ -252,24 +250,24 @@ class CountRequest(_Options):
         except GrammarError as e:
             raise ApiError(400, str(e), param="output_config.format.schema", code="invalid_schema") from None
 
-    def to_request(self, *, max_tokens: int | None = None, stop: tuple[str, ...] = (), count_only=False) -> Request:
+    def to_request(self) -> Request:
+        """The engine's request: the prompt tokenized and counted, nothing generated."""
+        return self._request(count_only=True)
+
+    def _request(self, **fields) -> Request:
         think = None if self.thinking is None or self.thinking.type == "adaptive" else self.thinking.type == "enabled"
         return Request(
             messages=self.conversation(),
             prompt=None,
-            max_tokens=max_tokens,
-            stop=stop,
-            overrides={n: getattr(self, n) for n in OVERRIDE_OPTIONS if getattr(self, n, None) is not None},
-            penalties={n: getattr(self, n) for n in REQUEST_PENALTIES if getattr(self, n) is not None},
-            drafter=self.drafter,
             think=think,
             tool_choice=self.tool_mode,
             functions=tuple(Function(t.name, t.description, t.input_schema) for t in self.tools or ()),
             parallel_tool_calls=not (self.tool_choice and self.tool_choice.disable_parallel_tool_use),
             grammar_param="tools",
             grammar=self.grammar(),
-            count_only=count_only,
             max_tokens_room=True,  # Anthropic's clients send their model's limit (Claude Code: 32000)
+            **self.engine_options(),
+            **fields,
         )
 
 
@@ -277,3 +275,7 @@ class MessagesRequest(CountRequest):
     max_tokens: Annotated[int, Field(ge=1)]  # required, as Anthropic requires it
     stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] | None = None
     stream: bool = False
+
+    def to_request(self) -> Request:
+        """The engine's request: the answer, within `max_tokens` (or the room left), ended by `stop_sequences`."""
+        return self._request(max_tokens=self.max_tokens, stop=tuple(self.stop_sequences or ()))

@@ -34,7 +34,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
 
     async def messages(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), MessagesRequest, unsupported={}, ignored=IGNORED)
-        request = parsed.to_request(max_tokens=parsed.max_tokens, stop=tuple(parsed.stop_sequences or ()))
+        request = parsed.to_request()
         if not parsed.stream:
             outcome = await flow.whole(http, runner, parsed.model, request)
             token_bytes = outcome.served.engine.target_model.token_bytes
@@ -47,7 +47,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
 
     async def count_tokens(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), CountRequest, unsupported={}, ignored=IGNORED)
-        outcome = await flow.whole(http, runner, parsed.model, parsed.to_request(count_only=True))
+        outcome = await flow.whole(http, runner, parsed.model, parsed.to_request())
         return JSONResponse({"input_tokens": outcome.prompt_tokens})
 
     return [("/v1/messages", messages, ["POST"]), ("/v1/messages/count_tokens", count_tokens, ["POST"])]

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
 from localspec.core.grammar import Grammar, GrammarError
-from localspec.core.params import DRAFTERS, OVERRIDE_OPTIONS
 from localspec.core.session import Message
 from localspec.core.tools import Function
 
-from .api import REQUEST_PENALTIES, ApiError, FunctionSpec, _Options, _Strict
+from .api import ApiError, Extensions, FunctionSpec, _Strict
 from .request import Request
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ReasoningConfig(_Strict):
     summary: Literal["auto", "concise", "detailed"] | None = None  # the thinking is returned whole, not summarised
 
 
-class ResponsesRequest(_Options):
+class ResponsesRequest(Extensions):
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -137,7 +137,6 @@ class ResponsesRequest(_Options):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]  # our extension, as on chat completions
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -232,7 +231,7 @@ class ResponsesRequest(_Options):
         except GrammarError as e:
             raise ApiError(400, str(e), param="text.format.schema", code="invalid_schema") from None
 
-    def conversation(self, history: list[Message]) -> tuple[Message, ...]:
+    def conversation(self, history: Sequence[Message]) -> tuple[Message, ...]:
         """The stored conversation (`history`) and then the input, as the engine's messages, `instructions` first.
 
         Raises:
@@ -271,7 +270,8 @@ class ResponsesRequest(_Options):
                 out.append(Message("tool", item.text, tool_call_id=item.call_id))
         return tuple(out)
 
-    def to_request(self, history: list[Message]) -> Request:
+    def to_request(self, history: Sequence[Message] = ()) -> Request:
+        """The engine's request: the stored conversation (`history`), then the input."""
         think = None
         if self.reasoning is not None and self.reasoning.effort is not None:
             think = self.reasoning.effort != "none"
@@ -279,9 +279,6 @@ class ResponsesRequest(_Options):
             messages=self.conversation(history),
             prompt=None,
             max_tokens=self.max_output_tokens,
-            overrides={n: getattr(self, n) for n in OVERRIDE_OPTIONS if getattr(self, n, None) is not None},
-            penalties={n: getattr(self, n) for n in REQUEST_PENALTIES if getattr(self, n) is not None},
-            drafter=self.drafter,
             think=think,
             grammar=self.grammar(),
             grammar_param="text.format",
@@ -290,6 +287,7 @@ class ResponsesRequest(_Options):
                 Function(t.name, t.description, t.parameters or {"type": "object"}) for t in self.tools or ()
             ),
             parallel_tool_calls=self.parallel_tool_calls,
+            **self.engine_options(),
         )
 
 

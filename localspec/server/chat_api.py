@@ -1,0 +1,75 @@
+"""OpenAI's chat completions and completions bodies as the routes read them: server/api.py's wire shapes (checked
+there) with `to_request()`, their translation onto the engine's `request.Request` — the turns, the prompt, tools,
+thinking, structured output, log-probabilities and our extension fields. They live apart from api.py because the
+engine side (request.py) imports api.py's `ApiError`: api.py cannot import `request.Request` back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localspec.core.grammar import Grammar, GrammarError
+from localspec.core.session import Message
+from localspec.core.tools import Function
+
+from .api import ApiError, ChatRequest, CompletionRequest
+from .request import Request
+
+
+class ChatBody(ChatRequest):
+    """`POST /v1/chat/completions`."""
+
+    def conversation(self) -> tuple[Message, ...]:
+        """The turns as the engine's messages (a `developer` turn is a system turn)."""
+        return tuple(
+            Message(
+                "system" if m.role == "developer" else m.role,
+                m.text,
+                m.reasoning_content or "",
+                tuple(c.model_dump() for c in m.tool_calls or ()),
+                m.tool_call_id or "",
+            )
+            for m in self.messages
+        )
+
+    def to_request(self) -> Request:
+        """The engine's request (raises `ApiError` for a schema that is no grammar)."""
+        return Request(
+            messages=self.conversation(),
+            prompt=None,
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            think=self.think,
+            tool_choice=self.tool_mode,
+            functions=tuple(
+                Function(t.function.name, t.function.description, t.function.parameters or {"type": "object"})
+                for t in self.tools or ()
+            ),
+            parallel_tool_calls=self.parallel_tool_calls,
+            **_shared(self),
+        )
+
+
+class CompletionBody(CompletionRequest):
+    """`POST /v1/completions`: one prompt, continued as it is (no template)."""
+
+    def to_request(self) -> Request:
+        """The engine's request (raises `ApiError` for a schema that is no grammar)."""
+        return Request(messages=None, prompt=self.text, max_tokens=self.max_tokens, **_shared(self))
+
+
+def _shared(body: ChatRequest | CompletionRequest) -> dict[str, Any]:
+    """The fields both routes translate alike: n, stop, the grammar, log-probabilities and the extensions."""
+    return {
+        "n": body.n,
+        "stop": body.stops,
+        "grammar": _grammar(body),
+        "logprobs": body.logprobs_top,
+        **body.engine_options(),
+    }
+
+
+def _grammar(body: ChatRequest | CompletionRequest) -> Grammar | None:
+    try:
+        return body.grammar
+    except GrammarError as e:
+        raise ApiError(400, str(e), param="response_format.json_schema.schema", code="invalid_schema") from None
