@@ -147,14 +147,14 @@ class Candidate:
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class StreamDraft:
     """What one stream verifies in the tick: d drafts, from the draft model or copied (d = 0: its plain row)."""
 
     d: int = 0
     model: bool = False
 
 
-NONE = Choice()
+NONE = StreamDraft()
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft lengths the plan weighs (all of them: 16 a tick for 64 slots is too slow)
 MODEL_STREAMS_MAX = 8  # most streams the plan weighs the draft model for, best first
 CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first, in chunks (`SlotPool.draft_together`)
@@ -168,7 +168,7 @@ def plan(
     draft_costs: BatchCosts | None = None,
     overhead: float = 0.0,
     margin: float = MARGIN,
-) -> list[Choice]:
+) -> list[StreamDraft]:
     """What each stream verifies in this tick: one length d for all that draft; the draft model for the streams where
     it is expected to gain more than their copy (its cost: one pass of the draft over their catch-up rows, all made
     as long as the longest, then d - 1 passes of one row each, from `draft_costs`), copies for others, those that
@@ -215,13 +215,13 @@ def plan(
             rows = sum(lengths)
             if rows > max_rows:
                 break
-            picks = {i: Choice(d, True) for i in chosen}
+            picks = {i: StreamDraft(d, True) for i in chosen}
             for gain, i in [(None, None), *((g, i) for g, i in copies if i not in chosen)]:
                 if i is not None:
                     if rows + d > max_rows:
                         break
                     tokens, rows, lengths[i] = tokens + gain, rows + d, 1 + d
-                    picks[i] = Choice(d, False)
+                    picks[i] = StreamDraft(d, False)
                 if not picks:
                     continue
                 seconds = costs.seconds(passes(lengths), rows)

@@ -23,7 +23,7 @@ from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_together, passes
 
-from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, Choice, plan
+from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, StreamDraft, plan
 from .drafters import DraftLawBuilder, DraftRequest, ModelDrafter, Proposal, draft_token
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
@@ -213,7 +213,7 @@ class SlotPool:
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before)
         return sum(len(tokens) for _, tokens, _ in rows)
 
-    def _checked(self, n: int, choices: list[Choice]) -> list[Choice]:
+    def _checked(self, n: int, choices: list[StreamDraft]) -> list[StreamDraft]:
         """The plan, unless this machine's own ticks of n streams say drafting beside others loses: the median tokens
         per second of the recent ticks that drafted below that of the recent plain ones (the plan's costs and
         acceptances are estimates; these are what happened). Then plain, but for one tick in RECHECK_EVERY, which
@@ -229,7 +229,7 @@ class SlotPool:
             return [NONE] * n
         return choices
 
-    def _probe(self, candidates: list[Candidate], choices: list[Choice]) -> list[Choice]:
+    def _probe(self, candidates: list[Candidate], choices: list[StreamDraft]) -> list[StreamDraft]:
         """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while
         there is too little evidence of its acceptance to judge it — neither the engine's policy (no stream has run
         alone yet: its prior then counts for little) nor drafts beside others: a prior from nothing would keep it off
@@ -244,7 +244,7 @@ class SlotPool:
         if not any(unsure):
             return choices
         self._probed_at = self._ticks
-        return [Choice(PROBE_DRAFTS, True) if u else NONE for u in unsure]
+        return [StreamDraft(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
     def draft_together(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:
         """The draft model's drafts for each (slot, generation, d, tokens its draft cache lags), by slot index: each

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, Choice, plan
+from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, StreamDraft, plan
 
 
 def costs_of(a: float, b: float, shapes=((1, 1), (1, 4), (2, 8))) -> BatchCosts:
@@ -142,7 +142,7 @@ def test_where_a_draft_pass_costs_like_the_targets_the_model_does_not_draft_besi
 
 
 def test_a_choice_says_its_source():
-    assert Choice(4, True).model and not Choice(4).model and NONE.d == 0
+    assert StreamDraft(4, True).model and not StreamDraft(4).model and NONE.d == 0
 
 
 def test_a_ticks_time_outside_the_decodes_makes_fewer_longer_ticks_pay():

@@ -459,11 +459,11 @@ def test_drafting_beside_others_stops_where_its_ticks_measure_slower_than_plain_
     RECHECK_EVERY, which keeps the drafting figure current)."""
     from collections import deque
 
-    from localspec.core.batchdraft import NONE, Choice
+    from localspec.core.batchdraft import NONE, StreamDraft
     from localspec.core.slots import RECHECK_EVERY
 
     pool = SlotPool(same_engine, 2)
-    drafts = [Choice(2), NONE]
+    drafts = [StreamDraft(2), NONE]
     pool._ticks = 1
     assert pool._checked(2, drafts) == drafts  # nothing measured yet
     pool._rates[(2, False)] = deque([100.0] * 4)
