@@ -32,15 +32,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.core.thinking import THINKING
 from localspec.errors import LocalspecError, RpcError
 
-from . import flow, messages_api
-from . import request as request_mod
-from .api import ApiError, parse_body
-from .chat_api import ChatBody, CompletionBody
-from .render import Reply, sse, usage_and_timings
-from .routes import more_routes
+from . import messages_api
+from .api import ApiError
+from .routes import answer_routes
 from .runner import Runner
 
 log = logging.getLogger(__name__)
@@ -218,14 +214,6 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
             raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
         return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
 
-    async def chat(request: Request) -> Response:
-        parsed = parse_body(await read_body(request, settings.max_body), ChatBody)
-        return await _answer(request, runner, parsed, parsed.to_request(), "chat")
-
-    async def completions(request: Request) -> Response:
-        parsed = parse_body(await read_body(request, settings.max_body), CompletionBody)
-        return await _answer(request, runner, parsed, parsed.to_request(), "text")
-
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
@@ -235,10 +223,8 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
         Route("/health", guarded(health), methods=["GET"]),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/v1/models/{name:path}", guarded(model), methods=["GET"]),
-        Route("/v1/chat/completions", guarded(chat), methods=["POST"]),
-        Route("/v1/completions", guarded(completions), methods=["POST"]),
     ]
-    for path, handler, methods in more_routes(runner, settings.max_body, read_body, EventStream, settings):
+    for path, handler, methods in answer_routes(runner, settings.max_body, read_body, EventStream, settings):
         routes.append(Route(path, guarded(handler), methods=methods))
     middleware = [Middleware(Guard, settings=settings)]
     if settings.cors:
@@ -278,66 +264,6 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if len(body) > limit:
             raise _too_large(limit)
     return bytes(body)
-
-
-async def _answer(http: Request, runner: Runner, parsed, request: request_mod.Request, kind: str) -> Response:
-    if not parsed.stream:
-        outcome = await flow.whole(http, runner, parsed.model, request)
-        reply = Reply(
-            kind, outcome.served.name, tools=outcome.tools, token_bytes=outcome.served.engine.target_model.token_bytes
-        )
-        return JSONResponse(reply.whole(outcome.prompt_tokens, outcome.generations, outcome.splits))
-    first, queue, job = await flow.streamed(http, runner, parsed.model, request)
-    include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-    reply = Reply(kind, first.model, tools=first.tools, token_bytes=first.token_bytes)
-    events = _events(queue, reply, first.prompt_tokens, parsed.n, include_usage)
-    return EventStream(events, on_close=job.cancel)
-
-
-async def _events(
-    queue: asyncio.Queue[request_mod.Event], reply: Reply, prompt_tokens: int, n: int, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """The chunks of a streamed answer: per choice the role, the text deltas, the finish; then usage; [DONE]."""
-    started: set[int] = set()
-    generations, splits = [], []
-    while True:
-        item = await queue.get()
-        if isinstance(item, request_mod.Token):
-            if reply.kind == "chat" and item.index not in started:
-                started.add(item.index)
-                yield sse(reply.chunk(item.index, "", first=True))
-            scored = item.logprob is not None and item.event.token is not None
-            if scored and not item.pieces:  # a token whose text is held back still has its log-probability
-                yield sse(reply.chunk(item.index, "", logprob=(item.event.token, item.logprob)))
-            for k, (part, text, _) in enumerate(item.pieces):  # thinking goes in `reasoning_content` deltas
-                if reply.tools is None or part == THINKING:  # with tools, the answer is parsed when it ends
-                    lp = (item.event.token, item.logprob) if scored and k == 0 else None
-                    yield sse(reply.chunk(item.index, text, reasoning=part == THINKING, logprob=lp))
-        elif isinstance(item, request_mod.Ended):
-            generations.append(item.generation)
-            splits.append(item.split)
-            extra = None
-            if reply.tools is not None:
-                if reply.kind == "chat" and item.index not in started:
-                    started.add(item.index)
-                    yield sse(reply.chunk(item.index, "", first=True))
-                for chunk in reply.tool_chunks(item.index, item.generation, item.split):
-                    yield sse(chunk)
-            if item.index == n - 1:  # the last chunk of the answer carries the timings and our stats
-                both = usage_and_timings(prompt_tokens, generations, splits)
-                extra = {"timings": both["timings"], "localspec": both["localspec"]}
-            finish = reply.finish(item.generation, item.split, item.index)
-            yield sse(reply.chunk(item.index, "", finish=finish, extra=extra))
-        elif isinstance(item, request_mod.Done):
-            error = item.future.exception()
-            if error is not None:
-                api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
-                log.info("a stream ended on an error: %s", api)
-                yield sse(api.body())
-            break
-    if include_usage and generations:
-        yield sse(reply.usage_chunk(prompt_tokens, generations, splits))
-    yield sse("[DONE]")
 
 
 class _Http(H11Protocol):

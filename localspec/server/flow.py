@@ -1,17 +1,21 @@
 """How a route runs its translated request on the one engine path: queued on the `Runner`, watched for a client
-that leaves (`watched`), awaited whole (`whole`) or followed event by event (`streamed`). Every route — chat
-completions, completions, Messages, Responses — goes through these two, so each is a translation of its own wire
-shape onto `request.Request`, never a second engine.
+that leaves (`watched`), awaited whole (`whole`) or followed event by event (`streamed`: a `Stream`, whose `events`
+is the one reader of the engine's events, a failure mapped to an `ApiError` there once). Both give the neutral
+`Answer` (server/answer.py); every route — chat completions, completions, Messages, Responses — is a translation of
+its wire shape onto `request.Request` and an encoder of that answer, never a second engine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request as HttpRequest
 
 from . import request as request_mod
+from .answer import Answer, Delta, Event, Failure
 from .api import ApiError
 from .runner import Runner
 
@@ -38,17 +42,47 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, every: flo
             task.cancel()
 
 
-async def whole(http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request):
-    """The request's `Outcome`, once every choice has ended."""
+async def whole(http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request) -> Answer:
+    """The request's answer, once every choice has ended."""
     job, future = runner.submit(model, request)
-    return await watched(asyncio.wrap_future(future), http, job)
+    outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job)
+    served = outcome.served
+    answer = Answer(served.name, outcome.prompt_tokens, outcome.tools, served.engine.target_model.token_bytes)
+    for gen, split in zip(outcome.generations, outcome.splits or [None] * len(outcome.generations)):
+        answer.add(gen, split)
+    return answer
 
 
-async def streamed(
-    http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request
-) -> tuple[request_mod.Started, asyncio.Queue, request_mod.Job]:
-    """The request running: its `Started` event, the queue of the events that follow (`Token`, `Ended`, then
-    `Done`), and its job (to cancel when the stream closes).
+@dataclass(slots=True)
+class Stream:
+    """A streamed request, running: its answer (choices added as they end) and its job (cancelled when the stream
+    closes, however it closes)."""
+
+    answer: Answer
+    job: request_mod.Job
+    queue: asyncio.Queue[request_mod.Event]
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The engine's events as the answer's: a `Delta` per token, a `Choice` as each ends (added to the answer),
+        then a `Failure` if the request failed."""
+        while True:
+            item = await self.queue.get()
+            if isinstance(item, request_mod.Token):
+                scored = item.logprob is not None and item.event.token is not None
+                yield Delta(item.index, item.pieces, (item.event.token, item.logprob) if scored else None)
+            elif isinstance(item, request_mod.Ended):
+                yield self.answer.add(item.generation, item.split)
+            elif isinstance(item, request_mod.Done):
+                error = item.future.exception()
+                if error is not None:
+                    api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
+                    log.info("a stream ended on an error: %s", api)
+                    yield Failure(api)
+                return
+
+
+async def streamed(http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request) -> Stream:
+    """The request running, once it has started (the prompt read, the pair known).
 
     Raises:
         ApiError: refused before generating (a prompt too long, a failed switch), or cancelled while waiting.
@@ -69,4 +103,4 @@ async def streamed(
         first.future.result()  # a plain error
         raise ApiError(499, "the request was cancelled", code="cancelled")
     assert isinstance(first, request_mod.Started)
-    return first, queue, job
+    return Stream(Answer(first.model, first.prompt_tokens, first.tools, first.token_bytes), job, queue)

@@ -1,7 +1,8 @@
 """`POST /v1/responses`, `GET` and `DELETE /v1/responses/{id}`: OpenAI's Responses API over the one engine path.
 
 The body is translated (server/responses_api.py) into the chat route's `request.Request` — after the stored
-conversation of `previous_response_id` — and run by `flow`. The answer is written back as a response object whose
+conversation of `previous_response_id` — and run by `flow`. The neutral `Answer` (server/answer.py) is written by
+`_Response` here as a response object whose
 `output` holds a `reasoning` item (a thinking model's thinking), a `message` item and `function_call` items, or as
 the Responses event stream (`response.created`, `response.in_progress`, `response.output_item.added`,
 `response.content_part.added`, `response.output_text.delta`, `response.reasoning_text.delta`,
@@ -18,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
@@ -27,9 +28,8 @@ from localspec.core.session import Message
 from localspec.core.thinking import THINKING
 
 from . import flow
-from . import request as request_mod
+from .answer import Answer, Choice, Delta, Event, Failure
 from .api import ApiError, parse_body
-from .render import Reply, usage_and_timings
 from .responses_api import IGNORED, UNSUPPORTED, ResponsesRequest, messages_from_json, messages_to_json
 from .runner import Runner
 from .store import ResponseStore
@@ -60,25 +60,22 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
             history = messages_from_json(found[1])
         request = parsed.to_request(history)
         turns = request.messages[1:] if parsed.instructions else request.messages
-        answer = _Answer(parsed, store, list(turns or ()))
+        response = _Response(parsed, store, list(turns or ()))
         if parsed.store:  # a store that cannot be used is said before the answer is generated, not after
             await store.check()
         if not parsed.stream:
-            outcome = await flow.whole(http, runner, parsed.model, request)
-            token_bytes = outcome.served.engine.target_model.token_bytes
-            answer.reply = Reply("chat", outcome.served.name, tools=outcome.tools, token_bytes=token_bytes)
-            [gen], [split] = outcome.generations or [None], outcome.splits or [None]
-            if gen is None:
+            answer = await flow.whole(http, runner, parsed.model, request)
+            if not answer.choices:
                 raise ApiError(499, "the request was cancelled", code="cancelled")
-            return JSONResponse(await answer.finish(outcome.prompt_tokens, gen, split))
-        first, queue, job = await flow.streamed(http, runner, parsed.model, request)
-        answer.reply = Reply("chat", first.model, tools=first.tools, token_bytes=first.token_bytes)
+            return JSONResponse(await response.finish(answer, answer.choices[0]))
+        stream = await flow.streamed(http, runner, parsed.model, request)
+        response.model = stream.answer.model
 
         def closed() -> None:
-            job.cancel()
-            answer.cancelled()
+            stream.job.cancel()
+            response.cancelled()
 
-        return event_stream(answer.events(queue, first.prompt_tokens), closed)
+        return event_stream(response.events(stream.answer, stream.events()), closed)
 
     async def get(http: HttpRequest) -> Response:
         found = await store.get(http.path_params["id"])
@@ -105,16 +102,18 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"no stored response '{response_id}'", param="response_id", code="not_found")
 
 
-class _Answer:
-    """One response: its object (whole or built up event by event), its store."""
+class _Response:
+    """One response: its object (whole or built up event by event) written from the `Answer`, its store."""
 
     def __init__(self, parsed: ResponsesRequest, store: ResponseStore, turns: list[Message]) -> None:
         self.parsed, self.store, self.turns = parsed, store, turns
         self.id, self.created = _id("resp_"), int(time.time())
-        self.reply: Reply | None = None
+        self.model: str | None = None  # the pair that answered, once known
         self.output: list[dict] = []
         self.done = False
         self.seq = 0
+        self._open_kind: str | None = None  # the item a stream is writing ("reasoning", "message"), and its text
+        self._buffer: list[str] = []
 
     def body(self, status: str, extra: dict | None = None) -> dict:
         p = self.parsed
@@ -126,7 +125,7 @@ class _Answer:
             "object": "response",
             "created_at": self.created,
             "status": status,
-            "model": self.reply.model if self.reply else p.model,
+            "model": self.model or p.model,
             "output": self.output,
             "instructions": p.instructions,
             "tools": tools,
@@ -147,41 +146,33 @@ class _Answer:
             **(extra or {}),
         }
 
-    def items(self, gen, split) -> list[dict]:
-        """The output items of a finished generation: reasoning, the message, the function calls."""
-        items = []
-        if split is not None and split.reasoning:
-            items.append(_reasoning(split.reasoning))
-        text, calls = self.reply.calls(0, gen, split)
-        if text:
-            items.append(_message(text))
-        items += [_call(c) for c in calls]
-        return items
+    def items(self, choice: Choice) -> list[dict]:
+        """The output items of a finished choice: reasoning, the message, the function calls."""
+        items = [_reasoning(choice.reasoning)] if choice.reasoning else []
+        if choice.text:
+            items.append(_message(choice.text))
+        return items + [_call(c) for c in choice.calls]
 
-    async def finish(self, prompt_tokens: int, gen, split) -> dict:
+    async def finish(self, answer: Answer, choice: Choice) -> dict:
         """The final response object; stored unless `store: false`."""
+        self.model = answer.model
         if not self.output:
-            self.output = self.items(gen, split)
-        both = usage_and_timings(prompt_tokens, [gen], [split])
-        u = both["usage"]
+            self.output = self.items(choice)
+        u = answer.usage()
         usage = {
-            "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens": u["completion_tokens"],
-            "output_tokens_details": {
-                "reasoning_tokens": u.get("completion_tokens_details", {}).get("reasoning_tokens", 0)
-            },
-            "total_tokens": u["total_tokens"],
+            "input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens or 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
         }
-        status = {"length": "incomplete", "cancelled": "cancelled"}.get(gen.finish_reason, "completed")
-        extra = {"usage": usage, "timings": both["timings"], "localspec": both["localspec"]}
+        status = {"length": "incomplete", "cancelled": "cancelled"}.get(choice.finish, "completed")
+        extra = {"usage": usage, **answer.stats()}
         if status == "incomplete":
             extra["incomplete_details"] = {"reason": "max_output_tokens"}
         body = self.body(status, extra)
         self.done = True
-        text, calls = self.reply.calls(0, gen, split)
-        reasoning = split.reasoning if split is not None else ""
-        await self._keep(body, Message("assistant", text or "", reasoning, tuple(calls)))
+        await self._keep(body, Message("assistant", choice.text or "", choice.reasoning, tuple(choice.calls)))
         return body
 
     def cancelled(self) -> None:
@@ -206,44 +197,48 @@ class _Answer:
         payload = {"type": kind, "sequence_number": self.seq, **data}
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
 
-    async def events(self, queue: asyncio.Queue, prompt_tokens: int) -> AsyncIterator[bytes]:
+    async def events(self, answer: Answer, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+        """The Responses event stream: created, in progress, each item's events, then completed (or incomplete,
+        failed) — or `error` where the request failed."""
         yield self._event("response.created", response=self.body("in_progress"))
         yield self._event("response.in_progress", response=self.body("in_progress"))
-        open_kind: str | None = None
-        buffer: list[str] = []
-        while True:
-            item = await queue.get()
-            if isinstance(item, request_mod.Token):
-                for part, text, _ in item.pieces:
-                    kind = "reasoning" if part == THINKING else "message"
-                    if kind == "message" and self.reply.tools is not None:
-                        continue  # with tools the answer is parsed when it ends
-                    if open_kind != kind:
-                        for chunk in self._close(open_kind, buffer):
-                            yield chunk
-                        open_kind, buffer = kind, []
-                        for chunk in self._open(kind):
-                            yield chunk
-                    buffer.append(text)
-                    yield self._delta(kind, text)
-            elif isinstance(item, request_mod.Ended):
-                for chunk in self._close(open_kind, buffer):
+        async for event in events:
+            if isinstance(event, Delta):
+                for chunk in self._pieces(event, tools=answer.tools is not None):
                     yield chunk
-                open_kind = None
-                if self.reply.tools is not None:
-                    for whole in self.items(item.generation, item.split):
-                        if whole["type"] != "reasoning":
-                            for chunk in self._whole(whole):
-                                yield chunk
-                body = await self.finish(prompt_tokens, item.generation, item.split)
-                kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(body["status"])
-                yield self._event(kind or "response.completed", response=body)
-            elif isinstance(item, request_mod.Done):
-                error = item.future.exception()
-                if error is not None:
-                    api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
-                    yield self._event("error", **api.body()["error"])
-                return
+            elif isinstance(event, Choice):
+                async for chunk in self._end(answer, event):
+                    yield chunk
+            else:
+                assert isinstance(event, Failure)
+                yield self._event("error", **event.error.body()["error"])
+
+    def _pieces(self, delta: Delta, tools: bool) -> Iterator[bytes]:
+        """A token's text: reasoning and message items (with tools the answer waits to be parsed at its end)."""
+        for part, text, _ in delta.pieces:
+            kind = "reasoning" if part == THINKING else "message"
+            if kind == "message" and tools:
+                continue
+            if self._open_kind != kind:
+                yield from self._close(self._open_kind, self._buffer)
+                self._open_kind, self._buffer = kind, []
+                yield from self._open(kind)
+            self._buffer.append(text)
+            yield self._delta(kind, text)
+
+    async def _end(self, answer: Answer, choice: Choice) -> AsyncIterator[bytes]:
+        """The answer's end: the open item closed, the message and calls where tools were offered, the final object."""
+        for chunk in self._close(self._open_kind, self._buffer):
+            yield chunk
+        self._open_kind = None
+        if answer.tools is not None:
+            for whole in self.items(choice):
+                if whole["type"] != "reasoning":
+                    for chunk in self._whole(whole):
+                        yield chunk
+        body = await self.finish(answer, choice)
+        kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(body["status"])
+        yield self._event(kind or "response.completed", response=body)
 
     def _open(self, kind: str) -> list[bytes]:
         item = _reasoning("") if kind == "reasoning" else _message("")
