@@ -42,8 +42,8 @@ SEQ_MAX = 64  # inputs decoded together in one batch, at most
 
 
 def packs(lengths: list[int], n_ctx: int, seq_max: int = SEQ_MAX) -> list[range]:
-    """The inputs' indices split, in order, into batches of at most `seq_max` inputs and `n_ctx` tokens in all (each
-    length at most `n_ctx`)."""
+    """The inputs' indices split, in order, into batches of at most `seq_max` inputs and `n_ctx` tokens in all (an
+    input longer than that is a batch alone)."""
     out, start, used = [], 0, 0
     for i, n in enumerate(lengths):
         if i > start and (used + n > n_ctx or i - start == seq_max):

@@ -1,7 +1,8 @@
 """`POST /v1/embeddings`: OpenAI's embeddings from the loaded target (an embeddings context made over its model on
 first use, pooled as its GGUF says, mean where it says nothing) or from `serve --embedding-model PATH` (loaded on
 first use). The work runs as a job on the one worker thread, in its turn, so it never races a generation: the inputs
-are decoded a batch at a time (`packs`: up to 64 inputs in one decode), and between batches the job stops if its
+are tokenized and decoded a batch at a time (`packs`: up to 64 inputs and 512 tokens in one decode, a longer input
+alone), and between batches the job stops if its
 client went away or the server is stopping, and — with several slots — the running chats take their next step.
 
 Inputs are checked before the engine sees them, as chat requests are: a string, a list of strings, a token array or
@@ -23,7 +24,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from localspec.errors import LocalspecError
-from localspec.llama.embedding import EmbeddingContext, packs
+from localspec.llama.embedding import SEQ_MAX, EmbeddingContext, packs
 from localspec.llama.model import Model
 
 from . import flow
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 INPUTS_MAX = 2048  # inputs per request, as OpenAI allows
 TOKENS_MAX = 65_536  # tokens per request, all inputs together: a bound on the engine time one request may ask for
+BATCH_TOKENS = 512  # tokens a batch of inputs holds (a longer input has one alone): a stop waits one such decode
 
 
 class EmbeddingsRequest(_Strict):
@@ -90,7 +92,11 @@ def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str
             except LocalspecError as e:
                 raise ApiError(400, f"no embeddings: {e}", param="model", code="embeddings_unavailable") from None
             _check_dimensions(parsed.dimensions, name, context)
-            tokens = [_tokens(context, item, "input" if single else f"input.{i}") for i, item in enumerate(inputs)]
+            tokens = []
+            for i, item in enumerate(inputs):
+                if i and i % SEQ_MAX == 0:
+                    yield  # thousands of inputs take a while to tokenize: a stop or a client gone is seen between
+                tokens.append(_tokens(context, item, "input" if single else f"input.{i}"))
             total = sum(map(len, tokens))
             if total > TOKENS_MAX:
                 raise ApiError(
@@ -101,7 +107,7 @@ def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str
                     code="too_many_tokens",
                 )
             vectors: list[np.ndarray] = []
-            for part in packs([len(t) for t in tokens], context.n_ctx):
+            for part in packs([len(t) for t in tokens], min(context.n_ctx, BATCH_TOKENS)):
                 yield
                 vectors += context.embed_batch([tokens[i] for i in part])
             return name, vectors, total

@@ -1,5 +1,5 @@
 """One request's half of the server: what it asks (`Request`), its place in the queue (`Job`), how it runs on the
-loaded pair (`complete`: the thinking switch, the prompt, the room, the params, each choice), the typed events it
+loaded pair (`steps`: the thinking switch, the prompt, the room, the params, each choice), the typed events it
 streams (`Started`, `Token`, `Ended`, then the app's `Done`) and what it leaves (`Outcome`).
 """
 
@@ -128,22 +128,6 @@ Event = Started | Token | Ended | Done
 Emit = Callable[[Event], None]
 
 
-def complete(
-    served: Served, request: Request, job: Job, emit: Emit, *, default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> Outcome:
-    """Run `request` on the loaded pair (worker thread): tokenize, check the room, generate each choice.
-
-    Raises:
-        ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
-    """
-    run = steps(served, request, job, emit, default_max_tokens=default_max_tokens)
-    while True:
-        try:
-            next(run)
-        except StopIteration as end:
-            return end.value
-
-
 PROMPT_CHUNK = 256  # tokens of a prompt read per scheduler tick while others may answer (`Generation.read_prompt`)
 
 
@@ -157,7 +141,8 @@ def steps(
     slot: Callable[[list[int]], KVSequence] | None = None,
     batched: Callable[[], bool] | None = None,
 ) -> Generator[None, None, Outcome]:
-    """`complete` one step at a time: it yields after each step of the engine and returns the `Outcome`
+    """Run `request` on the loaded pair (engine thread) one step at a time: tokenize, check the room, generate each
+    choice; it yields after each step of the engine and returns the `Outcome`
     (`serve --parallel` interleaves several requests' steps, server/scheduler.py).
 
     Args:
@@ -165,7 +150,7 @@ def steps(
         batched: whether other requests share the target's batch now (each step then decodes plainly).
 
     Raises:
-        ApiError: as `complete`.
+        ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
     """
     engine = served.engine
     think = _think(served, request) if request.messages is not None else None

@@ -1,7 +1,8 @@
 """The one loaded pair behind the server and the one thread that drives it: requests in arrival order (DESIGN §8).
 
 llama.cpp calls block and the caches are one state, so every request is a job on a single worker thread (a
-one-thread executor: first come, first served), which alone touches the `Engine`. Successive requests share the
+one-thread executor), which alone touches the `Engine`; its scheduler (server/scheduler.py) runs the jobs there, in
+slots — one, or several stepping in turn — in arrival order. Successive requests share the
 KV prefix the previous one left in both caches (`KVSequence.sync`), so a chat that grows by one turn decodes only
 that turn. At most `max_queue` jobs wait or run; past that a request is refused at once (503). A request for
 another configured pair loads it on the worker thread, in its turn, like Ollama; `no_swap` refuses instead.
@@ -28,7 +29,7 @@ from localspec.models.loading import load_engine, load_params, resolve_models
 from localspec.paths import Paths
 
 from .api import ApiError
-from .request import Emit, Event, Job, Outcome, Request, complete
+from .request import Emit, Event, Job, Outcome, Request
 from .scheduler import Entry, Scheduler
 from .served import Served
 
@@ -67,7 +68,7 @@ class Runner:
         self.max_queue = max_queue
         self.auto = parallel == 0
         self.parallel = parallel or AUTO_SLOTS  # until a load says how many the target takes
-        self.scheduler = Scheduler(self, self.parallel) if self.parallel > 1 else None
+        self.scheduler = Scheduler(self, self.parallel)  # one path for one slot and for several
         self.served: Served | None = None
         self.loading: str | None = None  # the pair being loaded (a switch in progress), for /health
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
@@ -114,7 +115,7 @@ class Runner:
         )
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
         # The slots this target takes (a switch may change them; the scheduler serves one as well).
-        if self.auto and self.scheduler is not None:
+        if self.auto:
             self.parallel = self.scheduler.n_slots = engine.target.ctx.n_seq
             log.info(
                 "%d slots of %d tokens each%s",
@@ -122,8 +123,7 @@ class Runner:
                 engine.n_ctx,
                 f": {engine.slots_note}" * bool(engine.slots_note),
             )
-        if self.scheduler is not None:
-            self.scheduler.prepare(self.served)
+        self.scheduler.prepare(self.served)
         return self.served
 
     def model_ids(self) -> list[str]:
@@ -168,10 +168,7 @@ class Runner:
     @property
     def slots_busy(self) -> int:
         """Requests generating now (at most `parallel`)."""
-        if self.scheduler is not None:
-            return self.scheduler.busy
-        with self._lock:
-            return int(any(job.generation is not None for job in self._jobs))
+        return self.scheduler.busy
 
     def submit(
         self, model: str | None, request: Request | None, emit: Emit | None = None, work: Callable | None = None
@@ -199,11 +196,9 @@ class Runner:
                     headers={"Retry-After": "1"},
                 )
             self._jobs.append(job)
-        if self.scheduler is not None:
-            future: Future[Outcome] = Future()
-            self.scheduler.add(Entry(job, pair, request, emit or _ignore, work, future))
-            return job, future
-        return job, self._executor.submit(self._run_job, job, pair, request, emit or _ignore, work)
+        future: Future[Outcome] = Future()
+        self.scheduler.add(Entry(job, pair, request, emit or _ignore, work, future))
+        return job, future
 
     def cancel_all(self) -> None:
         """Cancel every waiting and running job (the server is stopping)."""
@@ -235,16 +230,6 @@ class Runner:
             overrides={**flags.overrides, **request.overrides},
             stop=request.stop or flags.stop,
         )
-
-    def _run_job(self, job: Job, pair: str | None, request: Request | None, emit: Emit, work=None) -> Outcome:
-        try:
-            served = self.prepare(job, pair)
-            if work is not None:
-                return finish(self.checked(job, work(served)))
-            assert request is not None  # a job is a request or its work
-            return complete(served, self.with_flags(request), job, emit, default_max_tokens=self.flags.max_tokens)
-        finally:
-            self.forget(job)
 
     def prepare(self, job: Job, pair: str | None) -> Served:
         """The pair a job runs on, switched to if it asks for another (engine thread); raises for a cancelled job."""
@@ -288,15 +273,6 @@ class Runner:
                 headers={"Retry-After": "1"},
             )
         raise ApiError(499, "the request was cancelled", code="cancelled")
-
-
-def finish(work: Generator[None, None, Any]) -> Any:
-    """Run `work` to its end: what it returns."""
-    while True:
-        try:
-            next(work)
-        except StopIteration as end:
-            return end.value
 
 
 def _reload(old: Served) -> Served | None:

@@ -139,7 +139,7 @@ def test_a_request_past_the_token_bound_is_refused_before_decoding(home):
 def test_a_client_that_leaves_or_a_stop_ends_a_long_embeddings_request(smollm2_path, tmp_path):
     """2,048 inputs on SmolLM2 (many batches of a real 135M model): the client leaves, and the job stops at its next
     batch — the next chat is answered and the log says why; then SIGTERM mid-job exits promptly, no traceback."""
-    server = start_server(write_smol_home(tmp_path / "home", smollm2_path), "--pair", "smol")
+    server = start_server(write_smol_home(tmp_path / "home", smollm2_path), "--pair", "smol", "--parallel", "1")
     body = json.dumps({"input": [" ".join(WORDS)] * 2048})
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
