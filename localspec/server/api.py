@@ -3,7 +3,8 @@
 A body is JSON; its fields are read strictly (a string is not a number, 1.5 is not an integer). Fields we do not
 support are refused by name unless their value is the one that changes nothing (`logprobs: false`, `tools: []`),
 so no request is silently answered as if it had asked something else. What a request leaves out is None: the
-server's flags, then the pair's defaults, then the engine's decide (`request.Request`).
+server's flags, then the pair's defaults, then the engine's decide (`request.Request`). Our extension fields
+(sampling and speculation options, the drafter) are one base, `Extensions`, that every route's body shares.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Starlette application: OpenAI's routes over the `Runner`, server-sent events, and the security checks.
+"""The Starlette application over the `Runner`: its routes (health, models, and server/routes.py's that answer), the
+security checks, the server-sent event response, and uvicorn.
 
 `make_app(runner, settings)` is used by `localspec serve` and by the tests alike. Every answer that is not a
 success is OpenAI's error object with one line in the log and no traceback, and the server keeps serving. The
@@ -164,26 +165,6 @@ class EventStream(StreamingResponse):
 def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Starlette:
     """The application serving `runner`'s pair (loaded or not: /health says which)."""
 
-    def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ApiError as e:
-                return error_response(e, request.scope)
-            except RpcError as e:  # a lost or busy RPC worker: the server's trouble, not the request's
-                return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
-            except LocalspecError as e:
-                return error_response(ApiError(400, str(e)), request.scope)
-            except ClientDisconnect:
-                return Response(status_code=499)
-            except Exception as e:  # a bug: one line for the client and the log, the server goes on
-                log.debug("internal error", exc_info=True)
-                return error_response(
-                    ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"), request.scope
-                )
-
-        return endpoint
-
     async def read_body(request: Request, limit: int) -> bytes:
         try:
             async with asyncio.timeout(settings.timeout):
@@ -192,6 +173,24 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
             raise ApiError(
                 408, f"the body was not sent within {settings.timeout:g} s", code="request_timeout"
             ) from None
+
+    found = [*_pair_routes(runner), *answer_routes(runner, settings.max_body, read_body, EventStream, settings)]
+    routes = [Route(path, _guarded(handler), methods=methods) for path, handler, methods in found]
+    middleware = [Middleware(Guard, settings=settings)]
+    if settings.cors:
+        middleware.append(
+            Middleware(
+                _Cors,
+                allow_origins=list(settings.cors),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
+            )
+        )
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
+
+
+def _pair_routes(runner: Runner) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
+    """(path, handler, methods) of the routes about the pair: /health, the models and one model."""
 
     async def health(request: Request) -> Response:
         served, loading = runner.served, runner.loading
@@ -214,29 +213,36 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
             raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
         return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
 
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
-        return error_response(ApiError(exc.status_code, str(exc.detail), code=code), request.scope)
+    return [("/health", health, ["GET"]), ("/v1/models", models, ["GET"]), ("/v1/models/{name:path}", model, ["GET"])]
 
-    routes = [
-        Route("/health", guarded(health), methods=["GET"]),
-        Route("/v1/models", guarded(models), methods=["GET"]),
-        Route("/v1/models/{name:path}", guarded(model), methods=["GET"]),
-    ]
-    for path, handler, methods in answer_routes(runner, settings.max_body, read_body, EventStream, settings):
-        routes.append(Route(path, guarded(handler), methods=methods))
-    middleware = [Middleware(Guard, settings=settings)]
-    if settings.cors:
-        middleware.append(
-            Middleware(
-                _Cors,
-                allow_origins=list(settings.cors),
-                allow_methods=["GET", "POST", "DELETE"],
-                allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
+
+def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """`handler` whose every failure is an error object and one log line, never a traceback."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e, request.scope)
+        except RpcError as e:  # a lost or busy RPC worker: the server's trouble, not the request's
+            return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
+        except LocalspecError as e:
+            return error_response(ApiError(400, str(e)), request.scope)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        except Exception as e:  # a bug: one line for the client and the log, the server goes on
+            log.debug("internal error", exc_info=True)
+            return error_response(
+                ApiError(500, f"internal error: {type(e).__name__}: {e}", "server_error"), request.scope
             )
-        )
-    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error})
+
+    return endpoint
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+    return error_response(ApiError(exc.status_code, str(exc.detail), code=code), request.scope)
 
 
 class _Cors(CORSMiddleware):

@@ -1,7 +1,8 @@
-"""The routes that answer with the engine, each a translation onto the same request model and engine path and an
-encoder of the same `Answer`: OpenAI's chat completions and completions (server/chat_route.py), Anthropic's Messages
-(server/messages_route.py), OpenAI's Responses (server/responses_route.py), and embeddings
-(server/embeddings_route.py)."""
+"""Every route that answers with the engine, by module: OpenAI's chat completions and completions
+(server/chat_route.py), Anthropic's Messages (server/messages_route.py), OpenAI's Responses
+(server/responses_route.py) and embeddings (server/embeddings_route.py). Each translates its body onto the same
+request model and runs it on the same engine path; chat, Messages and Responses encode the same `Answer`.
+"""
 
 from __future__ import annotations
 
