@@ -68,8 +68,10 @@ class Stream:
         while True:
             item = await self.queue.get()
             if isinstance(item, request_mod.Token):
-                scored = item.logprob is not None and item.event.token is not None
-                yield Delta(item.index, item.pieces, (item.event.token, item.logprob) if scored else None)
+                token, logprob = item.event.token, item.logprob
+                yield Delta(
+                    item.index, item.pieces, (token, logprob) if token is not None and logprob is not None else None
+                )
             elif isinstance(item, request_mod.Ended):
                 yield self.answer.add(item.generation, item.split)
             elif isinstance(item, request_mod.Done):
