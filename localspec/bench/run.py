@@ -3,8 +3,7 @@
 Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run in the order
 `interleaved` gives — for each round, for each prompt, every setting in a rotating order — so the machine's noise
 hits all alike. `run_bench` measures them; `run_rpc_bench` does it behind relays that add a round trip,
-`busy_rows` with one core kept busy, `run_peer` on llama-server (localspec's own settings at the same k, and the
-peer's own strong settings, `best_peer_settings`). `rows_from` turns the tallies into the report's
+`busy_rows` with one core kept busy (llama-server's runs are peer_runs.py's). `rows_from` turns the tallies into the report's
 rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
 llama_decode and, greedy, where the output left plain decoding (exactness.py). The sampling yardstick is
 yardstick.py's, the whole bench suite.py's, the report report.py's; the flags are the CLI's.
@@ -14,20 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TypeVar
 
 from localspec.core.drafters import make_drafter
 from localspec.core.engine import Engine, Generation
 from localspec.core.grammar import Grammar
 from localspec.core.params import SpeculativeParams, needs_draft_model
-from localspec.core.placement import GpuPlan
 from localspec.core.policy import DraftPolicy, expected_tokens
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
@@ -291,7 +287,7 @@ def run_bench(
         if gen.constraint is not None:
             tally.seconds_mask += gen.constraint.seconds_mask
             tally.masks += gen.constraint.n_masks
-        progress(f"{_bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
+        progress(f"{bar(done, total)} {setting.name}, round {round_ + 1}, prompt {p + 1}")
     return tallies
 
 
@@ -323,7 +319,7 @@ def run_rpc_bench(
         turns[(rtt, setting)] += sum(r.turns for r in relays) - before
         decodes[(rtt, setting)] += engine.target.ctx.decodes - decoded
         tallies[(rtt, setting)].stats.merge(gen.stats)
-        progress(f"{_bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")
+        progress(f"{bar(done, total)} {setting.name} at +{rtt:g} ms, round {round_ + 1}")
     rows = []
     for (rtt, setting), tally in tallies.items():
         plain = next(
@@ -344,7 +340,7 @@ def run_rpc_bench(
     return rows
 
 
-def _bar(done: int, total: int, width: int = 24) -> str:
+def bar(done: int, total: int, width: int = 24) -> str:
     filled = round(width * done / total) if total else width
     return f"[{'█' * filled}{'·' * (width - filled)}] {done}/{total}"
 
@@ -374,141 +370,6 @@ def busy_rows(
                 time.sleep(0.2)  # the busy loop is running before the timed run starts
             gen, _ = _run_one(engine, prompts[p], setting, tokens)
         tallies[(setting, busy)].stats.merge(gen.stats)
-        progress(f"{_bar(done, len(tallies) * len(prompts))} one busy core: {setting.name}")
+        progress(f"{bar(done, len(tallies) * len(prompts))} one busy core: {setting.name}")
     rate = {key: tally.stats.tokens_per_second for key, tally in tallies.items()}
     return [BusyRow(s.name, rate[(s, False)], rate[(s, True)]) for s in settings]
-
-
-@dataclass(frozen=True, slots=True)
-class PeerSetting:
-    """One way llama-server decodes: plain, with its draft model (`draft-simple`), its n-gram pool (`ngram-mod`), or
-    both chained ("ngram-mod,draft-simple"); k None: the build's own default draft length."""
-
-    temperature: float
-    spec: str = ""  # --spec-type ("": plain)
-    k: int | None = 0  # --spec-draft-n-max (0 for plain and the n-gram pool alone; None: the build's default)
-    probabilistic: bool | None = False  # --spec-draft-sampling probabilistic (None: a build without the option)
-    name: str = "plain"
-
-    @property
-    def drafts_with_model(self) -> bool:
-        return "draft-simple" in self.spec.split(",")
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature)
-
-
-def peer_settings(settings: list[Setting], *, draft_sampling: bool = True) -> list[Setting]:
-    """The settings llama-server can run too: plain and each fixed k (greedy drafting for T 0 and `match`,
-    its probabilistic mode for `pq` where the build has `--spec-draft-sampling`)."""
-    return [s for s in settings if s.k is not None and (draft_sampling or not _probabilistic(s))]
-
-
-def same_k(setting: Setting, *, draft_sampling: bool = True) -> PeerSetting:
-    """llama-server's run of one of localspec's settings (plain, or a fixed k: see `peer_settings`)."""
-    if not setting.k:
-        return PeerSetting(setting.temperature)
-    return PeerSetting(
-        setting.temperature,
-        "draft-simple",
-        setting.k,
-        _probabilistic(setting) if draft_sampling else None,
-        name=dataclasses.replace(setting, drafter="").name,  # the peer has one drafter: its draft model
-    )
-
-
-def best_peer_settings(temperatures: Sequence[float], build) -> list[PeerSetting]:
-    """llama-server's own strong settings at each temperature (`build`: a `peer.PeerBuild`): its draft at its default
-    draft length, at 8 and at 16, its n-gram pool (`ngram-mod`) alone and chained before the draft at 8 — the draft
-    verified by rejection sampling at T > 0 where the build has it, as its users would run it."""
-    out = []
-    for t in temperatures:
-        probabilistic = (t > 0) if build.draft_sampling else None
-        suffix = " prob" if probabilistic else ""
-        for k in dict.fromkeys([build.default_k, 8, 16]):  # the default first, once
-            label = f"draft k={k}" if k is not None else "draft"
-            label += " (default)" if k == build.default_k else ""
-            out.append(PeerSetting(t, "draft-simple", k, probabilistic, name=label + suffix))
-        if "ngram-mod" in build.spec_types:
-            out.append(PeerSetting(t, "ngram-mod", 0, None, name="ngram-mod"))
-            out.append(PeerSetting(t, "ngram-mod,draft-simple", 8, probabilistic, name=f"ngram-mod+draft k=8{suffix}"))
-    return out
-
-
-def needs_draft_sampling(setting: Setting) -> bool:
-    """Whether llama-server runs `setting` only with `--spec-draft-sampling probabilistic` (a pq row)."""
-    return _probabilistic(setting)
-
-
-def _probabilistic(setting: Setting) -> bool:
-    return bool(setting.k) and setting.temperature > 0 and setting.verify == "pq"
-
-
-@dataclass(slots=True)
-class PeerTally:
-    """llama-server's runs of each setting so far: each prompt's tok/s, and the tokens drafted and accepted."""
-
-    rates: dict[PeerSetting, list[float]] = field(default_factory=dict)
-    drafted: dict[PeerSetting, list[int]] = field(default_factory=dict)  # [drafted, accepted]
-
-    def result(self) -> dict[PeerSetting, tuple[float, float]]:
-        """(median tok/s, acceptance) per setting."""
-        return {
-            s: (statistics.median(rates), self.drafted[s][1] / self.drafted[s][0] if self.drafted[s][0] else 0.0)
-            for s, rates in self.rates.items()
-        }
-
-
-def run_peer(
-    binary: Path,
-    target: str,
-    draft: str,
-    prompts: list[list[int]],
-    settings: list[PeerSetting],
-    *,
-    tokens: int,
-    rounds: range,
-    threads: int,
-    n_ctx: int,
-    placed: GpuPlan | None,
-    progress: Callable[[str], None],
-    tally: PeerTally | None = None,
-) -> PeerTally:
-    """llama-server's runs of each setting in each of `rounds` (one alone between localspec's own), one server per
-    setting and round, every prompt; added to `tally` where given (the rounds before)."""
-    from .peer import LlamaServer
-
-    tally = PeerTally() if tally is None else tally
-    done = 0
-    for round_ in rounds:
-        for setting in rotated(settings, round_):  # one server per setting and round: the whole prompt list
-            with LlamaServer(
-                binary,
-                target,
-                draft if setting.drafts_with_model else None,
-                k=setting.k,
-                probabilistic=setting.probabilistic,
-                spec=setting.spec,
-                threads=threads,
-                n_ctx=n_ctx,
-                placed=placed,
-            ) as server:
-                for p, prompt in enumerate(prompts):
-                    sp = setting.sampling
-                    result = server.complete(
-                        prompt,
-                        n_predict=tokens,
-                        temperature=sp.temperature,
-                        top_k=sp.top_k,
-                        top_p=sp.top_p,
-                        min_p=sp.min_p,
-                        seed=1000 * round_ + p,
-                    )
-                    tally.rates.setdefault(setting, []).append(result.tokens_per_second)
-                    counts = tally.drafted.setdefault(setting, [0, 0])
-                    counts[0] += result.drafted
-                    counts[1] += result.accepted
-            done += 1
-            progress(f"{_bar(done, len(rounds) * len(settings))} llama-server {setting.name}, round {round_ + 1}")
-    return tally

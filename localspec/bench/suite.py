@@ -20,6 +20,7 @@ from localspec.models.flags import RunFlags
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
 from localspec.paths import Paths
 
+from . import peer_runs
 from . import run as bench
 from .exactness import logit_noise
 from .report import BenchReport, BestPeer, PeerRow, Row, machine_line, now
@@ -232,15 +233,15 @@ class _Peer:
 
         self.report, self.binary, self.plan, self.prompts, self.show = report, binary, plan, prompts, show
         self.n_ctx, self.placed, self.threads = engine.n_ctx, engine.plan, threads
-        self.tally: bench.PeerTally | None = bench.PeerTally()
+        self.tally: peer_runs.PeerTally | None = peer_runs.PeerTally()
         try:
             build = peer_build(binary)
         except PeerError as e:
             self._failed(e)
             return
         free = [s for s in plan.settings if s.k is not None and not s.schema]  # the peer runs free text only
-        same = {s: bench.same_k(s, draft_sampling=build.draft_sampling) for s in free}
-        self.same = {s: p for s, p in same.items() if build.draft_sampling or not bench.needs_draft_sampling(s)}
+        same = {s: peer_runs.same_k(s, draft_sampling=build.draft_sampling) for s in free}
+        self.same = {s: p for s, p in same.items() if build.draft_sampling or not peer_runs.needs_draft_sampling(s)}
         if len(self.same) < len(free):
             report.notes.append(
                 "this llama-server has no --spec-draft-sampling (an older build): it verifies by sampling "
@@ -249,7 +250,8 @@ class _Peer:
         if "ngram-mod" not in build.spec_types:
             report.notes.append("this llama-server has no ngram-mod: its best is sought among its draft settings")
         # a same-k run and a strong setting that are one run: once
-        self.runs = {_runs_as(p): p for p in [*self.same.values(), *bench.best_peer_settings(plan.temperatures, build)]}
+        strong = peer_runs.best_peer_settings(plan.temperatures, build)
+        self.runs = {_runs_as(p): p for p in [*self.same.values(), *strong]}
 
     def _failed(self, e: Exception) -> None:
         self.report.notes.append(f"llama-server failed: {e}")
@@ -263,7 +265,7 @@ class _Peer:
             return
         plan = self.plan
         try:
-            bench.run_peer(
+            peer_runs.run_peer(
                 self.binary,
                 plan.target,
                 plan.draft,
@@ -309,7 +311,7 @@ class _Peer:
         report.best_peer = _headline(report.rows, best, self.plan.headline)
 
 
-def _runs_as(p: bench.PeerSetting) -> tuple:
+def _runs_as(p: peer_runs.PeerSetting) -> tuple:
     """What makes two peer settings one run (their names aside)."""
     return (p.temperature, p.spec, p.k, p.probabilistic)
 

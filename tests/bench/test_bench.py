@@ -211,7 +211,8 @@ def test_an_older_llama_server_without_draft_sampling_runs_its_greedy_rows_only(
     """llama-server builds before `--spec-draft-sampling` refuse the option (the CUDA build of the pinned
     source did): bench asks `--help` first, leaves the option out and runs no pq rows on such a build."""
     from localspec.bench.peer import LlamaServer, has_draft_sampling
-    from localspec.bench.run import peer_settings, settings_for
+    from localspec.bench.peer_runs import peer_settings
+    from localspec.bench.run import settings_for
 
     old, new = tmp_path / "old-server", tmp_path / "new-server"
     old.write_text("#!/bin/sh\necho '--spec-draft-n-max N   most draft tokens'\n")

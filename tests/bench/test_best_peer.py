@@ -13,8 +13,8 @@ from support.benchrun import bench_tiny
 from support.fakepeer import HELP_OLD, write_fake_peer
 
 from localspec.bench.peer import LlamaServer, PeerBuild, peer_build
+from localspec.bench.peer_runs import PeerSetting, best_peer_settings
 from localspec.bench.report import from_json, render
-from localspec.bench.run import PeerSetting, best_peer_settings
 from localspec.core.params import DEFAULT_MODEL_DRAFTER as DEFAULT
 
 
