@@ -3,8 +3,8 @@
 Settings (plain, each fixed k, adaptive; per temperature and, at T > 0, per verification) run in the order
 `interleaved` gives — for each round, for each prompt, every setting in a rotating order — so the machine's noise
 hits all alike. `run_bench` measures them; `run_rpc_bench` does it behind relays that add a round trip,
-`busy_rows` with one core kept busy (llama-server's runs are peer_runs.py's). `rows_from` turns the tallies into the report's
-rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
+`busy_rows` with one core kept busy (llama-server's runs are peer_runs.py's). `rows_from` turns the tallies into the
+report's rows: the measured costs c and v(k), the speed-up E(k)/(k·c + v(k)) they predict, the Python time outside
 llama_decode and, greedy, where the output left plain decoding (exactness.py). The sampling yardstick is
 yardstick.py's, the whole bench suite.py's, the report report.py's; the flags are the CLI's.
 """
