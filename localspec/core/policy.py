@@ -74,7 +74,7 @@ class PolicyState(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Choice:
+class DraftLength:
     """The policy's draft length for the next step, and why it is 0 when it chose plain decoding."""
 
     k: int
@@ -121,7 +121,7 @@ class DraftPolicy:
         self._probe_price = 0.0  # plain steps the latest probe was expected to lose (without catching up)
         self._steps_on = 0
         self._unmeasured = 0
-        self._last = Choice(0)
+        self._last = DraftLength(0)
         self._held = 0  # the draft length speculation last ran with (`hold`)
         self._plain_rate = RecentMedian(tuning.window)  # tokens/s of recent plain steps
         self._spec_rate = RecentMedian(tuning.window)  # tokens/s of recent speculative steps
@@ -174,7 +174,7 @@ class DraftPolicy:
         """Whether the drafter should follow the prompt now (not while adaptive speculation is off)."""
         return not (adaptive and self.off) or self._start_probes > 0
 
-    def choose(self, adaptive: bool, limit: int, *, timed: bool = True, cap: int | None = None) -> Choice:
+    def choose(self, adaptive: bool, limit: int, *, timed: bool = True, cap: int | None = None) -> DraftLength:
         """The draft length for the next step, at most `limit` (--draft-max) and `cap`.
 
         With `adaptive` off, k is the smaller of the two. With `timed` off (a fixed seed), the choice uses the
@@ -189,27 +189,27 @@ class DraftPolicy:
             choice = self._decide(limit, costs, timed)
             if choice.k > cap:
                 k, speedup = self.best(cap, costs)
-                choice = Choice(k if speedup > 1.0 or choice.probe else 0, probe=choice.probe)
+                choice = DraftLength(k if speedup > 1.0 or choice.probe else 0, probe=choice.probe)
         else:
-            choice = Choice(cap, self.reason if adaptive and self.off else "")
+            choice = DraftLength(cap, self.reason if adaptive and self.off else "")
         self._last = choice
         return choice
 
-    def _decide(self, limit: int, costs: Costs, timed: bool) -> Choice:
+    def _decide(self, limit: int, costs: Costs, timed: bool) -> DraftLength:
         tuning = self.tuning
         missing = costs.missing()
         if missing == "plain":
-            return Choice(0, "adaptive: timing a plain step")
+            return DraftLength(0, "adaptive: timing a plain step")
         if missing:
             # Explore until enough drafted steps were timed; a drafter that proposes nothing is retried rarely.
             self._unmeasured += 1
             if self._unmeasured <= 16 or self._unmeasured % 64 == 0:
-                return Choice(min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]))
-            return Choice(0, "adaptive: the drafter has proposed nothing to time yet")
+                return DraftLength(min(limit, tuning.explore[self._unmeasured % len(tuning.explore)]))
+            return DraftLength(0, "adaptive: the drafter has proposed nothing to time yet")
         cheap = self.off and not (self._start_probes or self._probed)
         if cheap and self.credit < self._probe_price + self.lag * costs.catch_up_ratio():
             self.state = PolicyState.OFF
-            return Choice(0, self.reason)  # off, nothing new learnt, no probe affordable yet: nothing to weigh
+            return DraftLength(0, self.reason)  # off, nothing new learnt, no probe affordable yet: nothing to weigh
         self._probed = False
         k, speedup = self.best(limit, costs)
         if 0 < self._held <= limit and k != self._held:
@@ -230,8 +230,8 @@ class DraftPolicy:
             self._held = k
             self._steps_on += 1
             if timed and self._steps_on % tuning.retime_every == 0:
-                return Choice(0, "adaptive: timing a plain step")
-            return Choice(k)
+                return DraftLength(0, "adaptive: timing a plain step")
+            return DraftLength(k)
         self._probe_price = max(self.probe_cost(k, costs, lag=0), 0.0)
         cost = self.probe_cost(k, costs)
         if self.credit >= cost or self._start_probes:  # a probe, paid from the credit (a start probe, once judged
@@ -239,14 +239,14 @@ class DraftPolicy:
             self.credit -= cost
             self._start_probes = max(self._start_probes - 1, 0)
             self.state = PolicyState.PROBING
-            return Choice(k, probe=True)
+            return DraftLength(k, probe=True)
         self.state = PolicyState.OFF
         self._start_probes = 0
         self.reason = (
             f"adaptive: plain decoding is faster (α̂ {self.alpha:.2f}, draft cost "
             f"{costs.draft_ratio():.2f}, best k {k} predicts {speedup:.2f}×)"
         )
-        return Choice(0, self.reason)
+        return DraftLength(0, self.reason)
 
     def _record_decision(self, k: int, speedup: float, costs: Costs) -> None:
         plain, spec = self._plain_rate, self._spec_rate
@@ -273,7 +273,7 @@ class DraftPolicy:
 
     def observe(self, step: Step) -> None:
         """Learn from the step just run (call it with what `speculative_step` returned)."""
-        last, self._last = self._last, Choice(0)
+        last, self._last = self._last, DraftLength(0)
         timing = step.timing
         self.costs.observe(
             step.drafted, timing.seconds_verify + timing.seconds_sampling, timing.seconds_draft, step.draft_decoded

@@ -95,7 +95,7 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class ChatMessage(_Strict):
+class ChatMessageBody(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
@@ -270,7 +270,7 @@ class TemplateKwargs(_Strict):
 
 
 class ChatRequest(_Common):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessageBody], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     chat_template_kwargs: TemplateKwargs | None = None
     tools: list[Tool] | None = None

@@ -101,7 +101,7 @@ class FunctionTool(FunctionSpec):
     type: Literal["function"]
 
 
-class NamedFunction(_Strict):
+class FunctionChoice(_Strict):
     type: Literal["function"]
     name: str
 
@@ -129,7 +129,7 @@ class ResponsesRequest(Extensions):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool = True
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
@@ -165,7 +165,7 @@ class ResponsesRequest(Extensions):
     @field_validator("tool_choice")
     @classmethod
     def _named_tool_exists(cls, value, info):
-        if isinstance(value, NamedFunction) and value.name not in {t.name for t in info.data.get("tools") or ()}:
+        if isinstance(value, FunctionChoice) and value.name not in {t.name for t in info.data.get("tools") or ()}:
             raise ValueError(f"tool_choice names {value.name!r}, which is not one of the tools")
         return value
 
@@ -214,7 +214,7 @@ class ResponsesRequest(Extensions):
         if not self.tools:
             return None
         choice = self.tool_choice or "auto"
-        if isinstance(choice, NamedFunction):
+        if isinstance(choice, FunctionChoice):
             return choice.name
         return None if choice == "none" else choice
 

@@ -10,7 +10,7 @@ from support.fakellm import LogitTable, fake_engine
 
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import (
-    Choice,
+    DraftLength,
     DraftPolicy,
     EstimatedCosts,
     MeasuredCosts,
@@ -42,7 +42,7 @@ def test_k_grows_with_the_acceptance_estimate():
 
 
 def test_fixed_draft_length_when_not_adaptive():
-    assert policy_with_alpha(0.0).choose(False, 6) == Choice(6, "", probe=False)
+    assert policy_with_alpha(0.0).choose(False, 6) == DraftLength(6, "", probe=False)
 
 
 def test_not_judged_before_enough_drafts_were_verified():
@@ -233,7 +233,7 @@ def timed_step(k: int, accepted: int, *, plain: float, draft_token: float, slope
 
 def run_turn(
     policy: DraftPolicy, steps: int, *, draft_token: float, alpha: float, plain: float = 0.010
-) -> list[Choice]:
+) -> list[DraftLength]:
     """One generation against a draft that is accepted with rate `alpha` (deterministically spread)."""
     policy.start()
     choices, credit = [], 0.0
