@@ -61,10 +61,11 @@ def register(sub) -> None:
     p.add_argument(
         "--parallel",
         default=DEFAULT_PARALLEL,
-        metavar="N|auto",
-        help="most requests generating at once, decoded together in one batch, each in --n-ctx tokens of its own; "
-        "a request alone still speculates (default auto: 4 where their KV cache fits in a quarter of the memory "
-        "left, 1 where the target cannot take several streams — a recurrent or hybrid model, an MTP head)",
+        metavar="N",
+        help="most requests generating at once (a count, or auto), decoded together in one batch, each in --n-ctx "
+        "tokens of its own; a request alone still speculates (default auto: 4 where their KV cache fits in a "
+        "quarter of the memory left, 1 where the target cannot take several streams — a recurrent or hybrid "
+        "model, an MTP head)",
     )
     p.add_argument(
         "--timeout",
