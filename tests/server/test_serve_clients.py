@@ -7,27 +7,21 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import jsonschema
 import pytest
-from support.server import start_server, write_smol_home
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
 ASK = "What is the weather in Paris? Use the tool."
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
-    home = write_smol_home(tmp_path_factory.mktemp("clients-home"), smollm2_path)
-    running = start_server(home, "--draft-max", "4", "--no-adaptive")
-    yield running
-    running.stop()
-    assert "Traceback" not in running.stderr()
+def server(smol_server):
+    return smol_server  # conftest.py: SmolLM2, one per module
 
 
 @pytest.fixture
-def claude(server):
-    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="none", max_retries=0, timeout=120)
+def claude(smol_claude):
+    return smol_claude
 
 
 def test_messages_text_and_stream_with_draft_tokens_accepted(claude):
