@@ -150,7 +150,7 @@ CLAIMS = [  # (what DESIGN says, where the code says it, the value both mean)
     ("`probe_budget` (3 %)", "core/policy.py", "PolicyTuning.probe_budget", 0.03),
     ("`PROMPT_CHUNK` (256) tokens a tick", "server/request.py", "PROMPT_CHUNK", 256),
     ("up to 16 tokens, point laws", "core/batchdraft.py", "MAX_DRAFT", 16),
-    ("recent decodes of its shape (passes, rows) where there are three", "core/batchdraft.py", "SEEN_ENOUGH", 3),
+    ("recent decodes of its shape (passes, rows) where there are three", "core/costs.py", "TRUSTED", 3),
     ("unless it beats the plain tick by 5 %", "core/batchdraft.py", "MARGIN", 0.05),
     ("8 verified tokens' worth of evidence", "core/slots.py", "PROBE_EVIDENCE", 8.0),
     ("then one in 32, drafts 4 tokens", "core/slots.py", "PROBE_EVERY", 32),

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from localspec.core.acceptance import expected_tokens
 from localspec.core.drafters import make_drafter
 from localspec.core.engine import Engine, Generation
 from localspec.core.grammar import Grammar
 from localspec.core.params import SpeculativeParams, needs_draft_model
-from localspec.core.policy import DraftPolicy, expected_tokens
+from localspec.core.policy import DraftPolicy
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats
 from localspec.errors import InvalidParamsError

@@ -5,131 +5,25 @@ repeats itself (code edits, quoting, JSON) can add its own n-gram copy to that p
 a point law, so verification stays exact) and gain the tokens the target accepts for the rows they add. Whether that
 pays depends on the machine: on a CPU every row costs its share of the compute; on a GPU a row is nearly free, but
 llama.cpp splits a batch whose sequences bring different numbers of rows into one pass per distinct count
-(llama/slots.py `passes`). So `BatchCosts` learns seconds ≈ a·passes + b·rows from the shared decodes themselves,
-`Acceptance` learns each stream's per-token acceptance α̂ from its own verified drafts, and `plan` picks ONE draft
-length d and the streams that draft it (one more pass at most, not one per length) for the most expected tokens
-per second — nothing unless that beats the plain tick by a margin, so sharing never costs the plain tick's speed.
+(llama/slots.py `passes`). So `DecodeCosts` (core/costs.py) learns each shape's seconds from the shared decodes,
+`Acceptance` (core/acceptance.py) learns each stream's per-token acceptance α̂ from its own verified drafts, and `plan`
+picks ONE draft length d and the streams that draft it (one more pass at most, not one per length) for the most
+expected tokens per second — nothing unless that beats the plain tick by a margin, so sharing never costs the plain
+tick's speed.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localspec.llama.slots import passes
 
-MAX_DRAFT = 16  # longest copy a stream verifies beside others: past this its rows cost more than they are likely worth
+from .acceptance import Acceptance
+from .costs import DecodeCosts
+
+MAX_DRAFT = 16  # longest copy a stream verifies in a shared tick: past this its rows cost more than they are worth
 MARGIN = 0.05  # draft only when the plan is predicted at least this much faster than the plain tick
-LONG_MATCH = 8  # matches at least this long are judged apart: they repeat far more reliably than short ones
-SEEN_ENOUGH = 3  # recent decodes of one shape whose median predicts it, not the fit
-
-
-class BatchCosts:
-    """Seconds of one shared decode as a·passes + b·rows, fitted to the medians of each shape among the recent decodes.
-
-    Only the last `window` decodes count (a decode's cost grows with its streams' contexts: old ones mislead), each
-    shape by its median (one decode slowed by another process does not move the fit) and as often as it was seen.
-    Seeds (`seed`: the warm-up's one row alone and one row per slot) count once each beside them, so the fit is
-    defined from the first tick and two shapes always tell a and b apart.
-    """
-
-    def __init__(self, window: int = 48) -> None:
-        self._recent: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._seeds: dict[tuple[int, int], list[float]] = {}
-        self._shapes: dict[tuple[int, int], list[float]] = {}  # the recent decodes by shape (made by `_solve`)
-        self._fit: tuple[float, float] | None = None
-
-    def seed(self, passes: int, rows: int, seconds: float) -> None:
-        """A timing taken before any real decode (the warm-up): it weighs as one decode, whatever comes after."""
-        self._seeds.setdefault((passes, rows), []).append(seconds)
-        self._fit = None
-
-    def observe(self, passes: int, rows: int, seconds: float) -> None:
-        """One shared decode took `seconds` (inside llama_decode)."""
-        self._recent.append((passes, rows, seconds))
-        self._fit = None
-
-    def seconds(self, passes: int, rows: int) -> float | None:
-        """The predicted seconds of a decode of that shape: the median of its recent decodes where there are
-        `SEEN_ENOUGH` of them, else of its seeds where there are two, else the fit; None until two shapes were seen.
-        A shape's own median wins because a CPU's cost is not linear in rows: its kernels take rows in blocks (the
-        demo pair on 2 cores: 3 rows 32 ms, 4 rows 23 ms, 9 rows 50 ms, 10 rows 35 ms), and a batch of many rows
-        costs far less per row than one of a few (a 1B-shape target: 4 rows 64 ms, where a line through 1 and 4
-        rows put 16 at 227 ms)."""
-        fit = self._fit or self._solve()
-        if fit is None:
-            return None
-        seen = self._shapes.get((passes, rows))
-        if seen is not None and len(seen) >= SEEN_ENOUGH:
-            return statistics.median(seen)
-        seeded = self._seeds.get((passes, rows))
-        if seeded is not None and len(seeded) >= 2:
-            return statistics.median(seeded)
-        a, b = fit
-        return a * passes + b * rows
-
-    def _solve(self) -> tuple[float, float] | None:
-        shapes: dict[tuple[int, int], list[float]] = {}
-        for p, r, t in self._recent:
-            shapes.setdefault((p, r), []).append(t)
-        self._shapes = shapes
-        points = [(p, r, len(times), statistics.median(times)) for (p, r), times in shapes.items()]
-        points += [(p, r, 1, statistics.median(times)) for (p, r), times in self._seeds.items()]
-        # Least squares without intercept, each shape weighted by how often it was seen: the normal equations.
-        spp = spr = srr = spt = srt = 0.0
-        for p, r, w, t in points:
-            spp, spr, srr = spp + w * p * p, spr + w * p * r, srr + w * r * r
-            spt, srt = spt + w * p * t, srt + w * r * t
-        det = spp * srr - spr * spr
-        if spp == 0 or det <= 1e-9 * spp * srr:
-            return None
-        a, b = (spt * srr - srt * spr) / det, (srt * spp - spt * spr) / det
-        if b < 0:  # rows that seem free: all of it per pass
-            a, b = spt / spp, 0.0
-        elif a < 0:  # passes that seem free: all of it per row
-            a, b = 0.0, srt / srr
-        self._fit = (a, b)
-        return self._fit
-
-
-@dataclass(slots=True)
-class Acceptance:
-    """One stream's per-token acceptance of its copied drafts, short and long matches apart, recent steps weighing
-    most; a stream that stops drafting drifts back to the prior, so a bad stretch is re-tried later."""
-
-    prior: float = 0.5
-    weight: float = 2.0  # the prior counts as this many verified tokens
-    forget: float = 0.1  # share of the older counts forgotten at each verified step (and while not drafting)
-    counts: dict[bool, list[float]] = field(default_factory=lambda: {False: [0.0, 0.0], True: [0.0, 0.0]})
-
-    @property
-    def evidence(self) -> float:
-        """Verified tokens' worth of evidence behind the estimate (both kinds of match; the prior not counted)."""
-        return sum(sum(counts) for counts in self.counts.values())
-
-    def alpha(self, match: int) -> float:
-        accepted, rejected = self.counts[match >= LONG_MATCH]
-        return (accepted + self.prior * self.weight) / (accepted + rejected + self.weight)
-
-    def expected(self, d: int, match: int) -> float:
-        """Tokens expected from d drafts beyond the one a step always emits: α̂ + α̂² + … + α̂^d."""
-        alpha = self.alpha(match)
-        return alpha * (1 - alpha**d) / (1 - alpha) if alpha < 1 else float(d)
-
-    def learn(self, match: int, accepted: int, rejected: bool) -> None:
-        """A step verified this stream's drafts after a match of that length: `accepted` taken, and whether one was
-        rejected (else all were)."""
-        counts = self.counts[match >= LONG_MATCH]
-        counts[0] = counts[0] * (1 - self.forget) + accepted
-        counts[1] = counts[1] * (1 - self.forget) + rejected
-
-    def idle(self, match: int) -> None:
-        """A tick in which this stream could have drafted and did not: its counts fade toward the prior."""
-        counts = self.counts[match >= LONG_MATCH]
-        counts[0] *= 1 - self.forget
-        counts[1] *= 1 - self.forget
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,15 +51,15 @@ class StreamDraft:
 NONE = StreamDraft()
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft lengths the plan weighs (all of them: 16 a tick for 64 slots is too slow)
 MODEL_STREAMS_MAX = 8  # most streams the plan weighs the draft model for, best first
-CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first, in chunks (`SlotPool.draft_together`)
+CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first, in chunks (`SlotPool.draft_shared`)
 
 
 def plan(
     candidates: Sequence[Candidate],
-    costs: BatchCosts,
+    costs: DecodeCosts,
     *,
     max_rows: int,
-    draft_costs: BatchCosts | None = None,
+    draft_costs: DecodeCosts | None = None,
     overhead: float = 0.0,
     margin: float = MARGIN,
 ) -> list[StreamDraft]:
@@ -196,7 +90,7 @@ def plan(
         for m in range(min(len(models), MODEL_STREAMS_MAX) + 1):
             chosen = {i for _, i in models[:m]}
             drafting = 0.0
-            if m:  # the catch-ups made one length (`SlotPool.draft_together`): one pass, priced as when the model
+            if m:  # the catch-ups made one length (`SlotPool.draft_shared`): one pass, priced as when the model
                 # drafts every tick (the tokens emitted since, at most d + 1); a cache further behind catches up once
                 # on its own, that cost spread over the ticks left to the stream
                 catch_up = max(min(candidates[i].catch_up, d + 1) for i in chosen)

@@ -24,7 +24,7 @@ import numpy as np
 from localspec.llama.model import Model
 from localspec.llama.vocab import TextVocab
 
-from .drafters import DraftRequest, ModelDrafter, Proposal
+from .drafters import DraftRequest, ModelDrafter, Pick, Proposal, draft_loop, drive_alone
 from .kv import KVSequence, common_prefix
 from .laws import ArrayLaw
 from .params import BRIDGES
@@ -280,17 +280,17 @@ class BridgedDrafter(ModelDrafter):
 
     def _draft_tokens(self, n: int, p_min: float) -> tuple[list[int], bool]:
         """Greedy draft tokens (at most n); whether the draft ended its text itself (a control token)."""
-        seq, out = self.seq, []
-        for i in range(n):
+        ended = False
+
+        def pick(drafted: list[int]) -> Pick | None:
+            nonlocal ended
             token, confidence = self._argmax(p_min)
-            if not self.bridge.draft_text[token]:
-                return out, True
-            if confidence < p_min:
-                break
-            out.append(token)
-            if i < n - 1:
-                seq.append([token], outputs=1)
-        return out, False
+            ended = not self.bridge.draft_text[token]
+            return None if ended else Pick(token, None, confidence)
+
+        seq = self.seq
+        out = drive_alone(draft_loop(n, pick, p_min=p_min), lambda token: seq.append([token], outputs=1))
+        return out.tokens, ended
 
     def _propose_text(self, k: int, n_draft: int, *, p_min: float) -> Proposal:
         drafted, ended = self._draft_tokens(n_draft, p_min)
@@ -305,9 +305,9 @@ class BridgedDrafter(ModelDrafter):
         return Proposal(tokens, [None] * len(tokens))
 
     def _propose_shared(self, request: DraftRequest) -> Proposal:
-        seq, to_target, out = self.seq, self.bridge.draft_to_target, Proposal()
-        k, sampling, p_min = request.k, request.sampling, request.p_min
-        for i in range(k):
+        seq, to_target, sampling, p_min = self.seq, self.bridge.draft_to_target, request.sampling, request.p_min
+
+        def pick(drafted: list[int]) -> Pick | None:
             law: ArrayLaw | None = None
             if request.pq and not sampling.greedy:
                 own = self.laws(seq.ctx, [], sampling)  # the draft's law over its own ids
@@ -319,10 +319,8 @@ class BridgedDrafter(ModelDrafter):
             else:
                 token, confidence = self._argmax(p_min)
             target_token = int(to_target[token])
-            if target_token < 0 or confidence < p_min:
-                break  # no single target token (or the draft's end of turn): the draft ends here
-            out.tokens.append(target_token)
-            out.laws.append(law)
-            if i < k - 1:
-                seq.append([token], outputs=1)
-        return out
+            if target_token < 0:
+                return None  # no single target token (or the draft's end of turn): the draft ends here
+            return Pick(target_token, law, confidence, fed=token)
+
+        return drive_alone(draft_loop(request.k, pick, p_min=p_min), lambda token: seq.append([token], outputs=1))

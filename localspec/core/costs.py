@@ -1,7 +1,8 @@
-"""What a step costs on this machine, as the adaptive policy (policy.py) weighs it: relative to one plain step of the
-target, the draft's cost per drafted token, a verify pass of k + 1 rows, and the catch-up after a full acceptance.
-`MeasuredCosts` learns them from the loop's own timings (medians of recent steps, a line through the verify passes of
-each size); `EstimatedCosts` says them from the model sizes where the clock must not decide (a fixed seed).
+"""What decoding costs on this machine: `DecodeCosts`, the one model of a decode's seconds by its shape (passes over
+the weights, rows), which the adaptive policy (policy.py) and a shared batch's plan (batchdraft.py) both learn; and
+what a step costs as the policy weighs it, relative to one plain step of the target: the draft's cost per drafted
+token, a verify pass of k + 1 rows, and the catch-up after a full acceptance. `MeasuredCosts` learns them from the
+loop's own timings; `EstimatedCosts` says them from the model sizes where the clock must not decide (a fixed seed).
 """
 
 from __future__ import annotations
@@ -107,84 +108,168 @@ class DraftSpend:
         return (self.decoding.value * decoded + self.copying.value * (total - decoded)) / total
 
 
-TRUSTED = 3  # timings of one draft length before its own median is used rather than the line's
+TRUSTED = 3  # timings of one shape before its own median is used rather than the line's
+FIT_WEIGHT_MAX = 8  # a shape's weight in the line: how often it was timed, up to this
+
+
+class DecodeCosts:
+    """Seconds of one decode by its shape — passes over the weights and rows (llama/slots.py `passes`; a verify pass
+    of k drafts is one pass of k + 1 rows) — learnt from the decodes themselves.
+
+    A shape timed `TRUSTED` times or more is predicted by the median of its recent timings (a decode slowed by another
+    process does not move it); else by the median of its seeds (`seed`: the warm-up's timings, before any real decode)
+    where there are two; else by a line a·passes + b·rows through the shapes seen. A CPU's cost is not linear in rows —
+    its kernels take rows in blocks (the demo pair on 2 cores: 3 rows 32 ms, 4 rows 23 ms, 9 rows 50 ms, 10 rows 35 ms)
+    — so a shape's own median wins once it has one. In the line each shape weighs as often as it was timed (up to
+    `FIT_WEIGHT_MAX`; a seeded shape once), and a shape timed fewer than `TRUSTED` times counts at its fastest: one
+    stalled decode among two is half a median, it bent the whole line, and a length never chosen again was never
+    corrected (a pair whose best k was 8 stayed at k = 1: optimism explores). Single-row decodes leave the line once two
+    shapes of several rows were timed that tell a and b apart: on a GPU going from one row to two costs a jump (v(1) ≈
+    1.5 on an H100, 8B shape) and each further row little, and a line through one row missed every point (the policy's
+    predicted speed-ups came out some 17 % too high). With two trusted shapes of several rows, only those count.
+    """
+
+    def __init__(self, window: int = 12) -> None:
+        self.window = window
+        self._timed: dict[tuple[int, int], RecentMedian] = {}
+        self._seeds: dict[tuple[int, int], list[float]] = {}
+        self._fit: tuple[float, float] | None = None
+        self._fitted = False
+
+    def seed(self, passes: int, rows: int, seconds: float) -> None:
+        """A timing taken before any real decode (the warm-up): it weighs as one decode, whatever comes after."""
+        self._seeds.setdefault((passes, rows), []).append(seconds)
+        self._fitted = False
+
+    def observe(self, passes: int, rows: int, seconds: float) -> None:
+        """One decode of that shape took `seconds`."""
+        self._timed.setdefault((passes, rows), RecentMedian(self.window)).add(seconds)
+        self._fitted = False
+
+    def seen(self, passes: int, rows: int) -> int:
+        """How many decodes of that shape were timed."""
+        timed = self._timed.get((passes, rows))
+        return timed.n if timed is not None else 0
+
+    def timed(self, rows_above: int = 0) -> int:
+        """How many decodes of more than `rows_above` rows a pass were timed."""
+        return sum(e.n for (p, r), e in self._timed.items() if r > rows_above * p)
+
+    def median(self, passes: int, rows: int) -> float:
+        """The median of that shape's recent timings (0 before any)."""
+        timed = self._timed.get((passes, rows))
+        return timed.value if timed is not None else 0.0
+
+    def keep_newest(self, n: int) -> None:
+        """Forget all but the newest n timings of each shape (conditions may have changed)."""
+        for timed in self._timed.values():
+            timed.keep_newest(n)
+        self._fitted = False
+
+    def seconds(self, passes: int, rows: int) -> float | None:
+        """The predicted seconds of a decode of that shape (None while no line can be drawn and it was not timed)."""
+        timed = self._timed.get((passes, rows))
+        if timed is not None and timed.n >= TRUSTED:
+            return timed.value
+        seeded = self._seeds.get((passes, rows))
+        if seeded is not None and len(seeded) >= 2:
+            return statistics.median(seeded)
+        fit = self.line()
+        if fit is None:
+            return None
+        a, b = fit
+        return a * passes + b * rows
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of seconds ≈ a·passes + b·rows, or None while fewer than two shapes tell them apart."""
+        if not self._fitted:
+            self._fit, self._fitted = self._solve(), True
+        return self._fit
+
+    def _solve(self) -> tuple[float, float] | None:
+        # (passes, rows, weight, seconds, trusted) of every shape timed or seeded
+        points = [
+            (p, r, min(e.n, FIT_WEIGHT_MAX), e.value if e.n >= TRUSTED else e.low, e.n >= TRUSTED)
+            for (p, r), e in self._timed.items()
+            if e.n
+        ]
+        points += [(p, r, 1, statistics.median(t), len(t) >= 2) for (p, r), t in self._seeds.items()]
+        several = [point for point in points if point[1] > point[0]]
+        trusted = [point for point in several if point[4]]
+        for chosen in (trusted, several, points):  # the first set that tells a and b apart
+            fit = _least_squares(chosen) if len({(p, r) for p, r, *_ in chosen}) >= 2 else None
+            if fit is not None:
+                return fit
+        return None
+
+
+def _least_squares(points: list[tuple[int, int, int, float, bool]]) -> tuple[float, float] | None:
+    """(a, b) of seconds ≈ a·passes + b·rows by weighted least squares without intercept (the normal equations), or
+    None where the points do not tell a and b apart; neither is negative."""
+    spp = spr = srr = spt = srt = 0.0
+    for p, r, w, t, _ in points:
+        spp, spr, srr = spp + w * p * p, spr + w * p * r, srr + w * r * r
+        spt, srt = spt + w * p * t, srt + w * r * t
+    det = spp * srr - spr * spr
+    if spp == 0 or det <= 1e-9 * spp * srr:
+        return None
+    a, b = (spt * srr - srt * spr) / det, (srt * spp - spt * spr) / det
+    if b < 0:  # rows that seem free: all of it per pass
+        return spt / spp, 0.0
+    if a < 0:  # passes that seem free: all of it per row
+        return 0.0, srt / srr
+    return a, b
 
 
 class MeasuredCosts:
     """Costs measured from the real step timings the loop already takes (each `Step`'s seconds).
 
-    The target part of a step with k drafts is fitted by a line a + b·k over the k ≥ 1 seen, so c = draft decode /
-    plain step and v(k) = (a + b·k) / plain step extrapolate to k never tried; the unit is the plain steps' own
-    median. The line leaves plain steps (k = 0) out once two draft lengths were timed: on a GPU, going from one row
-    to two costs a jump (v(1) ≈ 1.5 on an H100, 8B shape) and each further row little (v(8) ≈ 2.2). A line through
-    k = 0 there misses every point, and measuring against its intercept instead of the plain steps made every
-    predicted speed-up some 17 % too high. With one draft length timed, the line runs through plain steps.
-    Steps on which the draft caught up on many tokens (its prompt, or tokens decoded plainly) time the catch-up,
-    not the drafting.
+    The target's part of a step with k drafts is a decode of one pass and k + 1 rows (with its sampling), learnt by
+    `DecodeCosts` (`verify`): c = draft decode / plain step and v(k) = that decode / plain step, extrapolated by its
+    line to k never tried; the unit is the plain steps' own median. Steps on which the draft caught up on many tokens
+    (its prompt, or tokens decoded plainly) time the catch-up, not the drafting.
     """
 
     def __init__(self, min_samples: int = 4) -> None:
         self.min_samples = min_samples  # per kind of step, before the costs are trusted
-        self.target: dict[int, RecentMedian] = {}  # k -> seconds, target part of a step verifying k drafts
+        self.verify = DecodeCosts()  # seconds of the target's part of a step, by its shape (1, k + 1)
         self.draft = DraftSpend()  # seconds per draft decode (a copied token: nearly free)
         self.catch_up = RecentMedian()  # seconds per token the draft decoded in a catch-up
-        self._ratios: tuple[float, float, float, float] | None = None  # (c, a, b, catch-up) / plain, refitted lazily
+        self._ratios: tuple[float, float] | None = None  # (c, catch-up) / plain, refitted lazily
 
     def missing(self) -> str | None:
-        if 0 not in self.target or self.target[0].n < self.min_samples:
+        if self.verify.seen(1, 1) < self.min_samples:
             return "plain"
-        batches = sum(e.n for k, e in self.target.items() if k)
-        return None if min(self.draft.n, batches) >= self.min_samples else "speculative"
+        return None if min(self.draft.n, self.verify.timed(rows_above=1)) >= self.min_samples else "speculative"
 
-    def _line(self) -> tuple[float, float, float]:
-        """(plain, a, b): a plain step's seconds and the weighted least-squares line seconds ≈ a + b·k, b ≥ 0, over
-        the draft lengths timed often enough for their median to stand (one stalled step among two is half a
-        median: it bent the whole line, and the policy chose k = 1 on a GPU where k = 4 was 15 % faster)."""
-        plain = self.target[0].value
-        timed = [k for k, e in self.target.items() if k and e.n >= TRUSTED]
-        drafted = timed if len(timed) >= 2 else [k for k in self.target if k]
-        ks = drafted if len(drafted) >= 2 else list(self.target)
-        # A length timed once or twice counts at its fastest: one stalled step there bent the line, the policy never
-        # chose that length again to correct it, and a pair whose best k was 8 stayed at k = 1 (optimism explores).
-        points = [(k, e.value if e.n >= TRUSTED else e.low, min(e.n, 8)) for k in ks for e in [self.target[k]]]
-        total = sum(w for _, _, w in points)
-        k_mean = sum(w * k for k, _, w in points) / total
-        t_mean = sum(w * t for _, t, w in points) / total
-        spread = sum(w * (k - k_mean) ** 2 for k, _, w in points)
-        b = max(sum(w * (k - k_mean) * (t - t_mean) for k, t, w in points) / spread, 0.0) if spread else 0.0
-        a = t_mean - b * k_mean
-        return plain, (a if a > 0 else plain), b
-
-    def _fit(self) -> tuple[float, float, float, float]:
+    def _fit(self) -> tuple[float, float]:
         if self._ratios is None:
-            plain, a, b = self._line()
+            plain = self.verify.median(1, 1)
             # Unmeasured catch-up: assume a batched token costs as much as a drafted one (an upper bound).
             catch_up = self.catch_up.value if self.catch_up.n else self.draft.value
-            self._ratios = (self.draft.value / plain, a / plain, b / plain, catch_up / plain)
+            self._ratios = (self.draft.value / plain, catch_up / plain)
         return self._ratios
 
     def draft_ratio(self) -> float:
         return self._fit()[0]
 
     def batch_ratio(self, k: int) -> float:
-        timed = self.target.get(k)
-        if k and timed is not None and timed.n >= TRUSTED:  # this k's own median: the line only extrapolates
-            return max(timed.value / self.target[0].value, 1.0)
-        _, a, b, _ = self._fit()
-        return max(a + b * k, 1.0)  # never cheaper than one row
+        seconds = self.verify.seconds(1, k + 1)
+        plain = self.verify.median(1, 1)
+        return max((seconds or plain) / plain, 1.0)  # never cheaper than one row
 
     def catch_up_ratio(self) -> float:
-        return self._fit()[3]
+        return self._fit()[1]
 
     def keep_newest(self, n: int) -> None:
         self._ratios = None
-        estimators: list[RecentMedian | DraftSpend] = [*self.target.values(), self.draft, self.catch_up]
-        for estimator in estimators:
-            estimator.keep_newest(n)
+        self.verify.keep_newest(n)
+        self.draft.keep_newest(n)
+        self.catch_up.keep_newest(n)
 
     def observe(self, drafted: int, target_seconds: float, draft_seconds: float, draft_decoded: int) -> None:
         self._ratios = None
-        self.target.setdefault(drafted, RecentMedian()).add(target_seconds)
+        self.verify.observe(1, drafted + 1, target_seconds)
         if drafted == 0:
             return
         if draft_decoded <= drafted + 2:  # a regular step: the pending token(s), then one decode per draft

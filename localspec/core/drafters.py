@@ -13,9 +13,9 @@ cannot. Every drafter states what it needs, owns and costs through the `Drafter`
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Hashable
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -146,6 +146,8 @@ def chain_law_builder(sampling: SamplingParams, seed: int = 0) -> ChainLawBuilde
     )
 
 
+Key = TypeVar("Key", bound=Hashable)
+
 # Vocabularies up to this: llama.cpp's chain reads a drafted or verified row whole faster than numpy cuts it (49k:
 # 96–99 against 134–141 µs per verified row); at 128k numpy's cut is the cheaper (129–132 against 155–160 µs).
 WHOLE_ROWS_MAX = 2**16
@@ -179,24 +181,81 @@ class DraftLawBuilder:
         self._settings, self._chain = None, None
 
 
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One token a draft model drafted, as the draft loop (`draft_loop`) takes it."""
+
+    token: int  # the drafted token, as the target reads it
+    law: Law | None  # the law it was drawn from (None: one-hot, a greedy draft)
+    confidence: float = 1.0  # the draft's confidence, which `p_min` is held against
+    fed: int | None = None  # what the draft decodes after it, where not `token` (a bridged draft's own id)
+
+
 def draft_token(
     ctx: Context, laws: DraftLawBuilder, recent: list[int], drafted: list[int], request: DraftRequest, sampled: bool
-) -> tuple[Law | None, int, float]:
-    """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens:
-    (its law — None for a greedy draft, a one-hot —, the token, the draft's confidence for p_min). Drawn from the
-    law `laws` builds at T > 0 with p/q (`sampled`), else the greedy token."""
+) -> Pick:
+    """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens,
+    with its law (None for a greedy draft, a one-hot) and the draft's confidence for p_min. Drawn from the law
+    `laws` builds at T > 0 with p/q (`sampled`), else the greedy token."""
     sampling, grammar = request.sampling, request.grammar
     if sampled:
         law = laws(ctx, recent + drafted, sampling)
         if grammar is not None:  # drawn from the masked law, and that is the law verification is told
             law = masked(law, grammar.mask(), lambda: ctx.logits(-1), recent + drafted, sampling)
-        return law, law.sample(request.rng), law.top()[1]
+        return Pick(law.sample(request.rng), law, law.top()[1])
     logits = ctx.logits(-1)  # (n_vocab,) view, valid until the next decode
     window = recent + drafted if sampling.penalised else recent
     token = greedy_token(logits, window, sampling)
     if grammar is not None:
         token = masked_argmax(token, grammar.mask(), lambda: logits, window, sampling)
-    return None, token, top_probability(logits) if request.p_min > 0 else 1.0
+    return Pick(token, None, top_probability(logits) if request.p_min > 0 else 1.0)
+
+
+DraftLoop = Generator[int, None, Proposal]
+
+
+def draft_loop(
+    k: int, pick: Callable[[list[int]], Pick | None], *, p_min: float = 0.0, grammar: Constraint | None = None
+) -> DraftLoop:
+    """The draft loop of every drafter that runs a model (a draft model, a bridged one, the target's MTP head, and
+    the draft model drafting for several streams at once): up to k tokens, each `pick`ed from the row the previous
+    one's decode left (`pick(drafted)`; None: the draft ends there), until the draft is unsure (its confidence
+    under `p_min`) or the grammar ends. It yields each token the next one needs decoded and the driver (`drive`)
+    decodes it before asking for more; it returns the proposal (its cost left to the drafter)."""
+    out = Proposal()
+    for i in range(k):
+        chosen = pick(out.tokens)
+        if chosen is None or chosen.confidence < p_min or (grammar is not None and not grammar.push(chosen.token)):
+            break  # unsure, or past the grammar's end (nothing follows an end of generation)
+        out.tokens.append(chosen.token)
+        out.laws.append(chosen.law)
+        if i < k - 1:
+            yield chosen.token if chosen.fed is None else chosen.fed
+    return out
+
+
+def drive(loops: dict[Key, DraftLoop], decode: Callable[[list[tuple[Key, int]]], None]) -> dict[Key, Proposal]:
+    """Run draft loops side by side: each round, every loop still drafting gives the token it needs decoded, and
+    `decode` decodes them all (one batch where the loops share a context) before the next round. Returns each loop's
+    proposal by its key."""
+    out: dict[Key, Proposal] = {}
+    going = list(loops.items())
+    while going:
+        fed = []
+        for key, loop in going:
+            try:
+                fed.append((key, next(loop)))
+            except StopIteration as end:
+                out[key] = end.value
+        if fed:
+            decode(fed)
+        going = [(key, loops[key]) for key, _ in fed]
+    return out
+
+
+def drive_alone(loop: DraftLoop, decode: Callable[[int], None]) -> Proposal:
+    """Run one draft loop, `decode` decoding each token it yields."""
+    return drive({0: loop}, lambda fed: decode(fed[0][1]))[0]
 
 
 class NoDrafter:
@@ -261,23 +320,19 @@ class ModelDrafter:
         seq.sync(request.history, outputs=1)
         if seq.needs_checkpoint(request.k, one_batch=False):  # drafted one by one
             seq.checkpoint()
-        out = Proposal()
         recent = penalty_window(request.history, sampling)
         device = seq.ctx.device_greedy and not sampling.penalised and p_min == 0 and free
-        for i in range(request.k):
+
+        def pick(drafted: list[int]) -> Pick:
             if device_law:
                 law = ArrayLaw.from_logits(*seq.ctx.sampled_candidates(-1))  # only k candidates left the graph
-                token, confidence = law.sample(request.rng), law.top()[1]
-            elif device and not sampled:
-                law, token, confidence = None, seq.ctx.sampled_token(-1), 1.0  # the argmax the graph took
-            else:
-                law, token, confidence = draft_token(seq.ctx, self.laws, recent, out.tokens, request, sampled)
-            if confidence < p_min or (request.grammar is not None and not request.grammar.push(token)):
-                break  # unsure, or past the grammar's end (nothing follows an end of generation)
-            out.tokens.append(token)
-            out.laws.append(law)
-            if i < request.k - 1:
-                seq.append([token], outputs=1)
+                return Pick(law.sample(request.rng), law, law.top()[1])
+            if device and not sampled:
+                return Pick(seq.ctx.sampled_token(-1), None)  # the argmax the graph took
+            return draft_token(seq.ctx, self.laws, recent, drafted, request, sampled)
+
+        loop = draft_loop(request.k, pick, p_min=p_min, grammar=request.grammar)
+        out = drive_alone(loop, lambda token: seq.append([token], outputs=1))
         out.cost = self.meter.take()
         return out
 
@@ -343,9 +398,9 @@ class NgramDrafter:
         self.history.keep(n)
 
 
-class AheadDrafts(NgramDrafter):
-    """The drafts a shared batch decoded ahead for one step (`serve --parallel`, core/slots.py), proposed as they are
-    with the law each was drawn from: the stream's own n-gram copy (point laws) or the draft model's, drafted before
+class SharedDrafts(NgramDrafter):
+    """The drafts decoded in a shared batch for one stream's step (`serve --parallel`, core/slots.py), proposed as they
+    are with the law each was drawn from: the stream's own n-gram copy (point laws) or the draft model's, drafted before
     its step (so no index and no cache of its own, and nothing to keep)."""
 
     def __init__(self, drafts: Proposal) -> None:  # NgramDrafter.__init__ not called: it builds an index

@@ -21,7 +21,7 @@ from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.threads import ThreadTuner
 
-from .drafters import AheadDrafts, Drafter, DraftRequest, Proposal
+from .drafters import Drafter, DraftRequest, Proposal, SharedDrafts
 from .grammar import CompiledGrammar, Grammar
 from .kv import KVSequence, PrefillStopped, common_prefix
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
@@ -32,6 +32,24 @@ from .step import speculative_step, target_chain
 from .textstream import TextStream
 
 log = logging.getLogger(__name__)
+
+
+class Tick(Protocol):
+    """A tick of a shared batch (`serve --parallel`; core/slots.py's `SharedTick`): every running stream's next rows
+    decoded in one batch, each stream's step taking its own."""
+
+    def drafts_for(self, generation: Generation) -> Proposal | None:
+        """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""
+        ...
+
+
+class SharedBatch(Protocol):
+    """The shared batch a stream may step in (`serve --parallel`; core/slots.py's `SlotPool`)."""
+
+    @property
+    def tick(self) -> Tick | None:
+        """The tick in progress while the streams step in a shared batch (fixed for the tick); None: each alone."""
+        ...
 
 
 class Engine(Protocol):
@@ -130,12 +148,12 @@ class Generation:
         self.on_finish: Callable[[Generation], None] | None = None
         # Called as on_prefill(model, decoded, total) while a long prompt is read ("target" or "draft").
         self.on_prefill: Callable[[str, int, int], None] | None = None
-        # True while other streams share the target's batches (`serve --parallel`): a step then verifies only the
-        # drafts the shared batch decoded ahead for it (`drafts_ahead`, core/batchdraft.py), else decodes plainly.
-        self.batched: Callable[[], bool] | None = None
-        self.drafts_ahead: Proposal | None = None
+        # The shared batch this stream may step in (`serve --parallel`): during its ticks a step verifies only the
+        # drafts decoded for it in the tick's batch (core/slots.py, core/batchdraft.py), else decodes plainly.
+        self.shared: SharedBatch | None = None
         self.pending = 0  # tokens of the current step not yet yielded (0: the next event starts a step)
         self._history: list[int] | None = None  # the prompt and the tokens so far, once the prompt is read
+        self._chain: ChainLawBuilder | None = None  # llama.cpp's chain for the target's law, while it runs
         self._text = TextStream(stop)
         self._cancel = threading.Event()
         self._started = False
@@ -163,10 +181,28 @@ class Generation:
         """The prompt and the tokens so far (empty until the prompt is read); read it, never change it."""
         return self._history if self._history is not None else []
 
+    def request(self, k: int, forced: Sequence[int] = ()) -> DraftRequest:
+        """What this generation's next step asks of a drafter: k drafts after the history and the tokens a grammar
+        `forced` (the one builder of a step's request, for a step alone and for the draft model drafting in a shared
+        batch, core/slots.py)."""
+        history = self.history
+        return DraftRequest(
+            history=[*history, *forced] if forced else history,
+            k=k,
+            sampling=self.sampling,
+            pq=self.spec.verify != "match",
+            p_min=self.spec.p_min,
+            rng=self.rng,
+            chain=self._chain,
+            grammar=self.constraint,
+            forced=len(forced),
+            logprobs=self.logprobs_top,
+        )
+
     def draft_room(self) -> int:
-        """Most drafts a step may verify after drafts decoded ahead in a shared batch (`serve --parallel`): 0 where this
+        """Most drafts a step may verify after drafts decoded in a shared batch (`serve --parallel`): 0 where this
         generation does not speculate, follows a grammar (its forced tokens come first), or must not let the clock
-        decide its text (a seed at T > 0: which streams draft beside others depends on timings)."""
+        decide its text (a seed at T > 0: which streams draft in a shared batch depends on timings)."""
         history = self._history
         if (
             history is None
@@ -244,13 +280,14 @@ class Generation:
             stats.seconds_prefill += time.perf_counter() - t0
         history = list(self.prompt)
         drafting = self.spec.draft_max > 0 and engine.drafter.drafts
-        chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
+        self._chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
         self._history = history
         try:
-            yield from self._steps(history, chain, draft_unread=later)
+            yield from self._steps(history, draft_unread=later)
         finally:
-            if chain is not None:
-                chain.close()
+            if self._chain is not None:
+                self._chain.close()
+                self._chain = None
 
     def _draft_reads_later(self) -> bool:
         """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
@@ -266,7 +303,7 @@ class Generation:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
         engine = self.engine
         fits = len(history) < engine.drafter.n_ctx
-        return fits and not self._is_batched() and engine.policy.wants_draft(self.spec.adaptive)
+        return fits and self._tick() is None and engine.policy.wants_draft(self.spec.adaptive)
 
     def _read_draft(self, history: list[int]) -> None:
         """The drafter reads `history` (but its last token) to draft after it.
@@ -279,9 +316,7 @@ class Generation:
                 history, progress=self._prefill_progress("draft")
             )
 
-    def _steps(
-        self, history: list[int], chain: ChainLawBuilder | None, *, draft_unread: bool = False
-    ) -> Iterator[TokenEvent]:
+    def _steps(self, history: list[int], *, draft_unread: bool = False) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
         while True:
             reason = self._reason_to_stop(history)
@@ -302,13 +337,12 @@ class Generation:
             if self.constraint is not None:  # tokens the grammar forces: emitted without asking the model
                 room = min(remaining, engine.n_ctx - len(history)) - 1
                 forced = self.constraint.forced(room, engine.eog)
-            # With a fixed seed, k must not depend on the clock: the sampled text would too.
-            batched, ahead = self._is_batched(), self.drafts_ahead
-            self.drafts_ahead = None
-            k = len(ahead.tokens) if batched and ahead is not None else 0
+            tick = self._tick()
+            ahead = tick.drafts_for(self) if tick is not None else None
+            k = len(ahead.tokens) if ahead is not None else 0
             if draft_unread:
                 k = 0  # the first step, before the draft has read the prompt
-            elif not batched:
+            elif tick is None:  # with a fixed seed, k must not depend on the clock: the sampled text would too
                 k = engine.draft_length(
                     self.spec,
                     remaining - len(forced),
@@ -320,24 +354,12 @@ class Generation:
                 k = 0  # a head that reads the target's rows has none yet for the forced tokens: it drafts next step
             if engine.threads is not None:
                 engine.threads.check()
-            request = DraftRequest(
-                history=history + forced if forced else history,
-                k=k,
-                sampling=self.sampling,
-                pq=self.spec.verify != "match",
-                p_min=self.spec.p_min,
-                rng=self.rng,
-                chain=chain,
-                grammar=self.constraint,
-                forced=len(forced),
-                logprobs=self.logprobs_top,
-            )
-            drafter = AheadDrafts(ahead) if k and batched else engine.drafter
-            step = speculative_step(self.target, drafter, request)
+            drafter = SharedDrafts(ahead) if k and ahead is not None else engine.drafter
+            step = speculative_step(self.target, drafter, self.request(k, forced))
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
-            if not batched and not self.target.ctx.row_shared:  # a shared batch's step says nothing of a lone one's
+            if tick is None and not self.target.ctx.row_shared:  # a shared batch's step says nothing of a lone one's
                 engine.policy.observe(step)
             for i, (token, from_draft) in enumerate(step.tokens):
                 self.pending = len(step.tokens) - i - 1
@@ -358,8 +380,8 @@ class Generation:
                     return
                 yield TokenEvent(token, text, from_draft)
 
-    def _is_batched(self) -> bool:
-        return self.batched is not None and self.batched()
+    def _tick(self) -> Tick | None:
+        return self.shared.tick if self.shared is not None else None
 
     def _prefill_progress(self, model: str) -> Callable[[int, int], bool]:
         def report(done: int, total: int) -> bool:

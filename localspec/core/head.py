@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Proposal, draft_token
+from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
 from .sampling import penalty_window
 
@@ -144,23 +144,21 @@ class MtpDrafter:
         n = len(history) - 1  # the target holds history[:-1]
         if not self._aligned(n):
             self._rederive()
-        out = Proposal()
         if not self._aligned(n) or request.k == 0:
-            out.cost = self.meter.take()
-            return out
+            return Proposal(cost=self.meter.take())
         head, sampled = self.head, request.pq and not sampling.greedy
         recent = penalty_window(history, sampling)
         head.ctx.stage(self._row(n - 1)[None], n)
         head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
-        for i in range(request.k):
-            dist, token, confidence = draft_token(head.ctx, self.laws, recent, out.tokens, request, sampled)
-            if confidence < p_min or (request.grammar is not None and not request.grammar.push(token)):
-                break  # unsure, or past the grammar's end (`draft_token` masked its law under a grammar)
-            out.tokens.append(token)
-            out.laws.append(dist)
-            if i < request.k - 1:
-                head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
-                head.append([token], outputs=1)
+
+        def decode(token: int) -> None:
+            head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
+            head.append([token], outputs=1)
+
+        def pick(drafted: list[int]) -> Pick:  # `draft_token` masks its law under a grammar
+            return draft_token(head.ctx, self.laws, recent, drafted, request, sampled)
+
+        out = drive_alone(draft_loop(request.k, pick, p_min=p_min, grammar=request.grammar), decode)
         head.rollback_to(n + 1)  # the chained positions go; the verify pass feeds them with the target's rows
         out.cost = self.meter.take()
         return out

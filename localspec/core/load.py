@@ -124,7 +124,7 @@ AUTO_KV_SHARE = 4  # the slots' extra KV may take at most this part of the memor
 
 def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) -> tuple[int, str]:
     """(sequences, why fewer than `AUTO_SLOTS`) for automatic slots. One where a slot could not share the target's
-    context — a recurrent or hybrid memory cannot drop a tail beside others, an MTP head reads the target's own
+    context — a recurrent or hybrid memory cannot drop a tail in a shared batch, an MTP head reads the target's own
     rows — else as many of `AUTO_SLOTS` as the KV cache of each (n_ctx cells a slot: llama.cpp's one shared pool
     misplaces cells in this build, DESIGN §8) fits in a quarter of the memory free now: the GPU's where the target
     is on one, else RAM."""

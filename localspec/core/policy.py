@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from .acceptance import Acceptance, expected_tokens
 from .costs import Costs, EstimatedCosts, MeasuredCosts, RecentMedian
 from .stats import Decision, Step
 
@@ -44,11 +45,6 @@ class PolicyTuning:
     start_probe_steps: int = 2  # speculative steps that open a generation while off, when the credit pays for them
     window: int = 12  # timings per kind of step that the medians look at
     keep_on_start: int = 1  # newest timings kept when a generation starts (the probe's own soon outvote them)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E(k) = (1 − α^(k+1)) / (1 − α): tokens emitted per target pass with k drafts."""
-    return float(k + 1) if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
 def draft_decodes(alpha: float, k: int) -> float:
@@ -108,7 +104,8 @@ class DraftPolicy:
         self.tuning = tuning
         self.costs: Costs = costs if costs is not None else MeasuredCosts()
         self.estimate: Costs = estimate if estimate is not None else EstimatedCosts(draft_size_ratio)
-        self.accepted, self.seen = 2 * tuning.alpha_prior, 2.0  # discounted counts: accepted, accepted + rejected
+        # α̂: its prior worth two drafted tokens, fading as drafts are verified
+        self.acceptance = Acceptance(prior=tuning.alpha_prior, forget=tuning.forget, fades=True)
         self.verified = 0  # drafted tokens verified so far (not discounted)
         self.credit = 0.0  # probing allowed, in plain steps: earned while off, spent by probes
         self.lag = 0  # tokens decoded plainly since the drafter last ran: what a probe must catch up on
@@ -134,13 +131,17 @@ class DraftPolicy:
     @property
     def alpha(self) -> float:
         """α̂ = accepted / (accepted + rejections), over exponentially discounted recent steps."""
-        return self.accepted / self.seen
+        return self.acceptance.alpha()
+
+    @property
+    def seen(self) -> float:
+        """The discounted drafted tokens behind α̂ (the prior's remainder included)."""
+        return self.acceptance.evidence()
 
     @property
     def alpha_high(self) -> float:
         """An optimistic α: α̂ plus 1.28 standard errors of its discounted evidence (a one-sided 90 % bound)."""
-        alpha = self.alpha
-        return min(1.0, alpha + 1.28 * (alpha * (1.0 - alpha) / (self.seen + 1.0)) ** 0.5)
+        return self.acceptance.alpha_high()
 
     def speedup(self, k: int, costs: Costs, alpha: float | None = None) -> float:
         """Predicted speed with k drafts per step relative to plain decoding: E(k) / (d(k)·c + v(k)) (at α̂, or
@@ -280,9 +281,7 @@ class DraftPolicy:
         )
         self.verified += step.drafted
         if step.drafted:
-            keep = 1.0 - self.tuning.forget
-            self.accepted = keep * self.accepted + step.accepted
-            self.seen = keep * self.seen + step.accepted + step.rejected
+            self.acceptance.learn(0, step.accepted, step.rejected)
         if timing.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
             (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / timing.seconds)
         self.lag = 0 if last.k else self.lag + step.emitted

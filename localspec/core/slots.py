@@ -4,10 +4,10 @@ Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVS
 and answer it last held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
 chat that grows by one turn decodes only that turn, as with one slot), the one used least recently among equals.
 A stream that runs alone drafts as with one slot (server/scheduler.py), with the engine's drafter and its one draft
-cache. Beside others the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
+cache. In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
 own n-gram copy (each slot keeps the index of its history), or the draft model's, which then drafts for all the
 streams it was chosen for together — a second context of the draft model with a sequence per slot, each slot's
-draft cache kept as its history, one batch per drafted token (`SlotPool.draft_together`).
+draft cache kept as its history, one batch per drafted token (`SlotPool.draft_shared`).
 """
 
 from __future__ import annotations
@@ -18,20 +18,21 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.context import Context
-from localspec.llama.slots import SeqContext, decode_together, passes
+from localspec.llama.slots import SeqContext, decode_shared, passes
 
-from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, StreamDraft, plan
-from .drafters import DraftLawBuilder, DraftRequest, ModelDrafter, Proposal, draft_token
+from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
+from .drafters import DraftLawBuilder, ModelDrafter, Proposal, draft_loop, draft_token, drive
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
 from .ngram import HistoryIndex
 from .sampling import penalty_window
 
 log = logging.getLogger(__name__)
-PROBE_EVERY = 32  # shared ticks between probes of the draft model beside others (`SlotPool._probe`)
+PROBE_EVERY = 32  # shared ticks between probes of the draft model in a shared batch (`SlotPool._probe`)
 PROBE_DRAFTS = 4  # drafts per stream in a probe
 PROBE_EVIDENCE = 8.0  # verified tokens' worth of evidence past which the model's acceptance is judged, not probed
 RECHECK_EVERY = 8  # ticks between drafting ticks while drafting measures slower (and plain ones while plain is unknown)
@@ -48,13 +49,40 @@ class Slot:
     target: KVSequence
     busy: bool = False
     used: int = 0  # when it was last taken (a counter): the least recently used is reused first
-    ngrams: HistoryIndex = field(default_factory=HistoryIndex)  # its history's n-grams: its drafts beside others
+    ngrams: HistoryIndex = field(default_factory=HistoryIndex)  # its history's n-grams: its drafts in a shared batch
     acceptance: Acceptance = field(default_factory=Acceptance)  # of those drafts, for the request it holds
-    draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model beside others)
-    model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts beside others
-    # This tick's drafts: (match length, drafts, by the model, the stream's drafted, accepted and rejection counts
-    # before its step)
-    ahead: tuple[int, int, bool, int, int, int] | None = None
+    draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model drafts shared)
+    model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts in a shared batch
+
+
+@dataclass(eq=False, slots=True)
+class TickStream:
+    """What one stream verifies in a shared tick: the drafts decoded for it, and what its stats held before its step
+    (so the tick learns, after, whether and how far it took them)."""
+
+    slot: Slot
+    drafts: Proposal | None  # None: its plain row; handed to its step once (`SharedTick.drafts_for`)
+    n: int  # how many drafts were decoded for it
+    match: int  # the length of the match its copy follows
+    model: bool  # drafted by the draft model (else copied)
+    before: tuple[int, int, int]  # its stats' drafted, accepted and rejections before its step
+
+
+class SharedTick:
+    """One tick of the shared batch, from its one decode to what its steps taught (the tick's one owner): when it
+    began, the decoding seconds and the tokens emitted by then, and each stream's drafts decoded in it."""
+
+    def __init__(self, decoding: float, emitted: int) -> None:
+        self.began, self.decoding, self.emitted = time.perf_counter(), decoding, emitted
+        self.streams: dict[Generation, TickStream] = {}
+
+    def drafts_for(self, generation: Generation) -> Proposal | None:
+        """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""
+        stream = self.streams.get(generation)
+        if stream is None:
+            return None
+        drafts, stream.drafts = stream.drafts, None
+        return drafts
 
 
 class SlotPool:
@@ -82,9 +110,9 @@ class SlotPool:
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
         for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
             slot.target.use_cache(engine.prompt_cache, "target")
-        self.costs = BatchCosts()  # what a shared decode costs here, learned from each
-        self.draft_costs = BatchCosts()  # the same for the draft model's slots context
-        # The draft model's acceptance beside others over every stream (a property of the pair more than of one
+        self.costs = DecodeCosts()  # what a shared decode costs here, learned from each
+        self.draft_costs = DecodeCosts()  # the same for the draft model's slots context
+        # The draft model's acceptance in a shared batch over every stream (a property of the pair more than of one
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
         self._engine, self._parent = engine, parent
@@ -94,7 +122,7 @@ class SlotPool:
         self._ticks = 0  # shared ticks so far (`_probe`, `_checked`)
         self._probed_at = -PROBE_EVERY  # the tick of the latest probe (`_probe`): the first is due at once
         self._rates: dict[tuple[int, bool], deque[float]] = {}  # tokens/s of recent ticks by (streams, drafted)
-        self._tick: tuple[float, float, int] | None = None  # (when this tick began, decoding seconds, tokens) then
+        self.tick: SharedTick | None = None  # the tick in progress (`begin` … `end`): the streams step in its batch
         if self._drafts is not None:
             for slot in self.slots:
                 view = SeqContext(self._drafts, slot.index)
@@ -109,8 +137,8 @@ class SlotPool:
         for slot in self.slots:
             assert not slot.target.tokens, "warm empty slots only"
             slot.target.warm()
-        # Seed the costs (`BatchCosts`) with the shapes a tick takes: one row alone, one per slot, and every slot
-        # with 1, 2 or 4 drafts (one pass each) — the target's and, where it drafts beside others, the draft's.
+        # Seed the costs (`DecodeCosts`) with the shapes a tick takes: one row alone, one per slot, and every slot
+        # with 1, 2 or 4 drafts (one pass each) — the target's and, where it drafts in a shared batch, the draft's.
         n = len(self.slots)
         shapes = [
             (self.slots[:1], 1),
@@ -121,13 +149,13 @@ class SlotPool:
             self._seed(self.draft_costs, lambda slot: slot.draft.ctx, shapes)
 
     @staticmethod
-    def _seed(costs: BatchCosts, view, shapes: list) -> None:
+    def _seed(costs: DecodeCosts, view, shapes: list) -> None:
         """Time each (slots, rows a slot) shape twice, after a round that allocates (all slots together among them),
         into `costs` as seeds."""
         for round_ in range(3):
             for group, rows in shapes:
                 t0 = time.perf_counter()
-                decode_together([(view(slot), [0] * rows, 0) for slot in group])
+                decode_shared([(view(slot), [0] * rows, 0) for slot in group])
                 if round_:
                     costs.seed(1, len(group) * rows, time.perf_counter() - t0)
                 for slot in group:
@@ -149,26 +177,28 @@ class SlotPool:
         best = max(free, key=lambda slot: (common_prefix(slot.target.tokens, prompt), -slot.used))
         self._clock += 1
         best.busy, best.used, best.acceptance = True, self._clock, Acceptance()
-        # The draft model's acceptance beside others starts from what was measured of it before: by the engine's
-        # policy alone, or by every stream beside others (`model_alpha`), whichever holds more evidence (up to 8
+        # The draft model's acceptance in a shared batch starts from what was measured of it before: by the engine's
+        # policy alone, or by every stream in a shared batch (`model_alpha`), whichever holds more evidence (up to 8
         # tokens' worth).
         policy, pooled = self._engine.policy, self.model_alpha
-        alone = policy.seen >= pooled.evidence
-        prior, seen = (policy.alpha, policy.seen) if alone else (pooled.alpha(0), pooled.evidence)
+        alone = policy.seen >= pooled.seen
+        prior, seen = (policy.alpha, policy.seen) if alone else (pooled.alpha(0), pooled.seen)
         best.model_acceptance = Acceptance(prior=prior, weight=min(8.0, max(2.0, seen)))
         return best
 
     def release(self, slot: Slot) -> None:
-        """Give `slot` back; rows decoded ahead that no step took are removed first."""
+        """Give `slot` back; rows decoded in the tick that no step took are removed first."""
         slot.view.discard()
-        slot.busy, slot.ahead = False, None
+        slot.busy = False
+        if self.tick is not None:
+            self.tick.streams = {gen: stream for gen, stream in self.tick.streams.items() if stream.slot is not slot}
 
-    def decode_ahead(self, streams: Sequence[tuple[Slot, Generation]]) -> int:
-        """Decode the next rows of every stream whose next step is a plain one in ONE batch (their steps then read
-        their rows from it): its last token, and the drafts `plan` chose for it — its n-gram copy, or the draft
-        model's (`draft_together`) — which its step then verifies (`Generation.drafts_ahead`). Returns how many
-        rows it decoded."""
-        self._tick = (time.perf_counter(), self._decoding(), sum(len(gen.tokens) for _, gen in streams))
+    def begin(self, streams: Sequence[tuple[Slot, Generation]]) -> int:
+        """Start a tick: decode the next rows of every stream whose next step is a plain one in ONE batch (their
+        steps then read their rows from it) — its last token, and the drafts `plan` chose for it: its n-gram copy, or
+        the draft model's (`draft_shared`), which its step then verifies (`SharedTick.drafts_for`). Until `end`, the
+        streams step in this tick (`tick`). Returns how many rows it decoded."""
+        tick = self.tick = SharedTick(self._decoding(), sum(len(gen.tokens) for _, gen in streams))
         self._ticks += 1
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
@@ -191,7 +221,7 @@ class SlotPool:
             candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
         )
         choices = self._checked(len(choices), self._probe(candidates, choices))
-        drafted = self.draft_together(
+        drafted = self.draft_shared(
             [(slot, gen, c.d, cand.catch_up) for (slot, gen, _), c, cand in zip(live, choices, candidates) if c.model]
         )
         rows = []
@@ -199,23 +229,24 @@ class SlotPool:
             proposal = drafted.get(slot.index) if choice.model else None
             if choice.d and not choice.model:
                 proposal = Proposal(list(candidate.copy[: choice.d]), [None] * choice.d)
-            gen.drafts_ahead = proposal if proposal is not None and proposal.tokens else None
-            n = len(gen.drafts_ahead.tokens) if gen.drafts_ahead is not None else 0
+            proposal = proposal if proposal is not None and proposal.tokens else None
+            n = len(proposal.tokens) if proposal is not None else 0
             stats = gen.stats
-            slot.ahead = (candidate.match, n, choice.model, stats.drafted, stats.accepted, stats.rejections)
+            before = (stats.drafted, stats.accepted, stats.rejections)
+            tick.streams[gen] = TickStream(slot, proposal, n, candidate.match, choice.model, before)
             if candidate.copy and not choice.d:
                 slot.acceptance.idle(candidate.match)
-            rows.append((slot.view, [token, *(gen.drafts_ahead.tokens if n else ())], slot.target.n_past))
+            rows.append((slot.view, [token, *(proposal.tokens if proposal is not None else ())], slot.target.n_past))
         if rows:
-            before = self._parent.seconds_decoding
-            decode_together(rows)
+            before_decoding = self._parent.seconds_decoding
+            decode_shared(rows)
             sizes = [len(tokens) for _, tokens, _ in rows]
-            self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before)
+            self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
         return sum(len(tokens) for _, tokens, _ in rows)
 
     def _checked(self, n: int, choices: list[StreamDraft]) -> list[StreamDraft]:
-        """The plan, unless this machine's own ticks of n streams say drafting beside others loses: the median tokens
-        per second of the recent ticks that drafted below that of the recent plain ones (the plan's costs and
+        """The plan, unless this machine's own ticks of n streams say drafting in a shared batch loses: the median
+        tokens per second of the recent ticks that drafted below that of the recent plain ones (the plan's costs and
         acceptances are estimates; these are what happened). Then plain, but for one tick in RECHECK_EVERY, which
         keeps the drafting figure current; and one plain tick in RECHECK_EVERY while the plain figure is unknown."""
         drafting = self._rates.get((n, True), ())
@@ -232,21 +263,21 @@ class SlotPool:
     def _probe(self, candidates: list[Candidate], choices: list[StreamDraft]) -> list[StreamDraft]:
         """Now and then a tick in which the draft model drafts PROBE_DRAFTS for the streams it may draft for, while
         there is too little evidence of its acceptance to judge it — neither the engine's policy (no stream has run
-        alone yet: its prior then counts for little) nor drafts beside others: a prior from nothing would keep it off
-        for good. The first tick that can, then one in PROBE_EVERY, until the pair's draft has PROBE_EVIDENCE of
+        alone yet: its prior then counts for little) nor drafts in a shared batch: a prior from nothing would keep it
+        off for good. The first tick that can, then one in PROBE_EVERY, until the pair's draft has PROBE_EVIDENCE of
         evidence (a probe gives PROBE_DRAFTS a stream): a few probes a server, each catching its streams' draft caches
         up with their histories. (Probing first at the 32nd tick left a cold server's first answers undrafted.)"""
         if self._ticks - self._probed_at < PROBE_EVERY or any(choice.model for choice in choices):
             return choices
-        if self.model_alpha.evidence + self._engine.policy.seen >= PROBE_EVIDENCE:
-            return choices  # the pair's draft has been measured, alone or beside others: the plan judges it
+        if self.model_alpha.seen + self._engine.policy.seen >= PROBE_EVIDENCE:
+            return choices  # the pair's draft has been measured, alone or in a shared batch: the plan judges it
         unsure = [c.model is not None and c.room >= PROBE_DRAFTS for c in candidates]
         if not any(unsure):
             return choices
         self._probed_at = self._ticks
         return [StreamDraft(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
-    def draft_together(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:
+    def draft_shared(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:
         """The draft model's drafts for each (slot, generation, d, tokens its draft cache lags), by slot index: each
         slot's draft cache caught up with its history in one batch (a cache far behind, a new request's, first on its
         own), then one batch per drafted token; each token drawn from the stream's own law and rng (`draft_token`,
@@ -271,46 +302,27 @@ class SlotPool:
             slot.draft.rollback_to(start)
             catch_up.append((slot.draft.ctx, gen.history[start:], start))
         self._decode_drafts(catch_up, last_only=True)
-        out: dict[int, Proposal] = {}
-        asks = []
+        loops = {}
         for (slot, gen, d, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
             slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
-            sampling = gen.sampling
-            request = DraftRequest(
-                history=gen.history,
-                k=d,
-                sampling=sampling,
-                pq=gen.spec.verify != "match",
-                p_min=gen.spec.p_min,
-                rng=gen.rng,
-            )
-            out[slot.index] = Proposal()
-            asks.append((slot, request, penalty_window(gen.history, sampling)))
-        while asks:
-            going = []
-            for slot, request, recent in asks:
-                drafts, sampled = out[slot.index], request.pq and not request.sampling.greedy
-                law, token, confidence = draft_token(
-                    slot.draft.ctx, self._laws, recent, drafts.tokens, request, sampled
-                )
-                if confidence < request.p_min:
-                    continue  # unsure: this stream's draft ends here
-                drafts.tokens.append(token)
-                drafts.laws.append(law)
-                if len(drafts.tokens) < request.k:
-                    going.append((slot, request, recent))
-            if going:
-                last = [(slot.draft.ctx, out[slot.index].tokens[-1:], slot.draft.n_past) for slot, _, _ in going]
-                self._decode_drafts(last)
-                for slot, _, _ in going:
-                    slot.draft.append(out[slot.index].tokens[-1:], outputs=1)
-            asks = going
-        return out
+            request = gen.request(d)
+            recent = penalty_window(request.history, request.sampling)
+            sampled = request.pq and not request.sampling.greedy
+            pick = partial(draft_token, slot.draft.ctx, self._laws, recent, request=request, sampled=sampled)
+            loops[slot.index] = draft_loop(d, pick, p_min=request.p_min)
+
+        def decode(fed: list[tuple[int, int]]) -> None:  # one batch: each stream's last drafted token
+            self._decode_drafts([(slots[i].draft.ctx, [token], slots[i].draft.n_past) for i, token in fed])
+            for i, token in fed:
+                slots[i].draft.append([token], outputs=1)
+
+        slots = {slot.index: slot for slot, _, _, _ in chosen}
+        return drive(loops, decode)
 
     def _decode_drafts(self, rows: list, *, last_only: bool = False) -> None:
-        """`decode_together` on the draft's slots context, timed into `draft_costs`."""
+        """`decode_shared` on the draft's slots context, timed into `draft_costs`."""
         before = self._drafts.seconds_decoding
-        decode_together(rows, last_only=last_only)
+        decode_shared(rows, last_only=last_only)
         sizes = [len(tokens) for _, tokens, _ in rows]
         self.draft_costs.observe(passes(sizes), sum(sizes), self._drafts.seconds_decoding - before)
 
@@ -318,35 +330,36 @@ class SlotPool:
         """Seconds inside llama_decode so far, of the target's context and the draft's slots context."""
         return self._parent.seconds_decoding + (self._drafts.seconds_decoding if self._drafts is not None else 0.0)
 
-    def learn(self, streams: Sequence[tuple[Slot, Generation]]) -> None:
-        """After a tick's steps: each stream that verified drafts decoded ahead teaches its acceptance, and the tick's
-        time outside the decodes is the overhead the next plans count (a plain tick pays it as a drafting one does:
-        on the demo pair's 2 cores about 10 ms beside 24 ms of decoding, which made fewer, longer ticks pay)."""
-        if self._tick is not None:
-            began, decoding, emitted = self._tick
-            seconds = time.perf_counter() - began
-            self._overheads.append(max(0.0, seconds - (self._decoding() - decoding)))
-            emitted = sum(len(gen.tokens) for _, gen in streams) - emitted
-            drafted = any(slot.ahead is not None and slot.ahead[1] for slot, _ in streams)
-            self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
-            self._tick = None
-        for slot, gen in streams:
-            ahead, slot.ahead = slot.ahead, None
-            if ahead is None or not ahead[1]:
+    def end(self, streams: Sequence[tuple[Slot, Generation]]) -> None:
+        """End the tick after its steps: each stream that verified drafts decoded in it teaches its acceptance, and
+        the tick's time outside the decodes is the overhead the next plans count (a plain tick pays it as a drafting
+        one does: on the demo pair's 2 cores about 10 ms beside 24 ms of decoding, which made fewer, longer ticks
+        pay)."""
+        tick, self.tick = self.tick, None
+        if tick is None:
+            return
+        seconds = time.perf_counter() - tick.began
+        self._overheads.append(max(0.0, seconds - (self._decoding() - tick.decoding)))
+        emitted = sum(len(gen.tokens) for _, gen in streams) - tick.emitted
+        drafted = any(stream.n for stream in tick.streams.values())
+        self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
+        for gen, stream in tick.streams.items():
+            if not stream.n:
                 continue
-            match, _, model, drafted, accepted, rejections = ahead
-            stats = gen.stats
-            if stats.drafted > drafted:  # its step took them (not cancelled first)
-                learner = slot.model_acceptance if model else slot.acceptance
-                learner.learn(0 if model else match, stats.accepted - accepted, stats.rejections > rejections)
-                if model:
-                    self.model_alpha.learn(0, stats.accepted - accepted, stats.rejections > rejections)
+            stats, (drafted_before, accepted, rejections) = gen.stats, stream.before
+            if stats.drafted > drafted_before:  # its step took them (not cancelled first)
+                learner = stream.slot.model_acceptance if stream.model else stream.slot.acceptance
+                taken, rejected = stats.accepted - accepted, stats.rejections > rejections
+                learner.learn(0 if stream.model else stream.match, taken, rejected)
+                if stream.model:
+                    self.model_alpha.learn(0, taken, rejected)
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:
     """A second context of the engine's draft model with `n` sequences, where the draft model may draft for several
     streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
-    recurrent draft, no draft model, no memory for it): then only copies draft beside others. The engine frees it."""
+    recurrent draft, no draft model, no memory for it): then only copies draft in a shared batch. The engine frees
+    it."""
     drafter = engine.model_drafter
     if not isinstance(drafter, ModelDrafter) or drafter.seq.mode != "seq_rm":
         return None

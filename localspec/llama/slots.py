@@ -1,10 +1,10 @@
 """`SeqContext`: one sequence of a several-sequence `Context` (`serve --parallel`), seen as a context of its own, so
-a `KVSequence` and the one generation step work on it unchanged; `decode_together`: each active stream's next rows
+a `KVSequence` and the one generation step work on it unchanged; `decode_shared`: each active stream's next rows
 in ONE `llama_decode`, handed to each stream's own next decode (DESIGN §8, several clients); `passes`: how many
 passes over the weights llama.cpp makes of such a batch.
 
 A stream's step decodes [its last token] (and the drafts it verifies, if any) at n_past and reads those rows.
-`decode_together` decodes them for every stream ahead of their steps and keeps them as pending; the step's `decode`
+`decode_shared` decodes them for every stream ahead of their steps and keeps them as pending; the step's `decode`
 finds its tokens decoded and reads the shared batch's rows instead of decoding. A step that decodes something else
 (a grammar's forced tokens, a speculative pass of its own) first removes the pending cells and decodes alone.
 Pending rows no step took are removed (`discard`).
@@ -34,7 +34,7 @@ class SeqContext:
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
         self.after_decode = None
-        # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded ahead in a shared batch
+        # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded in a shared batch
         self._pending: tuple[tuple[int, ...], int, int, int, int] | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
         self._n_rows = 0
@@ -49,17 +49,17 @@ class SeqContext:
 
     @property
     def row_shared(self) -> bool:
-        """Whether the last decode was a row of a shared batch (`decode_together`), not a decode of its own."""
+        """Whether the last decode was a row of a shared batch (`decode_shared`), not a decode of its own."""
         return self._row is not None
 
     @property
     def pending(self) -> bool:
-        """Whether rows decoded ahead (`decode_together`) wait for this sequence's next decode."""
+        """Whether rows decoded in the shared batch (`decode_shared`) wait for this sequence's next decode."""
         return self._pending is not None
 
     def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
-        """As `Context.decode` on this sequence; the rows `decode_together` decoded ahead are taken instead when they
-        are exactly this decode and their logits are still the parent's last."""
+        """As `Context.decode` on this sequence; the rows `decode_shared` decoded in the shared batch are taken instead
+        when they are exactly this decode and their logits are still the parent's last."""
         pending, self._pending = self._pending, None
         if pending is not None:
             ahead, at, row, output, stamp = pending
@@ -71,7 +71,7 @@ class SeqContext:
         self.parent.decode(tokens, n_past, outputs=outputs, seq=self.seq)
 
     def discard(self) -> None:
-        """Remove rows decoded ahead that no step took (the stream finished or was cancelled instead)."""
+        """Remove rows decoded in the shared batch that no step took (the stream finished or was cancelled instead)."""
         if self._pending is not None:
             self.parent.remove_from(self._pending[1], self.seq)
             self._pending = None
@@ -132,7 +132,7 @@ class SeqContext:
         self.parent.load_state(state, partial=partial, seq=self.seq)
 
 
-def decode_together(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last_only: bool = False) -> None:
+def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last_only: bool = False) -> None:
     """Decode each (sequence, tokens, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
     next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `last_only`: only
     each sequence's last row is output (a draft catching up: the rows before are not read).

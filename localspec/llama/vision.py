@@ -3,7 +3,7 @@ a prompt with media markers cut into chunks, and one image chunk evaluated at a 
 
 Native code never sees an unchecked input: an image's header is read here first (format, size, a cut-off file), and
 an untrusted projector is opened in a child process before this one (a projector missing a tensor loads, then crashes
-the process at its first encode: DESIGN §12), the way the canary probes kernels. The core owns the text tokens and
+the process at its first encode: DESIGN §11), the way the canary probes kernels. The core owns the text tokens and
 n_past; it decodes text chunks itself and hands only image chunks here. An image chunk takes `n_pos` positions,
 which differ from its `n_tokens` on M-RoPE models: n_past follows positions.
 """

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localspec.core.engine import Generation, TokenEvent
+from localspec.core.generation import SharedBatch
 from localspec.core.grammar import CompiledGrammar, Grammar, GrammarError
 from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS
@@ -139,7 +140,7 @@ def steps(
     *,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     slot: Callable[[list[int]], KVSequence] | None = None,
-    batched: Callable[[], bool] | None = None,
+    shared: SharedBatch | None = None,
 ) -> Generator[None, None, Outcome]:
     """Run `request` on the loaded pair (engine thread) one step at a time: tokenize, check the room, generate each
     choice; it yields after each step of the engine and returns the `Outcome`
@@ -147,7 +148,7 @@ def steps(
 
     Args:
         slot: the target's cache to generate in, given the prompt (a slot of a shared context); None: the engine's.
-        batched: whether other requests share the target's batch now (each step then decodes plainly).
+        shared: the shared batch the slots' streams step in (core/slots.py's `SlotPool`); None: one stream at a time.
 
     Raises:
         ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
@@ -184,13 +185,12 @@ def steps(
             logprobs=request.logprobs,
             target=slot(prompt) if slot is not None else None,
         )
-        gen.batched = batched
+        gen.shared = shared
         split = served.chat_format().splitter(think) if request.messages is not None else None
         job.generation = gen
         if job.cancelled:  # cancelled between the check and the assignment
             gen.cancel()
-        if batched is not None:  # others may be answering: a long prompt is read a chunk per step of theirs
-            yield from gen.read_prompt(PROMPT_CHUNK)
+        yield from gen.read_prompt(PROMPT_CHUNK)  # others may be answering: a long prompt is read a chunk a tick
         repeats = _Repeats(tools, engine.target_model.token_bytes) if tools is not None and tools.parallel else None
         for event in gen:
             pieces = split.feed(event, gen.stats) if split is not None else [(ANSWER, event.text, event.from_draft)]

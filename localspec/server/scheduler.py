@@ -2,7 +2,7 @@
 
 Up to N requests hold a slot each (core/slots.py: a sequence of the target's context); the rest wait in arrival
 order, within the runner's bound. Each tick, on the engine thread: requests that fit join (continuous batching);
-when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.decode_ahead`), with drafts
+when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.begin`), with drafts
 for some of them (their n-gram copies, or the draft model's) where that is predicted to pay (core/batchdraft.py),
 and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
@@ -88,7 +88,6 @@ class Scheduler:
         self._looping = False
         self._pool: SlotPool | None = None
         self._pool_of: Served | None = None  # the pair the pool's slots belong to
-        self._shared = False  # this tick's steps run in a shared batch (two or more streams at its start)
 
     @property
     def busy(self) -> int:
@@ -163,18 +162,13 @@ class Scheduler:
                 entry.emit,
                 default_max_tokens=max_tokens,
                 slot=slot if pool is not None else None,
-                batched=self._batched,
+                shared=pool,
             )
         except BaseException as e:
             self._settle(entry, error=e)
             return
         with self._lock:
             self._active.append(entry)
-
-    def _batched(self) -> bool:
-        """Whether the steps of this tick run in a shared batch: fixed for the tick, so a stream left alone by one
-        that ended earlier in it still takes the row decoded for it (a speculative step would redo that decode)."""
-        return self._shared
 
     def _slots(self, served: Served) -> SlotPool | None:
         """The loaded pair's slots, made (and warmed) on first use after a load (engine thread); None for a target
@@ -197,10 +191,10 @@ class Scheduler:
         """One step of every running request: their next rows decoded together first, when several run."""
         entries, streams = list(self._active), []
         pool = self._pool if sum(e.work is None for e in entries) > 1 else None
-        self._shared = pool is not None
-        if pool is not None:
+        if pool is not None:  # a shared tick: fixed until its end, so a stream left alone by one that ended earlier
+            # in it still takes the row decoded for it (a speculative step would redo that decode)
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
-            pool.decode_ahead(streams)
+            pool.begin(streams)
             # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
             # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
             entries.sort(key=lambda e: not (e.slot is not None and e.slot.view.pending))
@@ -212,8 +206,8 @@ class Scheduler:
                 self._settle(entry, result=end.value)
             except BaseException as e:
                 self._settle(entry, error=e)
-        if pool is not None and streams:
-            pool.learn(streams)
+        if pool is not None:
+            pool.end(streams)
         for entry in self._active:
             if entry.slot is not None:
                 entry.slot.view.discard()

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from localspec.core.batchdraft import LONG_MATCH, MAX_DRAFT, NONE, Acceptance, BatchCosts, Candidate, StreamDraft, plan
+from localspec.core.acceptance import LONG_MATCH, Acceptance
+from localspec.core.batchdraft import MAX_DRAFT, NONE, Candidate, DecodeCosts, StreamDraft, plan
 
 
-def costs_of(a: float, b: float, shapes=((1, 1), (1, 4), (2, 8))) -> BatchCosts:
-    costs = BatchCosts()
+def costs_of(a: float, b: float, shapes=((1, 1), (1, 4), (2, 8))) -> DecodeCosts:
+    costs = DecodeCosts()
     for p, r in shapes:
         costs.observe(p, r, a * p + b * r)
     return costs
@@ -32,7 +33,7 @@ def test_one_slow_decode_does_not_move_the_fit():
 
 
 def test_the_costs_are_unknown_until_two_shapes_were_seen():
-    costs = BatchCosts()
+    costs = DecodeCosts()
     assert costs.seconds(1, 4) is None
     costs.observe(1, 4, 0.02)
     costs.observe(1, 4, 0.02)
@@ -41,7 +42,7 @@ def test_the_costs_are_unknown_until_two_shapes_were_seen():
 
 
 def test_rows_that_seem_free_put_the_cost_on_the_pass():
-    costs = BatchCosts()
+    costs = DecodeCosts()
     costs.observe(1, 1, 0.010)
     costs.observe(1, 4, 0.009)  # noise: more rows measured cheaper
     assert costs.seconds(1, 16) == costs.seconds(1, 1) > 0

@@ -8,6 +8,7 @@ import pytest
 from support import run_to_end
 from support.fakellm import LogitTable, fake_engine
 
+from localspec.core.acceptance import Acceptance, expected_tokens
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import (
     DraftLength,
@@ -16,7 +17,6 @@ from localspec.core.policy import (
     MeasuredCosts,
     PolicyState,
     PolicyTuning,
-    expected_tokens,
 )
 from localspec.core.sampling import SamplingParams
 from localspec.core.stats import Stats, Step, StepTiming
@@ -24,9 +24,15 @@ from localspec.core.stats import Stats, Step, StepTiming
 CHEAP = EstimatedCosts(draft_ratio=0.05, batch_slope=0.1)  # a GPU-like pair: drafting pays off easily
 
 
+def set_alpha(policy: DraftPolicy, alpha: float, seen: float = 1.0) -> None:
+    """α̂ = alpha on `seen` drafted tokens' evidence."""
+    policy.acceptance = Acceptance.measured(alpha, seen, forget=policy.tuning.forget)
+
+
 def policy_with_alpha(alpha: float, costs=CHEAP, **tuning) -> DraftPolicy:
     policy = DraftPolicy(costs=costs, tuning=PolicyTuning(**tuning))
-    policy.accepted, policy.seen, policy.verified = alpha, 1.0, 100  # as if after 100 verified drafts
+    set_alpha(policy, alpha)
+    policy.verified = 100  # as if after 100 verified drafts
     return policy
 
 
@@ -334,14 +340,14 @@ def test_the_draft_length_in_use_holds_until_another_is_clearly_faster():
     first = policy.choose(True, 8).k
     ks = []
     for alpha in (0.79, 0.81, 0.78, 0.82, 0.8):  # wobbles whose best k differ by one or two at most
-        policy.accepted = alpha
+        set_alpha(policy, alpha)
         ks.append(policy.choose(True, 8).k)
     fresh = {policy_with_alpha(a, costs).choose(True, 8).k for a in (0.79, 0.81, 0.78, 0.82, 0.8)}
     assert len(fresh) > 1  # without the hold, k would move with these wobbles
     assert ks == [first] * 5
-    policy.accepted = 0.95  # a real change: the best k is now predicted well over `hold` faster
+    set_alpha(policy, 0.95)  # a real change: the best k is now predicted well over `hold` faster
     assert policy.choose(True, 8).k > first
-    policy.accepted = 0.5
+    set_alpha(policy, 0.5)
     assert policy.choose(True, 8).k < first
 
 
@@ -349,7 +355,7 @@ def test_without_a_hold_the_best_k_is_taken_at_every_step():
     costs = EstimatedCosts(draft_ratio=0.1, batch_slope=0.15)
     policy = policy_with_alpha(0.8, costs, hold=0.0)
     for alpha in (0.78, 0.82, 0.9, 0.6):
-        policy.accepted = alpha
+        set_alpha(policy, alpha)
         assert policy.choose(True, 8).k == policy_with_alpha(alpha, costs).choose(True, 8).k
 
 
@@ -369,7 +375,8 @@ def test_a_stalled_step_at_a_rarely_used_length_does_not_bend_the_cost_line():
             assert costs.batch_ratio(k) == pytest.approx(v, rel=0.01)  # each timed length: its own median
     assert costs.batch_ratio(6) == pytest.approx(1.26 + 0.108 * 6, rel=0.05)  # the line, over what stands
     policy = DraftPolicy(costs=costs)
-    policy.accepted, policy.seen, policy.verified = 0.8, 1.0, 100
+    set_alpha(policy, 0.8)
+    policy.verified = 100
     assert policy.choose(True, 8).k in (3, 4)
 
 
@@ -408,10 +415,10 @@ def test_a_marginal_gain_is_not_switched_off_by_one_noisy_estimate():
     costs = EstimatedCosts(draft_ratio=0.45, batch_slope=0.18)
     policy = policy_with_alpha(0.95, costs)
     assert policy.choose(True, 8).k >= 1 and not policy.off
-    policy.accepted, policy.seen = 0.80 * 12, 12  # a dip, on about a dozen steps' evidence
+    set_alpha(policy, 0.80, 12)  # a dip, on about a dozen steps' evidence
     assert policy.speedup(1, costs) < 1.0  # the point estimate alone predicts a loss…
     assert policy.choose(True, 8).k >= 1 and not policy.off  # …the bound does not: speculation stays on
-    policy.accepted, policy.seen = 0.5 * 40, 40  # much evidence of a poor draft: off
+    set_alpha(policy, 0.5, 40)  # much evidence of a poor draft: off
     choice = policy.choose(True, 8)
     assert choice.k == 0 and policy.off and "α̂ 0.50" in choice.reason
 

@@ -1,7 +1,7 @@
 """Slots of one target context (`serve --parallel`): which slot a prompt takes, and streams stepped together.
 
 On the real tiny pair: the next tokens of several streams go through ONE llama_decode per step, and each stream's
-greedy text is the text it gets alone; a row decoded ahead that no step takes is removed again.
+greedy text is the text it gets alone; a row decoded in the shared batch that no step takes is removed again.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import llama_cpp
 import pytest
 
-from localspec.core.batchdraft import BatchCosts
+from localspec.core.batchdraft import DecodeCosts
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
@@ -19,7 +19,7 @@ from localspec.core.slots import SlotPool
 from localspec.errors import InvalidParamsError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
-from localspec.llama.slots import SeqContext, decode_together, passes
+from localspec.llama.slots import SeqContext, decode_shared, passes
 
 PROMPTS = [[1, 5, 9, 13, 2], [1, 7, 7, 3], [1, 4, 8, 15, 16, 23, 42], [1, 2]]
 
@@ -74,7 +74,7 @@ def _alone(engine, pool, prompt, max_tokens):
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alone(engine, temperature):
-    """Greedy: the text alone (speculating) equals the text beside others. At T > 0 with a seed and draft-max 0
+    """Greedy: the text alone (speculating) equals the text in a shared batch. At T > 0 with a seed and draft-max 0
     (plain decoding alone too), the same seed gives the same text alone and together: each stream its own RNG."""
     pool = SlotPool(engine, 3)
     sampling = SamplingParams(temperature=temperature, seed=7)
@@ -93,14 +93,18 @@ def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alo
     slots = [pool.acquire(p) for p in PROMPTS[:3]]
     gens = [start(p, n, s) for p, n, s in zip(PROMPTS, lengths, slots, strict=False)]
     for gen in gens:
-        gen.batched = lambda: True
+        gen.shared = pool
     events = [iter(g) for g in gens]
+    streams = list(zip(slots, gens, strict=True))
+    assert pool.begin(streams) == 0  # no prompt read yet: no rows; each reads its own in the tick
     together: list[list[int | None]] = [[next(e).token] for e in events]  # each prompt read, first step taken
+    pool.end(streams)
     parent = engine.target.ctx
     live = set(range(3))
     while live:
         before = parent.decodes
-        decoded = pool.decode_ahead([(slots[i], gens[i]) for i in sorted(live)])
+        streams = [(slots[i], gens[i]) for i in sorted(live)]
+        decoded = pool.begin(streams)
         assert decoded == len(live) and parent.decodes == before + 1  # ONE llama_decode for every live stream
         for i in sorted(live):
             event = next(events[i])
@@ -110,6 +114,7 @@ def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alo
                 with pytest.raises(StopIteration):
                     next(events[i])
         assert parent.decodes == before + 1  # no stream decoded on its own
+        pool.end(streams)
     assert together == alone[:3]
     assert all(g.stats.drafted == 0 for g in gens)
     for slot, gen in zip(slots, gens, strict=True):
@@ -122,10 +127,12 @@ def test_a_row_decoded_ahead_that_no_step_takes_is_removed(engine):
     pool = SlotPool(engine, 3)
     slot = pool.acquire(PROMPTS[0])
     gen = engine.generate(PROMPTS[0], sampling=SamplingParams(temperature=0), max_tokens=5, target=slot.target)
-    gen.batched = lambda: True
+    gen.shared = pool
     events = iter(gen)
+    pool.begin([(slot, gen)])
     next(events)
-    assert pool.decode_ahead([(slot, gen)]) == 1
+    pool.end([(slot, gen)])
+    assert pool.begin([(slot, gen)]) == 1
     assert slot.view.pos_range()[1] == slot.target.n_past  # one cell past the tokens: the pending row
     gen.cancel()
     assert next(events).finish_reason == "cancelled"
@@ -135,20 +142,21 @@ def test_a_row_decoded_ahead_that_no_step_takes_is_removed(engine):
 
 
 def test_a_step_that_decodes_something_else_undoes_the_row_decoded_ahead(engine):
-    """A stream that turns to speculating (it is alone now) decodes its verify pass itself: the row decoded ahead
-    is removed first, and its text is still its text alone."""
+    """A stream that turns to speculating (it is alone now) decodes its verify pass itself: the row decoded in the
+    shared batch is removed first, and its text is still its text alone."""
     pool = SlotPool(engine, 3)
     expected = _alone(engine, pool, PROMPTS[1], 20)
     slot = pool.acquire(PROMPTS[1])
     gen = engine.generate(
         PROMPTS[1], sampling=SamplingParams(temperature=0), spec=FIXED_K, max_tokens=20, target=slot.target
     )
-    shared = [True]
-    gen.batched = lambda: shared[0]
+    gen.shared = pool
     events = iter(gen)
+    pool.begin([(slot, gen)])
     tokens = [next(events).token]
-    pool.decode_ahead([(slot, gen)])
-    shared[0] = False  # the step now speculates: k drafts + 1 rows, not the pending row
+    pool.end([(slot, gen)])
+    pool.begin([(slot, gen)])
+    pool.end([(slot, gen)])  # the tick ends before the step: it speculates, k drafts + 1 rows, not the pending row
     tokens += [e.token for e in events]
     assert tokens == expected
     slot.target.check()
@@ -189,14 +197,14 @@ def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
     """llama.cpp splits a batch of several sequences at every sequence id out of ascending order (its cache keeps
     each sequence's cells apart): rows for slots 2, 0, 3, 1 went through the model as four passes, not one, and
     four clients' steps cost up to 2.2× what they should (serve --parallel 4 on the demo pair, 2026-11-27: the order
-    is the order requests took their slots). `decode_together` hands llama.cpp its rows by sequence."""
+    is the order requests took their slots). `decode_shared` hands llama.cpp its rows by sequence."""
     with counted_views(tiny_models) as (ctx, views):
         nodes = []
         for order in ([0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0]):
             for view in views:
                 view.remove_from(3)  # the row the last order decoded
             before = ctx.nodes
-            decode_together([(views[seq], [7], 3) for seq in order])
+            decode_shared([(views[seq], [7], 3) for seq in order])
             nodes.append(ctx.nodes - before)
             rows = {seq: views[seq].logits(0).copy() for seq in order}
             for seq in order:  # each sequence reads its own row, whatever the order it was given in
@@ -216,28 +224,30 @@ def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
         engine.generate(p, sampling=SamplingParams(temperature=0), spec=plain, max_tokens=8, target=s.target)
         for p, s in zip(PROMPTS, slots, strict=False)
     ]
-    shared = [True]
     for gen in gens:
-        gen.batched = lambda: shared[0]
+        gen.shared = pool
     events = [iter(g) for g in gens]
+    streams = list(zip(slots, gens, strict=True))
+    pool.begin(streams)
     for e in events:
         next(e)
-    timed = engine.policy.costs.target
-    plain_steps = timed[0].n if 0 in timed else 0
-    pool.decode_ahead(list(zip(slots, gens, strict=True)))
-    shared[0] = False  # the other stream ended earlier in this tick
+    pool.end(streams)
+    timed = engine.policy.costs.verify
+    plain_steps = timed.seen(1, 1)
+    pool.begin(streams)
+    pool.end(streams)  # the other stream ended earlier in this tick (a lone step, which takes its shared row)
     next(events[0])
     assert slots[0].view.row_shared  # it took its row from the shared batch
-    assert (timed[0].n if 0 in timed else 0) == plain_steps
+    assert timed.seen(1, 1) == plain_steps
     next(events[0])  # its next step decodes alone, and is timed
-    assert not slots[0].view.row_shared and timed[0].n == plain_steps + 1
+    assert not slots[0].view.row_shared and timed.seen(1, 1) == plain_steps + 1
     for gen, slot in zip(gens, slots, strict=True):
         gen.cancel()
         pool.release(slot)
 
 
 def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(tiny_models):
-    """What `core/batchdraft.py` prices drafts beside others by: llama.cpp splits a batch whose sequences bring
+    """What `core/batchdraft.py` prices drafts in a shared batch by: llama.cpp splits a batch whose sequences bring
     different numbers of rows into one pass over the weights per distinct count (`passes`), counted here from the
     graph nodes it computes."""
     with counted_views(tiny_models) as (ctx, views):
@@ -246,7 +256,7 @@ def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(
             for view in views:
                 view.remove_from(3)
             before = ctx.nodes
-            decode_together([(views[seq], [7 + j for j in range(n)], 3) for seq, n in enumerate(lengths)])
+            decode_shared([(views[seq], [7 + j for j in range(n)], 3) for seq, n in enumerate(lengths)])
             per_pass = per_pass or ctx.nodes - before
             assert ctx.nodes - before == passes(lengths) * per_pass, lengths
             for view in views:
@@ -255,8 +265,9 @@ def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(
 
 
 def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
-    """Rows decoded ahead for a step that verifies drafts: the step's decode of exactly those tokens takes them, row
-    i (or -1 from its last) is the shared batch's row for that token, whatever the other sequences brought."""
+    """Rows decoded in the shared batch for a step that verifies drafts: the step's decode of exactly those tokens
+    takes them, row i (or -1 from its last) is the shared batch's row for that token, whatever the other sequences
+    brought."""
     model = Model(tiny_models.target)
     ctx = Context(model, n_ctx=64, n_seq=3, n_threads=1)
     try:
@@ -264,7 +275,7 @@ def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
         for view in views:
             view.decode([1, 5, 9], 0)
         asked = {2: [11, 12, 13, 14], 0: [7], 1: [8, 9]}
-        decode_together([(views[seq], tokens, 3) for seq, tokens in asked.items()])
+        decode_shared([(views[seq], tokens, 3) for seq, tokens in asked.items()])
         shared = ctx.logits_block(7, 0).copy()  # sequence order: 0 (1 row), 1 (2 rows), 2 (4 rows)
         first = {0: 0, 1: 1, 2: 3}
         for seq, tokens in asked.items():
@@ -281,9 +292,9 @@ def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
         model.close()
 
 
-class _FixedCosts(BatchCosts):
+class _FixedCosts(DecodeCosts):
     """GPU-like costs (by default a pass 10 ms, a row 0.2 ms), kept whatever this machine measures: the tests are
-    about what the steps do with drafts decoded ahead, not about when they pay."""
+    about what the steps do with drafts decoded in the shared batch, not about when they pay."""
 
     def __init__(self, per_pass: float = 0.010, per_row: float = 0.0002) -> None:
         super().__init__()
@@ -333,17 +344,19 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
 
 
 def _run_together(pool, engine, gens, slots) -> tuple[list[list[int | None]], int]:
-    """Step the generations together as the scheduler does (their rows decoded ahead, then one step each) until all
-    end: (their tokens, the ticks); asserts ONE target decode per tick."""
+    """Step the generations together as the scheduler does (their rows decoded in the shared batch, then one step
+    each) until all end: (their tokens, the ticks); asserts ONE target decode per tick."""
     for gen in gens:
-        gen.batched = lambda: True
+        gen.shared = pool
     events = [iter(g) for g in gens]
+    pool.begin(list(zip(slots, gens, strict=True)))
     together: list[list[int | None]] = [[next(e).token] for e in events]
+    pool.end(list(zip(slots, gens, strict=True)))
     parent, live, ticks = engine.target.ctx, set(range(len(gens))), 0
     while live:
         streams = [(slots[i], gens[i]) for i in sorted(live)]
         before = parent.decodes
-        pool.decode_ahead(streams)
+        pool.begin(streams)
         ticks += 1
         for i in sorted(live):
             while True:  # one step: its events until the step's last
@@ -356,7 +369,7 @@ def _run_together(pool, engine, gens, slots) -> tuple[list[list[int | None]], in
                 if gens[i].pending == 0:
                     break
         assert parent.decodes == before + 1  # the tick's one decode of the target
-        pool.learn(streams)
+        pool.end(streams)
     return together, ticks
 
 
@@ -368,7 +381,7 @@ def same_engine(tiny_models):
 
 
 def test_the_draft_model_drafts_for_streams_beside_others_and_they_keep_their_greedy_text(same_engine):
-    """Where the draft model is predicted to pay beside others, it drafts for every stream together (its own context
+    """Where the draft model is predicted to pay in a shared batch, it drafts for every stream together (its own context
     with a sequence per slot, one batch per drafted token) and each step verifies its stream's drafts in the shared
     batch: the greedy text is the stream's text alone, the drafts were accepted, the target decoded once a tick."""
     engine = same_engine
@@ -448,7 +461,7 @@ def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown
     assert [g.stats.drafted for g in gens] == [PROBE_DRAFTS, PROBE_DRAFTS]  # one probe: then it is measured
     for gen in gens:  # the probe was the first tick: the prompt's token, then the probe's drafts
         assert gen.from_draft[: 1 + PROBE_DRAFTS] == [False] + [True] * PROBE_DRAFTS
-    assert pool.model_alpha.evidence >= 2 * PROBE_DRAFTS - 1
+    assert pool.model_alpha.seen >= 2 * PROBE_DRAFTS - 1
     for slot in slots:
         pool.release(slot)
 

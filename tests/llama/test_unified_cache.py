@@ -1,6 +1,6 @@
 """Why the slots of `serve --parallel` keep their cells apart rather than in llama.cpp's one shared pool (issue 56,
 "one KV pool for all slots"; DESIGN §8): in the pinned llama.cpp a sequence whose next cell lands in a hole another
-sequence left before its own cells attends wrongly — its logits move by tenths, and greedy answers beside others
+sequence left before its own cells attends wrongly — its logits move by tenths, and greedy answers in a shared batch
 changed (tests/core/test_slots.py caught it). Kept apart, the same steps are exact. When this test fails, the
 build places cells right and the pool can be shared (four slots in the memory of one --n-ctx)."""
 

@@ -245,7 +245,7 @@ def test_a_projector_for_another_model_size_is_refused(tiny_vision: TinyVision, 
 
 
 def test_a_projector_that_crashes_llama_cpp_is_refused_through_the_child(tiny_vision: TinyVision, target: Model):
-    # Opened in this process, this file kills it with SIGSEGV at warm-up (DESIGN §12).
+    # Opened in this process, this file kills it with SIGSEGV at warm-up (DESIGN §11).
     with pytest.raises(ModelFileError, match=r"crashed llama.cpp \(SIGSEGV\) when opened beside target.gguf") as caught:
         Projector(tiny_vision.mmproj_missing_tensor, target)
     assert "\n" not in str(caught.value)

@@ -1,6 +1,6 @@
 """`localspec serve --parallel N` end to end: real `openai` clients at once against the real server on the tiny pair.
 
-Greedy answers are the same alone (a lone stream speculates) and beside others (their tokens decoded together in
+Greedy answers are the same alone (a lone stream speculates) and in a shared batch (their tokens decoded together in
 one batch, plainly); each stream keeps its own max_tokens; a client that leaves gives its slot back; the queue stays
 bounded; /health shows the slots busy.
 """
@@ -82,8 +82,8 @@ def test_greedy_answers_are_the_same_alone_and_beside_others(server):
     assert all(a.usage.completion_tokens == 40 for a in alone)
     drafted_alone = [a.model_extra["timings"]["draft_n"] for a in alone]
     assert min(drafted_alone) > 0  # a lone stream speculates
-    # Beside others a stream drafts where this machine's costs say it pays (copies, or the draft model batched): how
-    # much depends on the timings, the text does not. tests/core/test_slots.py drafts beside others on purpose.
+    # In a shared batch a stream drafts where this machine's costs say it pays (copies, or the draft model batched): how
+    # much depends on the timings, the text does not. tests/core/test_slots.py drafts in a shared batch on purpose.
 
 
 def test_each_stream_keeps_its_own_max_tokens_and_stats(server):

@@ -1,7 +1,7 @@
 """Tiny image-reading models for tests of llama.cpp's mtmd: a LLaVA-style projector beside a tiny llama pair.
 
 The projector is a random-weight CLIP encoder (32×32 pixels in patches of 8: 16 image tokens) with LLaVA's `mlp`
-projector, whose output rows equal the target's n_embd (DESIGN §12 lists the keys and tensors measured to load).
+projector, whose output rows equal the target's n_embd (DESIGN §11 lists the keys and tensors measured to load).
 The target and the draft are tinymodels' llama pair (one vocabulary, the draft is the target plus noise), and two
 broken projectors exercise the refusals: one whose output size is not the target's, one missing a tensor. Also small
 image files written by hand (PNG, BMP; no Pillow) and a PNG header that claims a huge picture.
