@@ -4,7 +4,7 @@
 vocabulary: core/bridge.py's `BridgedDrafter`; the target's own MTP head: core/head.py's `MtpDrafter`).
 `NgramDrafter` copies what followed the longest earlier match of the history's end (core/ngram.py's index over the
 prompt and the output); it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
-`NgramChain` wraps a model drafter: the n-gram's copy first, the model after it or, without a match, instead of it.
+`NgramFirst` wraps a model drafter: the n-gram's copy first, the model after it or, without a match, instead of it.
 `NoDrafter` proposes nothing. `make_drafter` builds each kind of DRAFTERS from the built model drafter, or says why it
 cannot. Every drafter states what it needs, owns and costs through the `Drafter` protocol and is asked with one
 `DraftRequest`, so the loop, the policy and the engine never ask which class they hold.
@@ -413,7 +413,7 @@ class SharedDrafts(NgramDrafter):
         pass
 
 
-class NgramChain:
+class NgramFirst:
     """`--drafter model+ngram`: the n-gram's copy first (as `NgramDrafter`) where the history's end matched at least
     `trust` tokens earlier, and the wrapped model drafter (plain or bridged) for the rest of the k tokens after it —
     or for all k where there is no such match.
@@ -472,7 +472,7 @@ class NgramChain:
 BUILDERS: dict[str, tuple[str | None, Callable[[Drafter | None], Drafter]]] = {
     "model": ("model", lambda model: model),
     "ngram": (None, lambda _: NgramDrafter()),
-    "model+ngram": ("model", lambda model: NgramChain(model)),
+    "model+ngram": ("model", lambda model: NgramFirst(model)),
     "mtp": ("mtp", lambda model: model),
     "none": (None, lambda _: NoDrafter()),
 }

@@ -4,8 +4,8 @@ The head predicts the token after x_p from (x_p, the target's hidden row at p - 
 target's: the target context tells the drafter after every llama_decode — prefill, verify, a checkpoint's re-decode,
 a refill — through `after_target_decode` (which `Engine.use_drafter` installs), and the drafter queues those
 positions with the rows just computed for the head, fed in one batch before the next draft (or every FEED_BATCH
-positions), so a plain step costs a row copy. Drafting chains the head's
-own hidden rows; those positions are dropped again before the verify pass, which re-feeds them with the target's.
+positions), so a plain step costs a row copy. While drafting, each position is fed the head's own hidden row
+from the one before; those positions are dropped again before the verify pass, which re-feeds them with the target's.
 Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
 The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLawBuilder`,
 `greedy_token`).
@@ -152,14 +152,14 @@ class MtpDrafter:
         head.append([history[-1]], outputs=1)  # position n: the last token and the target's row before it
 
         def decode(token: int) -> None:
-            head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # the chain: the head's own row
+            head.ctx.stage(head.ctx.hidden(-1)[None], head.n_past)  # its own row feeds the next drafted position
             head.append([token], outputs=1)
 
         def pick(drafted: list[int]) -> Pick:  # `draft_token` masks its law under a grammar
             return draft_token(head.ctx, self.laws, recent, drafted, request, sampled)
 
         out = drive_alone(draft_loop(request.k, pick, p_min=p_min, grammar=request.grammar), decode)
-        head.rollback_to(n + 1)  # the chained positions go; the verify pass feeds them with the target's rows
+        head.rollback_to(n + 1)  # the drafted positions go; the verify pass feeds them with the target's rows
         out.cost = self.meter.take()
         return out
 

@@ -6,7 +6,7 @@ of the last one (a chat's next turn, a regenerated answer) undoes and redoes onl
 grows with the history. `continuation` finds the longest n-gram ending the history that occurred before and copies what
 followed it — up to 64 tokens, past the end of the history where the text repeats itself (LZ77's overlapping copy) —
 with the match's length, which says how far to trust it. `NgramDrafter` (`--drafter ngram`) proposes that copy;
-`NgramChain` (`--drafter model+ngram`) proposes it where the match is long enough and lets the draft model draft the
+`NgramFirst` (`--drafter model+ngram`) proposes it where the match is long enough and lets the draft model draft the
 rest (core/drafters.py's `ModelDrafter` or a bridged one) — or all of it where the history has no such match. A copied
 token is a point law (one-hot, DESIGN §1): it is a function of the history alone.
 """

@@ -110,8 +110,8 @@ def experts_on_cpu(n_layers: int) -> ctypes.Array:
     many = n_layers >= llama_cpp.llama_max_tensor_buft_overrides()
     patterns = [EXPERTS_PATTERN] if many else [rf"blk\.{i}{EXPERTS_PATTERN}" for i in range(n_layers)]
     overrides = (_BuftOverride * (len(patterns) + 1))()
-    for slot, pattern in zip(overrides, patterns, strict=False):
-        slot.pattern, slot.buft = pattern.encode(), cpu
+    for override, pattern in zip(overrides, patterns, strict=False):
+        override.pattern, override.buft = pattern.encode(), cpu
     return overrides
 
 

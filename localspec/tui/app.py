@@ -1,7 +1,7 @@
 """The chat app: `make_app(options)` builds it for both `localspec chat` and the tests.
 
 `ChatApp` owns what outlives a screen: the `Conversation` (`conversation`, no Textual there: the messages, the
-loaded pair, the settings and the chat database), loading and pulling pairs, the engine slot, the user's keys,
+loaded pair, the settings and the chat database), loading and pulling pairs, the engine thread, the user's keys,
 signals and quitting. Its one screen, `ChatScreen` (chat_screen.py, the default screen), owns the chat's widgets and
 their handlers. Loading, pulling and generating run in Textual thread workers that only post messages (see
 `messages`); the handlers are the only code that changes widgets. One lock is held by whichever worker uses the
@@ -29,6 +29,7 @@ from localspec.paths import get_paths
 from . import loading, signals
 from .chat_screen import ChatScreen
 from .conversation import Conversation
+from .engine_thread import EngineThread
 from .failure import error_text
 from .keymap import KEYS_FILE, bound_ids, load_keymap
 from .mcp_client import McpHub
@@ -36,7 +37,6 @@ from .messages import EngineReady, LoadFailed, LoadProgress, McpReady, PullBytes
 from .safe_text import terminal_safe
 from .screens import ConfirmScreen, PairScreen, SettingsScreen
 from .settings import ChatOptions, ChatSettings
-from .slot import EngineSlot
 from .store import ChatStore
 from .styles import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS
 from .widgets import ChatMessage, PromptInput
@@ -66,7 +66,7 @@ class ChatApp(App[int]):
         self.notices = notices  # shown once the app is up (e.g. that the last run crashed in llama.cpp)
         self.chat = Conversation(options, store)
         self.chat_screen: ChatScreen  # made when the app starts (the default screen)
-        self.slot = EngineSlot()
+        self.engine_thread = EngineThread()
         self.mcp: McpHub | None = None  # the MCP servers' client, once they are asked to start
         self.signalled: int | None = None  # SIGTERM or SIGHUP, once one asked the app to quit
         self._quit_code: int | None = None  # the exit code of a quit that waits for the answer to stop
@@ -106,7 +106,7 @@ class ChatApp(App[int]):
 
     async def on_mount(self) -> None:
         self._signals = signals.watch(self._signalled, at_once=self._hung_up_now)
-        self.slot.open()
+        self.engine_thread.open()
         for notice in self.notices:
             self.notify(notice, severity="warning", timeout=20)
         if self.options.mcp is not None and self.options.mcp.servers:
@@ -175,7 +175,7 @@ class ChatApp(App[int]):
             return loading.load_models(self.options, resolved, drafter, self._post_progress)
 
         try:
-            loaded = self.slot.replace(old, load)
+            loaded = self.engine_thread.replace(old, load)
         except Exception as e:  # an engine bug too: one line, never a traceback over the chat
             self.post_message(LoadFailed(error_text(e, "loading")))
             return
@@ -196,7 +196,7 @@ class ChatApp(App[int]):
 
     def on_engine_ready(self, message: EngineReady) -> None:
         loaded, screen = message.loaded, self.chat_screen
-        if self.slot.closing:
+        if self.engine_thread.closing:
             loaded.engine.close()
             return
         screen.progress(False)
@@ -375,7 +375,7 @@ class ChatApp(App[int]):
         if self.signalled is None:  # after a signal they stay (a second one then quits at once) till the loop ends
             signals.unwatch(self._signals)
         try:
-            await self.slot.close(self.chat.stop, self.chat.detach)
+            await self.engine_thread.close(self.chat.stop, self.chat.detach)
         finally:
             self.chat.close()
             if self.mcp is not None:  # the servers' processes end with it

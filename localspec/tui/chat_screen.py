@@ -2,7 +2,7 @@
 
 `ChatScreen` draws what its app's `Conversation` (`app.chat`, no Textual there) holds: a message sent, an answer
 streamed in by the worker that generates it (the only worker here; it posts messages, the handlers draw them), a
-chat opened, a new chat, the system prompt. The app owns what is not this screen's: loading a pair, the engine slot,
+chat opened, a new chat, the system prompt. The app owns what is not this screen's: loading a pair, the engine thread,
 signals and quitting. A reasoning model's thinking streams into its own folded block; F8 folds or unfolds them all,
 remembered in the chat database's preferences.
 """
@@ -193,7 +193,7 @@ class ChatScreen(Screen):
 
     @work(thread=True, group="generate", exit_on_error=False)
     def _generate(self, turn: Turn) -> None:
-        self.app.slot.run(lambda: self._answer_turn(turn))  # on the engine thread (EngineSlot: one for llama.cpp)
+        self.app.engine_thread.run(lambda: self._answer_turn(turn))  # on the one engine thread (llama.cpp's)
 
     def _answer_turn(self, turn: Turn) -> None:
         """Generate the turn's answer, posting its chunks, its prompt's reading and its end (on the engine thread)."""

@@ -18,7 +18,7 @@ from support.lawcheck import check_law, expected_tv
 from support.tinymodels import VARIANT_FEWER
 
 from localspec.core.bridge import BridgedDrafter, HistoryMirror, VocabBridge, _complete_utf8
-from localspec.core.drafters import DraftCost, DraftRequest, NgramChain
+from localspec.core.drafters import DraftCost, DraftRequest, NgramFirst
 from localspec.core.engine import Engine
 from localspec.core.laws import ArrayLaw
 from localspec.core.ngram import NgramIndex
@@ -197,7 +197,7 @@ def copied(history: list[int], k: int) -> list[int]:
 def test_lookup_first_then_the_bridge(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.vocab_near_size, n_ctx=512, drafter="model+ngram") as engine:
         drafter = engine.drafter
-        assert drafter.kind == "model+ngram" and isinstance(drafter, NgramChain)
+        assert drafter.kind == "model+ngram" and isinstance(drafter, NgramFirst)
         assert isinstance(drafter.inner, BridgedDrafter)
         (draft,) = drafter.caches
         repeated = engine.tokenize(PROMPT + " the man said that the man said")

@@ -18,8 +18,8 @@ from localspec.core.drafters import (
     Drafter,
     DraftRequest,
     ModelDrafter,
-    NgramChain,
     NgramDrafter,
+    NgramFirst,
     NoDrafter,
     Proposal,
     make_drafter,
@@ -69,7 +69,7 @@ def test_no_drafter_proposes_nothing_and_owns_nothing():
 def test_model_plus_ngram_uses_the_model_without_a_match():
     target = LogitTable(5, seed=0)
     engine = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), "model+ngram")
-    assert isinstance(engine.drafter, NgramChain) and isinstance(engine.drafter.inner, ModelDrafter)
+    assert isinstance(engine.drafter, NgramFirst) and isinstance(engine.drafter.inner, ModelDrafter)
     (draft,) = engine.drafter.caches
     with_match = engine.drafter.propose(request([1, 2, 3, 4, 1, 2], 3))
     assert with_match.tokens == [3, 4, 1] and draft.n_past == 0 and with_match.cost.decoded == 0  # no model ran

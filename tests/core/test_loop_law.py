@@ -17,7 +17,7 @@ import pytest
 from support.fakellm import LogitTable, fake_engine
 from support.lawcheck import check_law, expected_tv
 
-from localspec.core.drafters import DraftRequest, NgramChain
+from localspec.core.drafters import DraftRequest, NgramFirst
 from localspec.core.laws import ArrayLaw
 from localspec.core.params import SpeculativeParams
 from localspec.core.policy import DraftPolicy, EstimatedCosts
@@ -132,11 +132,11 @@ def chain_engine(copy_max: int | None = 1):
     """The tables' engine drafting with the n-gram chain, its copy capped at `copy_max` tokens so that a proposal
     mixes copied tokens (point laws) and the draft model's after them (drawn from its law after the copy)."""
     engine = fake_engine(TARGET, DRAFT, "model")
-    engine.use_drafter(NgramChain(engine.drafter, copy_max=copy_max))  # around its ModelDrafter
+    engine.use_drafter(NgramFirst(engine.drafter, copy_max=copy_max))  # around its ModelDrafter
     return engine
 
 
-class MislabelledChain(NgramChain):
+class MislabelledChain(NgramFirst):
     """Negative control: each copied token is said to be drawn from a uniform law, not the point law it is (a copy
     is a function of the history), so verification accepts it with probability min(1, VOCAB · target(x)) instead of
     target(x). (The other mislabelling, a sampled token called a point law, stays exact: a one-hot draft is exact

@@ -516,7 +516,7 @@ async def test_pulling_a_pair_shows_progress_then_loads_it(options, chat_home, t
 
 async def test_the_engine_loads_and_answers_on_one_thread(options, chat_home, caplog):
     # Textual runs each worker on a thread of its own; llama.cpp keeps a pool of threads per calling thread, and a
-    # new one per answer ran at 52–80 tok/s against 80–83 on one thread (DESIGN §7): the engine slot's thread does
+    # new one per answer ran at 52–80 tok/s against 80–83 on one thread (DESIGN §7): the engine thread does
     # it all.
     import logging
 

@@ -1,11 +1,11 @@
-"""The chat's one engine slot: which worker may use the engine, the one thread it runs on, swapping it for another,
+"""The chat's one engine thread: which worker may use the engine, the one thread it runs on, swapping it for another,
 and freeing it at exit.
 
 Loading, pulling and generating run in thread workers; only one of them may touch the engine at a time, and the
-app must not free the models while one still runs a step. `EngineSlot` owns that lock, the "closing" flag that
+app must not free the models while one still runs a step. `EngineThread` owns that lock, the "closing" flag that
 a late load checks, and the interpreter's GIL switch interval while the chat runs. It never touches Textual.
 
-Every load and generation runs on the slot's one engine thread, whichever worker asks (`run`): llama.cpp's OpenMP
+Every load and generation runs on this one engine thread, whichever worker asks (`run`): llama.cpp's OpenMP
 keeps a pool of worker threads for each thread that calls into it, and a second calling thread's pool fights the
 first one's for the cores. Measured on 2 cores (demo pair, plain): one thread for everything 80–83 tok/s, a new
 thread per answer 52–80, a second thread beside the loading one 41–47 (DESIGN §7, threads).
@@ -34,7 +34,7 @@ EXIT_WAIT = 30.0  # seconds to wait at exit for the worker that holds the engine
 T = TypeVar("T")
 
 
-class EngineSlot:
+class EngineThread:
     """The lock around the engine, held by whichever worker uses it; `open` and `close` bracket the chat."""
 
     def __init__(self) -> None:
