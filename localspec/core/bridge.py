@@ -173,7 +173,7 @@ class HistoryMirror:
         ends: list[tuple[int, int]] = []  # (n_target, byte offset in run) after each text token of the run
         for i in range(start, len(history)):
             token = history[i]
-            if target_text[token]:
+            if token >= 0 and target_text[token]:  # (an image's position: core/media.py, no text for the draft)
                 mapped = to_draft.get(token)
                 if mapped is not None and (not run or _complete_utf8(bytes(run)) == len(run)):
                     self._spell(bytes(run), ends, n_draft, out, anchors)

@@ -12,8 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
+from localspec.errors import InvalidParamsError
 from localspec.llama import threads
 from localspec.llama.model import Model
+from localspec.llama.vision import Image
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 
 from .bridge import VocabBridge
@@ -22,6 +24,7 @@ from .generation import GenerateOptions, Generation, TokenEvent
 from .grammar import CompiledGrammar, Grammar, GrammarVocab
 from .kv import KVSequence
 from .load import load_models
+from .media import MediaStore
 from .params import LoadParams, SpeculativeParams
 from .placement import GpuPlan
 from .policy import DraftPolicy
@@ -53,6 +56,7 @@ class Engine:
         load_note: str = "",
         prompt_cache: PromptCache | None = None,
         slots_note: str = "",
+        media: MediaStore | None = None,
     ) -> None:
         self.target_model = target_model
         # Earlier prompts' states, saved and restored by every cache of the engine (`KVSequence.use_cache`).
@@ -71,6 +75,7 @@ class Engine:
         self.model_drafter = model_drafter
         self.bridge = bridge  # how the draft drafts when its vocabulary is not the target's (None: same vocabulary)
         self.load_note = load_note  # what loading found that the user must know (a head it could not run)
+        self.media = media  # the target's images: a prompt may hold them (None: text only; core/media.py)
         self.slots_note = slots_note  # why automatic slots (`LoadParams.n_seq` 0) are fewer than 4 ("" otherwise)
         self._grammar_vocab: GrammarVocab | None = None  # the target's vocabulary for grammars, built on first use
         self._grammars: dict[Grammar, CompiledGrammar] = {}
@@ -118,6 +123,7 @@ class Engine:
             load_note=loaded.note,
             prompt_cache=prompt_cache,
             slots_note=loaded.slots_note,
+            media=loaded.media,
         )
         # Each namespace's states on disk are its model file's: the target's, and the draft's as `use_drafter` names
         # them (the model drafter's too: the server drafts with it on request).
@@ -207,6 +213,20 @@ class Engine:
         """Start a generation continuing `prompt` (token ids) with `options` (`GenerateOptions`). Iterate the result
         to run it."""
         return Generation(self, prompt, **options)
+
+    def image_tokens(self, image: Image) -> list[int]:
+        """`image` as the target reads it in a prompt (core/media.py: its positions, and the model's own tokens
+        around it).
+
+        Raises:
+            InvalidParamsError: the pair reads no images (loaded without a projector).
+        """
+        if self.media is None:
+            raise InvalidParamsError(
+                f"{self.target_model.path.name} reads no images: load it with its projector (--mmproj PATH, or a pair "
+                "with mmproj in models.toml)"
+            )
+        return self.media.tokens(image)
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         """Tokenize raw text for the target (BOS as the model wants; markup is NOT parsed)."""

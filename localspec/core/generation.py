@@ -128,6 +128,8 @@ class Generation:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
         if max_tokens < 1:
             raise InvalidParamsError("max-tokens must be at least 1")
+        if prompt[-1] < 0:
+            raise InvalidParamsError("the prompt ends with an image: write some text after it")
         if len(prompt) >= engine.n_ctx:
             raise ContextError(
                 f"the prompt is {len(prompt)} tokens but the context holds {engine.n_ctx}: shorten it or raise --n-ctx"

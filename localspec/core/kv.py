@@ -131,6 +131,29 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+MEDIA_STRIDE = 1 << 24  # ids an image may take: image h's position i is -(h·MEDIA_STRIDE + i) - 1 (core/media.py)
+
+
+def media_run(tokens: Sequence[int], start: int) -> int:
+    """How many ids from `tokens[start]` on are positions of the image whose id is there (0: a token there)."""
+    first = tokens[start]
+    if first >= 0:
+        return 0
+    handle, end = (-first - 1) // MEDIA_STRIDE, start + 1
+    while end < len(tokens) and tokens[end] < 0 and (-tokens[end] - 1) // MEDIA_STRIDE == handle:
+        end += 1
+    return end - start
+
+
+class Media(Protocol):
+    """How a sequence reads the images in its history (core/media.py: the target's `MediaStore`, a draft's
+    `Filler`): each image is a run of negative ids, one per position it takes (DESIGN §11)."""
+
+    def decode(self, ctx: Context, run: Sequence[int], n_past: int) -> None:
+        """Decode the image whose whole run is `run` into `ctx` at positions n_past.. (no logits)."""
+        ...
+
+
 class StateCache(Protocol):
     """What `KVSequence` asks of a prompt cache (core/promptcache.py's `PromptCache`): keep a sequence's state under
     the tokens it holds, and find the one to restore before reading others."""
@@ -177,6 +200,7 @@ class KVSequence:
         self._checkpoint: Checkpoint | None = None
         self._anchor: Checkpoint | None = None  # the last prompt's state (`anchor`)
         self.prompt_cache: StateCache | None = None  # earlier prompts' states (`use_cache`)
+        self.media: Media | None = None  # how it reads the images in its history (None: it holds none)
         self.cache_namespace = ""
         self.n_restored = 0  # tokens restored from the prompt cache instead of decoded
 
@@ -232,7 +256,11 @@ class KVSequence:
 
         Raises:
             PrefillStopped: `progress` returned False (the chunks decoded so far stay in the cache).
+            ContextError: an image in `tokens` and no way to read it, or `outputs` asked of an image's rows.
         """
+        if tokens and min(tokens) < 0:
+            self._append_media(tokens, outputs=outputs, progress=progress)
+            return
         if progress is None or len(tokens) <= PROGRESS_CHUNK:
             if tokens:
                 self._tail = 0
@@ -248,6 +276,40 @@ class KVSequence:
             self.append(chunk, outputs=outputs if last else 0)
             if not progress(start + len(chunk), len(tokens)) and not last:
                 raise PrefillStopped()
+
+    def _append_media(self, tokens: list[int], *, outputs: int, progress: Progress | None) -> None:
+        """`append` of a history holding images: its text runs decoded as tokens, each image by `media`, whole."""
+        if self.media is None:
+            raise ContextError(f"{self.ctx.model.path.name} cannot read images: load the pair with its projector")
+        total, i = len(tokens), 0
+        while i < total:
+            n = media_run(tokens, i)
+            if n:
+                if i + n == total and outputs:
+                    raise ContextError("a prompt cannot end with an image: write some text after it")
+                self._tail = 0
+                self.media.decode(self.ctx, tokens[i : i + n], self.n_past)
+                self.tokens.extend(tokens[i : i + n])
+                self.n_decoded += n
+                i += n
+                if progress is not None and not progress(i, total) and i < total:
+                    raise PrefillStopped()
+                continue
+            j = i
+            while j < total and tokens[j] >= 0:
+                j += 1
+            part = None if progress is None else (lambda done, _, base=i: progress(base + done, total))
+            self.append(tokens[i:j], outputs=outputs if j == total else 0, progress=part)
+            i = j
+
+    def _whole_images(self, n: int) -> int:
+        """`n`, or where the image it would cut starts (a history never ends inside an image)."""
+        tokens = self.tokens
+        if 0 < n < len(tokens) and tokens[n] < 0 and tokens[n - 1] < 0:
+            handle = (-tokens[n] - 1) // MEDIA_STRIDE
+            while n > 0 and tokens[n - 1] < 0 and (-tokens[n - 1] - 1) // MEDIA_STRIDE == handle:
+                n -= 1
+        return n
 
     @property
     def can_drop(self) -> bool:
@@ -310,8 +372,11 @@ class KVSequence:
         return Checkpoint(self.n_past, self.ctx.save_state(partial=partial), partial)
 
     def rollback_to(self, n: int) -> None:
-        """Keep only the first `n` tokens in the cache and in `tokens`."""
+        """Keep only the first `n` tokens in the cache and in `tokens` (fewer where n would cut an image: all of it
+        goes)."""
         assert 0 <= n <= self.n_past
+        if self.media is not None:
+            n = self._whole_images(n)
         if n == self.n_past:
             return
         if self._checkpoint is not None and n < self._checkpoint.n_past:
@@ -396,8 +461,8 @@ class KVSequence:
         if self.prompt_cache is not None:
             common = self._through_cache(tokens, common, len(tokens) - outputs)
         before = self.n_decoded
-        self.rollback_to(common)
-        self.append(tokens[common:], outputs=outputs, progress=progress)
+        self.rollback_to(common)  # (fewer where `common` would cut an image)
+        self.append(tokens[self.n_past :], outputs=outputs, progress=progress)
         return self.n_decoded - before
 
     @property

@@ -21,11 +21,13 @@ from localspec.llama.context import kv_bytes_estimate, memory_bytes
 from localspec.llama.devices import devices
 from localspec.llama.footprint import Footprint, read_footprint
 from localspec.llama.model import Model, check_gguf_file
+from localspec.llama.vision import Projector
 
 from .bridge import BridgedDrafter, VocabBridge
 from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
+from .media import Filler, MediaStore
 from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
 from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, Gpu, GpuPlan, ModelPlan, ask_of, plan_pair
 
@@ -46,6 +48,7 @@ class Loaded:
     owned: list = field(default_factory=list)
     note: str = ""  # what loading must tell the user (the MTP head's fallback to n-grams)
     slots_note: str = ""  # why a target loaded for automatic slots (`LoadParams.n_seq` 0) has fewer ("" otherwise)
+    media: MediaStore | None = None  # the target's images (None: no projector: text only)
 
 
 def load_models(
@@ -86,6 +89,14 @@ def load_models(
         )
         check_target(target_model)
         kind, note = head_drafter(params.drafter, target_model, missing, placement is not None)
+        media = None
+        if params.mmproj is not None:
+            if kind == "mtp":
+                raise InvalidParamsError(
+                    "--drafter mtp does not follow an image yet: with --mmproj use --drafter model, ngram or none"
+                )
+            projector = _own(owned, Projector(params.mmproj, target_model, n_threads=params.n_threads))
+            media = _own(owned, MediaStore(projector))
         draft_model = bridge = None
         if uses_draft and plan.draft is not None:
             draft_model = _own(owned, _open(draft_path, plan.draft))
@@ -102,6 +113,10 @@ def load_models(
         for seq in (target, draft):  # not timed: the policy must not judge the draft by a cold first step
             if seq is not None:
                 seq.warm()
+        if media is not None:
+            target.media = media
+            if draft is not None:
+                draft.media = Filler(filler_token(draft.ctx.model))
         model_drafter = _model_drafter(draft, target_model, bridge) if draft is not None else None
         head = None
         if kind == "mtp":
@@ -111,11 +126,17 @@ def load_models(
                 log.warning("the MTP head could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
         drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
-        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note, slots_note)
+        return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note, slots_note, media)
     except BaseException:
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def filler_token(model: Model) -> int:
+    """The plain token a draft reads for each position of an image it cannot see (core/media.py `Filler`): a space."""
+    tokens = model.tokenize(" ", add_special=False, parse_special=False)
+    return tokens[-1] if tokens else 0
 
 
 AUTO_SLOTS = 4  # slots where the target can take several streams (llama-server's automatic `-np`)

@@ -129,7 +129,10 @@ class NgramIndex:
         tokens, m = self.tokens, len(self.tokens)
         out: list[int] = []
         for j in range(follow, follow + k):
-            out.append(tokens[j] if j < m else out[j - m])
+            token = tokens[j] if j < m else out[j - m]
+            if token < 0:
+                break  # an image's position (core/media.py) is never a draft
+            out.append(token)
         return out, length
 
 

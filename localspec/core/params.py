@@ -138,6 +138,8 @@ class LoadParams:
     # 4 GiB), the least recently used files removed past it.
     cache_dir: str | None = None
     cache_dir_size: int | None = None
+    # The target's projector (an mmproj GGUF, `--mmproj`): prompts may hold images (core/media.py). None: text only.
+    mmproj: str | None = None
 
     def __post_init__(self) -> None:
         if self.drafter not in (*DRAFTERS, AUTO_DRAFTER):

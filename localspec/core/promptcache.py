@@ -278,7 +278,10 @@ class DiskTier:
 
     def put(self, identity: str, tokens: list[int], state: bytes, *, trims: bool) -> None:
         """Write this state to its file in the background (none when it is there already, or larger than the
-        directory's size, or the writer is too far behind: it stays in RAM)."""
+        directory's size, or the writer is too far behind, or it holds an image: it stays in RAM — an image's ids are
+        this process's own, core/media.py)."""
+        if tokens and min(tokens) < 0:
+            return
         name = _file_name(identity, tokens)
         with self._lock:
             if not self.writable or len(state) >= self.size:

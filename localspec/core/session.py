@@ -17,13 +17,14 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Unpack
+from typing import Any, Unpack
 
-from localspec.errors import ChatTemplateError, ContextError
+from localspec.errors import ChatTemplateError, ContextError, InvalidParamsError
 from localspec.llama.model import Model
 from localspec.llama.templates import render_builtin_chat, render_jinja_chat, template_variables
+from localspec.llama.vision import Image
 
 from . import thinking, thinking_support, window
 from .engine import Engine, GenerateOptions, Generation
@@ -44,6 +45,7 @@ class Message:
     reasoning: str = ""  # an answer's thinking (markers out)
     tool_calls: tuple[dict, ...] = ()  # an assistant's calls: {"id", "type", "function": {"name", "arguments"}}
     tool_call_id: str = ""  # a tool's result: the call it answers
+    images: tuple[Image, ...] = ()  # pictures the message shows, before its text (a pair with a projector reads them)
 
 
 class ChatFormat:
@@ -54,8 +56,11 @@ class ChatFormat:
     else inside the content between the markers (a template that splits content at `</think>` drops it itself).
     """
 
-    def __init__(self, model: Model, template_name: str | None = None) -> None:
+    def __init__(
+        self, model: Model, template_name: str | None = None, *, images: Callable[[Image], list[int]] | None = None
+    ) -> None:
         self.model = model
+        self.images = images  # an image's tokens as the target reads it (`Engine.image_tokens`); None: text only
         self.template_name = template_name
         self.template = None if template_name else model.chat_template()
         if template_name is None and self.template is None:
@@ -92,7 +97,7 @@ class ChatFormat:
         """
         entries, texts = self._marked(messages)
         rendered = self._render(entries, think, tools)
-        pieces: list[tuple[str, bool]] = []  # (text, is_markup)
+        pieces: list[tuple[str | Image, bool]] = []  # (text or an image, is_markup)
         pos = 0  # where the rest of the rendering starts (an index: copying the rest per message is quadratic)
         for mark, text, required in texts:
             at = rendered.find(mark, pos)
@@ -104,7 +109,8 @@ class ChatFormat:
             pos = at + len(mark)
         pieces.append((rendered[pos:], True))
         if limit is not None:
-            at_least = fewest_tokens(self.model, sum(len(text.encode()) for text, _ in pieces))
+            n_bytes = sum(len(text.encode()) for text, _ in pieces if isinstance(text, str))
+            at_least = fewest_tokens(self.model, n_bytes)
             if at_least >= limit:
                 raise ContextError(f"the conversation is at least {at_least} tokens but the context holds {limit}")
         return self._tokenize(pieces)
@@ -124,14 +130,14 @@ class ChatFormat:
         tail = self._render([{"role": "user", "content": mark}], think).rpartition(mark)[2]
         return thinking.opened_by(self.thinking.markers, tail)
 
-    def _marked(self, messages: Sequence[Message]) -> tuple[list[dict[str, str]], list[tuple[str, str, bool]]]:
+    def _marked(self, messages: Sequence[Message]) -> tuple[list[dict[str, Any]], list[tuple[str, str | Image, bool]]]:
         """The messages with a mark for each text, and (mark, text, required) in rendering order.
 
         The template renders marks, which are then replaced by the texts tokenized as text: its markup alone may
         yield control tokens. An answer's thinking is an optional mark: the template may leave it out.
         """
-        entries: list[dict[str, str]] = []
-        texts: list[tuple[str, str, bool]] = []
+        entries: list[dict[str, Any]] = []
+        texts: list[tuple[str, str | Image, bool]] = []
         markers = self.thinking.markers
         for message in messages:
             mark = f"\u27e6{uuid.uuid4().hex}\u27e7"
@@ -147,6 +153,15 @@ class ChatFormat:
                 entry["tool_calls"] = [_readable_call(c) for c in message.tool_calls]
             if message.tool_call_id:
                 entry["tool_call_id"] = message.tool_call_id
+            if message.images:  # each image a mark of its own, before the text (the tokens of `images`)
+                if self.images is None:
+                    raise InvalidParamsError(
+                        f"{self.model.path.name} reads no images: load it with its projector (--mmproj PATH, or a "
+                        "pair with mmproj in models.toml)"
+                    )
+                seen = [(f"\u27e6{uuid.uuid4().hex}\u27e7", image) for image in message.images]
+                entry["content"] = "".join(m for m, _ in seen) + entry["content"]
+                texts += [(m, image, True) for m, image in seen]
             entries.append(entry)
             texts.append((mark, message.content, not message.tool_calls))  # beside calls, content may be left out
         return entries, texts
@@ -169,7 +184,7 @@ class ChatFormat:
         """The variables the template reads (`tools`, `enable_thinking`, …); none for a built-in template."""
         return template_variables(self.template) if self.template else frozenset()
 
-    def _tokenize(self, pieces: list[tuple[str, bool]]) -> list[int]:
+    def _tokenize(self, pieces: list[tuple[str | Image, bool]]) -> list[int]:
         # Split markup at control tokens; tokenize each run of plain text (markup and message text
         # joined, as one tokenizer call would see it) with special parsing off.
         out: list[int] = []
@@ -182,6 +197,11 @@ class ChatFormat:
             run.clear()
 
         for text, is_markup in pieces:
+            if not isinstance(text, str):  # an image: its own tokens, between the text around it
+                assert self.images is not None
+                flush()
+                out.extend(self.images(text))
+                continue
             if not is_markup or self._control_re is None:
                 run.append(text)
                 continue
@@ -242,7 +262,7 @@ class ChatSession:
         messages: list[Message] | None = None,
     ) -> None:
         self.engine = engine
-        self.format = ChatFormat(engine.target_model, template_name)
+        self.format = ChatFormat(engine.target_model, template_name, images=engine.image_tokens)
         if messages is None:
             messages = [Message("system", system)] if system else []
         self.messages: list[Message] = list(messages)

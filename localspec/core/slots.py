@@ -110,6 +110,7 @@ class SlotPool:
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
         for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
             slot.target.use_cache(engine.prompt_cache, "target")
+            slot.target.media = engine.target.media  # the engine's images (core/media.py)
         self.costs = DecodeCosts()  # what a shared decode costs here, learned from each
         self.draft_costs = DecodeCosts()  # the same for the draft model's slots context
         # The draft model's acceptance in a shared batch over every stream (a property of the pair more than of one
@@ -128,6 +129,7 @@ class SlotPool:
                 view = SeqContext(self._drafts, slot.index)
                 view.clear()
                 slot.draft = KVSequence(view, rollback="seq_rm")
+                slot.draft.media = engine.model_drafter.seq.media  # a `ModelDrafter`'s (`_draft_slots`)
         self._clock = 0
 
     def warm(self) -> None:

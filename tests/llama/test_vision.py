@@ -25,7 +25,6 @@ from support.tinyvision import (
     png_header,
     random_pixels,
     write_projector,
-    write_tiny_vision,
 )
 
 from localspec.errors import ContextError, LocalspecError, ModelFileError
@@ -37,12 +36,6 @@ from localspec.llama.vision import IMAGE, TEXT, Projector, read_image
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "the man said {} and the water was"
-
-
-@pytest.fixture(scope="session")
-def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> TinyVision:
-    """The tiny target, its draft and the projectors, written once."""
-    return write_tiny_vision(tmp_path_factory.mktemp("tiny_vision"))
 
 
 @pytest.fixture(scope="module")
