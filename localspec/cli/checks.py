@@ -103,6 +103,7 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
         pair=pair,
         target=args.target,
         draft=args.draft,
+        mmproj=getattr(args, "mmproj", None),
         drafter=args.drafter,
         n_ctx=args.n_ctx,
         n_gpu_layers=args.n_gpu_layers,
@@ -149,7 +150,7 @@ def _check_files(args: argparse.Namespace) -> None:
 
     if args.target and args.pair:
         raise InvalidParamsError("give either --pair or --target/--draft, not both")
-    for flag in ("target", "draft"):
+    for flag in ("target", "draft", "mmproj"):
         value = getattr(args, flag, None)
         if value is not None:
             try:

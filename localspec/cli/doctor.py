@@ -23,7 +23,7 @@ from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
-from localspec.models.pairs import file_problems, head_report, pair_status, vocabulary_verdict
+from localspec.models.pairs import file_problems, head_report, media_of, pair_status, vocabulary_verdict
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
 from .crashes import Crash, take_crashes
@@ -256,7 +256,7 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
         status = pair_status(pair, paths)
         parts = [
             f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
-            for s in status.files
+            for s in status.every_file
         ]
         verdict = vocabulary_verdict(status)
         problems = file_problems(status)
@@ -268,6 +268,8 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
             parts.append("same vocabulary" if verdict.kind == "same" else f"bridged ({verdict.reason})")
             if verdict.head_layers:
                 parts.append(f"the target has {verdict.head_layers} MTP layer(s) (--drafter mtp)")
+        if not problems and (media := media_of(status).line):
+            parts.append(f"media: {media}")
         mark = " [default]" if name == config.default else ""
         advice = None
         if not status.downloaded:

@@ -19,6 +19,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model GGUF path")
     p.add_argument("--draft", help="draft model GGUF path (another tokenizer drafts through text: see --bridge)")
     p.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        help="the target's projector GGUF (mmproj), so that it sees images: beside --target, or in place of the "
+        "--pair's own",
+    )
+    p.add_argument(
         "--drafter",
         choices=DRAFTERS,
         help="how tokens are drafted: model (the --draft model), ngram (copy what followed the longest earlier "

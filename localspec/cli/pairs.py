@@ -19,6 +19,7 @@ from localspec.models.pairs import (
     file_problems,
     head_layers_of,
     head_report,
+    media_of,
     pair_status,
     pull_pair,
     vocabulary_verdict,
@@ -39,9 +40,9 @@ def register(subparsers) -> None:
 
     pull = subparsers.add_parser(
         "pull",
-        help="download a pair's target (and draft) from the Hugging Face Hub",
-        description="Download a pair's target (and draft) from the Hugging Face Hub and check them. "
-        "Docs: docs/models.md.",
+        help="download a pair's target (and draft, and projector) from the Hugging Face Hub",
+        description="Download a pair's target (and its draft and projector, where it names them) from the Hugging Face "
+        "Hub and check them: the draft against the target, the projector opened beside it. Docs: docs/models.md.",
     )
     pull.add_argument("pair", nargs="?", help="the pair to download (see `localspec models`)")
     pull.add_argument("--all", action="store_true", help="download every pair")
@@ -82,9 +83,10 @@ def mtp_layers(n: int) -> str:
 def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
     pair = status.pair
     verdict = vocabulary_verdict(status)
+    media = media_of(status)
     files = {
         s.role: {"ref": s.ref, "downloaded": s.downloaded, "path": str(s.path) if s.path else None, "size": s.size}
-        for s in status.files
+        for s in status.every_file
     }
     return {
         "name": pair.name,
@@ -93,6 +95,9 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "description": pair.description,
         "target": status.target.ref,
         "draft": status.draft.ref if status.draft else None,  # None: the target alone (its MTP head, if any)
+        "mmproj": status.mmproj.ref if status.mmproj else None,  # None: the pair reads text only
+        "vision": media.vision,  # the projector's header says it sees images (None: not downloaded yet)
+        "audio": media.audio,  # … hears audio
         "downloaded": status.downloaded,
         "vocabulary": verdict.kind if verdict else None,  # "same" or "bridged" (None: not downloaded)
         "mtp_layers": verdict.head_layers if verdict else head_layers_of(status),  # the target's own draft head
@@ -114,13 +119,15 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         pair = status.pair
         tags = ", ".join(t for t in ("default" if pair.name == config.default else "", pair.source) if t)
         print(f"{pair.name} ({tags})" + (f" — {pair.description}" if pair.description else ""))
-        for s in status.files:
+        for s in status.every_file:
             state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
             print(f"    {s.role:<7} {s.ref}  [{state}]")
         if problems := file_problems(status):
             for problem in problems:
                 print(f"    damaged {problem}")
             continue
+        if media := media_of(status).line:
+            print(f"    media   {media}")
         if status.draft is None:
             print(f"    draft   {head_report(status.target.path if status.target.downloaded else None).line}")
             continue
@@ -182,7 +189,8 @@ def cmd_pull(args: argparse.Namespace, paths: Paths) -> int:
         for item in done:
             print(_describe(item))
         if not args.dry_run:
-            print("  ok: the draft can draft for the target" if len(done) > 1 else "  ok: the target loads")
+            drafts = any(item.role == "draft" for item in done)
+            print("  ok: the draft can draft for the target" if drafts else "  ok: the target loads")
     if unchecked:
         print(
             f"localspec: note: dry run: {len(unchecked)} of {len(names)} pair(s) could not be checked "

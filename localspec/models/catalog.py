@@ -1,7 +1,8 @@
 """The models.toml schema: named pairs (a target and its draft, or a target alone), where their files come from, and
 per-pair defaults.
 
-The bundled file (shipped in the package) is read first; the user's file (`Paths.config_file`) adds pairs
+A pair may name its target's projector (`mmproj`), in the forms a model takes. The bundled file (shipped in the
+package) is read first; the user's file (`Paths.config_file`) adds pairs
 and replaces bundled ones by name, and its `default` wins. Validation is pydantic with unknown keys
 forbidden; every error becomes one `ConfigError` line naming the file, the pair and the field. Value ranges
 are the engine's own: its parameter objects check them. The engine never sees pydantic: it gets a
@@ -36,6 +37,7 @@ from localspec.errors import ConfigError, InvalidParamsError
 from localspec.paths import Paths
 
 DEFAULT_QUANT = "Q4_K_M"
+DEFAULT_PROJECTOR_QUANT = "F16"  # how projectors are published: mmproj-*-f16.gguf beside the model's quants
 BUILTIN_MODELS = ("smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-f32")
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _QUANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
@@ -149,6 +151,10 @@ class PairSpec(BaseModel):
     """The small model that proposes tokens (same tokenizer as the target). None: the target alone, which drafts with
     its own MTP head where it carries one (else it decodes plainly; `--drafter ngram` drafts with n-grams)."""
 
+    mmproj: ModelSource | None = None
+    """The target's projector (an mmproj GGUF): the target then sees images (or hears audio). The target's forms;
+    a Hub reference picks among the repository's mmproj files, F16 when no quant is named. `--mmproj` wins."""
+
     description: str = ""
     """One line shown by `localspec models`."""
 
@@ -201,6 +207,22 @@ class PairSpec(BaseModel):
     thinking: StrictBool | None = None
     """A reasoning model thinks before it answers (true) or not (false), through its chat template's switch
     (Qwen3's `enable_thinking`); unset: the model's own default. `--think on|off` and the chat's F3 settings win."""
+
+    @field_validator("mmproj", mode="before")
+    @classmethod
+    def _projector_quant(cls, value: Any) -> Any:
+        if isinstance(value, str) and _REPO_RE.match(value):  # "owner/repo": its F16 projector, not a Q4_K_M model
+            return f"{value}:{DEFAULT_PROJECTOR_QUANT}"
+        if isinstance(value, dict) and "repo" in value and "file" not in value and "quant" not in value:
+            return {**value, "quant": DEFAULT_PROJECTOR_QUANT}
+        return value
+
+    @field_validator("mmproj")
+    @classmethod
+    def _projector_kind(cls, value: ModelSource | None) -> ModelSource | None:
+        if value is not None and value.kind == "builtin":
+            raise ValueError('a projector is a Hub file ("owner/repo:QUANT" or {repo, file}) or a {path}')
+        return value
 
     # The ranges are the engine's: each value is checked by building the parameter object it goes to.
     @field_validator(*PAIR_SAMPLING)
@@ -293,6 +315,11 @@ class Pair:
     def draft(self) -> ModelSource | None:
         """The draft model, or None for a target-only pair."""
         return self.spec.draft
+
+    @property
+    def mmproj(self) -> ModelSource | None:
+        """The target's projector, or None for a pair that reads text only."""
+        return self.spec.mmproj
 
     @property
     def description(self) -> str:

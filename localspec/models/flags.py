@@ -21,6 +21,7 @@ class RunFlags:
     pair: str | None = None  # a pair from models.toml (None: the default pair, or the demo pair)
     target: str | None = None  # a target GGUF path instead of a pair
     draft: str | None = None  # its draft GGUF path
+    mmproj: str | None = None  # a projector GGUF path: the --target's, or in place of the --pair's
     drafter: str | None = None  # one of DRAFTERS (None: model when there is a draft, else none)
     n_ctx: int | None = None
     n_gpu_layers: int | None = None  # the target's (None: the placement plan's)

@@ -45,9 +45,10 @@ class RemoteFile:
 # --- quantization names --------------------------------------------------------------------------------------
 
 
-def _is_model_file(filename: str) -> bool:
+def _is_model_file(filename: str, projector: bool = False) -> bool:
+    """A .gguf file of the kind asked for: a model, or (`projector`) an mmproj file."""
     name = filename.rsplit("/", 1)[-1].lower()
-    return name.endswith(".gguf") and "mmproj" not in name
+    return name.endswith(".gguf") and ("mmproj" in name) == projector
 
 
 def _shard_group(filename: str) -> str:
@@ -67,11 +68,12 @@ def available_quants(filenames: list[str]) -> list[str]:
     return sorted({q for f in filenames if _is_model_file(f) and (q := quant_of(f))})
 
 
-def match_quant(filenames: list[str], quant: str) -> list[str]:
+def match_quant(filenames: list[str], quant: str, *, projector: bool = False) -> list[str]:
     """The file(s) of one quantization: a single file, or every shard of a split model in order.
 
     A quant matches when it appears in the file name as a whole word (case-insensitive), so "Q4_K" does not
-    pick "Q4_K_M". Projector files (mmproj) never match. Among several matching models the shortest name wins.
+    pick "Q4_K_M". Projector files (mmproj) match only when `projector` is set, and then only they do. Among several
+    matching files the shortest name wins.
 
     Returns:
         The chosen files (empty when none matches).
@@ -79,7 +81,7 @@ def match_quant(filenames: list[str], quant: str) -> list[str]:
     pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(quant)}(?![A-Za-z0-9_])", re.IGNORECASE)
     groups: dict[str, list[str]] = {}
     for f in filenames:
-        if _is_model_file(f) and pattern.search(f.rsplit("/", 1)[-1]):
+        if _is_model_file(f, projector) and pattern.search(f.rsplit("/", 1)[-1]):
             groups.setdefault(_shard_group(f), []).append(f)
     if not groups:
         return []
@@ -89,11 +91,11 @@ def match_quant(filenames: list[str], quant: str) -> list[str]:
     return sorted(groups[best])
 
 
-def _select(ref: ModelSource, filenames: list[str]) -> list[str]:
+def _select(ref: ModelSource, filenames: list[str], projector: bool) -> list[str]:
     """The files `ref` names among a repository's files (empty when absent)."""
     if ref.file:
         return [ref.file] if ref.file in filenames else []
-    return match_quant(filenames, ref.quant or "")
+    return match_quant(filenames, ref.quant or "", projector=projector)
 
 
 def _listing(items: list[str]) -> str:
@@ -134,8 +136,9 @@ def _cached_filenames(repo: str) -> list[str]:
     return []
 
 
-def find_cached(ref: ModelSource) -> Path | None:
-    """The local path of a Hub model if every file of it is already in the cache; no network.
+def find_cached(ref: ModelSource, *, projector: bool = False) -> Path | None:
+    """The local path of a Hub model (or, with `projector`, of an mmproj file) if every file of it is already in the
+    cache; no network.
 
     Returns:
         The path to load (the first shard of a split model), or None when something is missing.
@@ -143,7 +146,7 @@ def find_cached(ref: ModelSource) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
 
     assert ref.repo, "only Hub references live in the cache"
-    names = [ref.file] if ref.file else match_quant(_cached_filenames(ref.repo), ref.quant or "")
+    names = [ref.file] if ref.file else match_quant(_cached_filenames(ref.repo), ref.quant or "", projector=projector)
     paths = []
     for name in names:
         found = try_to_load_from_cache(ref.repo, name, cache_dir=cache_dir())
@@ -165,8 +168,8 @@ def cached_size(path: Path) -> int:
 # --- the Hub (network) -----------------------------------------------------------------------------------------
 
 
-def remote_files(ref: ModelSource) -> list[RemoteFile]:
-    """The files `ref` names on the Hub, with sizes (one request, no retries).
+def remote_files(ref: ModelSource, *, projector: bool = False) -> list[RemoteFile]:
+    """The files `ref` names on the Hub, with sizes (one request, no retries); `projector`: among its mmproj files.
 
     Raises:
         DownloadError: unreachable Hub, unknown or gated repository, or no file for the quant / file name.
@@ -177,24 +180,31 @@ def remote_files(ref: ModelSource) -> list[RemoteFile]:
     with hub_errors(ref):
         info = HfApi().model_info(ref.repo, files_metadata=True)
     sizes = {s.rfilename: s.size for s in info.siblings or []}
-    chosen = _select(ref, list(sizes))
+    chosen = _select(ref, list(sizes), projector)
     if chosen:
         return [RemoteFile(ref.repo, name, sizes[name]) for name in chosen]
-    ggufs = sorted(f for f in sizes if _is_model_file(f))
+    ggufs = sorted(f for f in sizes if _is_model_file(f, projector))
     if ref.file:
-        raise DownloadError(f"{ref.repo} has no file {ref.file!r}; its GGUF files: {_listing(ggufs)}")
+        kind = "mmproj" if projector else "GGUF"
+        raise DownloadError(f"{ref.repo} has no file {ref.file!r}; its {kind} files: {_listing(ggufs)}")
+    if projector:
+        raise DownloadError(
+            f"{ref.repo} has no {ref.quant} projector; its mmproj files: {_listing(ggufs)} "
+            '(name one in models.toml: mmproj = { repo = "...", file = "..." })'
+        )
     raise DownloadError(
         f"{ref.repo} has no {ref.quant} file; quants it has: {_listing(available_quants(ggufs))} "
         f'(write "{ref.repo}:QUANT" in models.toml)'
     )
 
 
-def download(ref: ModelSource, *, progress: ProgressCallback | None = None) -> Path:
+def download(ref: ModelSource, *, progress: ProgressCallback | None = None, projector: bool = False) -> Path:
     """Make sure every file of `ref` is in the HF cache and return the path to load.
 
     Args:
         ref: a Hub reference.
         progress: called as bytes arrive; None shows huggingface_hub's own progress bar per file.
+        projector: `ref` names an mmproj file (a quant then picks among those only).
 
     Returns:
         The local path (first shard of a split model).
@@ -204,7 +214,7 @@ def download(ref: ModelSource, *, progress: ProgressCallback | None = None) -> P
     """
     from huggingface_hub import hf_hub_download
 
-    cached = find_cached(ref)
+    cached = find_cached(ref, projector=projector)
     if cached is not None:
         log.info("%s is already downloaded: %s", ref.label(), cached)
         return cached
@@ -214,7 +224,7 @@ def download(ref: ModelSource, *, progress: ProgressCallback | None = None) -> P
             "is set: unset HF_HUB_OFFLINE to download it"
         )
     paths = []
-    for remote in remote_files(ref):
+    for remote in remote_files(ref, projector=projector):
         log.info("downloading %s from %s (%s bytes)", remote.filename, remote.repo, remote.size)
         with hub_errors(ref, remote.size):
             paths.append(Path(hf_hub_download(remote.repo, remote.filename, tqdm_class=_progress_class(progress))))

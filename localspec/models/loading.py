@@ -97,7 +97,8 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
 def resolve_models(
     flags: RunFlags, paths: Paths, *, bundled: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> ResolvedPair:
-    """What to load: --target/--draft, else --pair, else the default pair (or the offline demo standing in).
+    """What to load: --target/--draft, else --pair, else the default pair (or the offline demo standing in); with
+    --mmproj, that projector (the --target's, or in place of the --pair's).
 
     Args:
         flags: the checked flags (or the chat's options).
@@ -111,9 +112,11 @@ def resolve_models(
     if flags.target:
         if flags.pair:
             raise InvalidParamsError("give either --pair or --target/--draft, not both")
-        return ResolvedPair.files(flags.target, flags.draft)
+        return ResolvedPair.files(flags.target, flags.draft, flags.mmproj)
     if flags.draft:
         raise InvalidParamsError("--draft needs a --target to draft for")
+    if flags.mmproj and not flags.pair:  # the default pair (or the demo standing in) may not be the model it fits
+        raise InvalidParamsError("--mmproj needs the model it was made for: add --target FILE or --pair NAME")
     from .catalog import load_config  # the Hub client and pydantic: only when a pair is used
     from .pairs import choose_pair, pair_status, resolve_pair
 
@@ -123,7 +126,8 @@ def resolve_models(
         log.warning("%s", note)
     if progress is not None and pair.target.kind == "builtin" and not pair_status(pair, paths).downloaded:
         progress("preparing the demo target (once: dequantizing SmolLM2 to F32)…")
-    return resolve_pair(pair, config, paths, notice=note or "")
+    mmproj = Path(flags.mmproj) if flags.mmproj else None
+    return resolve_pair(pair, config, paths, notice=note or "", mmproj=mmproj)
 
 
 def load_engine(

@@ -1,9 +1,10 @@
 """Pairs as files on this machine: what is downloaded, pulling a pair, resolving one to paths for the engine.
 
-A pair's models (a target and its draft, or a target alone that drafts with its own MTP head) come from the Hub
-(`hub`), a local path, or the builtin demo models (`demo`). This module answers "is it here?" without the network,
-pulls what is missing, and runs llama.cpp's pairing rules (`compat.check_pair`) on the two files, with a hint naming
-the curated drafts of the same family.
+A pair's models (a target and its draft, or a target alone that drafts with its own MTP head) and its target's
+projector, if it names one, come from the Hub (`hub`), a local path, or the builtin demo models (`demo`). This module
+answers "is it here?" without the network, pulls what is missing, runs llama.cpp's pairing rules
+(`compat.check_pair`) on the two models, with a hint naming the curated drafts of the same family, and opens a pulled
+projector beside its target in a child process (`vision.probe_projector`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from localspec.llama.compat import PairVerdict, check_pair, check_target, head_l
 from localspec.llama.footprint import Header, header_problem, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
 from localspec.llama.mtp import head_problem
+from localspec.llama.vision import Probe, probe_projector
 from localspec.paths import Paths
 
 from . import demo, hub
@@ -28,7 +30,7 @@ from .resolved import ResolvedPair
 
 log = logging.getLogger(__name__)
 
-Role = Literal["target", "draft"]
+Role = Literal["target", "draft", "mmproj"]
 DEMO_PAIR = "demo"
 _FAMILIES = (
     ("Llama 3", re.compile(r"llama-?3", re.IGNORECASE)),
@@ -53,27 +55,34 @@ class FileStatus:
 
 @dataclass(frozen=True, slots=True)
 class PairStatus:
-    """The files of a pair: its target and its draft (None: a target-only pair)."""
+    """The files of a pair: its target, its draft (None: a target-only pair) and its projector (None: text only)."""
 
     pair: Pair
     target: FileStatus
     draft: FileStatus | None
+    mmproj: FileStatus | None = None
 
     @property
     def files(self) -> tuple[FileStatus, ...]:
-        """The target, then the draft if the pair has one."""
+        """The models: the target, then the draft if the pair has one."""
         return (self.target,) if self.draft is None else (self.target, self.draft)
 
     @property
+    def every_file(self) -> tuple[FileStatus, ...]:
+        """The models, then the projector if the pair names one."""
+        return self.files if self.mmproj is None else (*self.files, self.mmproj)
+
+    @property
     def downloaded(self) -> bool:
-        return all(f.downloaded for f in self.files)
+        """Every file is here, the projector included."""
+        return all(f.downloaded for f in self.every_file)
 
 
 def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
     """Whether one model file is on this machine; never touches the network or derives anything."""
     path: Path | None
     if ref.kind == "hub":
-        path = hub.find_cached(ref)
+        path = hub.find_cached(ref, projector=role == "mmproj")
     elif ref.kind == "path":
         path = ref.path if ref.path and ref.path.is_file() else None
     else:
@@ -90,7 +99,8 @@ def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
 def pair_status(pair: Pair, paths: Paths) -> PairStatus:
     """The download state of the files of `pair` (no network)."""
     draft = local_status("draft", pair.draft, paths) if pair.draft is not None else None
-    return PairStatus(pair, local_status("target", pair.target, paths), draft)
+    mmproj = local_status("mmproj", pair.mmproj, paths) if pair.mmproj is not None else None
+    return PairStatus(pair, local_status("target", pair.target, paths), draft, mmproj)
 
 
 def _sources(pair: Pair) -> list[tuple[Role, ModelSource]]:
@@ -120,13 +130,22 @@ def compat_hint(pair: Pair, config: ModelsConfig) -> str:
     return f"drafts known to fit {family} targets: {', '.join(drafts)}"
 
 
-def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str = "") -> ResolvedPair:
-    """Local paths of the models of `pair`, for loading. The demo target is derived here on first use.
+def resolve_pair(
+    pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str = "", mmproj: Path | None = None
+) -> ResolvedPair:
+    """Local paths of the models of `pair` and of its projector, for loading. The demo target is derived here on first
+    use.
 
-    `notice`: what loading it must tell the user (e.g. that it stands in for the default pair).
+    Args:
+        pair: the pair.
+        config: all pairs (for the compatibility hint).
+        paths: localspec's folders.
+        notice: what loading it must tell the user (e.g. that it stands in for the default pair).
+        mmproj: a projector to use instead of the pair's (`--mmproj`).
 
     Raises:
-        ModelFileError: a file is not downloaded ("run `localspec pull NAME`") or not a GGUF file.
+        ModelFileError: a model is not downloaded ("run `localspec pull NAME`") or not a GGUF file. A projector that
+            is not downloaded is no error: the pair then reads text only, and the notice says so.
     """
     resolved: dict[str, Path | None] = {"draft": None}
     for role, ref in _sources(pair):
@@ -144,10 +163,21 @@ def resolve_pair(pair: Pair, config: ModelsConfig, paths: Paths, *, notice: str 
         assert path is not None
         check_gguf_file(path)
         resolved[role] = path
+    if mmproj is None and pair.mmproj is not None:
+        mmproj = local_status("mmproj", pair.mmproj, paths).path
+        if mmproj is None:
+            fix = f"fix the path in {pair.file}" if pair.mmproj.kind == "path" else f"run `localspec pull {pair.name}`"
+            missing = (
+                f"the projector of pair {pair.name!r} ({pair.mmproj.label()}) is not here: the pair reads text only "
+                f"({fix})"
+            )
+            notice = f"{notice} {missing}" if notice else missing
+    if mmproj is not None:
+        check_gguf_file(mmproj)
     defaults = pair.defaults(compat_hint=compat_hint(pair, config), notice=notice)
     target = resolved["target"]
     assert target is not None
-    return ResolvedPair(target, resolved["draft"], pair.name, pair.name, defaults)
+    return ResolvedPair(target, resolved["draft"], pair.name, pair.name, defaults, mmproj=mmproj)
 
 
 def choose_pair(name: str | None, config: ModelsConfig, paths: Paths) -> tuple[Pair, str | None]:
@@ -208,23 +238,89 @@ def pull_pair(
         notify: receives a line before each download or derivation starts (default: the log).
 
     Returns:
-        One entry per file, target first.
+        One entry per file: the target, the draft, the projector.
 
     Raises:
-        DownloadError, ModelFileError, IncompatibleDraftError: with a line that says what to do.
+        DownloadError, ModelFileError, IncompatibleDraftError: with a line that says what to do. A projector that
+            does not open beside the target is a ModelFileError raised after everything was downloaded, which stays.
     """
     say = notify or log.info
-    done = [_pull_one(role, ref, pair, paths, dry_run, progress, say) for role, ref in _sources(pair)]
+    sources = _sources(pair) + ([("mmproj", pair.mmproj)] if pair.mmproj is not None else [])
+    done = [_pull_one(role, ref, pair, paths, dry_run, progress, say) for role, ref in sources]
     if dry_run:
         return done
-    if len(done) == 1:
-        check_target_file(done[0].path)
-        say(head_report(done[0].path).line)
-        return done
-    verdict = check_files(done[0].path, done[1].path, hint=compat_hint(pair, config))
-    if verdict.kind == "bridged":
-        say(f"the vocabularies differ ({verdict.reason}): the draft will draft through text")
+    models = [d for d in done if d.role != "mmproj"]
+    if len(models) == 1:
+        check_target_file(models[0].path)
+        say(head_report(models[0].path).line)
+    else:
+        verdict = check_files(models[0].path, models[1].path, hint=compat_hint(pair, config))
+        if verdict.kind == "bridged":
+            say(f"the vocabularies differ ({verdict.reason}): the draft will draft through text")
+    for projector in (d for d in done if d.role == "mmproj"):
+        say(f"mmproj: {check_projector(pair, projector.path, models[0].path)}")
     return done
+
+
+def check_projector(pair: Pair, path: Path | None, target: Path | None) -> str:
+    """Open the projector at `path` beside the target in a child process (`vision.probe_projector`); returns what it
+    reads ("the target sees images").
+
+    Raises:
+        ModelFileError: it is no projector, it is cut short, or it does not open beside the target (mtmd's reason).
+    """
+    assert path is not None and target is not None
+    problem = projector_problem(path)
+    probe = Probe(problem) if problem else probe_projector(path, target)
+    if probe.failure:
+        raise ModelFileError(f"pair {pair.name!r}: {probe.failure} (the files stay downloaded)")
+    words = media_words(probe.vision, probe.audio)
+    return f"the target {words}" if words else "the projector opens, but reads neither images nor audio"
+
+
+def projector_problem(path: Path) -> str:
+    """Why the file at `path` is not a usable projector, from its header alone ("" when nothing is seen)."""
+    try:
+        header = read_header(path)
+    except LocalspecError as e:
+        return str(e)
+    if header.arch != "clip":
+        return (
+            f"{path.name} is not a projector (its architecture is {header.arch}): name the mmproj-*.gguf file "
+            "published beside the model"
+        )
+    if header.data_end > header.file_size:
+        return f"{path.name} is truncated or corrupt (its tensors end past the file's end) — re-download it"
+    return ""
+
+
+def media_words(vision: bool, audio: bool) -> str:
+    """What a projector gives its target, in words: "sees images", "sees images and hears audio", "" for nothing."""
+    return " and ".join(w for w, on in (("sees images", vision), ("hears audio", audio)) if on)
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """What a pair's target reads besides text, from its projector's header (`media_of`)."""
+
+    vision: bool | None  # None: not known yet (the projector is not downloaded, or its header is unreadable)
+    audio: bool | None
+    line: str  # for models and doctor ("" for a pair that reads text only)
+
+
+def media_of(status: PairStatus) -> Media:
+    """What the target of a pair sees and hears through its projector, read from the downloaded projector's GGUF header
+    (`clip.has_vision_encoder`, `clip.has_audio_encoder`) without opening it; before a pull, that it will know."""
+    if status.mmproj is None:
+        return Media(False, False, "")
+    if not status.mmproj.downloaded or status.mmproj.path is None:
+        return Media(None, None, f"images (after `localspec pull {status.pair.name}`; its header will say)")
+    try:
+        meta = read_header(status.mmproj.path).meta
+    except LocalspecError:
+        return Media(None, None, "unknown (the projector's header is unreadable)")
+    vision, audio = bool(meta.get("clip.has_vision_encoder")), bool(meta.get("clip.has_audio_encoder"))
+    return Media(vision, audio, media_words(vision, audio) or "neither images nor audio (no encoder in the projector)")
 
 
 def describe_head(layers: int | None) -> str:
@@ -298,8 +394,12 @@ def _missing_head_block(header: Header, layers: int) -> str:
 def file_problems(status: PairStatus) -> list[str]:
     """Why the downloaded files of a pair cannot be used, each in one line from its header (none: nothing seen)."""
     found = []
-    for file in status.files:
+    for file in status.every_file:
         if not file.downloaded or file.path is None:
+            continue
+        if file.role == "mmproj":
+            if problem := projector_problem(file.path):
+                found.append(f"the mmproj: {problem}")
             continue
         try:
             problem = header_problem(read_header(file.path))
@@ -347,12 +447,12 @@ def _pull_one(
         assert path is not None
         return PulledFile(role, ref.label(), "derived", path, path.stat().st_size)
     if dry_run:
-        files = hub.remote_files(ref)
+        files = hub.remote_files(ref, projector=role == "mmproj")
         sizes = [f.size for f in files]
         size = None if None in sizes else sum(s for s in sizes if s is not None)
         return PulledFile(role, ref.label(), "would-download", None, size)
     say(f"{role}: downloading {ref.label()}")
-    path = hub.download(ref, progress=progress)
+    path = hub.download(ref, progress=progress, projector=role == "mmproj")
     return PulledFile(role, ref.label(), "downloaded", path, hub.cached_size(path))
 
 

@@ -16,7 +16,7 @@ from localspec.core.params import PairDefaults
 class ResolvedPair:
     """What to load, for every entry point: local paths, the defaults that come with them, and what to show.
 
-    A models.toml pair or --target/--draft files (then `name` is None and `defaults` are empty).
+    A models.toml pair or --target/--draft/--mmproj files (then `name` is None and `defaults` are empty).
     """
 
     target: Path
@@ -24,9 +24,11 @@ class ResolvedPair:
     label: str  # what the chat's header shows: the pair's name, or the file names
     name: str | None  # the pair's name in models.toml
     defaults: PairDefaults = PairDefaults()  # its settings, compatibility hint and notice (e.g. the demo stands in)
+    mmproj: Path | None = None  # the target's projector (images, audio); None: the pair reads text only
 
     @classmethod
-    def files(cls, target: str | Path, draft: str | Path | None) -> ResolvedPair:
-        """--target/--draft: files with no pair around them."""
+    def files(cls, target: str | Path, draft: str | Path | None, mmproj: str | Path | None = None) -> ResolvedPair:
+        """--target/--draft/--mmproj: files with no pair around them."""
         target, draft = Path(target), Path(draft) if draft else None
-        return cls(target, draft, target.name + (f" + {draft.name}" if draft else ""), None)
+        label = target.name + (f" + {draft.name}" if draft else "")
+        return cls(target, draft, label, None, mmproj=Path(mmproj) if mmproj else None)

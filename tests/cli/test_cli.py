@@ -242,3 +242,22 @@ def test_chat_options_come_from_the_checked_flags(localspec_home):
     assert all(getattr(options, f.name) == getattr(run, f.name) for f in dataclasses.fields(RunFlags))
     hints = [typing.get_type_hints(fn)["flags"] for fn in (load_params, resolve_models, Runner.__init__)]
     assert hints == [RunFlags] * 3
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "serve", "bench"])
+def test_every_command_that_loads_a_model_takes_mmproj_into_its_run_flags(command, tiny_models, tmp_path):
+    """`--mmproj PATH` beside `--target` (issue 59): parsed and checked like `--draft`, on each of the four."""
+    from localspec.cli.checks import check_run_args
+    from localspec.cli.main import build_parser
+
+    projector = tmp_path / "mmproj.gguf"
+    projector.write_bytes(tiny_models.target.read_bytes())  # a GGUF file: what the checks read before loading
+    argv = [command, *(["hi"] if command == "generate" else []), "--target", str(tiny_models.target)]
+    run = check_run_args(build_parser().parse_args([*argv, "--mmproj", str(projector)]))
+    assert run.mmproj == str(projector) and run.target == str(tiny_models.target)
+    assert check_run_args(build_parser().parse_args(argv)).mmproj is None
+
+
+def test_a_missing_mmproj_is_one_line(tiny_models, capsys, tmp_path):
+    one_line_error(capsys, ["--target", tiny_models.target, "--mmproj", tmp_path / "nope.gguf"], "nope.gguf")
+    one_line_error(capsys, ["--target", tiny_models.target, "--mmproj", tiny_models.not_gguf], "not a GGUF file")
