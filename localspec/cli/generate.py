@@ -41,6 +41,14 @@ def register(sub) -> None:
     )
     add_model_args(gen)
     add_sampling_args(gen)
+    gen.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a picture before the prompt (repeatable; PNG, JPEG, GIF or BMP): needs a pair that reads images "
+        "(--mmproj, or a pair with mmproj in models.toml)",
+    )
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--system", help="system prompt (with --chat)")
     gen.add_argument("--n", type=int, default=1, help="independent completions of the same prompt")
@@ -97,6 +105,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
     from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
+    images = _images(args.image)
     grammar = _grammar(args)
     with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
@@ -108,13 +117,24 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
         if args.chat:
             from localspec.core.session import ChatFormat, Message
 
-            messages = ([Message("system", run.system)] if run.system else []) + [Message("user", prompt)]
-            fmt = ChatFormat(engine.target_model, run.chat_template or defaults.chat_template)
+            user = Message("user", prompt, images=images)
+            messages = ([Message("system", run.system)] if run.system else []) + [user]
+            fmt = ChatFormat(
+                engine.target_model, run.chat_template or defaults.chat_template, images=engine.image_tokens
+            )
             think = _think(fmt, run, defaults, args)
             tokens = fmt.tokens(messages, think=think)
             splitter = functools.partial(fmt.splitter, think)
+        elif images:  # the pictures first, then the text (BOS as the model wants)
+            pictures = [t for image in images for t in engine.image_tokens(image)]
+            tokens = [*engine.tokenize(""), *pictures, *engine.tokenize(prompt, add_special=False)]
         else:
             tokens = engine.tokenize(prompt)
+        if images and args.truncate and len(tokens) >= engine.n_ctx:
+            raise ContextError(
+                f"the prompt and its images are {len(tokens)} tokens but the context holds {engine.n_ctx}, and "
+                "--truncate does not cut a picture: shorten the prompt, or raise --n-ctx"
+            )
         tokens, truncated = _fit_prompt(
             tokens, engine.n_ctx, args.truncate, run.max_tokens, engine.target_model.info.bos
         )
@@ -137,6 +157,25 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
             guard.generation = None
             guard.check()
     return 0
+
+
+def _images(paths: list[str]) -> tuple:
+    """The pictures --image names, read and checked (format, size, a cut-off file) before any model loads.
+
+    Raises:
+        InvalidParamsError: a file that cannot be read.
+        LocalspecError: not a picture localspec reads (one line from `read_image`).
+    """
+    from localspec.llama.vision import read_image
+
+    images = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise InvalidParamsError(f"--image {path}: cannot read it ({e.strerror or e})") from None
+        images.append(read_image(data, name=Path(path).name))
+    return tuple(images)
 
 
 def _grammar(args: argparse.Namespace):

@@ -195,6 +195,7 @@ class PairDefaults:
     bridge: str | None = None  # how a draft with another tokenizer drafts (BRIDGES)
     compat_hint: str = ""  # the curated drafts of the target's family, for an incompatible-draft error
     notice: str = ""  # what the user must be told (e.g. that the demo pair stands in); "" when nothing
+    mmproj: str | None = None  # the target's projector as resolved (the downloaded file, or --mmproj's): images
 
     def options(self, names: tuple[str, ...]) -> dict[str, Any]:
         """The options among `names` that the pair sets."""

@@ -171,7 +171,8 @@ def _png_size(data: bytes) -> tuple[int, int]:
         kind = data[at + 4 : at + 8]
         at += 12 + length  # length, type, data, CRC
         if at > len(data):
-            raise ValueError(f"its {kind.decode('latin-1')} chunk ends past the file's end")
+            name = kind.decode("latin-1") if kind.isalpha() else "last"
+            raise ValueError(f"its {name} chunk ends past the file's end")
         if kind == b"IEND":
             return width, height
 

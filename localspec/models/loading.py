@@ -91,6 +91,7 @@ def load_params(flags: RunFlags, defaults: PairDefaults, *, has_draft: bool) -> 
         rpc=flags.rpc or defaults.rpc,
         device_sampling=flags.device_sampling or "auto",
         bridge=flags.bridge or defaults.bridge or "auto",
+        mmproj=given("mmproj"),
     )
 
 

@@ -9,6 +9,7 @@ projector beside its target in a child process (`vision.probe_projector`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Callable
@@ -175,6 +176,8 @@ def resolve_pair(
     if mmproj is not None:
         check_gguf_file(mmproj)
     defaults = pair.defaults(compat_hint=compat_hint(pair, config), notice=notice)
+    if mmproj is not None:  # what every loader reads it from (`load_params`)
+        defaults = dataclasses.replace(defaults, mmproj=str(mmproj))
     target = resolved["target"]
     assert target is not None
     return ResolvedPair(target, resolved["draft"], pair.name, pair.name, defaults, mmproj=mmproj)

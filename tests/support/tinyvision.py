@@ -140,21 +140,21 @@ def write_tiny_vision(directory: Path) -> TinyVision:
 # --- images -------------------------------------------------------------------------------------------------
 
 
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
+def png_chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
 
 def png_header(width: int, height: int) -> bytes:
     """The signature and IHDR chunk of an 8-bit RGB PNG of width×height: what a reader sees first."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit depth, RGB, no interlace
-    return b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr)
+    return b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
 
 
 def png_bytes(pixels: np.ndarray) -> bytes:
     """An 8-bit RGB PNG of `pixels`, a (height, width, 3) uint8 array."""
     height, width, _ = pixels.shape
     rows = b"".join(b"\x00" + pixels[y].astype(np.uint8).tobytes() for y in range(height))  # filter 0 per row
-    return png_header(width, height) + _png_chunk(b"IDAT", zlib.compress(rows)) + _png_chunk(b"IEND", b"")
+    return png_header(width, height) + png_chunk(b"IDAT", zlib.compress(rows)) + png_chunk(b"IEND", b"")
 
 
 def random_pixels(seed: int, size: int = IMAGE_SIZE) -> np.ndarray:
