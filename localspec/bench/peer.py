@@ -2,15 +2,17 @@
 
 `LlamaServer` runs one llama-server process on 127.0.0.1 for one setting (plain, `-md DRAFT --spec-type draft-simple`
 with k drafts, its n-gram pool `ngram-mod`, or both chained), sends the benchmark's own prompt tokens to its
-`/completion` endpoint and reads the speed and draft counts it reports. `PeerBuild` is what this build's `--help` says
-it can run (the speculative types, probabilistic verification, its default draft length). It runs the same CPU kernels
-as localspec: `LOCALSPEC_REPACK=off` turns the repacked layouts off on both sides (`--no-repack`). Every failure — no
-binary, a binary that does not start, an answer without timings — is a `PeerError` with one line saying what went wrong;
-the benchmark prints it and goes on.
+`/completion` endpoint (an image turn: its text with a media marker where each image goes, and the image files, as
+llama-server's multimodal form takes them) and reads the speed and draft counts it reports. `PeerBuild` is what this
+build's `--help` says it can run (the speculative types, probabilistic verification, its default draft length). It runs
+the same CPU kernels as localspec: `LOCALSPEC_REPACK=off` turns the repacked layouts off on both sides (`--no-repack`).
+Every failure — no binary, a binary that does not start, an answer without timings — is a `PeerError` with one line
+saying what went wrong; the benchmark prints it and goes on.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -22,6 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,6 +71,7 @@ class PeerBuild:
     draft_sampling: bool  # has `--spec-draft-sampling` (greedy or probabilistic verification)
     spec_types: tuple[str, ...]  # the names `--spec-type` takes ("draft-simple", "ngram-mod", …)
     default_k: int | None  # `--spec-draft-n-max`'s default (None: not said)
+    mmproj: bool = False  # has `--mmproj` (reads images through a projector)
 
 
 def peer_build(binary: Path) -> PeerBuild:
@@ -87,6 +91,7 @@ def peer_build(binary: Path) -> PeerBuild:
         draft_sampling="--spec-draft-sampling" in text,
         spec_types=tuple(types.group(1).split(",")) if types else ("draft-simple",),
         default_k=int(default_k.group(1)) if default_k else None,
+        mmproj=re.search(r"--mmproj\b", text) is not None,
     )
 
 
@@ -130,6 +135,7 @@ class LlamaServer:
         n_ctx: context length (of each slot).
         parallel: slots (`-np`): requests decoded together (`bench --clients`).
         chat_template: a llama.cpp built-in template name for its chat route (None: the model's own).
+        mmproj: the target's projector (`--mmproj`), for image turns (None: text only).
         startup_seconds: how long to wait for the model to load.
     """
 
@@ -147,6 +153,7 @@ class LlamaServer:
         placed: GpuPlan | None = None,
         parallel: int = 1,
         chat_template: str | None = None,
+        mmproj: str | None = None,
         startup_seconds: float = 120.0,
     ) -> None:
         self.port = _free_port()
@@ -170,6 +177,14 @@ class LlamaServer:
         ]
         if chat_template:
             args += ["--chat-template", chat_template]
+        self.env = None  # the environment it starts with (None: this process's)
+        if mmproj:
+            from localspec.llama.vision import media_marker
+
+            args += ["--mmproj", mmproj]
+            # Newer builds draw a random media marker per process unless it is pinned: pin mtmd's default, the one
+            # the image turns' text is written with (older builds use it anyway).
+            self.env = {**os.environ, "LLAMA_MEDIA_MARKER": media_marker()}
         if placed is not None:  # the split localspec loaded with: the same layers on the GPU, the same experts out
             args += ["-ngl", str(placed.target.gpu_layers)]
             if placed.target.cpu_moe_layers:
@@ -202,7 +217,7 @@ class LlamaServer:
 
     def start(self) -> None:
         try:
-            self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.PIPE)
+            self._proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.PIPE, env=self.env)
         except OSError as e:
             raise PeerError(f"llama-server did not start: {e}") from e
         deadline = time.monotonic() + self.startup_seconds
@@ -228,8 +243,9 @@ class LlamaServer:
 
     def complete(
         self,
-        prompt: list[int],
+        prompt: list[int] | str,
         *,
+        images: Sequence[bytes] = (),
         n_predict: int,
         temperature: float,
         top_k: int,
@@ -237,9 +253,12 @@ class LlamaServer:
         min_p: float,
         seed: int,
     ) -> PeerResult:
-        """Generate `n_predict` tokens after the token ids `prompt` (the prompt cache is off: each run prefills)."""
+        """Generate `n_predict` tokens after the token ids `prompt` (the prompt cache is off: each run prefills); an
+        image turn: `prompt` is its text with a media marker where each of `images` (the files' bytes) goes."""
         body = {
-            "prompt": prompt,
+            "prompt": {"prompt_string": prompt, "multimodal_data": [base64.b64encode(b).decode() for b in images]}
+            if images
+            else prompt,
             "n_predict": n_predict,
             "temperature": temperature,
             "top_k": top_k,

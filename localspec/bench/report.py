@@ -1,4 +1,5 @@
-"""`localspec bench`'s report: the rows it measured and how they are shown, as a table or as JSON.
+"""`localspec bench`'s report: the rows it measured and how they are shown, as a table or as JSON (with `--image`, the
+image turns' rows as a second table, `image_rows`).
 
 `run.py` measures and fills a `BenchReport`; this module only presents it (no engine, no timing).
 """
@@ -129,6 +130,10 @@ class BenchReport:
     sampling: list[SamplingCost] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # where the pair went (`GpuPlan.to_dict()`; the peer gets the same split)
+    images: list[str] = field(default_factory=list)  # `--image`: each image shown in the image turns (path, size)
+    image_rows: list[Row] = field(default_factory=list)  # the image turns' settings, as `rows` are the text turns'
+    image_peer: list[PeerRow] = field(default_factory=list)  # llama-server's settings on the image turns
+    image_best_peer: list[BestPeer] = field(default_factory=list)  # their headline
 
 
 def rpc_summary(rows: list[RpcRow]) -> list[str]:
@@ -169,39 +174,8 @@ def render(report: BenchReport) -> list[str]:
     if report.placement:
         lines.append(f"placement: {report.placement['text']}")
     lines.append("")
-    width = max([16, *(len(r.setting) + 1 for r in report.rows)])
-    head = (
-        f"{'setting':<{width}}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
-        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}{'µs/draft':>9}{'µs/pass':>8}{'µs/row':>7}"
-    )
-    has_peer = any(r.peer_tokens_per_second is not None or r.best_peer_ratio is not None for r in report.rows)
-    if has_peer:
-        head += f"{'peer tok/s':>11}{'×peer':>7}{'×best peer':>11}"
-    if report.rows:  # a --rpc run has only the RPC table
-        lines.append(head)
-    for r in report.rows:
-        line = (
-            f"{r.setting:<{width}}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
-            f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
-            f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
-            + (f"{r.python_us_per_draft_token:>9.0f}" if r.mean_k else f"{'–':>9}")
-            + f"{r.python_us_per_verify_step:>8.0f}{r.python_us_per_row:>7.0f}"
-        )
-        if has_peer:
-            if r.peer_tokens_per_second:
-                line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
-            else:
-                line += f"{'–':>11}{'–':>7}"
-            line += f"{r.best_peer_ratio:>11.2f}" if r.best_peer_ratio else f"{'–':>11}"
-        lines.append(line)
-    lines += peer_lines(report)
-    for r in report.rows:
-        for d in r.divergences:
-            lines.append(
-                f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
-                f"(target top-2 gap {d.top2_gap:.4f} in plain decoding's own single-row logits"
-                + (", a near-tie)" if report.logit_noise is not None and d.top2_gap <= report.logit_noise else ")")
-            )
+    lines += _table(report.rows) + peer_lines(report.peer, report.best_peer)
+    lines += _divergences(report.rows, report.logit_noise)
     bridged = [r for r in report.rows if r.bridge_us_per_draft_token]
     if bridged:
         lines.append(
@@ -227,6 +201,10 @@ def render(report: BenchReport) -> list[str]:
             + f" ({report.sampling[0].rows} rows or passes each; llama.cpp: its own sampler chain, as llama-server"
             " runs it)"
         )
+    if report.image_rows:
+        lines += ["", f"image turns: the same prompts with {', '.join(report.images)} before the text:"]
+        lines += _table(report.image_rows) + peer_lines(report.image_peer, report.image_best_peer)
+        lines += _divergences(report.image_rows, report.logit_noise)
     if report.busy:
         lines += ["", "one busy core (a busy-loop process on one core):"]
         for b in report.busy:
@@ -250,25 +228,67 @@ def render(report: BenchReport) -> list[str]:
     return lines
 
 
-def peer_lines(report: BenchReport) -> list[str]:
+def _table(rows: list[Row]) -> list[str]:
+    """The settings' rows under their header (nothing without rows: a --rpc run has only the RPC table)."""
+    if not rows:
+        return []
+    width = max([16, *(len(r.setting) + 1 for r in rows)])
+    head = (
+        f"{'setting':<{width}}{'T':>4}{'tok/s':>8}{'×plain':>8}{'accept':>8}{'α':>6}{'tok/pass':>9}{'c':>6}"
+        f"{'v(k)':>6}{'pred':>6}{'eff':>6}{'py ms':>7}{'µs/draft':>9}{'µs/pass':>8}{'µs/row':>7}"
+    )
+    has_peer = any(r.peer_tokens_per_second is not None or r.best_peer_ratio is not None for r in rows)
+    if has_peer:
+        head += f"{'peer tok/s':>11}{'×peer':>7}{'×best peer':>11}"
+    lines = [head]
+    for r in rows:
+        line = (
+            f"{r.setting:<{width}}{r.temperature:>4g}{r.tokens_per_second:>8.1f}{r.ratio:>8.2f}"
+            f"{r.acceptance:>8.0%}{r.alpha:>6.2f}{r.tokens_per_pass:>9.2f}{r.draft_cost:>6.2f}"
+            f"{r.verify_cost:>6.2f}{r.predicted:>6.2f}{r.efficiency:>6.2f}{r.python_ms_per_step:>7.2f}"
+            + (f"{r.python_us_per_draft_token:>9.0f}" if r.mean_k else f"{'–':>9}")
+            + f"{r.python_us_per_verify_step:>8.0f}{r.python_us_per_row:>7.0f}"
+        )
+        if has_peer:
+            if r.peer_tokens_per_second:
+                line += f"{r.peer_tokens_per_second:>11.1f}{r.tokens_per_second / r.peer_tokens_per_second:>7.2f}"
+            else:
+                line += f"{'–':>11}{'–':>7}"
+            line += f"{r.best_peer_ratio:>11.2f}" if r.best_peer_ratio else f"{'–':>11}"
+        lines.append(line)
+    return lines
+
+
+def _divergences(rows: list[Row], logit_noise: float | None) -> list[str]:
+    """Where each greedy row left plain decoding, with the target's top-2 gap there."""
+    return [
+        f"  {r.setting}: prompt {d.prompt + 1} leaves plain at token {d.index} "
+        f"(target top-2 gap {d.top2_gap:.4f} in plain decoding's own single-row logits"
+        + (", a near-tie)" if logit_noise is not None and d.top2_gap <= logit_noise else ")")
+        for r in rows
+        for d in r.divergences
+    ]
+
+
+def peer_lines(peer: list[PeerRow], best_peer: list[BestPeer]) -> list[str]:
     """llama-server's settings as they ran (its fastest per temperature marked *), and the headline: localspec's
     default against the peer's best setting."""
-    if not report.peer:
+    if not peer:
         return []
-    fastest = {b.temperature: b.peer_setting for b in report.best_peer}
-    width = max(len(p.setting) for p in report.peer) + 2
+    fastest = {b.temperature: b.peer_setting for b in best_peer}
+    width = max(len(p.setting) for p in peer) + 2
     lines = ["llama-server's own settings (* its fastest at that temperature):"]
-    for p in report.peer:
+    for p in peer:
         mark = "*" if fastest.get(p.temperature) == p.setting else " "
         accept = f"{p.acceptance:>8.0%}" if p.k != 0 or p.spec else f"{'–':>8}"
         lines.append(f" {mark}{p.setting:<{width}}T {p.temperature:<5g}{p.tokens_per_second:>7.1f} tok/s{accept}")
-    if report.best_peer:
+    if best_peer:
         lines.append(
-            f"{report.best_peer[0].label} vs the peer's best setting: "
+            f"{best_peer[0].label} vs the peer's best setting: "
             + "; ".join(
                 f"T {b.temperature:g}: {b.setting} {b.tokens_per_second:.1f} tok/s / {b.peer_setting} "
                 f"{b.peer_tokens_per_second:.1f} tok/s = {b.ratio:.2f}×"
-                for b in report.best_peer
+                for b in best_peer
             )
         )
     return lines
@@ -292,13 +312,19 @@ def to_json(report: BenchReport) -> str:
 def from_json(text: str) -> BenchReport:
     """A report written by `to_json` (so one `bench --json` run can also be shown as the table)."""
     data = json.loads(text)
-    rows = [Row(**{**r, "divergences": tuple(Divergence(**d) for d in r["divergences"])}) for r in data.pop("rows")]
-    busy = [BusyRow(**b) for b in data.pop("busy")]
-    rpc = [RpcRow(**r) for r in data.pop("rpc")]
-    sampling = [SamplingCost(**c) for c in data.pop("sampling", [])]
-    peer = [PeerRow(**r) for r in data.pop("peer", [])]
-    best_peer = [BestPeer(**b) for b in data.pop("best_peer", [])]
-    return BenchReport(**data, rows=rows, busy=busy, rpc=rpc, sampling=sampling, peer=peer, best_peer=best_peer)
+    parsed: dict[str, Any] = {}
+    for key in ("rows", "image_rows"):
+        parsed[key] = [
+            Row(**{**r, "divergences": tuple(Divergence(**d) for d in r["divergences"])}) for r in data.pop(key, [])
+        ]
+    for key in ("peer", "image_peer"):
+        parsed[key] = [PeerRow(**r) for r in data.pop(key, [])]
+    for key in ("best_peer", "image_best_peer"):
+        parsed[key] = [BestPeer(**b) for b in data.pop(key, [])]
+    parsed["busy"] = [BusyRow(**b) for b in data.pop("busy")]
+    parsed["rpc"] = [RpcRow(**r) for r in data.pop("rpc")]
+    parsed["sampling"] = [SamplingCost(**c) for c in data.pop("sampling", [])]
+    return BenchReport(**data, **parsed)
 
 
 def now() -> str:

