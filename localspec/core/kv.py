@@ -139,8 +139,8 @@ def media_run(tokens: Sequence[int], start: int) -> int:
     first = tokens[start]
     if first >= 0:
         return 0
-    handle, end = (-first - 1) // MEDIA_STRIDE, start + 1
-    while end < len(tokens) and tokens[end] < 0 and (-tokens[end] - 1) // MEDIA_STRIDE == handle:
+    end = start + 1  # an image's ids count down from its first: the same image twice in a row is two runs
+    while end < len(tokens) and tokens[end] == tokens[end - 1] - 1 and (-tokens[end] - 1) % MEDIA_STRIDE:
         end += 1
     return end - start
 
@@ -305,10 +305,8 @@ class KVSequence:
     def _whole_images(self, n: int) -> int:
         """`n`, or where the image it would cut starts (a history never ends inside an image)."""
         tokens = self.tokens
-        if 0 < n < len(tokens) and tokens[n] < 0 and tokens[n - 1] < 0:
-            handle = (-tokens[n] - 1) // MEDIA_STRIDE
-            while n > 0 and tokens[n - 1] < 0 and (-tokens[n - 1] - 1) // MEDIA_STRIDE == handle:
-                n -= 1
+        while 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE:  # not an image's first id
+            n -= 1
         return n
 
     @property

@@ -220,3 +220,20 @@ def test_the_law_after_an_image_is_the_targets(engines, verify):
     assert set(counts) <= set(outcomes)
     result = check_law([counts[o] for o in outcomes], [law[o] for o in outcomes])
     assert result.ok, result
+
+
+def test_the_same_picture_twice_in_a_row_is_two_images(engines):
+    """Two copies of one picture with nothing between them (a template without image tokens of its own around them)
+    are two runs of ids, read whole each; a rollback into the second keeps the first."""
+    engine = engines["none"]
+    image = picture(10)
+    one = engine.image_tokens(image)
+    twice = [*engine.tokenize("see "), *one, *one, *engine.tokenize(" now", add_special=False)]
+    start = next(i for i, t in enumerate(twice) if t < 0)
+    assert media_run(twice, start) == 16 and media_run(twice, start + 16) == 16
+    target = engine.target
+    target.sync(twice[:-1])
+    target.rollback_to(start + 20)  # inside the second: it goes, the first stays
+    assert target.n_past == start + 16
+    target.check()
+    assert len(greedy(engine, twice, n=4)) == 4
