@@ -81,6 +81,12 @@ def register(sub) -> None:
         help="a GGUF embedding model for /v1/embeddings, loaded on first use (default: an embeddings context over "
         "the target)",
     )
+    p.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch an image a request names by http(s) URL, and read one it names by local path or file: URL, as "
+        "this server's user (default: only images sent inline as data URLs or base64)",
+    )
     p.set_defaults(func=run)
 
 
@@ -117,6 +123,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
         cors=tuple(args.cors),
         embedding_model=embedding_model,
         timeout=args.timeout,
+        allow_image_urls=args.allow_image_urls,
     )
     _check_bind(args.host, args.port)  # before a model loads (a busy port costs no wait) and before any warning
     if not is_loopback(args.host) and api_key is None:

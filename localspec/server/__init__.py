@@ -8,8 +8,9 @@ its prompt, thinking switch, params and choices, and the typed events a stream i
 request and reads those events once into `answer`'s neutral `Answer`, which each protocol's encoder writes (`render`:
 OpenAI's chat completions and completions; `messages_route`: Anthropic's Messages; `responses_route`: OpenAI's
 Responses, their stored answers in `store`); the `*_api` modules read each protocol's body and translate it onto the
-one request model (`to_request()`); `routes` lists the routes (`chat_route`, the others, embeddings); `app` builds
-the Starlette application (routes, the security checks, server-sent events) and runs uvicorn.
+one request model (`to_request()`), its images read by `images`; `routes` lists the routes (`chat_route`, the
+others, embeddings); `app` builds the Starlette application (routes, the security checks, server-sent events) and
+runs uvicorn.
 
 It imports `localspec.core`, `localspec.llama`, `localspec.models`, `localspec.errors` and `localspec.paths`;
 never the UI or the CLI.

@@ -15,7 +15,16 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
@@ -84,6 +93,20 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageUrl(_Strict):
+    url: str  # a data URL; an http(s) URL or a local path only with `serve --allow-image-urls` (server/images.py)
+    detail: Literal["auto", "low", "high"] | None = None  # accepted: the projector reads an image at its own size
+
+
+class ImageUrlPart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
+PART_TYPES = ("text", "image_url")
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str  # JSON text, as OpenAI sends it
@@ -97,7 +120,7 @@ class ToolCall(_Strict):
 
 class ChatMessageBody(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+    content: str | list[ContentPart] | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = None  # an earlier answer's thinking, as llama-server and DeepSeek return it
     name: str | None = None  # a participant's name (multi-agent clients): accepted, and not part of the prompt
     tool_calls: list[ToolCall] | None = None  # an assistant's calls (the round trip)
@@ -114,7 +137,16 @@ class ChatMessageBody(_Strict):
     def text(self) -> str:
         if self.content is None:
             return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def image_urls(self) -> list[tuple[int, str]]:
+        """(the part's index, its URL) of each `image_url` part, in order."""
+        if not isinstance(self.content, list):
+            return []
+        return [(i, p.image_url.url) for i, p in enumerate(self.content) if isinstance(p, ImageUrlPart)]
 
 
 class FunctionSpec(_Strict):
@@ -278,6 +310,23 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool = True
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=TOP_LOGPROBS_MAX)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_parts(cls, data):
+        """A content part of a type we do not read (audio, a file) is refused by its name."""
+        for i, m in enumerate(data.get("messages") or () if isinstance(data, dict) else ()):
+            content = m.get("content") if isinstance(m, dict) else None
+            for j, part in enumerate(content if isinstance(content, list) else ()):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind not in PART_TYPES:
+                    raise ApiError(
+                        400,
+                        f"content part type {kind!r} is not supported: use one of {', '.join(PART_TYPES)}",
+                        param=f"messages.{i}.content.{j}.type",
+                        code="unsupported_value",
+                    )
+        return data
 
     @field_validator("top_logprobs")
     @classmethod

@@ -57,6 +57,7 @@ class ServerSettings:
     max_body: int = MAX_BODY
     embedding_model: str | None = None  # `--embedding-model`: a GGUF for /v1/embeddings (None: the target)
     timeout: float = TIMEOUT_S  # `--timeout`: seconds a client has to send a request's head, and again its body
+    allow_image_urls: bool = False  # `--allow-image-urls`: fetch an image's http(s) URL, read a local path's file
 
 
 def is_loopback(host: str) -> bool:

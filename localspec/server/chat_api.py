@@ -13,14 +13,16 @@ from localspec.core.session import Message
 from localspec.core.tools import Function
 
 from .api import ApiError, ChatRequest, CompletionRequest
+from .images import DATA_ONLY, ImageReader
 from .request import Request
 
 
 class ChatBody(ChatRequest):
     """`POST /v1/chat/completions`."""
 
-    def conversation(self) -> tuple[Message, ...]:
-        """The turns as the engine's messages (a `developer` turn is a system turn)."""
+    def conversation(self, images: ImageReader = DATA_ONLY) -> tuple[Message, ...]:
+        """The turns as the engine's messages (a `developer` turn is a system turn), each one's `image_url` parts read
+        by `images` (raises `ApiError` for an image it refuses)."""
         return tuple(
             Message(
                 "system" if m.role == "developer" else m.role,
@@ -28,14 +30,15 @@ class ChatBody(ChatRequest):
                 m.reasoning_content or "",
                 tuple(c.model_dump() for c in m.tool_calls or ()),
                 m.tool_call_id or "",
+                tuple(images.url(url, f"messages.{i}.content.{j}") for j, url in m.image_urls),
             )
-            for m in self.messages
+            for i, m in enumerate(self.messages)
         )
 
-    def to_request(self) -> Request:
-        """The engine's request (raises `ApiError` for a schema that is no grammar)."""
+    def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
+        """The engine's request (raises `ApiError` for a schema that is no grammar, or an image `images` refuses)."""
         return Request(
-            messages=self.conversation(),
+            messages=self.conversation(images),
             prompt=None,
             max_tokens=self.max_completion_tokens or self.max_tokens,
             think=self.think,
@@ -52,8 +55,8 @@ class ChatBody(ChatRequest):
 class CompletionBody(CompletionRequest):
     """`POST /v1/completions`: one prompt, continued as it is (no template)."""
 
-    def to_request(self) -> Request:
-        """The engine's request (raises `ApiError` for a schema that is no grammar)."""
+    def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
+        """The engine's request (raises `ApiError` for a schema that is no grammar); a prompt holds no images."""
         return Request(messages=None, prompt=self.text, max_tokens=self.max_tokens, **_shared(self))
 
 

@@ -12,15 +12,19 @@ from starlette.responses import JSONResponse, Response
 from . import flow
 from .api import parse_body
 from .chat_api import ChatBody, CompletionBody
+from .images import ImageReader, translated
 from .render import chat_body, chat_stream
 from .runner import Runner
 
 
-def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple[str, object, list[str]]]:
-    """(path, handler, methods) of the two routes; `read_body` and `event_stream` are the app's."""
+def routes(
+    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+) -> list[tuple[str, object, list[str]]]:
+    """(path, handler, methods) of the two routes; `read_body` and `event_stream` are the app's, `images` reads a
+    message's images."""
 
     async def answer(http: HttpRequest, parsed: ChatBody | CompletionBody, kind: str) -> Response:
-        request = parsed.to_request()
+        request = await translated(images, parsed.to_request)
         if not parsed.stream:
             return JSONResponse(chat_body(await flow.whole(http, runner, parsed.model, request), kind))
         stream = await flow.streamed(http, runner, parsed.model, request)

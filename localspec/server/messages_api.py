@@ -14,8 +14,10 @@ from pydantic import Field, field_validator, model_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.session import Message
 from localspec.core.tools import Function
+from localspec.llama.vision import Image
 
 from .api import ApiError, Extensions, _Strict
+from .images import DATA_ONLY, ImageReader
 from .request import Request
 
 # Anthropic's error types by HTTP status (its `{"type": "error", "error": {"type", "message"}}` object).
@@ -29,7 +31,7 @@ ERROR_TYPES = {
     503: "overloaded_error",
     529: "overloaded_error",
 }
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 # Anthropic's bookkeeping, and `context_management` (which earlier thinking the API may clear): accepted, left out.
 IGNORED = ("metadata", "service_tier", "container", "mcp_servers", "context_management")
 
@@ -58,6 +60,46 @@ class TextBlock(_Cached):
     citations: list[Any] | None = None
 
 
+class Base64Source(_Strict):
+    type: Literal["base64"]
+    media_type: str  # image/png, image/jpeg, image/gif (image/webp is refused by what the bytes are)
+    data: str
+
+
+class UrlSource(_Strict):
+    type: Literal["url"]
+    url: str  # fetched only with `serve --allow-image-urls` (server/images.py)
+
+
+class FileSource(_Strict):
+    type: Literal["file"]
+    file_id: str  # Anthropic's Files API, which localspec does not have: refused by name
+
+
+class ImageBlock(_Cached):
+    type: Literal["image"]
+    source: Annotated[Base64Source | UrlSource | FileSource, Field(discriminator="type")]
+
+    def read(self, images: ImageReader, where: str) -> Image:
+        """The checked image (raises `ApiError` for one `images` refuses, or a `file_id`)."""
+        source = self.source
+        if isinstance(source, Base64Source):
+            return images.base64(source.data, source.media_type, where)
+        if isinstance(source, UrlSource):
+            return images.url(source.url, where)
+        raise ApiError(
+            400,
+            f"'{where}.source' is a file_id, and localspec has no Files API: send the image as a base64 source",
+            param=f"{where}.source",
+            code="unsupported_value",
+        )
+
+
+def _images(blocks: list, images: ImageReader, where: str) -> tuple[Image, ...]:
+    """The images of `blocks` in order, read (`where`: the blocks' list, "messages.0.content")."""
+    return tuple(b.read(images, f"{where}.{j}") for j, b in enumerate(blocks) if isinstance(b, ImageBlock))
+
+
 class ToolUseBlock(_Cached):
     type: Literal["tool_use"]
     id: str
@@ -68,12 +110,18 @@ class ToolUseBlock(_Cached):
 class ToolResultBlock(_Cached):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: str | list[TextBlock] = ""
+    content: str | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
     is_error: bool = False
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(b.text for b in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    @property
+    def blocks(self) -> list:
+        return [] if isinstance(self.content, str) else list(self.content)
 
 
 class ThinkingBlock(_Strict):
@@ -88,7 +136,8 @@ class RedactedThinkingBlock(_Strict):
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -208,16 +257,18 @@ class CountRequest(Extensions):
         choice = self.tool_choice or ToolChoice(type="auto")
         return {"auto": "auto", "any": "required", "none": None}.get(choice.type, choice.name)
 
-    def conversation(self) -> tuple[Message, ...]:
+    def conversation(self, images: ImageReader = DATA_ONLY) -> tuple[Message, ...]:
         """The turns as the engine's messages: the system prompt first, tool results as `tool` messages, an
-        assistant's `tool_use` blocks as its calls (OpenAI's shape, which the templates read), thinking apart."""
+        assistant's `tool_use` blocks as its calls (OpenAI's shape, which the templates read), thinking apart, each
+        turn's `image` blocks read by `images` (raises `ApiError` for an image it refuses)."""
         out: list[Message] = []
         if self.system:
             system = self.system if isinstance(self.system, str) else "".join(b.text for b in self.system)
             out.append(Message("system", system))
-        for m in self.messages:
+        for i, m in enumerate(self.messages):
             blocks = m.blocks()
             text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+            seen = _images(blocks, images, f"messages.{i}.content")
             if m.role == "system":  # one system prompt leads, as every template renders it
                 if out and out[0].role == "system":
                     out[0] = Message("system", f"{out[0].content}\n\n{text}")
@@ -231,14 +282,15 @@ class CountRequest(Extensions):
                     for b in blocks
                     if isinstance(b, ToolUseBlock)
                 )
-                out.append(Message("assistant", text, thinking, calls))
+                out.append(Message("assistant", text, thinking, calls, images=seen))
                 continue
-            for b in blocks:
+            for j, b in enumerate(blocks):
                 if isinstance(b, ToolResultBlock):
                     result = f"Error: {b.text}" if b.is_error else b.text
-                    out.append(Message("tool", result, tool_call_id=b.tool_use_id))
-            if text or not any(isinstance(b, ToolResultBlock) for b in blocks):
-                out.append(Message("user", text))
+                    shown = _images(b.blocks, images, f"messages.{i}.content.{j}.content")
+                    out.append(Message("tool", result, tool_call_id=b.tool_use_id, images=shown))
+            if text or seen or not any(isinstance(b, ToolResultBlock) for b in blocks):
+                out.append(Message("user", text, images=seen))
         return tuple(out)
 
     def grammar(self) -> Grammar | None:
@@ -250,14 +302,14 @@ class CountRequest(Extensions):
         except GrammarError as e:
             raise ApiError(400, str(e), param="output_config.format.schema", code="invalid_schema") from None
 
-    def to_request(self) -> Request:
+    def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
         """The engine's request: the prompt tokenized and counted, nothing generated."""
-        return self._request(count_only=True)
+        return self._request(images, count_only=True)
 
-    def _request(self, **fields) -> Request:
+    def _request(self, images: ImageReader, **fields) -> Request:
         think = None if self.thinking is None or self.thinking.type == "adaptive" else self.thinking.type == "enabled"
         return Request(
-            messages=self.conversation(),
+            messages=self.conversation(images),
             prompt=None,
             think=think,
             tool_choice=self.tool_mode,
@@ -276,6 +328,6 @@ class MessagesRequest(CountRequest):
     stop_sequences: Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)] | None = None
     stream: bool = False
 
-    def to_request(self) -> Request:
+    def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
         """The engine's request: the answer, within `max_tokens` (or the room left), ended by `stop_sequences`."""
-        return self._request(max_tokens=self.max_tokens, stop=tuple(self.stop_sequences or ()))
+        return self._request(images, max_tokens=self.max_tokens, stop=tuple(self.stop_sequences or ()))

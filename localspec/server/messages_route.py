@@ -22,16 +22,20 @@ from localspec.core.thinking import THINKING
 from . import flow
 from .answer import Answer, Choice, Delta, Event, Failure
 from .api import ApiError, parse_body
+from .images import ImageReader, translated
 from .messages_api import IGNORED, CountRequest, MessagesRequest, error_body
 from .runner import Runner
 
 
-def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple[str, object, list[str]]]:
-    """(path, handler, methods) of the Messages routes; `read_body` and `event_stream` are the app's."""
+def routes(
+    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+) -> list[tuple[str, object, list[str]]]:
+    """(path, handler, methods) of the Messages routes; `read_body` and `event_stream` are the app's, `images` reads
+    a turn's images."""
 
     async def messages(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), MessagesRequest, unsupported={}, ignored=IGNORED)
-        request = parsed.to_request()
+        request = await translated(images, parsed.to_request)
         if not parsed.stream:
             return JSONResponse(message(await flow.whole(http, runner, parsed.model, request), request.stop))
         stream = await flow.streamed(http, runner, parsed.model, request)
@@ -39,7 +43,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
 
     async def count_tokens(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), CountRequest, unsupported={}, ignored=IGNORED)
-        answer = await flow.whole(http, runner, parsed.model, parsed.to_request())
+        answer = await flow.whole(http, runner, parsed.model, await translated(images, parsed.to_request))
         return JSONResponse({"input_tokens": answer.prompt_tokens})
 
     return [("/v1/messages", messages, ["POST"]), ("/v1/messages/count_tokens", count_tokens, ["POST"])]

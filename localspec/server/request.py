@@ -312,6 +312,7 @@ def _prompt_tokens(
     if request.messages is not None:
         what, subject, them = "messages", "the messages are", "them"
         n = len(request.messages)
+        _check_images(served, request.messages)
         if n >= engine.n_ctx:  # every template spends a token or more on each message's role
             raise _too_long(f"{subject} {n} messages but the context holds {engine.n_ctx} tokens: send fewer", what)
         try:
@@ -321,6 +322,8 @@ def _prompt_tokens(
             raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
         except ContextError as e:  # told from the text's length alone, before a tokenizer pass over all of it
             raise _too_long(f"{e}: shorten {them}", what) from None
+        except LocalspecError as e:  # an image libmtmd could not decode: its header was sound, its data is not
+            raise ApiError(400, str(e), param=what, code="invalid_image") from None
     else:
         what, subject, them = "prompt", "the prompt is", "it"
         prompt = request.prompt or ""
@@ -332,8 +335,28 @@ def _prompt_tokens(
     if not tokens:
         raise ApiError(400, f"{subject} empty: give some text to continue", param=what)
     if len(tokens) >= engine.n_ctx:
-        raise _too_long(f"{subject} {len(tokens)} tokens but the context holds {engine.n_ctx}: shorten {them}", what)
+        n_image = sum(t < 0 for t in tokens)  # an image's positions are negative ids (core/media.py)
+        of = f" ({n_image} of them images' positions)" if n_image else ""
+        fix = f"send fewer images or shorten {them}" if n_image else f"shorten {them}"
+        raise _too_long(f"{subject} {len(tokens)} tokens{of} but the context holds {engine.n_ctx}: {fix}", what)
     return tokens
+
+
+def _check_images(served: Served, messages: Sequence[Message]) -> None:
+    """Refuse images to a pair that reads none, naming the fix (raises `ApiError`, 400)."""
+    if not any(m.images for m in messages):
+        return
+    media = served.engine.media
+    if media is not None and media.sees_images:
+        return
+    why = "its projector reads audio only" if media is not None else "it was loaded without a projector"
+    raise ApiError(
+        400,
+        f"the model {served.name} reads no images ({why}): send text only, or restart the server with a projector "
+        "for it (--mmproj PATH, or a pair with mmproj in models.toml)",
+        param="messages",
+        code="unsupported_value",
+    )
 
 
 def _too_long(why: str, what: str) -> ApiError:

@@ -6,6 +6,7 @@ checked strictly as chat requests are (server/api.py), and its input items — m
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Sequence
@@ -16,8 +17,10 @@ from pydantic import Field, field_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.session import Message
 from localspec.core.tools import Function
+from localspec.llama.vision import Image, read_image
 
 from .api import ApiError, Extensions, FunctionSpec, _Strict
+from .images import DATA_ONLY, ImageReader
 from .request import Request
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "max_tool_calls": (None,),
     "top_logprobs": (None, 0),
 }
-PART_TYPES = ("input_text", "output_text")
+PART_TYPES = ("input_text", "output_text", "input_image")
 ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 
 
@@ -47,16 +50,47 @@ class InputText(_Strict):
     logprobs: list[Any] | None = None
 
 
+class InputImage(_Strict):
+    type: Literal["input_image"]
+    image_url: str | None = None  # a data URL; an http(s) URL or a local path only with `serve --allow-image-urls`
+    file_id: str | None = None  # OpenAI's Files API, which localspec does not have: refused by name
+    detail: Literal["auto", "low", "high"] | None = None  # accepted: the projector reads an image at its own size
+
+    def read(self, images: ImageReader, where: str) -> Image:
+        """The checked image (raises `ApiError` for one `images` refuses, a `file_id`, or neither given)."""
+        if self.image_url is not None:
+            return images.url(self.image_url, where)
+        if self.file_id is not None:
+            why = f"'{where}.file_id' names a file, and localspec has no Files API: send image_url as a data URL"
+            raise ApiError(400, why, param=f"{where}.file_id", code="unsupported_value")
+        param = f"{where}.image_url"
+        raise ApiError(400, f"'{param}' is required", param=param, code="missing_required_parameter")
+
+
+Part = Annotated[InputText | InputImage, Field(discriminator="type")]
+
+
+def _text(parts: str | list) -> str:
+    return parts if isinstance(parts, str) else "".join(p.text for p in parts if isinstance(p, InputText))
+
+
+def _images(parts: str | list, images: ImageReader, where: str) -> tuple[Image, ...]:
+    """The images of `parts` in order, read (`where`: the parts' list, "input.0.content")."""
+    if isinstance(parts, str):
+        return ()
+    return tuple(p.read(images, f"{where}.{j}") for j, p in enumerate(parts) if isinstance(p, InputImage))
+
+
 class MessageItem(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
+    content: str | list[Part]
     id: str | None = None
     status: str | None = None
 
     @property
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        return _text(self.content)
 
 
 class FunctionCallItem(_Strict):
@@ -71,13 +105,13 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[InputText]
+    output: str | list[Part]
     id: str | None = None
     status: str | None = None
 
     @property
     def text(self) -> str:
-        return self.output if isinstance(self.output, str) else "".join(p.text for p in self.output)
+        return _text(self.output)
 
 
 class ReasoningText(_Strict):
@@ -196,7 +230,7 @@ class ResponsesRequest(Extensions):
                 if isinstance(part, dict) and part.get("type") not in PART_TYPES:
                     raise ApiError(
                         400,
-                        f"content part type {part.get('type')!r} is not supported: use input_text or output_text",
+                        f"content part type {part.get('type')!r} is not supported: use {', '.join(PART_TYPES)}",
                         param=f"input.{i}.{'content' if 'content' in raw else 'output'}.{j}.type",
                         code="unsupported_value",
                     )
@@ -231,11 +265,13 @@ class ResponsesRequest(Extensions):
         except GrammarError as e:
             raise ApiError(400, str(e), param="text.format.schema", code="invalid_schema") from None
 
-    def conversation(self, history: Sequence[Message]) -> tuple[Message, ...]:
-        """The stored conversation (`history`) and then the input, as the engine's messages, `instructions` first.
+    def conversation(self, history: Sequence[Message], images: ImageReader = DATA_ONLY) -> tuple[Message, ...]:
+        """The stored conversation (`history`) and then the input, as the engine's messages, `instructions` first;
+        each item's `input_image` parts read by `images`.
 
         Raises:
-            ApiError: a `function_call_output` whose call is neither earlier in the input nor in the history.
+            ApiError: a `function_call_output` whose call is neither earlier in the input nor in the history, or an
+                image `images` refuses.
         """
         out: list[Message] = [Message("system", self.instructions)] if self.instructions else []
         out += history
@@ -246,7 +282,8 @@ class ResponsesRequest(Extensions):
                 reasoning += "".join(p.text for p in item.content or item.summary)
             elif isinstance(item, MessageItem):
                 role = "system" if item.role == "developer" else item.role
-                out.append(Message(role, item.text, reasoning if role == "assistant" else ""))
+                seen = _images(item.content, images, f"input.{i}.content")
+                out.append(Message(role, item.text, reasoning if role == "assistant" else "", images=seen))
                 reasoning = ""
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function"}
@@ -254,7 +291,8 @@ class ResponsesRequest(Extensions):
                 called.add(item.call_id)
                 last = out[-1] if out else None
                 if last is not None and last.role == "assistant" and not reasoning:  # one turn's text and calls
-                    out[-1] = Message("assistant", last.content, last.reasoning, (*last.tool_calls, call))
+                    calls = (*last.tool_calls, call)
+                    out[-1] = Message("assistant", last.content, last.reasoning, calls, images=last.images)
                 else:
                     out.append(Message("assistant", "", reasoning, (call,)))
                 reasoning = ""
@@ -267,16 +305,17 @@ class ResponsesRequest(Extensions):
                         param=f"input.{i}.call_id",
                         code="invalid_value",
                     )
-                out.append(Message("tool", item.text, tool_call_id=item.call_id))
+                shown = _images(item.output, images, f"input.{i}.output")
+                out.append(Message("tool", item.text, tool_call_id=item.call_id, images=shown))
         return tuple(out)
 
-    def to_request(self, history: Sequence[Message] = ()) -> Request:
-        """The engine's request: the stored conversation (`history`), then the input."""
+    def to_request(self, history: Sequence[Message] = (), images: ImageReader = DATA_ONLY) -> Request:
+        """The engine's request: the stored conversation (`history`), then the input (its images read by `images`)."""
         think = None
         if self.reasoning is not None and self.reasoning.effort is not None:
             think = self.reasoning.effort != "none"
         return Request(
-            messages=self.conversation(history),
+            messages=self.conversation(history, images),
             prompt=None,
             max_tokens=self.max_output_tokens,
             think=think,
@@ -292,11 +331,20 @@ class ResponsesRequest(Extensions):
 
 
 def messages_to_json(messages: tuple[Message, ...] | list[Message]) -> str:
-    return json.dumps([[m.role, m.content, m.reasoning, list(m.tool_calls), m.tool_call_id] for m in messages])
+    """The stored conversation: each message's fields, its images' bytes base64 last (a follow-up still shows them)."""
+    return json.dumps(
+        [
+            [m.role, m.content, m.reasoning, list(m.tool_calls), m.tool_call_id]
+            + ([[base64.b64encode(i.data).decode() for i in m.images]] if m.images else [])
+            for m in messages
+        ]
+    )
 
 
 def messages_from_json(text: str) -> list[Message]:
-    return [
-        Message(role, content, reasoning, tuple(calls), call_id)
-        for role, content, reasoning, calls, call_id in json.loads(text)
-    ]
+    """`messages_to_json`'s conversation read back (a row stored before images has no sixth field)."""
+    out = []
+    for role, content, reasoning, calls, call_id, *shown in json.loads(text):
+        seen = tuple(read_image(base64.b64decode(data)) for data in (shown[0] if shown else ()))
+        out.append(Message(role, content, reasoning, tuple(calls), call_id, seen))
+    return out

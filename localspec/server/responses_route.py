@@ -30,6 +30,7 @@ from localspec.core.thinking import THINKING
 from . import flow
 from .answer import Answer, Choice, Delta, Event, Failure
 from .api import ApiError, parse_body
+from .images import ImageReader, translated
 from .responses_api import IGNORED, UNSUPPORTED, ResponsesRequest, messages_from_json, messages_to_json
 from .runner import Runner
 from .store import ResponseStore
@@ -41,7 +42,11 @@ def _id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple[str, object, list[str]]]:
+def routes(
+    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+) -> list[tuple[str, object, list[str]]]:
+    """(path, handler, methods) of the Responses routes; `read_body` and `event_stream` are the app's, `images`
+    reads an input's images."""
     store = ResponseStore(runner.paths.data_dir / "responses.sqlite3")
 
     async def create(http: HttpRequest) -> Response:
@@ -58,7 +63,7 @@ def routes(runner: Runner, max_body: int, read_body, event_stream) -> list[tuple
                     code="previous_response_not_found",
                 )
             history = messages_from_json(found[1])
-        request = parsed.to_request(history)
+        request = await translated(images, parsed.to_request, history)
         turns = request.messages[1:] if parsed.instructions else request.messages
         response = _Response(parsed, store, list(turns or ()))
         if parsed.store:  # a store that cannot be used is said before the answer is generated, not after

@@ -7,13 +7,15 @@ request model and runs it on the same engine path; chat, Messages and Responses 
 from __future__ import annotations
 
 from . import chat_route, embeddings_route, messages_route, responses_route
+from .images import ImageReader
 
 
 def answer_routes(runner, max_body: int, read_body, event_stream, settings) -> list[tuple]:
     """(path, handler, methods) of every route beyond the app's own (health and models)."""
+    images = ImageReader(allow_urls=settings.allow_image_urls, timeout=settings.timeout)
     return [
-        *chat_route.routes(runner, max_body, read_body, event_stream),
-        *messages_route.routes(runner, max_body, read_body, event_stream),
-        *responses_route.routes(runner, max_body, read_body, event_stream),
+        *chat_route.routes(runner, max_body, read_body, event_stream, images),
+        *messages_route.routes(runner, max_body, read_body, event_stream, images),
+        *responses_route.routes(runner, max_body, read_body, event_stream, images),
         *embeddings_route.routes(runner, max_body, read_body, settings),
     ]

@@ -81,7 +81,9 @@ class Served:
         return self.resolved.defaults
 
     def chat_format(self) -> ChatFormat:
-        """The chat template, read once (raises ChatTemplateError for a model without one)."""
+        """The chat template, read once, rendering a message's images as the target reads them (raises
+        ChatTemplateError for a model without one)."""
         if self._format is None:
-            self._format = ChatFormat(self.engine.target_model, self.chat_template or self.defaults.chat_template)
+            template = self.chat_template or self.defaults.chat_template
+            self._format = ChatFormat(self.engine.target_model, template, images=self.engine.image_tokens)
         return self._format

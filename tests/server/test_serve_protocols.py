@@ -148,7 +148,7 @@ TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": 
             "tool_use_id",
         ),
         (
-            {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             400,
             "messages.0.content.0.type",
         ),  # fmt: skip
@@ -202,7 +202,7 @@ def test_messages_transport_errors_are_anthropics_shape_too(server):
         ({"input": "hi", "background": True}, 400, "background"),
         ({"input": [{"role": "user", "content": "hi", "colour": 1}]}, 400, "input.0.colour"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
             400,
             "input.0.content.0.type",
         ),  # fmt: skip
