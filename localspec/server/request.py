@@ -154,6 +154,7 @@ def steps(
         ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
     """
     engine = served.engine
+    _check_images(served, request.messages or ())  # before the tools' rendering rewrites the messages
     think = _think(served, request) if request.messages is not None else None
     tools = _tools(served, request)
     if tools is not None:
@@ -312,7 +313,6 @@ def _prompt_tokens(
     if request.messages is not None:
         what, subject, them = "messages", "the messages are", "them"
         n = len(request.messages)
-        _check_images(served, request.messages)
         if n >= engine.n_ctx:  # every template spends a token or more on each message's role
             raise _too_long(f"{subject} {n} messages but the context holds {engine.n_ctx} tokens: send fewer", what)
         try:
