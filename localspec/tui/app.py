@@ -15,12 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
+from textual.widget import Widget
 
 from localspec.errors import LocalspecError
 from localspec.models.resolved import ResolvedPair
@@ -39,7 +41,7 @@ from .screens import ConfirmScreen, PairScreen, SettingsScreen
 from .settings import ChatOptions, ChatSettings
 from .store import ChatStore
 from .styles import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS
-from .widgets import ChatMessage, PromptInput
+from .widgets import ChatMessage, PromptInput, probe_inline_images
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +62,16 @@ class ChatApp(App[int]):
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
-    def __init__(self, options: ChatOptions, store: ChatStore, notices: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        options: ChatOptions,
+        store: ChatStore,
+        notices: tuple[str, ...] = (),
+        inline_images: Callable[..., Widget] | None = None,
+    ) -> None:
         super().__init__()
         self.options = options
+        self.inline_images = inline_images  # the widget that draws an image in this terminal (None: chips only)
         self.notices = notices  # shown once the app is up (e.g. that the last run crashed in llama.cpp)
         self.chat = Conversation(options, store)
         self.chat_screen: ChatScreen  # made when the app starts (the default screen)
@@ -148,6 +157,8 @@ class ChatApp(App[int]):
             ("System prompt", "Set the system prompt", chat.action_system_prompt),
             ("Copy answer", "Copy the last answer", chat.action_copy_answer),
             ("Copy code block", "Copy the last code block of the last answer", chat.action_copy_code),
+            ("Attach image", "Attach an image file to your next message (Ctrl+O)", chat.action_attach_image),
+            ("Paste image", "Attach the clipboard's image to your next message (Ctrl+L)", chat.action_paste_image),
             ("Draft colours", "Colour the tokens that came from the draft", chat.action_toggle_provenance),
             ("Thinking", "Fold or unfold reasoning models' thinking (F8)", chat.action_toggle_thinking),
         ):
@@ -399,7 +410,7 @@ def make_app(options: ChatOptions, *, store: ChatStore | None = None, notices: t
         LocalspecError: the chat database cannot be opened.
     """
     store = store or ChatStore(options.db_path or get_paths().db_path)
-    return ChatApp(options, store, notices)
+    return ChatApp(options, store, notices, inline_images=probe_inline_images())  # asks the terminal: before it runs
 
 
 __all__ = ["ChatApp", "ChatOptions", "ChatSettings", "make_app"]

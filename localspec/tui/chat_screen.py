@@ -4,7 +4,8 @@
 streamed in by the worker that generates it (the only worker here; it posts messages, the handlers draw them), a
 chat opened, a new chat, the system prompt. The app owns what is not this screen's: loading a pair, the engine thread,
 signals and quitting. A reasoning model's thinking streams into its own folded block; F8 folds or unfolds them all,
-remembered in the chat database's preferences.
+remembered in the chat database's preferences. Images are attached to the message being written by a path (Ctrl+O's
+prompt, or a file dropped or pasted into the prompt box) or from the clipboard (Ctrl+L), and show as chips above it.
 """
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ from textual.widgets import Footer, Header, ProgressBar, Static
 
 from localspec.errors import ContextError, LocalspecError
 
+from .attachments import Attachment, clipboard_attachment, pasted_paths, read_attachment
 from .conversation import Conversation, Turn
 from .failure import error_text
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .message_list import MessageList, saved_widget, shown_widget
 from .messages import AnswerChunk, AnswerDone, PromptReading, TurnFailed
 from .safe_text import terminal_safe
-from .screens import HistoryScreen, SearchScreen, TextPromptScreen
+from .screens import HistoryScreen, ImagePathScreen, SearchScreen, TextPromptScreen
 from .search import PromptHistory
 from .settings import ChatOptions
 from .stats_text import stats_view
 from .store import StoredMessage
 from .styles import STATS_WIDTH, TOO_SMALL
 from .tool_flow import ToolFlow
-from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
+from .widgets import AttachmentBar, ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ class ChatScreen(Screen):
         Binding("f4", "history", "Chats", id="chats"),
         Binding("f5", "system_prompt", "System prompt", id="system_prompt"),
         Binding("f6", "copy_answer", "Copy answer", id="copy_answer"),
+        Binding("ctrl+o", "attach_image", "Image", id="attach_image"),
+        Binding("ctrl+l", "paste_image", "Paste image", show=False, id="paste_image"),
         # priority: the prompt box (a TextArea) binds F7 itself (select all), and it has the focus
         Binding("f7", "toggle_stats", "Stats panel", show=False, priority=True, id="stats_panel"),
         Binding("f8", "toggle_thinking", "Thinking", show=False, id="thinking"),  # each thinking block's title names it
@@ -79,6 +83,7 @@ class ChatScreen(Screen):
                 yield MessageList(id="messages")
                 yield Static("", id="status", markup=False)
                 yield ProgressBar(id="progress", show_eta=False)
+                yield AttachmentBar(id="attachments")
                 yield PromptInput(
                     id="prompt", soft_wrap=True, placeholder="Message (Enter sends · Ctrl+J new line · Esc stops)"
                 )
@@ -153,10 +158,11 @@ class ChatScreen(Screen):
         the dialogue's message `start` on (0: all of it)."""
         expanded = self.thinking_expanded
         if stored is not None:
-            widgets = [saved_widget(m, expanded) for m in stored[start:]]
+            store = self.chat.store
+            widgets = [saved_widget(m, expanded, store.attachments(m) if m.images else ()) for m in stored[start:]]
         else:
             shown = zip(self.chat.dialogue[start:], self.chat.ids[start:], strict=True)
-            widgets = [shown_widget(m, message_id, expanded) for m, message_id in shown]
+            widgets = [shown_widget(m, i, expanded, self.chat.attachments(m)) for m, i in shown]
         await self._messages.show(self.chat.system, widgets, start)
         self._messages.scroll_end(animate=False)
 
@@ -167,19 +173,22 @@ class ChatScreen(Screen):
 
     async def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
         text = event.text.rstrip()  # leading spaces may be code indentation
-        if not text.strip() or self.busy("send another message"):
+        bar = self.query_one(AttachmentBar)
+        images = bar.attachments
+        if not (text.strip() or images) or self.busy("send another message"):
             return
         if self.chat.session is None:
             self.error("no model is loaded: pick a pair (F2)")
             return
         try:
-            turn = self.chat.send(text)
-        except LocalspecError as e:  # not saved: the text stays in the prompt box
+            turn = self.chat.send(text, images)
+        except LocalspecError as e:  # not saved: the text and the images stay in the prompt box
             self.error(str(e))
             return
         self.query_one(PromptInput).clear()
+        await bar.clear()
         self.tell(self.chat.take_notices())
-        await self._messages.mount(ChatMessage("user", text, message_id=self.chat.ids[-1]))
+        await self._messages.mount(ChatMessage("user", text, message_id=self.chat.ids[-1], images=images))
         await self._start_turn(turn)
 
     async def _start_turn(self, turn: Turn) -> None:
@@ -288,6 +297,7 @@ class ChatScreen(Screen):
             if users:
                 await users.last().remove()
             prompt.text = turn.text
+            await self.query_one(AttachmentBar).add(turn.images)
         elif turn.kind == "edit":  # the old branch comes back, the edited text goes to the prompt box
             await self.show_conversation(self.chat.saved_messages(), turn.at if self.chat.saved_id else 0)
             if not prompt.text:
@@ -312,6 +322,52 @@ class ChatScreen(Screen):
             self.chat.finish(finished)
         except LocalspecError as e:
             log.warning("the stopped answer could not be saved: %s", e)
+
+    # --- images attached to the message being written --------------------------------------------------------
+
+    async def attach(self, attachments: list[Attachment]) -> None:
+        """Show `attachments` as chips above the prompt box; they go with the next message sent."""
+        if not attachments:
+            return
+        await self.query_one(AttachmentBar).add(attachments)
+        names = ", ".join(a.name for a in attachments)
+        self.notify(f"attached {names}: sent with your next message (Backspace in an empty box takes it off)")
+
+    async def attach_files(self, paths: list) -> None:
+        """Read and attach image files; each one that cannot be is one line, the others are attached."""
+        attachments = []
+        for path in paths:
+            try:
+                attachments.append(read_attachment(path))
+            except LocalspecError as e:
+                self.error(str(e))
+        await self.attach(attachments)
+
+    def action_attach_image(self) -> None:
+        """Attach an image file: a path prompt with completion (Ctrl+O)."""
+        self.app.push_screen(ImagePathScreen(), self._image_path_given)
+
+    async def _image_path_given(self, path: str | None) -> None:
+        if path:  # a path pasted into the prompt may be quoted or a file:// URL, as in the prompt box
+            await self.attach_files(pasted_paths(path) or [path])
+        self.query_one(PromptInput).focus()
+
+    async def action_paste_image(self) -> None:
+        """Attach the clipboard's image, read by the system's own tool (Ctrl+L)."""
+        try:
+            attachment = await clipboard_attachment()
+        except LocalspecError as e:
+            self.error(str(e))
+            return
+        await self.attach([attachment])
+
+    async def on_prompt_input_pasted_images(self, event: PromptInput.PastedImages) -> None:
+        await self.attach_files(event.paths)
+
+    async def on_prompt_input_drop_image(self, event: PromptInput.DropImage) -> None:
+        dropped = await self.query_one(AttachmentBar).drop_last()
+        if dropped is not None:
+            self.notify(f"took {dropped.name} off the message")
 
     # --- actions --------------------------------------------------------------------------------------------
 
@@ -477,7 +533,8 @@ class ChatScreen(Screen):
             self.error(str(e))
             return
         await self._messages.cut(turn.at)  # the selected message went with them: the prompt box takes the keys
-        await self._messages.mount(ChatMessage("user", turn.text, message_id=turn.message_id))
+        images = self.chat.attachments(self.chat.dialogue[-1])  # the edit shows the pictures the message showed
+        await self._messages.mount(ChatMessage("user", turn.text, message_id=turn.message_id, images=images))
         self.query_one(PromptInput).focus()
         self._show_branches()
         await self._start_turn(turn)

@@ -8,7 +8,9 @@ the saved conversation this window opened: one deleted in another window is save
 `notices` says so. The saved messages form a tree: an edit (`edit`) or an answer generated again (`regenerate`)
 starts a branch beside the old one, which stays; `switch` shows a sibling's branch. The caches keep the tokens both
 branches share and re-read only what differs; the messages before the branch point stay the same objects, so the
-session's window of a long chat is kept too. The engine side (the
+session's window of a long chat is kept too. A user message may show images (`send`'s attachments, saved with it by
+content hash, read back by `open`); a pair loaded without a projector refuses them before anything is saved. The
+engine side (the
 loaded pair, the settings, the `Phase`) is `PairState`'s. `ChatApp` and its `ChatScreen` call these operations
 from the UI thread and only draw the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
@@ -19,11 +21,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 from localspec.core.session import Message
 from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 
 from . import tool_calls
+from .attachments import Attachment
 from .live import Chunk, Finished, add_run
 from .pair_state import PairState
 from .settings import ChatOptions
@@ -56,6 +60,7 @@ class Conversation(PairState):
         self.saved_created: str | None = None  # and its creation time: another chat that took a freed id is not it
         self.notices: list[str] = []  # what the user must be told since `take_notices` was last called
         self.turn_ids = 0  # turns started so far (their ids)
+        self.image_names: dict[str, str] = {}  # the file name each image on screen was attached as, by its id
 
     # --- what is there ---------------------------------------------------------------------------------------
 
@@ -99,18 +104,42 @@ class Conversation(PairState):
 
     # --- turns -----------------------------------------------------------------------------------------------
 
-    def send(self, text: str) -> Turn:
-        """Add the user's message, saved before it is answered; returns the turn for a worker to `begin`.
+    def send(self, text: str, images: Sequence[Attachment] = ()) -> Turn:
+        """Add the user's message (its images before its text), saved before it is answered; returns the turn for a
+        worker to `begin`.
 
         Raises:
             ContextError: no model is loaded.
+            InvalidParamsError: it has images and the pair reads none (then nothing is saved).
             LocalspecError: the message cannot be saved (then it is not added).
         """
         session = self._session()
-        message_id = self._save({"role": "user", "content": text})  # committed before generating
-        self.messages.append(Message("user", text))
+        if images:
+            self._check_images()
+        message_id = self._save({"role": "user", "content": text, "images": list(images)})  # committed first
+        self.messages.append(self._user(text, images))
         self.ids.append(message_id)
-        return self._start("send", session, text, message_id)
+        turn = self._start("send", session, text, message_id)
+        turn.images = tuple(images)
+        return turn
+
+    def _check_images(self) -> None:
+        """Refuse images before a message is saved when the loaded pair reads none (core says so only later)."""
+        engine = self.loaded.engine if self.loaded is not None else None
+        if engine is not None and engine.media is None:
+            raise InvalidParamsError(
+                f"{engine.target_model.path.name} reads no images: load it with its projector (--mmproj PATH, or a "
+                "pair with mmproj in models.toml); the message and its images stay in the prompt"
+            )
+
+    def _user(self, text: str, images: Sequence[Attachment]) -> Message:
+        """A user message as the session reads it (its images' names remembered for the chips and a resave)."""
+        self.image_names.update((a.image.id, a.name) for a in images)
+        return Message("user", text, images=tuple(a.image for a in images))
+
+    def attachments(self, message: Message) -> list[Attachment]:
+        """A message's images with the names they were attached as."""
+        return [Attachment(self.image_names.get(image.id, "image"), image) for image in message.images]
 
     def edit(self, message_id: int, text: str) -> Turn:
         """Replace user message `message_id` by `text` as a new branch from there (the old one stays, a sibling) and
@@ -128,14 +157,15 @@ class Conversation(PairState):
         at = self.index(message_id)
         if self.dialogue[at].role != "user":
             raise ContextError("only your own messages can be edited: generate an answer again instead")
+        images = self.attachments(self.dialogue[at])  # the edit shows the same pictures (stored once, shared)
         before = (list(self.messages), list(self.ids))
         self._truncate(at)
         try:
-            new_id = self._save({"role": "user", "content": text})
+            new_id = self._save({"role": "user", "content": text, "images": images})
         except LocalspecError:
             self.messages[:], self.ids[:] = before
             raise
-        self.messages.append(Message("user", text))
+        self.messages.append(self._user(text, images))
         self.ids.append(new_id)
         turn = self._start("edit", session, text, new_id)
         turn.at, turn.before = at, before
@@ -158,8 +188,14 @@ class Conversation(PairState):
                 log.warning("saved conversation %d was deleted elsewhere: saving it again", self.saved_id)
                 self.saved_id = None
                 self.notices.append(RESAVED)
-        shown = [{"role": m.role, "content": m.content, "reasoning": m.reasoning} for m in self.dialogue]
-        first = next((m["content"] for m in (*shown, message) if m["role"] == "user"), message["content"])
+        shown = [
+            {"role": m.role, "content": m.content, "reasoning": m.reasoning, "images": self.attachments(m)}
+            for m in self.dialogue
+        ]
+        users = [m for m in (*shown, message) if m["role"] == "user"]
+        first = next((m["content"] for m in users if m["content"].strip()), "")
+        if not first:  # a chat opened by a picture alone is named after it
+            first = next((a.name for m in users for a in m.get("images") or ()), message["content"])
         pair = (self.loaded.pair.name or self.loaded.pair.label) if self.loaded else ""
         self.saved_id, self.saved_created, ids = self.store.save_copy(
             " ".join(first.split())[:TITLE_LENGTH],
@@ -414,7 +450,7 @@ class Conversation(PairState):
             stored = self.store.messages(saved_id)
         stored = tool_calls.expand(stored)
         system = [Message("system", saved.system)] if saved.system.strip() else []
-        self.messages[:] = system + [tool_calls.as_message(m) for m in stored]
+        self.messages[:] = system + [self._restored(m) for m in stored]
         self.ids = [m.id for m in stored]
         self.saved_id, self.saved_created = saved_id, saved.created
         think = saved.think if self.thinking.can_switch else None  # its own switch, where this model has one
@@ -438,9 +474,18 @@ class Conversation(PairState):
         while same < min(len(stored), len(self.ids)) and stored[same].id == self.ids[same]:
             same += 1
         self._truncate(same)
-        self.messages += [tool_calls.as_message(m) for m in stored[same:]]
+        self.messages += [self._restored(m) for m in stored[same:]]
         self.ids += [m.id for m in stored[same:]]
         return same, stored
+
+    def _restored(self, m: StoredMessage) -> Message:
+        """A saved (expanded) message as the session reads it, its images read back from the store."""
+        message = tool_calls.as_message(m)
+        if not m.images:
+            return message
+        images = self.store.attachments(m)
+        self.image_names.update((a.image.id, a.name) for a in images)
+        return dataclasses.replace(message, images=tuple(a.image for a in images))
 
     def set_system(self, text: str) -> None:
         """Set (or with "" remove) the system prompt of this conversation and the next ones.

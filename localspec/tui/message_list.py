@@ -14,6 +14,7 @@ from textual.containers import VerticalScroll
 
 from localspec.core.session import Message
 
+from .attachments import Attachment
 from .store import StoredMessage
 from .widgets import ChatMessage, answer_caption
 
@@ -25,8 +26,9 @@ def _thinking_tokens(stats: dict | None) -> int | None:
     return tokens if isinstance(tokens, int) else None
 
 
-def saved_widget(m: StoredMessage, expanded: bool) -> ChatMessage:
-    """A saved message's widget (an answer with its caption, provenance and thinking; a tool's result)."""
+def saved_widget(m: StoredMessage, expanded: bool, images: Sequence[Attachment] = ()) -> ChatMessage:
+    """A saved message's widget (an answer with its caption, provenance and thinking; a tool's result; a user
+    message with its `images`, read back from the store)."""
     if m.role == "tool":
         call = (m.tool_calls or [{}])[0]
         caption = f"{call.get('name', '?')} {call.get('arguments', '')} · {call.get('status', '?')}"
@@ -42,16 +44,19 @@ def saved_widget(m: StoredMessage, expanded: bool) -> ChatMessage:
         thinking_expanded=expanded,
         message_id=m.id,
         branch=m.branch,
+        images=images,
     )
 
 
-def shown_widget(m: Message, message_id: int | None, expanded: bool) -> ChatMessage:
-    """A message of the dialogue that has no saved copy to draw from (no provenance, no stats)."""
+def shown_widget(m: Message, message_id: int | None, expanded: bool, images: Sequence[Attachment] = ()) -> ChatMessage:
+    """A message of the dialogue that has no saved copy to draw from (no provenance, no stats), with its `images`."""
     reasoning = [(m.reasoning, False)] if m.reasoning else []
     if m.role == "tool":
         return ChatMessage("tool", m.content)
     text = m.content or "\n".join(f"→ {c['function']['name']} {c['function']['arguments']}" for c in m.tool_calls)
-    return ChatMessage(m.role, text, reasoning_runs=reasoning, thinking_expanded=expanded, message_id=message_id)
+    return ChatMessage(
+        m.role, text, reasoning_runs=reasoning, thinking_expanded=expanded, message_id=message_id, images=images
+    )
 
 
 class MessageList(VerticalScroll):

@@ -1,6 +1,6 @@
-"""A saved conversation and a saved message as the chat reads them (`SavedConversation`, `StoredMessage`), and a
-message's row in the chat database: its columns, and its JSON columns read forgivingly (an unreadable one is a
-warning and None, never a lost chat). The store (store.py) runs the SQL."""
+"""A saved conversation and a saved message as the chat reads them (`SavedConversation`, `StoredMessage`, its
+`SavedImage`s), and a message's row in the chat database: its columns, and its JSON columns read forgivingly (an
+unreadable one is a warning and None, never a lost chat). The store (store.py) runs the SQL."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ Provenance = list[tuple[str, bool]]
 
 COLUMNS = (
     "id, role, content, created, finish_reason, stats, provenance, reasoning, reasoning_provenance, parent_id,"
-    " tool_calls"
+    " tool_calls, images"
 )
 
 
@@ -34,6 +34,15 @@ class SavedConversation:
 
 
 @dataclass(frozen=True, slots=True)
+class SavedImage:
+    """One image of a saved message: its content hash (the `images` row that holds its bytes) and the file name it
+    was attached as (a name from outside: drawn through `terminal_safe`)."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class StoredMessage:
     """One saved message."""
 
@@ -49,6 +58,7 @@ class StoredMessage:
     parent_id: int | None = None  # the message it follows (None: the conversation's first)
     branch: tuple[int, int] = (1, 1)  # its place among the messages that follow the same one (1-based), and how many
     tool_calls: list[dict] | None = None  # an answer's tool calls and their results (tool_calls.py: `SavedCall`)
+    images: tuple[SavedImage, ...] = ()  # a message's images, in order (their bytes: `ChatStore.image`)
 
 
 def stored(r: tuple) -> StoredMessage:
@@ -65,6 +75,7 @@ def stored(r: tuple) -> StoredMessage:
         reasoning_provenance=_provenance(loads(r[8])),
         parent_id=r[9],
         tool_calls=loads(r[10]),
+        images=saved_images(loads(r[11])),
     )
 
 
@@ -80,6 +91,20 @@ def loads(text: str | None):
     except ValueError:
         log.warning("ignoring an unreadable JSON column in the chat database")
         return None
+
+
+def saved_images(value) -> tuple[SavedImage, ...]:
+    """The `images` column's [{id, name}] (an entry that is not one is left out, with a warning)."""
+    if not isinstance(value, list):
+        return ()
+    images = tuple(
+        SavedImage(item["id"], str(item.get("name", "")))
+        for item in value
+        if isinstance(item, dict) and isinstance(item.get("id"), str)
+    )
+    if len(images) != len(value):
+        log.warning("ignoring %d unreadable image entries in the chat database", len(value) - len(images))
+    return images
 
 
 def _provenance(value) -> Provenance | None:

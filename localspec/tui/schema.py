@@ -4,8 +4,10 @@ The version is `PRAGMA user_version` (how many steps have run); each step runs i
 always at one version, and a file from a newer localspec is refused. Steps are appended, never edited: a database
 written by any earlier release opens with every chat kept. The messages form a tree (`parent_id`: an edited message
 or a regenerated answer is a sibling of the one it replaces) and each conversation names the last message of the
-branch on screen (`leaf_id`); an FTS5 index over the messages' text serves the search across chats; an answer's
-tool calls and their results are a JSON column of it.
+branch on screen (`leaf_id`); an FTS5 index over the messages' text and their images' file names serves the search
+across chats; an answer's tool calls and their results are a JSON column of it. Images are stored once each, by their
+content hash (`images`, blobs), and a message names its own in order (`messages.images`, JSON), so a branch, an edit
+and another chat that show the same picture share one row.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from localspec.errors import HistoryError
 
 log = logging.getLogger(__name__)
 
-SEARCH_TABLE = "messages_fts"  # the FTS5 index of messages.content (absent where SQLite was built without FTS5)
-SEARCH_COLUMNS = "content, content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'"
+SEARCH_TABLE = "messages_fts"  # the FTS5 index of the messages (absent where SQLite was built without FTS5)
+_FTS_OPTIONS = "content='messages', content_rowid='id', tokenize='unicode61 remove_diacritics 2'"
+_V5_COLUMNS = f"content, {_FTS_OPTIONS}"  # the index as step 5 made it: the text alone
+SEARCH_COLUMNS = f"content, image_names, {_FTS_OPTIONS}"  # since step 7: the text and its images' file names
 
 
 def _m001_conversations(db: sqlite3.Connection) -> None:
@@ -106,7 +110,7 @@ def _m005_search(db: sqlite3.Connection) -> None:
     if not has_fts5(db):
         log.warning("this SQLite has no FTS5: searching the chats reads every message instead")
         return
-    db.execute(f"CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5({SEARCH_COLUMNS})")
+    db.execute(f"CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5({_V5_COLUMNS})")
     add, drop = (
         f"INSERT INTO {SEARCH_TABLE} (rowid, content) VALUES (new.id, new.content);",
         f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, content) VALUES ('delete', old.id, old.content);",
@@ -123,6 +127,34 @@ def _m006_tool_calls(db: sqlite3.Connection) -> None:
     db.execute(
         "ALTER TABLE messages ADD COLUMN tool_calls TEXT"
     )  # JSON: [{id, server, name, arguments, status, result}]
+
+
+def _m007_images(db: sqlite3.Connection) -> None:
+    """Images: each stored once, by its content hash (`Image.id`, sha256 hex), as the bytes the user attached; a
+    message names its own, in order, with the file name each was attached as (`images`: JSON [{id, name}]), and
+    those names again as text for the search index (`image_names`), which is made anew with that column."""
+    db.execute(
+        "CREATE TABLE images (id TEXT PRIMARY KEY, data BLOB NOT NULL, format TEXT NOT NULL,"
+        " width INTEGER NOT NULL, height INTEGER NOT NULL)"
+    )
+    db.execute("ALTER TABLE messages ADD COLUMN images TEXT")  # JSON: [{id, name}]; NULL: no image
+    db.execute("ALTER TABLE messages ADD COLUMN image_names TEXT NOT NULL DEFAULT ''")  # one name a line
+    if not has_search_index(db):
+        return
+    for trigger in ("insert", "delete", "update"):
+        db.execute(f"DROP TRIGGER IF EXISTS messages_search_{trigger}")
+    db.execute(f"DROP TABLE {SEARCH_TABLE}")
+    db.execute(f"CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5({SEARCH_COLUMNS})")
+    columns = "content, image_names"
+    add = f"INSERT INTO {SEARCH_TABLE} (rowid, {columns}) VALUES (new.id, new.content, new.image_names);"
+    drop = (
+        f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, {columns})"
+        " VALUES ('delete', old.id, old.content, old.image_names);"
+    )
+    db.execute(f"CREATE TRIGGER messages_search_insert AFTER INSERT ON messages BEGIN {add} END")
+    db.execute(f"CREATE TRIGGER messages_search_delete AFTER DELETE ON messages BEGIN {drop} END")
+    db.execute(f"CREATE TRIGGER messages_search_update AFTER UPDATE OF {columns} ON messages BEGIN {drop} {add} END")
+    db.execute(f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}) VALUES ('rebuild')")
 
 
 def open_error(path: Path, error: Exception) -> str:
@@ -232,6 +264,7 @@ MIGRATIONS: Sequence[Callable[[sqlite3.Connection], None]] = (
     _m004_branches,
     _m005_search,
     _m006_tool_calls,
+    _m007_images,
 )
 """Schema steps; the database's user_version is how many have run. Append, never edit."""
 

@@ -1,12 +1,13 @@
-"""Modal screens: the pair switcher, the settings form, saved conversations, the search, and two small prompts.
+"""Modal screens: the pair switcher, the settings form, saved conversations, the search, and three small prompts.
 
 Each screen returns its answer with `dismiss(...)` (a pair name, new `ChatSettings`, an action on a
-conversation, some text, yes/no); the app decides what to do with it. The history screen acts on the
+conversation, some text, yes/no, an image's path); the app decides what to do with it. The history screen acts on the
 store directly for rename and delete, which are instant, and hands resume and export back to the app.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.text import Text
@@ -14,6 +15,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
+from textual.suggester import Suggester
 from textual.widgets import Button, DataTable, Input, Label, OptionList, Select, Static, TextArea
 from textual.widgets.option_list import Option
 
@@ -21,6 +23,7 @@ from localspec.core.params import VERIFY_MODES
 from localspec.core.thinking_support import ThinkingSupport
 from localspec.errors import LocalspecError
 
+from .attachments import IMAGE_SUFFIXES
 from .export import export_conversation, export_folder
 from .loading import PairRow
 from .safe_text import plain, terminal_safe
@@ -85,6 +88,63 @@ class TextPromptScreen(ModalScreen[str | None]):
 
     def action_cancel(self) -> None:
         """Close without a change."""
+        self.dismiss(None)
+
+
+class PathSuggester(Suggester):
+    """Completes a path from the file system as it is typed: the first folder or image file whose name continues what
+    was typed (folders end with "/"); → or Tab takes it."""
+
+    def __init__(self) -> None:
+        super().__init__(use_cache=False, case_sensitive=True)
+
+    async def get_suggestion(self, value: str) -> str | None:
+        if not value:
+            return None
+        folder, _, start = value.rpartition("/")
+        where = Path(os.path.expanduser(folder)) if folder else Path("/" if value.startswith("/") else ".")
+        try:
+            entries = sorted(os.scandir(where), key=lambda e: e.name)
+        except OSError:
+            return None
+        for entry in entries:
+            hidden = entry.name.startswith(".") and not start.startswith(".")  # dotfiles once a "." is typed
+            if hidden or not entry.name.startswith(start) or entry.name == start:
+                continue
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                continue
+            if is_dir or Path(entry.name).suffix.lower() in IMAGE_SUFFIXES:
+                return value + entry.name[len(start) :] + ("/" if is_dir else "")
+        return None
+
+
+class ImagePathScreen(ModalScreen[str | None]):
+    """Ask for an image file's path, completed from the file system as it is typed. Enter attaches, Esc cancels."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("tab", "complete", "Complete", show=False)]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("Attach an image (PNG, JPEG, GIF or BMP): its path", markup=False)
+            yield Input(placeholder="~/Pictures/cat.png", id="value", suggester=PathSuggester())
+            yield Static(
+                "→ or Tab completes · Enter attaches · Esc cancels · Ctrl+L in the chat: the clipboard's image",
+                classes="hint",
+            )
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
+
+    def action_complete(self) -> None:
+        """Take the completion shown (as → at the end of the line does)."""
+        field = self.query_one("#value", Input)
+        field.cursor_position = len(field.value)
+        field.action_cursor_right()
+
+    def action_cancel(self) -> None:
+        """Close without an image."""
         self.dismiss(None)
 
 

@@ -1,4 +1,5 @@
-"""What the user finds again in the chat database: messages of every chat by their words, and earlier prompts.
+"""What the user finds again in the chat database: messages of every chat by their words (and their images' file
+names), and earlier prompts.
 
 `search` asks the FTS5 index (schema.py) with the user's words quoted, so that FTS5's own syntax — quotes, `*`, `-`,
 AND/OR/NEAR, parentheses, a colon — is only text and never an error; the last word may be the start of one.
@@ -44,12 +45,13 @@ def fts_query(text: str) -> str | None:
 
 
 def search(store: ChatStore, text: str, limit: int = 100) -> list[SearchHit]:
-    """The messages of every chat (every branch) that hold all the words of `text`, best first.
+    """The messages of every chat (every branch) that hold all the words of `text` in their text or in the file names
+    of their images, best first (a hit's snippet is from whichever matched best).
 
-    A damaged index is rebuilt from the messages (they are only read) and asked again.
+        A damaged index is rebuilt from the messages (they are only read) and asked again.
 
-    Raises:
-        HistoryError: the database cannot be read, or its damaged index could not be rebuilt (the line says why).
+        Raises:
+            HistoryError: the database cannot be read, or its damaged index could not be rebuilt (the line says why).
     """
     query = fts_query(text)
     if query is None:
@@ -72,7 +74,7 @@ def search(store: ChatStore, text: str, limit: int = 100) -> list[SearchHit]:
 def _matches(db: sqlite3.Connection, query: str, limit: int) -> list[tuple]:
     return db.execute(
         f"SELECT m.conversation_id, c.title, m.id, m.role,"
-        f" snippet({SEARCH_TABLE}, 0, ?, ?, '…', {SNIPPET_WORDS}), m.created FROM {SEARCH_TABLE} s"
+        f" snippet({SEARCH_TABLE}, -1, ?, ?, '…', {SNIPPET_WORDS}), m.created FROM {SEARCH_TABLE} s"
         f" JOIN messages m ON m.id = s.rowid JOIN conversations c ON c.id = m.conversation_id"
         f" WHERE {SEARCH_TABLE} MATCH ? ORDER BY rank, m.id DESC LIMIT ?",
         (*MARK, query, limit),
@@ -88,10 +90,10 @@ def _search_error(store: ChatStore, error: sqlite3.Error) -> str:
 def _search_without_index(db: sqlite3.Connection, words: list[str], limit: int) -> list[SearchHit]:
     """`search` on a SQLite without FTS5: every message read and matched by LIKE (slower; a word matches inside
     longer words too), newest first."""
-    where = " AND ".join("m.content LIKE ? ESCAPE '!'" for _ in words)
+    where = " AND ".join("(m.content || ' ' || m.image_names) LIKE ? ESCAPE '!'" for _ in words)
     like = ["%" + re.sub(r"([!%_])", r"!\1", word) + "%" for word in words]
     rows = db.execute(
-        "SELECT m.conversation_id, c.title, m.id, m.role, m.content, m.created FROM messages m"
+        "SELECT m.conversation_id, c.title, m.id, m.role, m.content || ' ' || m.image_names, m.created FROM messages m"
         f" JOIN conversations c ON c.id = m.conversation_id WHERE {where} ORDER BY m.id DESC LIMIT ?",
         (*like, limit),
     ).fetchall()

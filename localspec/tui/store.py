@@ -3,7 +3,9 @@
 A conversation's messages form a tree: an edited message, or an answer generated again, is a sibling of the one it
 replaces, which is kept; the conversation shows the branch that ends at its leaf (`messages`), and each message there
 knows its place among its siblings (`StoredMessage.branch`). A reasoning model's thinking is kept apart from the
-answer it preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too.
+answer it preceded (`reasoning`), and the app's own preferences (the thinking blocks folded or not) live here too. A
+message's images are stored once each by their content hash (`image` reads one back); a branch, an edit and another
+chat that show the same picture share its row, which goes when no message names it any more.
 The app commits the user's message before the answer is generated, the answer as it grows (`update_message`, as
 "interrupted" until it ends) and when it ends, so a crash or a kill mid-answer loses only its last seconds. Several
 windows may share the file: ids are never reused (AUTOINCREMENT), and a message is appended only to the conversation
@@ -21,10 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from localspec.errors import ConversationGone, HistoryError
+from localspec.errors import ConversationGone, HistoryError, LocalspecError
+from localspec.llama.vision import Image, read_image
 
 from . import tree as message_tree
-from .records import COLUMNS, Provenance, SavedConversation, StoredMessage, json_or_none, loads, stored
+from .attachments import Attachment
+from .records import COLUMNS, Provenance, SavedConversation, SavedImage, StoredMessage, json_or_none, loads, stored
 from .schema import MIGRATIONS, SEARCH_TABLE, has_search_index, is_busy, migrate, repair_error, repair_search  # noqa: F401
 from .schema import open_error as _open_error
 from .schema import write_error as _write_error
@@ -174,10 +178,17 @@ class ChatStore:
         reasoning: str = "",
         reasoning_provenance: Provenance | None = None,
         tool_calls: list[dict] | None = None,
+        images: Sequence[Attachment] = (),
     ) -> int:
+        for a in images:  # content-addressed: a picture already saved (in any chat) is not stored again
+            self.db.execute(
+                "INSERT OR IGNORE INTO images (id, data, format, width, height) VALUES (?, ?, ?, ?, ?)",
+                (a.image.id, a.image.data, a.image.format, a.image.width, a.image.height),
+            )
         cur = self.db.execute(
             "INSERT INTO messages (conversation_id, role, content, created, finish_reason, stats, provenance,"
-            " reasoning, reasoning_provenance, parent_id, tool_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " reasoning, reasoning_provenance, parent_id, tool_calls, images, image_names)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 conversation_id,
                 role,
@@ -190,6 +201,8 @@ class ChatStore:
                 json_or_none(reasoning_provenance),
                 parent_id,
                 json_or_none(tool_calls),
+                json_or_none([{"id": a.image.id, "name": a.name} for a in images] or None),
+                "\n".join(a.name for a in images),
             ),
         )
         return int(cur.lastrowid)
@@ -212,7 +225,7 @@ class ChatStore:
             created: the conversation's `created` as the caller opened it: the message is added only if the
                 conversation is still that one (another window may have deleted it).
             fields: the message's other columns (finish_reason, stats, provenance, reasoning,
-                reasoning_provenance, tool_calls).
+                reasoning_provenance, tool_calls) and its `images` (`Attachment`s).
 
         Raises:
             ConversationGone: no such conversation (or not the one created then), or its parent was deleted.
@@ -292,6 +305,31 @@ class ChatStore:
         sql = "SELECT 1 FROM messages WHERE id = ? AND conversation_id = ?"
         return self.db.execute(sql, (message_id, conversation_id)).fetchone() is not None
 
+    def image(self, saved: SavedImage) -> Image | None:
+        """The bytes of a saved message's image, checked again as a file is; None (and a warning) when they are
+        missing or damaged — the message stays, without that picture."""
+        row = self.db.execute("SELECT data FROM images WHERE id = ?", (saved.id,)).fetchone()
+        if row is None:
+            log.warning("the image %s (%s) is missing from the chat database", saved.name, saved.id[:12])
+            return None
+        try:
+            return read_image(bytes(row[0]), name=saved.name)
+        except LocalspecError as e:
+            log.warning("a saved image cannot be read: %s", e)
+            return None
+
+    def attachments(self, message: StoredMessage) -> list[Attachment]:
+        """A saved message's images that can still be read, with the names they were attached as."""
+        images = ((saved.name, self.image(saved)) for saved in message.images)
+        return [Attachment(name, image) for name, image in images if image is not None]
+
+    def _drop_unused_images(self) -> None:
+        """Remove the images no message names any more (in the transaction of the delete that freed them)."""
+        self.db.execute(
+            "DELETE FROM images WHERE id NOT IN (SELECT json_extract(j.value, '$.id') FROM messages m,"
+            " json_each(m.images) j WHERE m.images IS NOT NULL)"
+        )
+
     # --- the tree ------------------------------------------------------------------------------------------------
 
     def _leaf(self, conversation_id: int) -> int | None:
@@ -355,7 +393,13 @@ class ChatStore:
         parents = self._parents(conversation_id)
         if message_id in message_tree.path(parents, self._leaf(conversation_id)):
             self.set_leaf(conversation_id, parents[message_id])
-        self._write("DELETE FROM messages WHERE id = ? AND conversation_id = ?", (message_id, conversation_id))
+
+        def delete() -> None:
+            sql = "DELETE FROM messages WHERE id = ? AND conversation_id = ?"
+            self.db.execute(sql, (message_id, conversation_id))
+            self._drop_unused_images()
+
+        self._transaction(delete, "BEGIN")
 
     # --- conversations and preferences ----------------------------------------------------------------------------
 
@@ -389,8 +433,13 @@ class ChatStore:
         )
 
     def delete(self, conversation_id: int) -> None:
-        """Delete a conversation and its messages."""
-        self._write("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        """Delete a conversation and its messages (and the images no other message shows)."""
+
+        def delete() -> None:
+            self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+            self._drop_unused_images()
+
+        self._transaction(delete, "BEGIN")
 
     def conversations(self) -> list[SavedConversation]:
         """Every conversation, most recently updated first."""
@@ -433,4 +482,13 @@ class ChatStore:
         return [replace(stored(r), branch=places[r[0]]) for r in self.db.execute(sql, (conversation_id,))]
 
 
-__all__ = ["LEAF", "MIGRATIONS", "ChatStore", "ConversationGone", "HistoryError", "SavedConversation", "StoredMessage"]
+__all__ = [
+    "LEAF",
+    "MIGRATIONS",
+    "ChatStore",
+    "ConversationGone",
+    "HistoryError",
+    "SavedConversation",
+    "SavedImage",
+    "StoredMessage",
+]

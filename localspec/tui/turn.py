@@ -23,6 +23,7 @@ from localspec.core.thinking import ThinkingSplit
 from localspec.core.tools import ToolSetup
 
 from . import tool_calls
+from .attachments import Attachment
 from .live import ChunkGate, Runs
 from .settings import ChatSettings
 
@@ -58,6 +59,7 @@ class Turn:
         self.round = 0  # the rounds of tool calls this answer to the user has made so far
         self.think = think  # the thinking switch this answer is generated with (None: the model's default)
         self.message_id = message_id  # the saved user message this turn answers (kind "send")
+        self.images: tuple[Attachment, ...] = ()  # that message's images (back to the prompt if the turn fails)
         self.session, self.settings, self.stop = session, settings, stop
         self.messages = messages  # the conversation it answers, as it stood when the turn started
         self.replaces_answer = False  # a regenerate that took an answer off the screen (kept in the store's tree)

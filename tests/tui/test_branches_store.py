@@ -52,7 +52,7 @@ def test_a_database_of_todays_main_opens_with_every_chat_intact(tmp_path):
     (first, second, empty), before = v3_database(path)
     store = ChatStore(path)
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 7
         for table, rows in before.items():
             after = store.db.execute(f"SELECT * FROM {table} ORDER BY id").fetchall()
             assert [row[: len(rows[0])] for row in after] == rows  # every old column of every row as it was

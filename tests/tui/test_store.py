@@ -163,7 +163,7 @@ def test_the_thinking_migration_keeps_every_chat_of_the_schema_before_it(tmp_pat
 
     store = ChatStore(path)  # migrates
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 7
         chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
         assert [row[: len(chats_before[0])] for row in chats_after] == chats_before
         assert [(c.title, c.n_messages, c.think) for c in store.conversations()] == [
@@ -314,7 +314,7 @@ def test_the_ids_migration_keeps_every_chat_of_the_schema_before_it(tmp_path):
 
     store = ChatStore(path)  # migrates
     try:
-        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 6
+        assert store.db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) == 7
         chats_after = store.db.execute("SELECT * FROM conversations ORDER BY id").fetchall()
         assert [row[: len(chats_before[0])] for row in chats_after] == chats_before  # every old column as it was
         rows_after = store.db.execute("SELECT * FROM messages ORDER BY id").fetchall()
