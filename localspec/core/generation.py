@@ -23,7 +23,7 @@ from localspec.llama.threads import ThreadTuner
 
 from .drafters import Drafter, DraftRequest, Proposal, SharedDrafts
 from .grammar import CompiledGrammar, Grammar
-from .kv import KVSequence, PrefillStopped, common_prefix
+from .kv import KVSequence, PrefillStopped, common_prefix, whole_images
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .policy import DraftPolicy
 from .sampling import SamplingParams
@@ -221,7 +221,7 @@ class Generation:
         target, prompt = self.target, self.prompt[:-1]
         done = common_prefix(target.tokens, prompt)
         while len(prompt) - done > chunk and not self._cancel.is_set():
-            done += chunk
+            done = whole_images(prompt, done + chunk)
             t0 = time.perf_counter()
             self.stats.prefill_decoded += target.sync(prompt[:done])
             self.stats.seconds_prefill += time.perf_counter() - t0

@@ -145,6 +145,13 @@ def media_run(tokens: Sequence[int], start: int) -> int:
     return end - start
 
 
+def whole_images(tokens: Sequence[int], n: int) -> int:
+    """`n`, or past the end of the image it would cut (a chunk of a prompt never ends inside an image)."""
+    while 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE:  # not an image's first id
+        n += 1
+    return n
+
+
 class Media(Protocol):
     """How a sequence reads the images in its history (core/media.py: the target's `MediaStore`, a draft's
     `Filler`): each image is a run of negative ids, one per position it takes (DESIGN §11)."""

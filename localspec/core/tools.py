@@ -359,11 +359,16 @@ def with_tools(messages: Sequence[Message], tools: ToolSetup) -> tuple[Message, 
     if tools.syntax != "generic":
         return tuple(messages)
     out = [
-        Message(*rendered_for_generic(m.role, m.content, list(m.tool_calls), m.tool_call_id), reasoning=m.reasoning)
+        Message(
+            *rendered_for_generic(m.role, m.content, list(m.tool_calls), m.tool_call_id),
+            reasoning=m.reasoning,
+            images=m.images,
+        )
         for m in messages
     ]
     if out and out[0].role == "system":
-        return (Message("system", f"{out[0].content}\n\n{tools.system_prompt()}"), *out[1:])
+        first = out[0]
+        return (Message("system", f"{first.content}\n\n{tools.system_prompt()}", images=first.images), *out[1:])
     return (Message("system", tools.system_prompt()), *out)
 
 

@@ -237,3 +237,20 @@ def test_the_same_picture_twice_in_a_row_is_two_images(engines):
     assert target.n_past == start + 16
     target.check()
     assert len(greedy(engine, twice, n=4)) == 4
+
+
+def test_a_prompt_read_in_chunks_never_cuts_an_image(engines):
+    """`serve` reads a long prompt a chunk a tick (`Generation.read_prompt`): a chunk that would end inside an image
+    ends after it."""
+    engine = engines["none"]
+    image = picture(11)
+    tokens = [*engine.tokenize("a"), *[t for _ in range(6) for t in engine.image_tokens(image)]]
+    tokens += engine.tokenize(" b", add_special=False)
+    gen = engine.generate(tokens, sampling=GREEDY, max_tokens=2)
+    held = []
+    for _ in gen.read_prompt(20):  # 20: every chunk boundary but the first lands inside an image
+        held.append(engine.target.n_past)
+        engine.target.check()
+    start = next(i for i, t in enumerate(tokens) if t < 0)
+    assert held and all((n - start) % 16 == 0 for n in held), held
+    assert len(list(gen)) == 2
