@@ -64,11 +64,12 @@ def sampling_costs(
                             rng=rng,
                             chain=chained,
                         )
+                        nothing = Proposal()  # the step has its (empty) proposal before its sampling lap
                         t0 = time.perf_counter()
                         if method == "llama.cpp":
                             token = native.sample(target.ctx)
                         else:
-                            token = accept_or_reject(Proposal(), target.ctx, request)[1]
+                            token = accept_or_reject(nothing, target.ctx, request)[1]
                         times[method].append(time.perf_counter() - t0)
             finally:
                 if chain is not None:
