@@ -33,6 +33,7 @@ from .chat_screen import ChatScreen
 from .conversation import Conversation
 from .engine_thread import EngineThread
 from .failure import error_text
+from .image_widgets import probe_inline_images
 from .keymap import KEYS_FILE, bound_ids, load_keymap
 from .mcp_client import McpHub
 from .messages import EngineReady, LoadFailed, LoadProgress, McpReady, PullBytes, PullDone
@@ -41,7 +42,7 @@ from .screens import ConfirmScreen, PairScreen, SettingsScreen
 from .settings import ChatOptions, ChatSettings
 from .store import ChatStore
 from .styles import HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS
-from .widgets import ChatMessage, PromptInput, probe_inline_images
+from .widgets import ChatMessage, PromptInput
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@
 streamed in by the worker that generates it (the only worker here; it posts messages, the handlers draw them), a
 chat opened, a new chat, the system prompt. The app owns what is not this screen's: loading a pair, the engine thread,
 signals and quitting. A reasoning model's thinking streams into its own folded block; F8 folds or unfolds them all,
-remembered in the chat database's preferences. Images are attached to the message being written by a path (Ctrl+O's
-prompt, or a file dropped or pasted into the prompt box) or from the clipboard (Ctrl+L), and show as chips above it.
+remembered in the chat database's preferences. Two parts of this screen are base classes of its own: the images
+attached to the message being written (`Attaching`, attaching.py) and opening saved chats (`SavedChats`,
+saved_chats.py).
 """
 
 from __future__ import annotations
@@ -17,33 +18,34 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import Screen
 from textual.widgets import Footer, Header, ProgressBar, Static
 
 from localspec.errors import ContextError, LocalspecError
 
-from .attachments import Attachment, clipboard_attachment, pasted_paths, read_attachment
+from .attaching import Attaching
 from .conversation import Conversation, Turn
 from .failure import error_text
+from .image_widgets import AttachmentBar
 from .live import Chunk, Finished, Reading, StatsView, stream_generation
 from .message_list import MessageList, saved_widget, shown_widget
 from .messages import AnswerChunk, AnswerDone, PromptReading, TurnFailed
 from .safe_text import terminal_safe
-from .screens import HistoryScreen, ImagePathScreen, SearchScreen, TextPromptScreen
+from .saved_chats import SavedChats
+from .screens import TextPromptScreen
 from .search import PromptHistory
 from .settings import ChatOptions
 from .stats_text import stats_view
 from .store import StoredMessage
 from .styles import STATS_WIDTH, TOO_SMALL
 from .tool_flow import ToolFlow
-from .widgets import AttachmentBar, ChatMessage, PromptInput, StatsPanel, answer_caption
+from .widgets import ChatMessage, PromptInput, StatsPanel, answer_caption
 
 log = logging.getLogger(__name__)
 
 THINKING_PREFERENCE = "thinking_expanded"  # the chat database's preference: thinking blocks stay unfolded
 
 
-class ChatScreen(Screen):
+class ChatScreen(SavedChats, Attaching):
     """The conversation on screen and the keys that act on it (each binding has an id for the user's keymap)."""
 
     BINDINGS = [
@@ -323,52 +325,6 @@ class ChatScreen(Screen):
         except LocalspecError as e:
             log.warning("the stopped answer could not be saved: %s", e)
 
-    # --- images attached to the message being written --------------------------------------------------------
-
-    async def attach(self, attachments: list[Attachment]) -> None:
-        """Show `attachments` as chips above the prompt box; they go with the next message sent."""
-        if not attachments:
-            return
-        await self.query_one(AttachmentBar).add(attachments)
-        names = ", ".join(a.name for a in attachments)
-        self.notify(f"attached {names}: sent with your next message (Backspace in an empty box takes it off)")
-
-    async def attach_files(self, paths: list) -> None:
-        """Read and attach image files; each one that cannot be is one line, the others are attached."""
-        attachments = []
-        for path in paths:
-            try:
-                attachments.append(read_attachment(path))
-            except LocalspecError as e:
-                self.error(str(e))
-        await self.attach(attachments)
-
-    def action_attach_image(self) -> None:
-        """Attach an image file: a path prompt with completion (Ctrl+O)."""
-        self.app.push_screen(ImagePathScreen(), self._image_path_given)
-
-    async def _image_path_given(self, path: str | None) -> None:
-        if path:  # a path pasted into the prompt may be quoted or a file:// URL, as in the prompt box
-            await self.attach_files(pasted_paths(path) or [path])
-        self.query_one(PromptInput).focus()
-
-    async def action_paste_image(self) -> None:
-        """Attach the clipboard's image, read by the system's own tool (Ctrl+L)."""
-        try:
-            attachment = await clipboard_attachment()
-        except LocalspecError as e:
-            self.error(str(e))
-            return
-        await self.attach([attachment])
-
-    async def on_prompt_input_pasted_images(self, event: PromptInput.PastedImages) -> None:
-        await self.attach_files(event.paths)
-
-    async def on_prompt_input_drop_image(self, event: PromptInput.DropImage) -> None:
-        dropped = await self.query_one(AttachmentBar).drop_last()
-        if dropped is not None:
-            self.notify(f"took {dropped.name} off the message")
-
     # --- actions --------------------------------------------------------------------------------------------
 
     def action_stop(self) -> None:
@@ -438,41 +394,6 @@ class ChatScreen(Screen):
         if answers := self._messages.query(ChatMessage).filter(".assistant"):
             answers.last().action_copy_code()
 
-    def action_history(self) -> None:
-        """Open the saved conversations."""
-        self.app.push_screen(
-            HistoryScreen(self.chat.store, self.chat.saved_id, self.options.export_dir), self._history_closed
-        )
-
-    async def _history_closed(self, result: tuple[str, int] | None) -> None:
-        if result is None:
-            return
-        what, cid = result
-        if what == "deleted":
-            self.chat.forget(cid)
-            await self.action_new_chat()
-        elif what == "resume":
-            await self.resume(cid)
-
-    async def resume(self, cid: int, at: int | None = None) -> None:
-        """Open saved chat `cid` (what the chats list's resume does), scrolled to message `at` when given (a search
-        hit, on its branch); refused while an answer or load runs."""
-        if self.busy("open another chat"):
-            return
-        try:
-            conversation, stored = self.chat.open(cid, at)
-        except LocalspecError as e:
-            self.error(str(e))
-            return
-        self.draw_stats()
-        await self.show_conversation(stored)
-        if at is not None:
-            self._messages.reveal(at)
-        here = self.chat.loaded.pair.name if self.chat.loaded else None
-        if conversation.pair and here and conversation.pair != here:
-            self.notify(f"this chat was with {conversation.pair}; it continues with {here} (F2 switches)")
-        self.set_status(f"resumed {terminal_safe(conversation.title)!r}")  # as the chats list shows it
-
     def action_system_prompt(self) -> None:
         """Edit the system prompt."""
         self.app.push_screen(
@@ -491,14 +412,6 @@ class ChatScreen(Screen):
         self.chat.set_system(text)
         await self.show_conversation(self.chat.saved_messages())
         self.notify("system prompt set" if self.chat.system else "system prompt removed")
-
-    def action_search(self) -> None:
-        """Search every saved chat (Ctrl+F); Enter on a hit opens its chat there."""
-        self.app.push_screen(SearchScreen(self.chat.store), self._search_closed)
-
-    async def _search_closed(self, hit: tuple[int, int] | None) -> None:
-        if hit is not None:
-            await self.resume(*hit)
 
     def on_prompt_input_recall(self, event: PromptInput.Recall) -> None:
         text = self._history.step(event.older, fresh=event.fresh)

@@ -9,8 +9,7 @@ the saved conversation this window opened: one deleted in another window is save
 starts a branch beside the old one, which stays; `switch` shows a sibling's branch. The caches keep the tokens both
 branches share and re-read only what differs; the messages before the branch point stay the same objects, so the
 session's window of a long chat is kept too. A user message may show images (`send`'s attachments, saved with it by
-content hash, read back by `open`); a pair loaded without a projector refuses them before anything is saved. The
-engine side (the
+content hash, read back by `open`; the names they were attached as are message_images.py's). The engine side (the
 loaded pair, the settings, the `Phase`) is `PairState`'s. `ChatApp` and its `ChatScreen` call these operations
 from the UI thread and only draw the result; the one thing done off that thread is `Turn.begin`, in the worker that
 holds the engine.
@@ -29,6 +28,7 @@ from localspec.errors import ContextError, InvalidParamsError, LocalspecError
 from . import tool_calls
 from .attachments import Attachment
 from .live import Chunk, Finished, add_run
+from .message_images import ImageNames, check_images
 from .pair_state import PairState
 from .settings import ChatOptions
 from .store import ChatStore, ConversationGone, SavedConversation, StoredMessage
@@ -60,7 +60,7 @@ class Conversation(PairState):
         self.saved_created: str | None = None  # and its creation time: another chat that took a freed id is not it
         self.notices: list[str] = []  # what the user must be told since `take_notices` was last called
         self.turn_ids = 0  # turns started so far (their ids)
-        self.image_names: dict[str, str] = {}  # the file name each image on screen was attached as, by its id
+        self.image_names = ImageNames()  # the file name each image on screen was attached as
 
     # --- what is there ---------------------------------------------------------------------------------------
 
@@ -115,31 +115,17 @@ class Conversation(PairState):
         """
         session = self._session()
         if images:
-            self._check_images()
+            check_images(self.loaded)
         message_id = self._save({"role": "user", "content": text, "images": list(images)})  # committed first
-        self.messages.append(self._user(text, images))
+        self.messages.append(self.image_names.user_message(text, images))
         self.ids.append(message_id)
         turn = self._start("send", session, text, message_id)
         turn.images = tuple(images)
         return turn
 
-    def _check_images(self) -> None:
-        """Refuse images before a message is saved when the loaded pair reads none (core says so only later)."""
-        engine = self.loaded.engine if self.loaded is not None else None
-        if engine is not None and engine.media is None:
-            raise InvalidParamsError(
-                f"{engine.target_model.path.name} reads no images: load it with its projector (--mmproj PATH, or a "
-                "pair with mmproj in models.toml); the message and its images stay in the prompt"
-            )
-
-    def _user(self, text: str, images: Sequence[Attachment]) -> Message:
-        """A user message as the session reads it (its images' names remembered for the chips and a resave)."""
-        self.image_names.update((a.image.id, a.name) for a in images)
-        return Message("user", text, images=tuple(a.image for a in images))
-
     def attachments(self, message: Message) -> list[Attachment]:
         """A message's images with the names they were attached as."""
-        return [Attachment(self.image_names.get(image.id, "image"), image) for image in message.images]
+        return self.image_names.attachments(message)
 
     def edit(self, message_id: int, text: str) -> Turn:
         """Replace user message `message_id` by `text` as a new branch from there (the old one stays, a sibling) and
@@ -165,7 +151,7 @@ class Conversation(PairState):
         except LocalspecError:
             self.messages[:], self.ids[:] = before
             raise
-        self.messages.append(self._user(text, images))
+        self.messages.append(self.image_names.user_message(text, images))
         self.ids.append(new_id)
         turn = self._start("edit", session, text, new_id)
         turn.at, turn.before = at, before
@@ -481,11 +467,7 @@ class Conversation(PairState):
     def _restored(self, m: StoredMessage) -> Message:
         """A saved (expanded) message as the session reads it, its images read back from the store."""
         message = tool_calls.as_message(m)
-        if not m.images:
-            return message
-        images = self.store.attachments(m)
-        self.image_names.update((a.image.id, a.name) for a in images)
-        return dataclasses.replace(message, images=tuple(a.image for a in images))
+        return self.image_names.restored(message, self.store.attachments(m)) if m.images else message
 
     def set_system(self, text: str) -> None:
         """Set (or with "" remove) the system prompt of this conversation and the next ones.

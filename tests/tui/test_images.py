@@ -20,12 +20,13 @@ from textual import events
 from localspec.tui.app import make_app
 from localspec.tui.attachments import NO_CLIPBOARD, clipboard_attachment, clipboard_command, pasted_paths
 from localspec.tui.export import export_conversation
+from localspec.tui.image_widgets import AttachmentBar, ImageChip
 from localspec.tui.schema import MIGRATIONS
 from localspec.tui.screens import ImagePathScreen, PathSuggester
 from localspec.tui.search import search
 from localspec.tui.settings import ChatOptions
 from localspec.tui.store import ChatStore
-from localspec.tui.widgets import AttachmentBar, ChatMessage, ImageChip, PromptInput
+from localspec.tui.widgets import ChatMessage, PromptInput
 
 SIZE = (110, 36)
 
