@@ -15,8 +15,11 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import cast
 
 from localspec.errors import ContextError, LocalspecError
+from localspec.llama.context import Context as LlamaContext
+from localspec.llama.slots import SeqContext
 from localspec.llama.vision import IMAGE, TEXT, Chunk, Chunks, Image, Projector, media_marker
 
 from .kv import MEDIA_STRIDE as STRIDE
@@ -98,9 +101,11 @@ class MediaStore:
                 f"the image takes {chunk.n_pos} positions and the context has room for {max(ctx.n_ctx - n_past, 0)} "
                 f"more (n_ctx {ctx.n_ctx}): start a new chat, or raise --n-ctx"
             )
-        parent, seq = getattr(ctx, "parent", ctx), getattr(ctx, "seq", 0)  # a slot: its sequence of the context
-        if parent is not ctx:
-            ctx.discard()  # rows a shared batch decoded for it: not these (`llama.slots.SeqContext`)
+        if isinstance(ctx, SeqContext):  # a slot: its sequence of the shared context
+            ctx.discard()  # rows a shared batch decoded for it: not these
+            parent, seq = ctx.parent, ctx.seq
+        else:
+            parent, seq = cast(LlamaContext, ctx), 0
         self.projector.eval_image(parent, chunk, n_past, seq=seq)
 
     def close(self) -> None:

@@ -125,11 +125,13 @@ class SlotPool:
         self._rates: dict[tuple[int, bool], deque[float]] = {}  # tokens/s of recent ticks by (streams, drafted)
         self.tick: SharedTick | None = None  # the tick in progress (`begin` … `end`): the streams step in its batch
         if self._drafts is not None:
+            drafter = engine.model_drafter
+            assert isinstance(drafter, ModelDrafter)  # `_draft_slots` made the context for one
             for slot in self.slots:
                 view = SeqContext(self._drafts, slot.index)
                 view.clear()
                 slot.draft = KVSequence(view, rollback="seq_rm")
-                slot.draft.media = engine.model_drafter.seq.media  # a `ModelDrafter`'s (`_draft_slots`)
+                slot.draft.media = drafter.seq.media
         self._clock = 0
 
     def warm(self) -> None:
