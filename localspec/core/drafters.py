@@ -41,9 +41,10 @@ class DraftRequest:
     p_min: float  # stop drafting when the draft's confidence falls below this
     rng: np.random.Generator
     chain: ChainLawBuilder | None = None  # the target's law builder where llama.cpp's chain builds it (`target_chain`)
-    # A grammar's matcher (core/grammar.py): a drafter that drafts under it masks its law and pushes each token
-    # (`Constraint.push`); the step pushes the others' and ends one-hot drafts at the first token it forbids.
-    grammar: Constraint | None = None
+    # The grammar's matcher for this generation (core/grammar.py: a `Grammar` compiled, then started): a drafter that
+    # drafts under it masks its law and pushes each token (`Constraint.push`); the step pushes the others' and ends
+    # one-hot drafts at the first token it forbids.
+    constraint: Constraint | None = None
     forced: int = 0  # the last `forced` tokens of `history` were forced by the grammar: not yet decoded by the target
     logprobs: int | None = None  # each emitted token's log-probability and this many alternatives (None: none)
 
@@ -197,17 +198,17 @@ def draft_token(
     """The next drafted token from `ctx`'s last row, after `recent` (the penalty window) and the `drafted` tokens,
     with its law (None for a greedy draft, a one-hot) and the draft's confidence for p_min. Drawn from the law
     `laws` builds at T > 0 with p/q (`sampled`), else the greedy token."""
-    sampling, grammar = request.sampling, request.grammar
+    sampling, constraint = request.sampling, request.constraint
     if sampled:
         law = laws(ctx, recent + drafted, sampling)
-        if grammar is not None:  # drawn from the masked law, and that is the law verification is told
-            law = masked(law, grammar.mask(), lambda: ctx.logits(-1), recent + drafted, sampling)
+        if constraint is not None:  # drawn from the masked law, and that is the law verification is told
+            law = masked(law, constraint.mask(), lambda: ctx.logits(-1), recent + drafted, sampling)
         return Pick(law.sample(request.rng), law, law.top()[1])
     logits = ctx.logits(-1)  # (n_vocab,) view, valid until the next decode
     window = recent + drafted if sampling.penalised else recent
     token = greedy_token(logits, window, sampling)
-    if grammar is not None:
-        token = masked_argmax(token, grammar.mask(), lambda: logits, window, sampling)
+    if constraint is not None:
+        token = masked_argmax(token, constraint.mask(), lambda: logits, window, sampling)
     return Pick(token, None, top_probability(logits) if request.p_min > 0 else 1.0)
 
 
@@ -215,18 +216,20 @@ DraftLoop = Generator[int, None, Proposal]
 
 
 def draft_loop(
-    k: int, pick: Callable[[list[int]], Pick | None], *, p_min: float = 0.0, grammar: Constraint | None = None
+    k: int, pick: Callable[[list[int]], Pick | None], *, p_min: float = 0.0, constraint: Constraint | None = None
 ) -> DraftLoop:
     """The draft loop of every drafter that runs a model (a draft model, a bridged one, the target's MTP head, and
     the draft model drafting for several streams at once): up to k tokens, each `pick`ed from the row the previous
     one's decode left (`pick(drafted)`; None: the draft ends there), until the draft is unsure (its confidence
-    under `p_min`) or the grammar ends. It yields each token the next one needs decoded and the driver (`drive`)
-    decodes it before asking for more; it returns the proposal (its cost left to the drafter)."""
+    under `p_min`) or the grammar ends (`constraint`). It yields each token the next one needs decoded and the driver
+    (`drive`) decodes it before asking for more; it returns the proposal (its cost left to the drafter)."""
     out = Proposal()
     for i in range(k):
         chosen = pick(out.tokens)
-        if chosen is None or chosen.confidence < p_min or (grammar is not None and not grammar.push(chosen.token)):
-            break  # unsure, or past the grammar's end (nothing follows an end of generation)
+        if chosen is None or chosen.confidence < p_min:
+            break  # the draft ends, or is unsure
+        if constraint is not None and not constraint.push(chosen.token):
+            break  # past the grammar's end (nothing follows an end of generation)
         out.tokens.append(chosen.token)
         out.laws.append(chosen.law)
         if i < k - 1:
@@ -313,7 +316,7 @@ class ModelDrafter:
     def propose(self, request: DraftRequest) -> Proposal:
         seq, sampling, p_min = self.seq, request.sampling, request.p_min
         sampled = request.pq and not sampling.greedy
-        free = request.grammar is None  # a grammar masks the host's row: no token chosen in the graph
+        free = request.constraint is None  # a grammar masks the host's row: no token chosen in the graph
         device_law = seq.ctx.device_topk and sampled and not sampling.penalised and free
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
@@ -331,7 +334,7 @@ class ModelDrafter:
                 return Pick(seq.ctx.sampled_token(-1), None)  # the argmax the graph took
             return draft_token(seq.ctx, self.laws, recent, drafted, request, sampled)
 
-        loop = draft_loop(request.k, pick, p_min=p_min, grammar=request.grammar)
+        loop = draft_loop(request.k, pick, p_min=p_min, constraint=request.constraint)
         out = drive_alone(loop, lambda token: seq.append([token], outputs=1))
         out.cost = self.meter.take()
         return out

@@ -196,7 +196,7 @@ class Generation:
             p_min=self.spec.p_min,
             rng=self.rng,
             chain=self._chain,
-            grammar=self.constraint,
+            constraint=self.constraint,
             forced=len(forced),
             logprobs=self.logprobs_top,
         )

@@ -158,7 +158,7 @@ class MtpDrafter:
         def pick(drafted: list[int]) -> Pick:  # `draft_token` masks its law under a grammar
             return draft_token(head.ctx, self.laws, recent, drafted, request, sampled)
 
-        out = drive_alone(draft_loop(request.k, pick, p_min=p_min, grammar=request.grammar), decode)
+        out = drive_alone(draft_loop(request.k, pick, p_min=p_min, constraint=request.constraint), decode)
         head.rollback_to(n + 1)  # the drafted positions go; the verify pass feeds them with the target's rows
         out.cost = self.meter.take()
         return out

@@ -87,12 +87,12 @@ class RowMasks:
     into the matcher as rows are read; a row after a draft the grammar forbids is never read: its draft is rejected
     with certainty, since the target's masked law gives it no mass)."""
 
-    def __init__(self, grammar: Constraint, n_forced: int, drafts: list[int]) -> None:
-        self._grammar, self._n_forced, self._drafts = grammar, n_forced, drafts
+    def __init__(self, constraint: Constraint, n_forced: int, drafts: list[int]) -> None:
+        self._constraint, self._n_forced, self._drafts = constraint, n_forced, drafts
         self.shifted = n_forced > 0  # the forced tokens' rows come first in the pass, unread
 
     def __getitem__(self, i: int) -> TokenMask:
-        mask = self._grammar.mask_at(self._n_forced + i, self._drafts, self._n_forced)
+        mask = self._constraint.mask_at(self._n_forced + i, self._drafts, self._n_forced)
         assert mask is not None, "a row after a forbidden draft was read"
         return mask
 
@@ -151,8 +151,8 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
         drafts = drafter.propose(request) if request.k else Proposal()  # 1. x_1..x_k from the draft's law
     except NonFiniteLogitsError as e:
         raise e.naming(f"the draft ({_model_name(drafter.caches)})", len(history)) from None
-    if request.grammar is not None and drafts.tokens:
-        drafts = admitted(drafts, request.grammar, forced)
+    if request.constraint is not None and drafts.tokens:
+        drafts = admitted(drafts, request.constraint, forced)
     clock.lap("draft")
     if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
         target.checkpoint()  # a cache that cannot drop this tail restores this instead
@@ -170,8 +170,8 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
     clock.lap("sampling")
     target.rollback_to(len(history) + n_accepted)  # 4. drop the rejected drafts from both caches (and the grammar)
     drafter.keep(len(history) + n_accepted)
-    if request.grammar is not None:
-        request.grammar.end_step(forced + n_accepted, token)
+    if request.constraint is not None:
+        request.constraint.end_step(forced + n_accepted, token)
     clock.lap("verify")
     return Step(emitted, len(drafts.tokens), n_accepted, drafts.cost.decoded, clock.timing(drafts.cost), scores)
 
@@ -197,16 +197,16 @@ def logprobs(ctx: Context, emitted: tuple[tuple[int, bool], ...], n_rows: int, t
     return tuple(out)
 
 
-def admitted(drafts: Proposal, grammar: Constraint, forced: int) -> Proposal:
+def admitted(drafts: Proposal, constraint: Constraint, forced: int) -> Proposal:
     """The drafts as verification sees them under a grammar. A drafter that drafts under the grammar (a model draft:
     its law masked) has pushed its tokens already; the others' are pushed here while allowed. At the first token the
     grammar forbids, a one-hot draft (a lookup, a greedy draft: no randomness decided it) ends, exactly as if the
     drafter had stopped before it; a sampled one stays, and the target's masked law rejects it with certainty —
     cutting it would bias the draft's law, which must stay the one its tokens were drawn from."""
     for i, token in enumerate(drafts.tokens):
-        if grammar.position > forced + i:
+        if constraint.position > forced + i:
             continue  # pushed by the drafter
-        if not grammar.push(token):
+        if not constraint.push(token):
             if drafts.laws[i] is None:
                 return Proposal(drafts.tokens[:i], drafts.laws[:i], drafts.cost)
             break
@@ -221,7 +221,7 @@ def _model_name(caches: Sequence[KVSequence]) -> str:
 def accept_or_reject(drafts: Proposal, ctx: Context, request: DraftRequest) -> Verdict:
     """How many drafts the target accepts, and the token it emits after them: greedy at T = 0, else p/q when the
     draft sampled from its law, else exact match."""
-    if request.chain is not None and not drafts.tokens and request.grammar is None:
+    if request.chain is not None and not drafts.tokens and request.constraint is None:
         return 0, request.chain.draw(ctx, 0)  # a plain step: llama.cpp's chain draws, one native call
     rows = target_rows(drafts.tokens, ctx, request)
     if isinstance(rows, TargetArgmax):
@@ -235,7 +235,7 @@ def target_rows(drafts: list[int], ctx: Context, request: DraftRequest) -> Targe
     """The verify pass's k+1 rows as verification reads them: the target's argmax at T = 0, else its laws."""
     sampling = request.sampling
     recent = penalty_window(request.history, sampling)
-    masks = RowMasks(request.grammar, request.forced, drafts) if request.grammar is not None else None
+    masks = RowMasks(request.constraint, request.forced, drafts) if request.constraint is not None else None
     if sampling.greedy:
         return TargetArgmax(ctx, recent, drafts, sampling, masks)
     return TargetLaws(ctx, recent, drafts, sampling, request.chain, masks)
