@@ -33,10 +33,19 @@ def register(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="an OpenAI-compatible HTTP server (chat, completions, responses, Anthropic messages, embeddings)",
-        description="Serve a pair over HTTP with OpenAI's chat and completions API, decoding speculatively. "
-        "Docs: docs/serve.md.",
+        description="Serve pairs over HTTP with OpenAI's chat and completions API, decoding speculatively: every "
+        "pair of models.toml, each loaded when a request first names it. Docs: docs/serve.md.",
+        conflict_handler="resolve",  # --pair again, repeatable here
     )
     add_model_args(p)
+    p.add_argument(
+        "--pair",
+        action="append",
+        metavar="NAME",
+        help="a pair from models.toml (see `localspec models`): the default, loaded at start; repeat it to serve only "
+        "those pairs, the first the default (default: models.toml's default pair first, and every pair whose files "
+        "are here)",
+    )
     add_sampling_args(p)
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
@@ -51,6 +60,32 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--no-swap", action="store_true", help="refuse requests for another pair (default: load it, like Ollama)"
+    )
+    p.add_argument(
+        "--max-loaded",
+        type=int,
+        default=0,
+        metavar="N",
+        help="most pairs loaded at once; loading another unloads the least recently used idle one (default: no count)",
+    )
+    p.add_argument(
+        "--max-memory",
+        metavar="SIZE",
+        help="most memory the loaded pairs' plans may take together, e.g. 24G; past it the least recently used idle "
+        "pair is unloaded first (default: what the host has available when a pair loads)",
+    )
+    p.add_argument(
+        "--keep-alive",
+        default="-1",
+        metavar="DURATION",
+        help="unload a pair idle this long (300, 30s, 5m, 1h; a request's keep_alive sets its pair's; default: never)",
+    )
+    p.add_argument(
+        "--load-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="seconds a request waits for its pair to load, then 503 (default 300)",
     )
     p.add_argument(
         "--queue",
@@ -91,8 +126,14 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
-    """Check the flags, load the pair, serve until SIGINT / SIGTERM."""
+    """Check the flags, load the default pair, serve until SIGINT / SIGTERM."""
+    chosen = list(dict.fromkeys(args.pair or ()))
+    args.pair = chosen[0] if chosen else None
     flags = check_run_args(args)
+    if args.max_loaded < 0:
+        raise InvalidParamsError(f"--max-loaded {args.max_loaded} is out of range: use 1 or more, or 0 for no count")
+    if not 0 < args.load_timeout <= 86400:
+        raise InvalidParamsError(f"--load-timeout {args.load_timeout:g} is out of range: use more than 0")
     if not 0 < args.port < 65536:
         raise InvalidParamsError(f"--port {args.port} is not a TCP port: use 1 to 65535")
     if not 1 <= args.queue <= 10_000:
@@ -109,7 +150,11 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
             "(--cors http://localhost:3000), or require a key with --api-key KEY"
         )
     from localspec.server.app import ServerSettings, is_loopback
-    from localspec.server.runner import Runner
+    from localspec.server.pairs import Pairs
+    from localspec.server.units import parse_duration, parse_size
+
+    max_memory = parse_size(args.max_memory) if args.max_memory is not None else 0
+    keep_alive = parse_duration(args.keep_alive)
 
     embedding_model = None
     if args.embedding_model is not None:
@@ -137,7 +182,19 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     _log_to_stderr()
     # A models.toml that cannot be read is said once: by the load when it serves a pair, as a warning for --target.
     pairs = _configured_pairs(paths, warn=flags.target is not None)
-    runner = Runner(flags, paths, pairs=pairs, no_swap=args.no_swap, max_queue=args.queue, parallel=parallel)
+    runner = Pairs(
+        flags,
+        paths,
+        names=[*chosen, *(p for p in pairs if p not in chosen)],
+        no_swap=args.no_swap or len(chosen) > 1,
+        chosen=chosen,
+        max_queue=args.queue,
+        parallel=parallel,
+        max_loaded=args.max_loaded,
+        max_memory=max_memory,
+        keep_alive=keep_alive,
+        load_timeout=args.load_timeout,
+    )
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
     with SignalGuard():
         try:
@@ -151,10 +208,10 @@ def serve_in_child(flags, paths: Paths, parallel: int, port: int) -> None:  # pr
     """`localspec serve --parallel N` on 127.0.0.1:port with these checked flags, in a process of its own
     (`bench --clients`, bench/clients.py): a refusal is one line and exit code 2, Ctrl+C exit code 130."""
     from localspec.server.app import ServerSettings, serve
-    from localspec.server.runner import Runner
+    from localspec.server.pairs import Pairs
 
     logging.basicConfig(level=logging.WARNING)
-    runner = Runner(flags, paths, parallel=parallel)
+    runner = Pairs(flags, paths, parallel=parallel)
     try:
         runner.start()
         serve(runner, ServerSettings(), port)
@@ -203,13 +260,17 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
     served = runner.start()
+    default = runner.default_runner()
+    assert default is not None  # `start` made it
     for note in (served.resolved.defaults.notice, served.engine.drafting_note, served.engine.slots_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)
-    slots = f"{runner.parallel} slot{'s' * (runner.parallel > 1)} of {served.engine.n_ctx} tokens"
+    slots = f"{default.parallel} slot{'s' * (default.parallel > 1)} of {served.engine.n_ctx} tokens"
+    others = len(runner.served_names()) - 1
+    more = f"; {others} more pair{'s' * (others > 1)} on request" if others else ""
     print(
         f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
-        f"(OpenAI-compatible, {slots}); stop with Ctrl+C",
+        f"(OpenAI-compatible, {slots}{more}); stop with Ctrl+C",
         file=sys.stderr,
         flush=True,
     )

@@ -30,6 +30,8 @@ from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
 from localspec.core.params import DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
 
+from .units import keep_alive_value
+
 STOP_MAX = 16  # stop strings per request
 N_MAX = 16  # choices per request
 TOP_LOGPROBS_MAX = 20  # alternatives per token's log-probability, as OpenAI allows
@@ -242,6 +244,7 @@ class Extensions(_OptionFields):
     two penalties, and the drafter."""
 
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
+    keep_alive: Annotated[int | float | str, AfterValidator(keep_alive_value)] | None = None  # Ollama's: 300, "5m"
 
     def engine_options(self) -> dict[str, Any]:
         """`request.Request`'s `overrides`, `penalties` and `drafter` (what the body leaves out: the server's)."""
@@ -249,6 +252,7 @@ class Extensions(_OptionFields):
             "overrides": {name: getattr(self, name) for name in OVERRIDE_OPTIONS if getattr(self, name) is not None},
             "penalties": {name: getattr(self, name) for name in REQUEST_PENALTIES if getattr(self, name) is not None},
             "drafter": self.drafter,
+            "keep_alive": self.keep_alive,
         }
 
 
@@ -315,7 +319,7 @@ class ChatRequest(_Common):
     @classmethod
     def _known_parts(cls, data):
         """A content part of a type we do not read (audio, a file) is refused by its name."""
-        for i, m in enumerate(data.get("messages") or () if isinstance(data, dict) else ()):
+        for i, m in enumerate(ms if isinstance(data, dict) and isinstance(ms := data.get("messages"), list) else ()):
             content = m.get("content") if isinstance(m, dict) else None
             for j, part in enumerate(content if isinstance(content, list) else ()):
                 kind = part.get("type") if isinstance(part, dict) else None

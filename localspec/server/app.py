@@ -15,6 +15,7 @@ import asyncio
 import functools
 import hmac
 import ipaddress
+import json
 import logging
 import signal
 import threading
@@ -37,8 +38,9 @@ from localspec.errors import LocalspecError, RpcError
 
 from . import messages_api
 from .api import ApiError
+from .pairs import Pairs
 from .routes import answer_routes
-from .runner import Runner
+from .units import keep_alive_value
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +165,7 @@ class EventStream(StreamingResponse):
             self._on_close()
 
 
-def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Starlette:
+def make_app(runner: Pairs, settings: ServerSettings = ServerSettings()) -> Starlette:
     """The application serving `runner`'s pair (loaded or not: /health says which)."""
 
     async def read_body(request: Request, limit: int) -> bytes:
@@ -190,31 +192,87 @@ def make_app(runner: Runner, settings: ServerSettings = ServerSettings()) -> Sta
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
 
 
-def _pair_routes(runner: Runner) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
-    """(path, handler, methods) of the routes about the pair: /health, the models and one model."""
+def _pair_routes(runner: Pairs) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
+    """(path, handler, methods) of the routes about the pairs: /health, the models and one model (OpenAI's and
+    Anthropic's shapes in one body), and the admin routes that load and unload a pair."""
 
     async def health(request: Request) -> Response:
-        served, loading = runner.served, runner.loading
-        status = "ok" if served else "loading" if loading else "no model"
+        pairs = runner.health()
+        default = runner.default_runner()
+        loaded = any(p["loaded"] for p in pairs.values())
+        status = "ok" if loaded or not pairs else "loading"
         body = {
             "status": status,
-            "model": served.name if served else loading,
-            "queue": runner.pending,
-            "slots": {"busy": runner.slots_busy, "total": runner.parallel},
+            "model": runner.default,
+            "queue": sum(p["queue"] for p in pairs.values()),
+            "slots": {"busy": default.slots_busy, "total": default.parallel} if default else None,
+            "pairs": pairs,
         }
-        return JSONResponse(body, status_code=200 if served else 503)
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def models(request: Request) -> Response:
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "localspec"} for m in runner.model_ids()]
-        return JSONResponse({"object": "list", "data": data})
+        data = [_model(name, runner.facts(name)) for name in runner.model_ids()]
+        ends = {"first_id": data[0]["id"], "last_id": data[-1]["id"]} if data else {"first_id": None, "last_id": None}
+        return JSONResponse({"object": "list", "data": data, "has_more": False, **ends})
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in runner.model_ids():
             raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
-        return JSONResponse({"id": name, "object": "model", "created": 0, "owned_by": "localspec"})
+        return JSONResponse(_model(name, runner.facts(name)))
 
-    return [("/health", health, ["GET"]), ("/v1/models", models, ["GET"]), ("/v1/models/{name:path}", model, ["GET"])]
+    async def load(request: Request) -> Response:
+        model, body = await _named(request)
+        name = runner.name_of(model)
+        keep = body.get("keep_alive")
+        runner.runner(name).keep_alive = None if keep is None else _keep_alive(keep)
+        await runner.ready(name)
+        return JSONResponse({"model": name, **runner.facts(name)})
+
+    async def unload(request: Request) -> Response:
+        name = runner.name_of((await _named(request))[0])
+        await asyncio.wrap_future(runner.unload(name))
+        return JSONResponse({"model": name, **runner.facts(name)})
+
+    return [
+        ("/health", health, ["GET"]),
+        ("/v1/models", models, ["GET"]),
+        ("/v1/models/{name:path}", model, ["GET"]),
+        ("/models/load", load, ["POST"]),
+        ("/models/unload", unload, ["POST"]),
+    ]
+
+
+def _model(name: str, facts: dict) -> dict:
+    """One pair as both OpenAI's model object and Anthropic's (`type`, `display_name`, `created_at`), with ours."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "localspec",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+        **facts,
+    }
+
+
+def _keep_alive(value) -> float:
+    try:
+        return keep_alive_value(value)
+    except ValueError as e:
+        raise ApiError(400, str(e), param="keep_alive", code="invalid_value") from None
+
+
+async def _named(request: Request) -> tuple[str, dict]:
+    """The `model` of an admin route's body ({"model": NAME}, and for a load an optional "keep_alive"), and the body."""
+    try:
+        body = json.loads(await _read_body(request, 4096))
+    except ValueError:
+        raise ApiError(400, 'the body must be JSON: {"model": NAME}', code="invalid_json") from None
+    if not isinstance(body, dict) or not isinstance(body.get("model"), str):
+        raise ApiError(400, 'name the pair: {"model": NAME}', param="model", code="missing_model")
+    return body["model"], body
 
 
 def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
@@ -311,7 +369,7 @@ class _Http(H11Protocol):
 class _Server(uvicorn.Server):
     """uvicorn's server, which also cancels the running generations when told to stop, so open streams end."""
 
-    def __init__(self, config: uvicorn.Config, runner: Runner) -> None:
+    def __init__(self, config: uvicorn.Config, runner: Pairs) -> None:
         super().__init__(config)
         self.runner = runner
 
@@ -320,7 +378,7 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(runner: Runner, settings: ServerSettings, port: int) -> bool:
+def serve(runner: Pairs, settings: ServerSettings, port: int) -> bool:
     """Serve `runner` on settings.host:port until SIGINT / SIGTERM (or SIGHUP, taken as SIGTERM); False when it could
     not listen."""
     config = uvicorn.Config(

@@ -13,12 +13,12 @@ from . import flow
 from .api import parse_body
 from .chat_api import ChatBody, CompletionBody
 from .images import ImageReader, translated
+from .pairs import Pairs
 from .render import chat_body, chat_stream
-from .runner import Runner
 
 
 def routes(
-    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the two routes; `read_body` and `event_stream` are the app's, `images` reads a
     message's images."""

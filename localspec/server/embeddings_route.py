@@ -29,7 +29,7 @@ from localspec.llama.model import Model
 
 from . import flow
 from .api import ApiError, _Strict, parse_body
-from .runner import Runner
+from .pairs import Pairs
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class EmbeddingsRequest(_Strict):
         return list(self.input)
 
 
-def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str, object, list[str]]]:
+def routes(runner: Pairs, max_body: int, read_body, settings) -> list[tuple[str, object, list[str]]]:
     own: dict[str, Any] = {}  # `--embedding-model`'s model and context, loaded on first use
 
     def embedder(served) -> tuple[str, EmbeddingContext]:
@@ -113,7 +113,7 @@ def routes(runner: Runner, max_body: int, read_body, settings) -> list[tuple[str
             return name, vectors, total
 
         model = None if settings.embedding_model is not None else parsed.model
-        job, future = runner.submit(model, None, work=work)
+        job, future = runner.submit(await runner.ready(model), None, work=work)
         name, vectors, total = await flow.watched(asyncio.wrap_future(future), http, job)
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, parsed.encoding_format)}

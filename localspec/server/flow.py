@@ -1,6 +1,7 @@
-"""How a route runs its translated request on the one engine path: queued on the `Runner`, watched for a client
-that leaves (`watched`), awaited whole (`whole`) or followed event by event (`streamed`: a `Stream`, whose `events`
-is the one reader of the engine's events, a failure mapped to an `ApiError` there once). Both give the neutral
+"""How a route runs its translated request on the one engine path: queued on its pair's `Runner` (server/pairs.py:
+loaded first if it is not), watched for a client that leaves (`watched`), awaited whole (`whole`) or followed event
+by event (`streamed`: a `Stream`, whose `events` is the one reader of the engine's events, a failure mapped to an
+`ApiError` there once). Both give the neutral
 `Answer` (server/answer.py); every route — chat completions, completions, Messages, Responses — is a translation of
 its wire shape onto `request.Request` and an encoder of that answer, never a second engine.
 """
@@ -17,7 +18,7 @@ from starlette.requests import Request as HttpRequest
 from . import request as request_mod
 from .answer import Answer, Delta, Event, Failure
 from .api import ApiError
-from .runner import Runner
+from .pairs import Pairs
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,9 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, every: flo
             task.cancel()
 
 
-async def whole(http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request) -> Answer:
+async def whole(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Answer:
     """The request's answer, once every choice has ended."""
-    job, future = runner.submit(model, request)
+    job, future = runner.submit(await runner.ready(model), request)
     outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job)
     served = outcome.served
     answer = Answer(served.name, outcome.prompt_tokens, outcome.tools, served.engine.target_model.token_bytes)
@@ -83,7 +84,7 @@ class Stream:
                 return
 
 
-async def streamed(http: HttpRequest, runner: Runner, model: str | None, request: request_mod.Request) -> Stream:
+async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Stream:
     """The request running, once it has started (the prompt read, the pair known).
 
     Raises:
@@ -98,7 +99,7 @@ async def streamed(http: HttpRequest, runner: Runner, model: str | None, request
         except RuntimeError:  # the event loop is gone (the server stopped): stop generating
             job.cancel()
 
-    job, future = runner.submit(model, request, emit)
+    job, future = runner.submit(await runner.ready(model), request, emit)
     future.add_done_callback(lambda f: emit(request_mod.Done(f)))
     first = await watched(queue.get(), http, job)
     if isinstance(first, request_mod.Done):

@@ -24,11 +24,11 @@ from .answer import Answer, Choice, Delta, Event, Failure
 from .api import ApiError, parse_body
 from .images import ImageReader, translated
 from .messages_api import IGNORED, CountRequest, MessagesRequest, error_body
-from .runner import Runner
+from .pairs import Pairs
 
 
 def routes(
-    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the Messages routes; `read_body` and `event_stream` are the app's, `images` reads
     a turn's images."""

@@ -59,6 +59,7 @@ class Request:
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     max_tokens_room: bool = False  # a max_tokens beyond the room left is the room left (/v1/messages)
     count_only: bool = False  # tokenize the prompt and stop there (Anthropic's count_tokens): no generation
+    keep_alive: float | None = None  # seconds its pair stays loaded once idle (Ollama's; None: the server's)
 
 
 @dataclass(slots=True)

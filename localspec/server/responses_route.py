@@ -31,8 +31,8 @@ from . import flow
 from .answer import Answer, Choice, Delta, Event, Failure
 from .api import ApiError, parse_body
 from .images import ImageReader, translated
+from .pairs import Pairs
 from .responses_api import IGNORED, UNSUPPORTED, ResponsesRequest, messages_from_json, messages_to_json
-from .runner import Runner
 from .store import ResponseStore
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def _id(prefix: str) -> str:
 
 
 def routes(
-    runner: Runner, max_body: int, read_body, event_stream, images: ImageReader
+    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the Responses routes; `read_body` and `event_stream` are the app's, `images`
     reads an input's images."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -75,6 +76,12 @@ class Runner:
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # waiting or running
         self.stopping = False  # the server is stopping: what it cannot answer now is 503 + Retry-After
+        # Several pairs at once (server/pairs.py): told before a load the bytes it plans, to make room; the pair's
+        # planned bytes while loaded; its last request's time and keep-alive (None: the server's).
+        self.before_load: Callable[[Runner, int], None] | None = None
+        self.memory = 0
+        self.last_used = time.monotonic()
+        self.keep_alive: float | None = None
 
     # --- the pair ---------------------------------------------------------------------------------------------
 
@@ -90,13 +97,14 @@ class Runner:
         params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
         params = dataclasses.replace(params, n_seq=0 if self.auto else self.parallel)
         name = resolved.name or resolved.target.name
-        log.info("loading %s (%s) …", name, resolved.label)
         old, self.served, self.loading = self.served, None, name
         if old is not None:
-            if old.embedder is not None:  # a context over the target's model: freed before the model
-                old.embedder.close()
-            old.engine.close()
+            _free(old)
         try:
+            need = _planned_bytes(resolved, params)
+            if self.before_load is not None:
+                self.before_load(self, need)
+            log.info("loading %s (%s) …", name, resolved.label)
             engine = load_engine(resolved.target, resolved.draft, params, _log_progress(name))
         except BaseException:
             if old is not None and pair is not None:
@@ -113,6 +121,7 @@ class Runner:
             flags.chat_template,
             think_flag=flags.think,
         )
+        self.memory, self.last_used = need, time.monotonic()
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
         # The slots this target takes (a switch may change them; the scheduler serves one as well).
         if self.auto:
@@ -125,6 +134,19 @@ class Runner:
             )
         self.scheduler.prepare(self.served)
         return self.served
+
+    def unload(self) -> None:
+        """Free the loaded pair (engine thread, between the scheduler's runs: none of its requests runs)."""
+        served, self.served, self.memory = self.served, None, 0
+        if served is not None:
+            self.scheduler.forget_pair()
+            _free(served)
+            log.info("unloaded %s", served.name)
+
+    def unload_if_idle(self) -> None:
+        """`unload`, unless a request came in since it was asked (the keep-alive's)."""
+        if self.pending == 0:
+            self.unload()
 
     def model_ids(self) -> list[str]:
         """The loaded pair first, then every configured pair."""
@@ -213,9 +235,7 @@ class Runner:
         self.cancel_all()
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.served is not None:
-            if self.served.embedder is not None:
-                self.served.embedder.close()
-            self.served.engine.close()
+            _free(self.served)
             self.served = None
 
     def call_on_engine(self, fn: Callable[[], object]) -> Future:
@@ -237,8 +257,10 @@ class Runner:
         if pair is not None and (self.served is None or self.served.name != pair):
             self.load(pair)
             self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
-        if self.served is None:
-            raise ApiError(503, "no model is loaded", type="server_error", code="model_not_loaded")
+        if self.served is None:  # unloaded (idle, or to make room) since the request was queued: load it again
+            self.load()
+            self._unless_cancelled(job, "while its pair loaded")
+        assert self.served is not None
         return self.served
 
     def checked(self, job: Job, work: Generator[None, None, Any]) -> Generator[None, None, Any]:
@@ -254,6 +276,7 @@ class Runner:
     def forget(self, job: Job) -> None:
         """The job has ended: its place in the queue is free."""
         job.generation = None
+        self.last_used = time.monotonic()
         with self._lock:
             if job in self._jobs:
                 self._jobs.remove(job)
@@ -273,6 +296,24 @@ class Runner:
                 headers={"Retry-After": "1"},
             )
         raise ApiError(499, "the request was cancelled", code="cancelled")
+
+
+def _free(served: Served) -> None:
+    if served.embedder is not None:  # a context over the target's model: freed before the model
+        served.embedder.close()
+    served.engine.close()
+
+
+def _planned_bytes(resolved, params) -> int:
+    """What the pair's load plan puts in memory, GPU and host together (0 when it cannot be planned: the load
+    itself then says why)."""
+    from localspec.core.load import plan_load
+
+    try:
+        plan = plan_load(resolved.target, resolved.draft, params)
+    except LocalspecError:
+        return 0
+    return plan.gpu_bytes + plan.host_bytes
 
 
 def _reload(old: Served) -> Served | None:

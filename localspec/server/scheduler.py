@@ -182,6 +182,10 @@ class Scheduler:
             self._pool.warm()
         return self._pool
 
+    def forget_pair(self) -> None:
+        """The pair was unloaded: its slots are gone with its context."""
+        self._pool, self._pool_of = None, None
+
     def prepare(self, served: Served) -> None:
         """Make the slots of a pair just loaded (engine thread): a refusal (`--parallel` on a model that cannot
         take it) is said at start, and their first use is warm."""

@@ -1,0 +1,388 @@
+"""Every pair the server may answer with, each behind a `Runner` of its own (issue 57): loaded by name on demand,
+kept within a count and a memory budget, unloaded when idle past its keep-alive.
+
+A request's `model` names a pair (models.toml's name, or the --target's file names); no `model` is the default pair.
+Each pair has its own engine thread and scheduler, so a request for one never waits on another's decode or load; a
+request for a pair that is loading waits up to `load_timeout`, then is refused (503). Before a pair loads, the
+least recently used idle pairs are unloaded until it fits `max_loaded` and the memory budget (`--max-memory`, and
+always the host's available memory), each on its own thread. Like Ollama's `keep_alive`, a pair idle for longer
+than its keep-alive (the flag, or the last request's `keep_alive`) is unloaded by a reaper thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from localspec.errors import LocalspecError
+from localspec.llama.context import memory_bytes
+from localspec.models.flags import RunFlags
+from localspec.paths import Paths
+
+from .api import ApiError
+from .request import Emit, Job, Outcome, Request
+from .runner import Runner
+from .served import Served
+from .units import FOREVER
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S = 300.0  # a request waits this long for its pair to load, then 503
+REAP_EVERY_S = 0.5  # how often idle pairs are checked against their keep-alive
+FACTS_FOR_S = 10.0  # how long a pair's facts read from its files are kept (a pull may change them)
+
+
+class Pairs:
+    """The pairs a server answers with, by name, each with its own `Runner`.
+
+    Args:
+        flags: the command line; its pair (or --target files) is the default pair, loaded by `start`.
+        paths: localspec's folders.
+        names: the models.toml pairs a request may name, in the order `/v1/models` lists them.
+        no_swap: serve the default pair (and `chosen`) only: a request for another configured pair is 400.
+        chosen: the pairs `--pair` named beyond the default (loaded on demand like the others).
+        max_queue, parallel: each pair's runner's (`Runner`).
+        max_loaded: most pairs loaded at once (0: no count).
+        max_memory: most bytes the loaded pairs' plans may add up to (0: the host's available memory alone).
+        keep_alive: seconds an idle pair stays loaded (`FOREVER`: until a budget needs its room).
+        load_timeout: seconds a request waits for its pair to load.
+    """
+
+    def __init__(
+        self,
+        flags: RunFlags,
+        paths: Paths,
+        *,
+        names: Sequence[str] = (),
+        no_swap: bool = False,
+        chosen: Sequence[str] = (),
+        max_queue: int = 8,
+        parallel: int = 1,
+        max_loaded: int = 0,
+        max_memory: int = 0,
+        keep_alive: float = FOREVER,
+        load_timeout: float = LOAD_TIMEOUT_S,
+    ) -> None:
+        self.flags, self.paths = flags, paths
+        self.names = list(names)
+        self.no_swap, self.chosen = no_swap, list(chosen)
+        self.max_queue, self.parallel = max_queue, parallel
+        self.max_loaded, self.max_memory = max_loaded, max_memory
+        self.keep_alive, self.load_timeout = keep_alive, load_timeout
+        self.default: str | None = None  # the default pair's name, known once `start` loaded it
+        self.runners: dict[str, Runner] = {}
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._room = threading.Lock()  # one pair at a time makes room for itself
+        self._files: dict[str, tuple[float, dict[str, Any]]] = {}  # a pair's facts from its files, and when read
+        self._loads: dict[str, Future] = {}  # a load in progress per pair, which its requests wait on together
+        self._reaper: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- names --------------------------------------------------------------------------------------------------
+
+    def start(self) -> Served:
+        """Load the default pair on its own engine thread (blocking) and start the keep-alive reaper."""
+        runner = self._new_runner(self.flags)
+        served = runner.start()
+        self.default = served.name
+        with self._lock:
+            self.runners[served.name] = runner
+        if served.name not in self.names:
+            self.names.insert(0, served.name)
+        self._reaper = threading.Thread(target=self._reap, name="localspec-keep-alive", daemon=True)
+        self._reaper.start()
+        return served
+
+    def served_names(self) -> list[str]:
+        """The pairs a request may name: every configured one, or under --no-swap the default and `chosen`."""
+        if self.no_swap:
+            return [n for n in self.names if n == self.default or n in self.chosen]
+        return list(self.names)
+
+    def name_of(self, model: str | None) -> str:
+        """The pair a request's `model` names (None: the default pair).
+
+        Raises:
+            ApiError: 404 for a name no pair has, or a pair whose files are not here; 400 for another pair under
+                --no-swap.
+        """
+        if model is None or self.default is None:
+            return self.default or ""
+        default = self.runners.get(self.default)
+        if default is not None and model in _identities(default):
+            return self.default
+        if model not in self.names:
+            known = ", ".join(self.model_ids())
+            raise ApiError(
+                404,
+                f"the model '{model}' does not exist here: use one of {known}",
+                param="model",
+                code="model_not_found",
+            )
+        if model not in self.served_names():
+            raise ApiError(
+                400,
+                f"this server serves {', '.join(self.served_names())} only (--no-swap): ask for one of those",
+                param="model",
+                code="model_not_loaded",
+            )
+        if model not in self.runners and not self.facts(model).get("available", True):
+            raise ApiError(
+                404,
+                f"the files of pair '{model}' are not here: run `localspec pull {model}`",
+                param="model",
+                code="model_not_found",
+            )
+        return model
+
+    def runner(self, name: str) -> Runner:
+        """The runner of pair `name` (made, not loaded, on first use)."""
+        with self._lock:
+            if name not in self.runners:
+                self.runners[name] = self._new_runner(
+                    dataclasses.replace(self.flags, pair=name, target=None, draft=None, mmproj=None)
+                )
+            return self.runners[name]
+
+    def _new_runner(self, flags: RunFlags) -> Runner:
+        runner = Runner(flags, self.paths, pairs=(), max_queue=self.max_queue, parallel=self.parallel)
+        runner.before_load = self._make_room
+        return runner
+
+    # --- requests -----------------------------------------------------------------------------------------------
+
+    async def ready(self, model: str | None) -> str:
+        """The pair `model` names, loaded: a load started on its engine thread if it is not, and waited for.
+
+        Raises:
+            ApiError: as `name_of`; 503 past `load_timeout` (the load goes on) or when it failed (one line).
+        """
+        name = self.name_of(model)
+        runner = self.runner(name)
+        if runner.served is not None:
+            return name
+        future = self._load(name, runner)
+        waited = asyncio.wrap_future(future)
+        done, _ = await asyncio.wait({waited}, timeout=self.load_timeout)
+        if not done:
+            waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is told to the next
+            raise ApiError(
+                503,
+                f"the model '{name}' is still loading after {self.load_timeout:g} s: retry shortly",
+                type="server_error",
+                code="model_loading",
+                headers={"Retry-After": "5"},
+            )
+        error = waited.exception()
+        if isinstance(error, ApiError):
+            raise error
+        if error is not None:
+            raise ApiError(
+                503, f"could not load '{name}': {_one_line(error)}", type="server_error", code="model_load_failed"
+            )
+        return name
+
+    def _load(self, name: str, runner: Runner) -> Future:
+        """The load of `name` in progress, or a new one on its engine thread."""
+        with self._lock:
+            future = self._loads.get(name)
+            if future is None or future.done():
+                future = self._loads[name] = runner.call_on_engine(lambda: runner.served or runner.load())
+            return future
+
+    def submit(
+        self, model: str | None, request: Request | None, emit: Emit | None = None, work: Callable | None = None
+    ) -> tuple[Job, Future[Outcome]]:
+        """Queue a request on the runner of the pair `model` names (as `Runner.submit`); a request's `keep_alive`
+        becomes its pair's."""
+        name = self.name_of(model)
+        runner = self.runner(name)
+        if request is not None and request.keep_alive is not None:
+            runner.keep_alive = request.keep_alive
+        runner.last_used = time.monotonic()
+        return runner.submit(None, request, emit, work)
+
+    # --- loading and unloading ----------------------------------------------------------------------------------
+
+    def _make_room(self, loading: Runner, need: int) -> None:
+        """Unload idle pairs, least recently used first, until `loading` (needing `need` bytes) fits the count and the
+        memory budget (its own engine thread, before its load).
+
+        Raises:
+            ApiError: 503 when only busy pairs could make room.
+        """
+        with self._room:
+            deadline = time.monotonic() + self.load_timeout
+            while (over := self._over(loading, need)) is not None:
+                idle = [r for r in self._loaded(loading) if r.pending == 0]
+                if not idle:
+                    if time.monotonic() > deadline:
+                        raise ApiError(
+                            503, f"no room to load another pair ({over}) while the others answer: retry shortly",
+                            type="server_error", code="no_room", headers={"Retry-After": "5"},
+                        )  # fmt: skip
+                    time.sleep(0.1)
+                    continue
+                victim = min(idle, key=lambda r: r.last_used)
+                log.info("unloading %s to make room (%s)", _name(victim), over)
+                victim.call_on_engine(victim.unload).result()
+
+    def _loaded(self, besides: Runner) -> list[Runner]:
+        with self._lock:
+            return [r for r in self.runners.values() if r is not besides and r.served is not None]
+
+    def _over(self, loading: Runner, need: int) -> str | None:
+        """What `loading` would exceed with the pairs loaded now (None: it fits)."""
+        loaded = self._loaded(loading)
+        if not loaded:
+            return None
+        if self.max_loaded and len(loaded) + 1 > self.max_loaded:
+            return f"--max-loaded {self.max_loaded}"
+        if self.max_memory and sum(r.memory for r in loaded) + need > self.max_memory:
+            return f"--max-memory {_gib(self.max_memory)}"
+        if need > memory_bytes():
+            return f"{_gib(need)} needed, {_gib(memory_bytes())} available"
+        return None
+
+    def load(self, name: str) -> Future:
+        """Load pair `name` now (the admin route), or the load already in progress."""
+        return self._load(name, self.runner(name))
+
+    def unload(self, name: str) -> Future:
+        """Unload pair `name` on its engine thread once its running requests end (the admin route)."""
+        runner = self.runner(name)
+        return runner.call_on_engine(runner.unload)
+
+    def _reap(self) -> None:
+        """Unload each pair idle past its keep-alive (a thread of its own)."""
+        while not self._stop.wait(REAP_EVERY_S):
+            now = time.monotonic()
+            with self._lock:
+                runners = list(self.runners.values())
+            for runner in runners:
+                keep = runner.keep_alive if runner.keep_alive is not None else self.keep_alive
+                if runner.served is not None and runner.pending == 0 and now - runner.last_used >= keep:
+                    log.info("unloading %s: idle for %.0f s (keep-alive)", _name(runner), now - runner.last_used)
+                    runner.call_on_engine(runner.unload_if_idle)
+
+    # --- what they are --------------------------------------------------------------------------------------------
+
+    def facts(self, name: str) -> dict[str, Any]:
+        """What `/v1/models` says of a pair: loaded, available (its files here), vision, MTP, context."""
+        runner = self.runners.get(name)
+        served = runner.served if runner is not None else None
+        if served is not None:
+            engine = served.engine
+            return {
+                "loaded": True,
+                "available": True,
+                "vision": engine.media is not None and engine.media.sees_images,
+                "mtp": engine.target_model.n_layer_nextn > 0,
+                "context": engine.n_ctx,
+            }
+        found = self._files.get(name)
+        if found is None or time.monotonic() - found[0] > FACTS_FOR_S:
+            found = self._files[name] = (time.monotonic(), _file_facts(name, self.paths))
+        return {"loaded": False, **{k: v for k, v in found[1].items() if k != "source"}}
+
+    def listed(self, name: str) -> bool:
+        """Whether `/v1/models` lists a pair: loaded, or its files here, or the user's own (a bundled pair not
+        pulled is answered, with the `localspec pull` line, but not offered)."""
+        facts = self.facts(name)
+        return facts["loaded"] or facts["available"] or self._files.get(name, (0, {}))[1].get("source") == "user"
+
+    def model_ids(self) -> list[str]:
+        """The pairs, those loaded first (the most recently used first), then the rest in models.toml's order."""
+        names = [n for n in self.served_names() if self.listed(n)]
+        with self._lock:
+            loaded = [r for n, r in self.runners.items() if r.served is not None and n in names]
+        loaded.sort(key=lambda r: -r.last_used)
+        first = [_name(r) for r in loaded]
+        return first + [n for n in names if n not in first]
+
+    def health(self) -> dict[str, Any]:
+        """Each pair loaded or loading: its memory (the plan's bytes), slots and queue."""
+        with self._lock:
+            runners = dict(self.runners)
+        return {
+            name: {
+                "loaded": r.served is not None,
+                "loading": r.loading is not None,
+                "memory": r.memory,
+                "queue": r.pending,
+                "slots": {"busy": r.slots_busy, "total": r.parallel},
+            }
+            for name, r in runners.items()
+            if r.served is not None or r.loading is not None
+        }
+
+    def default_runner(self) -> Runner | None:
+        return self.runners.get(self.default) if self.default else None
+
+    # --- stopping -------------------------------------------------------------------------------------------------
+
+    def cancel_all(self) -> None:
+        """Cancel every pair's waiting and running jobs (the server is stopping)."""
+        self.stopping = True
+        with self._lock:
+            runners = list(self.runners.values())
+        for runner in runners:
+            runner.cancel_all()
+
+    def close(self) -> None:
+        """Stop the reaper, close every runner (its engine freed)."""
+        self._stop.set()
+        with self._lock:
+            runners = list(self.runners.values())
+        for runner in runners:
+            runner.close()
+
+
+def _identities(runner: Runner) -> set[str]:
+    """The names a request may give a loaded pair: its name, its label, and its target's file name."""
+    served = runner.served
+    if served is None:
+        return set()
+    return {served.name, served.resolved.label, served.resolved.target.name}
+
+
+def _name(runner: Runner) -> str:
+    return runner.served.name if runner.served is not None else runner.flags.pair or "?"
+
+
+def _file_facts(name: str, paths: Paths) -> dict[str, Any]:
+    """A pair's facts from its files' headers alone (not loaded)."""
+    from localspec.models.catalog import load_config
+    from localspec.models.pairs import head_layers_of, media_of, pair_status
+
+    try:
+        pair = load_config(paths).get(name)
+        status = pair_status(pair, paths)
+    except LocalspecError:
+        return {"available": False, "vision": None, "mtp": None, "context": None, "source": None}
+    media = media_of(status)
+    heads = head_layers_of(status)
+    n_ctx = pair.model_overrides().get("n_ctx")
+    return {
+        "available": status.downloaded,
+        "vision": media.vision,
+        "mtp": None if heads is None else heads > 0,
+        "context": n_ctx,
+        "source": pair.source,
+    }
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text.splitlines()[0]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"

@@ -1,0 +1,172 @@
+"""`serve` holding several pairs (issue 57): a request's `model` picks the pair, loaded on demand on its own engine
+thread; unknown, missing and broken pairs are one line and the server lives; `--max-loaded` and `keep_alive` unload;
+`/v1/models` lists every pair to OpenAI's and Anthropic's clients; the admin routes load and unload."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import anthropic
+import pytest
+from support.server import error_of, raw, start_server
+
+from localspec.core.session import Message
+from localspec.models.flags import RunFlags
+from localspec.server.api import ApiError
+from localspec.server.pairs import Pairs
+from localspec.server.request import Request
+
+ASK = [{"role": "user", "content": "the man said"}]
+
+
+def _home(root, m):
+    """Pairs "tiny" (the default), "other" (another target alone), "broken" (a truncated file), "missing"."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "models.toml").write_text(
+        'default = "tiny"\n'
+        f'[pairs.tiny]\ntarget = {{ path = "{m.target}" }}\ndraft = {{ path = "{m.draft_noisy}" }}\n'
+        "temperature = 0.0\nn_ctx = 512\n"
+        f'[pairs.other]\ntarget = {{ path = "{m.draft_unrelated}" }}\ntemperature = 0.0\nn_ctx = 256\n'
+        f'[pairs.broken]\ntarget = {{ path = "{m.truncated}" }}\n'
+        f'[pairs.missing]\ntarget = {{ path = "{root / "nowhere.gguf"}" }}\n',
+        encoding="utf-8",
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, tiny_models):
+    return _home(tmp_path_factory.mktemp("pairs-home"), tiny_models)
+
+
+@pytest.fixture(scope="module")
+def server(home):
+    running = start_server(home, "--parallel", "1")
+    yield running
+    running.stop()
+    assert "Traceback" not in running.stderr()
+
+
+def _answer(client, model: str, **extra) -> str:
+    reply = client.chat.completions.create(model=model, messages=ASK, max_tokens=12, temperature=0, **extra)
+    assert reply.model == model
+    return reply.choices[0].message.content
+
+
+def _pairs(server) -> dict:
+    return json.loads(raw(server.port, "GET", "/health")[2])["pairs"]
+
+
+def test_alternate_requests_answer_as_a_server_of_that_pair_alone(server, home, tiny_models):
+    client = server.client()
+    answers = {name: [_answer(client, name) for _ in range(2)] for name in ("tiny", "other")}
+    assert _answer(client, "tiny") == answers["tiny"][0] and _answer(client, "other") == answers["other"][0]
+    assert answers["tiny"][0] != answers["other"][0]  # two models, not one
+    assert set(_pairs(server)) == {"tiny", "other"}
+    for name in ("tiny", "other"):
+        alone = start_server(home, "--pair", name, "--no-swap", "--parallel", "1")
+        try:
+            assert _answer(alone.client(), name) == answers[name][0] == answers[name][1]
+        finally:
+            alone.stop()
+
+
+def test_unknown_missing_and_broken_pairs_are_one_line_and_the_server_lives(server):
+    body = {"model": "nope", "messages": ASK, "max_tokens": 2}
+    status, _, data = raw(server.port, "POST", "/v1/chat/completions", body)
+    assert status == 404 and error_of(data)["code"] == "model_not_found"
+    status, _, data = raw(server.port, "POST", "/v1/chat/completions", {**body, "model": "missing"})
+    assert status == 404 and "run `localspec pull missing`" in error_of(data)["message"]
+    status, _, data = raw(server.port, "POST", "/v1/chat/completions", {**body, "model": "broken"})
+    assert status == 503 and error_of(data)["code"] == "model_load_failed", data
+    assert "could not load 'broken'" in error_of(data)["message"]
+    assert server.healthy() and _answer(server.client(), "tiny")
+
+
+def test_the_clients_list_every_pair_and_choose_one(server):
+    listed = {m.id: m for m in server.client().models.list()}
+    assert {"tiny", "other", "broken", "missing"} <= set(listed) and "gemma3-12b" not in listed  # not pulled
+    tiny = listed["tiny"].model_extra
+    assert tiny["loaded"] and tiny["available"] and tiny["context"] == 512 and tiny["vision"] is False
+    assert listed["missing"].model_extra["available"] is False and not listed["missing"].model_extra["loaded"]
+    claude = anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", api_key="none", max_retries=0)
+    assert {m.id for m in claude.models.list()} == set(listed)
+    reply = claude.messages.create(model="other", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == "other" and reply.content
+
+
+def test_keep_alive_unloads_and_the_admin_routes_load_and_unload(server):
+    _answer(server.client(), "other", extra_body={"keep_alive": 0})
+    _wait(lambda: "other" not in _pairs(server))
+    status, _, data = raw(server.port, "POST", "/models/load", {"model": "other"})
+    assert status == 200 and json.loads(data)["loaded"] is True and _pairs(server)["other"]["loaded"]
+    assert _pairs(server)["other"]["memory"] > 0 and _pairs(server)["other"]["slots"]["total"] == 1
+    status, _, data = raw(server.port, "POST", "/models/unload", {"model": "other"})
+    assert status == 200 and json.loads(data)["loaded"] is False and "other" not in _pairs(server)
+    status, _, data = raw(server.port, "POST", "/models/load", {"model": "nope"})
+    assert status == 404 and error_of(data)["code"] == "model_not_found"
+    status, _, data = raw(
+        server.port, "POST", "/v1/chat/completions", {"model": "tiny", "messages": ASK, "keep_alive": "soon"}
+    )
+    assert status == 400 and "keep_alive" in error_of(data)["message"]
+
+
+def test_max_loaded_one_unloads_the_other_pair_and_loads_it_again(home):
+    running = start_server(home, "--parallel", "1", "--max-loaded", "1", "--keep-alive", "10m")
+    try:
+        client = running.client()
+        first = _answer(client, "tiny")
+        assert _answer(client, "other") and set(_pairs(running)) == {"other"}
+        assert _answer(client, "tiny") == first and set(_pairs(running)) == {"tiny"}
+        assert "unloading other to make room (--max-loaded 1)" in running.stderr()
+    finally:
+        running.stop()
+    assert "Traceback" not in running.stderr()
+
+
+def test_a_request_waits_for_its_pair_to_load_while_others_answer(chat_home, monkeypatch):
+    """In process: "tiny-same" loads slowly; "tiny" answers meanwhile; past the load timeout a request is 503."""
+    pairs = Pairs(RunFlags(pair="tiny"), chat_home, names=("tiny", "tiny-same"), load_timeout=30)
+    hi = Request(messages=(Message("user", "hi"),), prompt=None, max_tokens=4)
+    release = threading.Event()
+    try:
+        pairs.start()
+        slow = pairs.runner("tiny-same")
+        real_load = slow.load
+
+        def held_load(pair=None):
+            release.wait(30)
+            return real_load(pair)
+
+        monkeypatch.setattr(slow, "load", held_load)
+
+        async def scenario():
+            waiting = asyncio.ensure_future(pairs.ready("tiny-same"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and slow.loading is None and slow.served is None
+            _, future = pairs.submit(await pairs.ready("tiny"), hi)  # the loaded pair answers meanwhile
+            assert (await asyncio.wrap_future(future)).generations[0].tokens
+            pairs.load_timeout = 0.2
+            with pytest.raises(ApiError) as late:
+                await pairs.ready("tiny-same")
+            assert late.value.status == 503 and late.value.code == "model_loading"
+            release.set()
+            assert await waiting == "tiny-same"
+
+        asyncio.run(scenario())
+        _, future = pairs.submit("tiny-same", hi)
+        assert future.result(60).served.name == "tiny-same"
+        assert {"tiny", "tiny-same"} <= set(pairs.model_ids())
+    finally:
+        release.set()
+        pairs.close()
+
+
+def _wait(predicate, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert predicate()
