@@ -3,12 +3,15 @@
 The model, load and sampling flags are `generate`'s (`flags`, checked by `checks`); the flags' sampling values
 become every request's defaults, over the pair's. It binds 127.0.0.1 unless told otherwise and says so loudly when
 another address serves without `--api-key`. SIGINT / SIGTERM stop it: running generations end after their
-current step, open streams are closed, the engine is freed.
+current step, open streams are closed, the engine is freed. `--status` asks a running server instead (its
+/health, and /v1/models for the pairs it could load) and prints a table of its pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import logging
 import socket
 import sys
@@ -122,11 +125,20 @@ def register(sub) -> None:
         help="fetch an image a request names by http(s) URL, and read one it names by local path or file: URL, as "
         "this server's user (default: only images sent inline as data URLs or base64)",
     )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="ask the server running on --host/--port (with its --api-key) which pairs it has loaded, their memory, "
+        "slots and queue, and which it could load; print them and exit (exit 1: no server answers)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, paths: Paths) -> int:
-    """Check the flags, load the default pair, serve until SIGINT / SIGTERM."""
+    """Check the flags, load the default pair, serve until SIGINT / SIGTERM (`--status`: print a running server's
+    pairs instead)."""
+    if args.status:
+        return _status(args)
     chosen = list(dict.fromkeys(args.pair or ()))
     args.pair = chosen[0] if chosen else None
     flags = check_run_args(args)
@@ -276,6 +288,71 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     )
     if not serve(runner, settings, args.port):
         raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
+
+
+def _status(args: argparse.Namespace) -> int:
+    """Print the pairs of the server on --host/--port (0); one line on stderr when none answers there (1)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(args.host, args.host)  # where it listens
+    where = f"http://{_url_host(host)}:{args.port}"
+    key = clean(args.api_key)[0].strip() if args.api_key else None
+    try:
+        health = _ask(host, args.port, "/health", None)
+        models = _ask(host, args.port, "/v1/models", key)
+        if (
+            not isinstance(health, dict)
+            or not isinstance(health.get("pairs"), dict)
+            or not isinstance(models, dict | None)
+        ):
+            raise ValueError("not localspec's /health")
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        print(
+            f"localspec serve: no localspec server answers on {where} ({reason}): start one with `localspec serve`, "
+            "or give its --host and --port",
+            file=sys.stderr,
+        )
+        return 1
+    print(_status_table(health, models, where))
+    return 0
+
+
+def _ask(host: str, port: int, path: str, key: str | None) -> dict | None:
+    """GET `path` as JSON (an error status's body too: /health is 503 while loading); None for a 401 or 403."""
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {key}"} if key else {})
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    if response.status in (401, 403) and path != "/health":
+        return None
+    return json.loads(body)
+
+
+def _status_table(health: dict, models: dict | None, where: str) -> str:
+    """The pairs loaded (or loading) as a table, then the others the server could load."""
+    rows = [("PAIR", "STATE", "MEMORY", "SLOTS", "QUEUE")]
+    for name, pair in health["pairs"].items():
+        slots = pair.get("slots") or {}
+        state = "loaded" if pair.get("loaded") else "loading"
+        rows.append((name, state, _size(pair.get("memory") or 0), f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
+                     str(pair.get("queue", 0))))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"localspec serve on {where}: {health.get('status', '?')}, default pair {health.get('model') or '-'}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    if len(rows) == 1:
+        lines.append("(no pair loaded)")
+    if models is None:
+        lines.append("available: give the server's --api-key to list them")
+    else:
+        names = [m["id"] for m in models.get("data", []) if m.get("available") and m["id"] not in health["pairs"]]
+        lines.append(f"available: {', '.join(names) or 'none besides those loaded'}")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    return "-" if n <= 0 else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _check_bind(host: str, port: int) -> None:
