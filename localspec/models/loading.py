@@ -2,7 +2,8 @@
 
 Precedence for every setting: an explicit flag, then the pair's default in models.toml (`PairDefaults`),
 then the engine's built-in default. Each parameter object is built here once and handed down; the engine
-itself never sees argparse or pydantic. The chat app uses the same functions with its own options.
+itself never sees argparse or pydantic. `load_with_flags` is the one loader of a pair by name (or files) that
+`serve`'s runners and the chat's F2 switch share; the chat passes its own options as the flags.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from localspec.core.params import (
     LoadParams,
     PairDefaults,
     SpeculativeParams,
+    needs_draft_model,
 )
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
@@ -33,6 +36,16 @@ from .flags import RunFlags
 from .resolved import ResolvedPair
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PairLoad:
+    """A pair resolved and its load parameters, about to load (or loaded, with `engine`)."""
+
+    name: str  # the pair's name, or the target's file name
+    resolved: ResolvedPair  # its files, defaults and notice (the note to show)
+    params: LoadParams
+    engine: Engine | None = None
 
 
 def _merged(overrides: Mapping[str, Any], defaults: PairDefaults, names: tuple[str, ...]) -> dict[str, Any]:
@@ -131,6 +144,64 @@ def resolve_models(
     return resolve_pair(pair, config, paths, notice=note or "", mmproj=mmproj)
 
 
+def switched(flags: RunFlags, pair: str | None) -> RunFlags:
+    """The flags for loading pair `pair` (None, or the flags' own pair: the flags as they are). Another pair drops
+    the files and the projector given for the first: a --mmproj fits the model it was made for only."""
+    if pair is None or pair == flags.pair:
+        return flags
+    return dataclasses.replace(flags, pair=pair, target=None, draft=None, mmproj=None)
+
+
+def load_with_flags(
+    flags: RunFlags,
+    paths: Paths,
+    *,
+    pair: str | None = None,
+    choice: ResolvedPair | None = None,
+    bundled: Path | None = None,
+    n_seq: int | None = None,
+    say: Callable[[str], None] | None = None,
+    on_fraction: Callable[[float], None] | None = None,
+    before: Callable[[PairLoad], None] | None = None,
+) -> PairLoad:
+    """Load a pair by name (or the flags' files) with these flags: the one loader of `serve` and the chat's switch.
+
+    Args:
+        flags: the checked flags (or the chat's options): files or pair, load flags over the pair's own defaults.
+        paths: localspec's folders.
+        pair: another pair to load with the same flags (`switched`); None: the flags' own.
+        choice: the pair already resolved (the chat's drafter change); None: resolved here.
+        bundled: another bundled models.toml (tests).
+        n_seq: the sequences (slots) the target's context holds (`LoadParams.n_seq`); None: the load's own.
+        say: told what happens in words: the demo target derived, "loading T + D…", the weights sent to RPC
+            workers (every 5%).
+        on_fraction: told the fraction of the target's weights loaded, instead of `say`'s percentages.
+        before: called once the pair is resolved and before its weights load (to free another, make room).
+
+    Returns:
+        The pair loaded, with its engine.
+
+    Raises:
+        LocalspecError: as `resolve_models`, `load_params` and `load_engine`; whatever `before` raises.
+    """
+    flags = switched(flags, pair)
+    resolved = choice or resolve_models(flags, paths, bundled=bundled, progress=say)
+    params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
+    if n_seq is not None:
+        params = dataclasses.replace(params, n_seq=n_seq)
+    plan = PairLoad(resolved.name or resolved.target.name, resolved, params)
+    if before is not None:
+        before(plan)
+    if say is not None:
+        what = resolved.target.name
+        if needs_draft_model(params.drafter) and resolved.draft is not None:
+            what += f" + {resolved.draft.name}"
+        say(f"loading {what}…")
+        on_fraction = on_fraction or weights_progress(params, say, step=5)
+    engine = load_engine(resolved.target, resolved.draft, params, on_fraction)
+    return dataclasses.replace(plan, engine=engine)
+
+
 def load_engine(
     target: str | Path,
     draft: str | Path | None,
@@ -214,11 +285,14 @@ def open_engine(args: RunFlags, paths: Paths) -> Iterator[tuple[Engine, PairDefa
 
 
 __all__ = [
+    "PairLoad",
     "load_engine",
     "load_pair",
     "load_params",
+    "load_with_flags",
     "open_engine",
     "resolve_models",
     "sampling_params",
     "speculative_params",
+    "switched",
 ]

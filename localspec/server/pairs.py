@@ -12,7 +12,6 @@ than its keep-alive (the flag, or the last request's `keep_alive`) is unloaded b
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Any
 from localspec.errors import LocalspecError
 from localspec.llama.context import memory_bytes
 from localspec.models.flags import RunFlags
+from localspec.models.loading import switched
 from localspec.paths import Paths
 
 from .api import ApiError
@@ -146,9 +146,7 @@ class Pairs:
         """The runner of pair `name` (made, not loaded, on first use)."""
         with self._lock:
             if name not in self.runners:
-                self.runners[name] = self._new_runner(
-                    dataclasses.replace(self.flags, pair=name, target=None, draft=None, mmproj=None)
-                )
+                self.runners[name] = self._new_runner(switched(self.flags, name))
             return self.runners[name]
 
     def _new_runner(self, flags: RunFlags) -> Runner:

@@ -26,7 +26,7 @@ from typing import Any
 from localspec.core.load import AUTO_SLOTS
 from localspec.errors import LocalspecError
 from localspec.models.flags import RunFlags
-from localspec.models.loading import load_engine, load_params, resolve_models
+from localspec.models.loading import PairLoad, load_engine, load_with_flags
 from localspec.paths import Paths
 
 from .api import ApiError
@@ -91,35 +91,40 @@ class Runner:
 
     def load(self, pair: str | None = None) -> Served:
         """Load the flags' pair (or `pair`, replacing the loaded one); blocking. On the worker thread: `start` at the
-        beginning, a job's swap later."""
-        flags = self.flags if pair is None else dataclasses.replace(self.flags, pair=pair, target=None, draft=None)
-        resolved = resolve_models(flags, self.paths)
-        params = load_params(flags, resolved.defaults, has_draft=resolved.draft is not None)
-        params = dataclasses.replace(params, n_seq=0 if self.auto else self.parallel)
-        name = resolved.name or resolved.target.name
-        old, self.served, self.loading = self.served, None, name
-        if old is not None:
-            _free(old)
-        try:
-            need = _planned_bytes(resolved, params)
+        beginning, a job's swap later. The load is the chat's too (`models.loading.load_with_flags`)."""
+        old, need = self.served, 0
+
+        def before(plan: PairLoad) -> None:  # resolved: the old pair freed, room made for this one
+            nonlocal need
+            self.served, self.loading = None, plan.name
+            if old is not None:
+                _free(old)
+            need = _planned_bytes(plan.resolved, plan.params)
             if self.before_load is not None:
                 self.before_load(self, need)
-            log.info("loading %s (%s) …", name, resolved.label)
-            engine = load_engine(resolved.target, resolved.draft, params, _log_progress(name))
+            log.info("loading %s (%s) …", plan.name, plan.resolved.label)
+
+        n_seq = 0 if self.auto else self.parallel
+        try:
+            loaded = load_with_flags(
+                self.flags, self.paths, pair=pair, n_seq=n_seq, on_fraction=_log_progress(self), before=before
+            )
         except BaseException:
-            if old is not None and pair is not None:
+            if old is not None and self.served is None and pair is not None:  # freed for the switch that failed
                 log.info("reloading %s after the failed switch", old.name)
                 self.served = _reload(old)
             raise
         finally:
             self.loading = None
+        name, resolved, engine, params = loaded.name, loaded.resolved, loaded.engine, loaded.params
+        assert engine is not None  # a load returns its engine
         self.served = Served(
             name,
             resolved,
             engine,
             params,
-            flags.chat_template,
-            think_flag=flags.think,
+            self.flags.chat_template,
+            think_flag=self.flags.think,
         )
         self.memory, self.last_used = need, time.monotonic()
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
@@ -325,14 +330,14 @@ def _reload(old: Served) -> Served | None:
     return Served(old.name, old.resolved, engine, old.params, old.chat_template, think_flag=old.think_flag)
 
 
-def _log_progress(name: str) -> Callable[[float], None]:
+def _log_progress(runner: Runner) -> Callable[[float], None]:
     shown = [-1]
 
     def on_fraction(fraction: float) -> None:
         tenth = int(fraction * 10)
         if tenth != shown[0]:
             shown[0] = tenth
-            log.info("loading %s: %d%%", name, tenth * 10)
+            log.info("loading %s: %d%%", runner.loading, tenth * 10)
 
     return on_fraction
 

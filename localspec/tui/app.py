@@ -183,8 +183,7 @@ class ChatApp(App[int]):
     @work(thread=True, group="load", exit_on_error=False)
     def _load_worker(self, old, pair: str | None, choice: ResolvedPair | None, drafter: str | None) -> None:
         def load() -> loading.Loaded:
-            resolved = choice or loading.choose_models(self.options, pair, self._post_progress)
-            return loading.load_models(self.options, resolved, drafter, self._post_progress)
+            return loading.load_models(self.options, choice, drafter, self._post_progress, pair=pair)
 
         try:
             loaded = self.engine_thread.replace(old, load)

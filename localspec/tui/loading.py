@@ -1,8 +1,8 @@
 """From the chat's options (or a pair picked in the app) to a loaded `Engine`, plus the pair list and pull.
 
 These functions block (files are read, the demo target may be derived, llama.cpp loads the models), so
-the app calls them from thread workers and passes a `progress` callback that posts messages. They resolve
-and load as the command line does (`models.loading`) and never touch Textual. Folders and models.toml come
+the app calls them from thread workers and passes a `progress` callback that posts messages. A pair loads through
+`serve`'s loader (`models.loading.load_with_flags`); nothing here touches Textual. Folders and models.toml come
 from the chat's options (`ChatOptions.paths`, `bundled_config`); models.toml is read again each time.
 """
 
@@ -14,10 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localspec.core.engine import Engine
-from localspec.core.params import needs_draft_model
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
-from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
+from localspec.models.loading import load_with_flags
 from localspec.models.pairs import file_problems, head_report, pair_status, pull_pair
 from localspec.models.resolved import ResolvedPair
 
@@ -49,32 +48,30 @@ class PairRow:
     fix: str = ""  # a local file that is missing: what to fix instead of downloading (never offered a pull)
 
 
-def choose_models(options: ChatOptions, pair: str | None, progress: Progress) -> ResolvedPair:
-    """Resolve `pair` (or, when None, the options' pair or --target/--draft) as `localspec generate` does.
+def load_models(
+    options: ChatOptions, choice: ResolvedPair | None, drafter: str | None, progress: Progress, pair: str | None = None
+) -> Loaded:
+    """Load `pair` (None: the options' pair or --target/--draft) into an Engine as `serve` does
+    (`models.loading.load_with_flags`): another pair drops the options' files and projector.
+
+    Args:
+        choice: the pair already resolved (a drafter change); None: resolved now.
+        drafter: the drafter to load with instead of the options' (None: theirs, else the pair's).
+        progress: told in words what the load does (the demo derived, "loading T + D…", RPC percentages).
 
     Raises:
-        LocalspecError: unknown pair, invalid models.toml, files not downloaded.
-    """
-    flags = options if pair is None else dataclasses.replace(options, pair=pair, target=None, draft=None)
-    return resolve_models(flags, options.paths, bundled=options.bundled_config, progress=progress)
-
-
-def load_models(options: ChatOptions, choice: ResolvedPair, drafter: str | None, progress: Progress) -> Loaded:
-    """Load the chosen files into an Engine (the same precedence as `localspec generate`).
-
-    Raises:
-        LocalspecError: bad files, incompatible draft, n_ctx too large, a drafter that needs a missing draft.
+        LocalspecError: unknown pair, invalid models.toml, files not downloaded, bad files, incompatible draft,
+            n_ctx too large, a drafter that needs a missing draft.
     """
     if drafter:
         options = dataclasses.replace(options, drafter=drafter)
-    params = load_params(options, choice.defaults, has_draft=choice.draft is not None)
-    what = choice.target.name + (
-        f" + {choice.draft.name}" if needs_draft_model(params.drafter) and choice.draft else ""
+    loaded = load_with_flags(
+        options, options.paths, pair=pair, choice=choice, bundled=options.bundled_config, say=progress
     )
-    progress(f"loading {what}…")
-    engine = load_engine(choice.target, choice.draft, params, weights_progress(params, progress, step=5))
-    log.info("loaded %s (drafter %s, n_ctx %d)", what, engine.drafter.kind, engine.n_ctx)
-    return Loaded(engine, choice, engine.drafter.kind)
+    assert loaded.engine is not None  # a load returns its engine
+    engine = loaded.engine
+    log.info("loaded %s (drafter %s, n_ctx %d)", loaded.resolved.label, engine.drafter.kind, engine.n_ctx)
+    return Loaded(engine, loaded.resolved, engine.drafter.kind)
 
 
 def list_pairs(options: ChatOptions) -> list[PairRow]:
