@@ -198,6 +198,7 @@ def test_the_graph_reader_sees_relative_and_function_level_imports(tmp_path):
     assert find_cycle({"x": {"y"}, "y": set()}) is None
 
 
+@pytest.mark.slow
 def test_no_module_or_layer_imports_in_a_cycle(broken_copy):
     assert cycles(import_graph()) == []
     # kv imports nothing of the engine; engine imports kv: one more import closes a loop
@@ -215,6 +216,7 @@ def test_core_imports_only_core_llama_and_errors(broken_copy):
     ]
 
 
+@pytest.mark.slow
 def test_only_the_llama_layer_imports_llama_cpp(broken_copy):
     importers = {m for m, names in external_imports().items() if NATIVE in names}
     assert importers and all(layer(m) == "llama" for m in importers)  # the rule below sees real imports
@@ -237,6 +239,7 @@ def test_every_layer_imports_only_the_layers_below_it(broken_copy):
     assert layer_breaks(import_graph(root)) == ["localspec.models.pairs -> localspec.bench.run"]
 
 
+@pytest.mark.slow
 def test_the_package_top_imports_only_core_models_and_errors(broken_copy):
     assert {layer(t) for t in import_graph()["localspec"]} == TOP  # the public API's imports are seen, lazy as they are
     assert imports_outside(import_graph(), "", TOP) == []

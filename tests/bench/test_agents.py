@@ -20,6 +20,7 @@ def bench_agents(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
     return bench_tiny(capsys, tiny_models, "--chat-template", "chatml", "--threads", "1", *extra)
 
 
+@pytest.mark.slow
 def test_agents_take_turns_against_llama_servers_plain_and_with_its_draft(
     tiny_models, capsys, localspec_home, tmp_path
 ):

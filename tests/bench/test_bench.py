@@ -173,6 +173,7 @@ def test_runs_are_interleaved_each_exactly_once_and_no_setting_always_first():
     assert groups_first == [0, 5, 0]  # the groups (e.g. round trips) rotate once per round
 
 
+@pytest.mark.slow
 def test_busy_rows_measure_each_setting_quiet_and_busy(capsys, tiny_models):
     code, out, err = bench(capsys, tiny_models, "--busy", "--json")
     assert code == 0, err

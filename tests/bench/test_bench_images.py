@@ -94,6 +94,7 @@ def test_a_file_that_is_no_image_is_refused_in_one_line(tiny_vision, capsys, loc
         assert code == 1 and out == "" and err.count("\n") == 1 and expected in err, err
 
 
+@pytest.mark.slow
 def test_the_peer_reads_the_image_turns_and_the_text_turns_as_token_ids(tiny_vision, capsys, localspec_home, picture,
                                                                         tmp_path):  # fmt: skip
     fake, log = write_fake_peer(tmp_path, help_text=HELP_VISION)
@@ -117,6 +118,7 @@ def test_the_peer_reads_the_image_turns_and_the_text_turns_as_token_ids(tiny_vis
     assert not any(line.startswith("note: llama-server") for line in out.splitlines())
 
 
+@pytest.mark.slow
 def test_a_peer_without_mmproj_runs_the_text_turns_alone(tiny_vision, capsys, localspec_home, picture, tmp_path):
     fake, log = write_fake_peer(tmp_path, help_text=HELP_NEW)
     code, out, err = bench(capsys, tiny_vision, "--image", str(picture), "--temperature", "0", "--peer", str(fake))

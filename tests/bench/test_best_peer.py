@@ -73,6 +73,7 @@ def test_the_peers_strong_settings_and_how_each_starts(tmp_path):
     assert "--spec-draft-n-max" not in args(unsaid[0]) and "--spec-draft-sampling" not in args(unsaid[0])
 
 
+@pytest.mark.slow
 def test_bench_finds_the_peers_best_per_temperature_and_says_its_headline(
     tiny_models, capsys, localspec_home, tmp_path
 ):
@@ -108,6 +109,7 @@ def test_bench_finds_the_peers_best_per_temperature_and_says_its_headline(
     assert [line[2:].split("  ")[0] for line in marked] == ["ngram-mod+draft k=8", "ngram-mod"]
 
 
+@pytest.mark.slow
 def test_an_older_peer_without_ngram_mod_is_best_among_its_drafts(tiny_models, capsys, localspec_home, tmp_path):
     peer, log = write_fake_peer(tmp_path, help_text=HELP_OLD)
     code, out, err = bench(capsys, tiny_models, peer, "--k", "2", "--temperature", "0")
@@ -119,6 +121,7 @@ def test_an_older_peer_without_ngram_mod_is_best_among_its_drafts(tiny_models, c
     assert "/ plain 50.0 tok/s = " in out
 
 
+@pytest.mark.slow
 def test_drafters_side_by_side_and_the_headline_follows_the_default(tiny_models, capsys, localspec_home, tmp_path):
     peer, _ = write_fake_peer(tmp_path)
     code, out, err = bench(
@@ -147,6 +150,7 @@ def test_bad_drafters_are_one_line(tiny_models, capsys, localspec_home, tmp_path
     assert code == 1 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_the_structured_workload_is_not_compared_with_the_peers_free_text(
     tiny_models, capsys, localspec_home, tmp_path
 ):
@@ -166,6 +170,7 @@ def test_the_structured_workload_is_not_compared_with_the_peers_free_text(
     assert not any("schema" in p["setting"] for p in report["peer"])
 
 
+@pytest.mark.slow
 def test_the_peer_runs_a_round_after_each_of_localspecs(tiny_models, capsys, localspec_home, tmp_path, monkeypatch):
     """localspec's round of every setting, then the peer's round, and again: both measured in the same minutes (a
     machine's speed drifts 2-3x over a long bench; all of localspec's rounds before all of the peer's put the drift

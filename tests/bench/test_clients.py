@@ -18,6 +18,7 @@ def bench_clients(capsys, tiny_models, *extra: str) -> tuple[int, str, str]:
                       "--threads", "1", *extra)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_clients_at_once_against_llama_servers_slots_plain_and_with_its_draft(
     tiny_models, capsys, localspec_home, tmp_path
 ):

@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cold_start.py"
 
 
+@pytest.mark.slow
 def test_the_cold_start_table_has_every_call_and_pause(tiny_models):
     done = subprocess.run(
         [sys.executable, str(SCRIPT), str(tiny_models.target), "--rounds", "2"],

@@ -63,6 +63,7 @@ GEN = ["generate", "--max-tokens", "4"]  # the default pair of chat_home: the ti
     ],
     ids=["argv", "stdin", "chat", "system", "stop", "nul-and-surrogate", "valid-utf8", "empty"],
 )
+@pytest.mark.slow
 def test_text_encodings(world, args, stdin, note):
     outcome = run_cli([*GEN, *args], stdin=stdin)
     assert_outcome(outcome, 0, note, log_file=world.log_file)
@@ -82,11 +83,13 @@ def test_text_encodings(world, args, stdin, note):
     ],
     ids=["100k-chars", "chat-too-long", "truncate", "just-fits", "one-token"],
 )
+@pytest.mark.slow
 def test_lengths(world, prompt, flags, code, match):
     outcome = run_cli(["generate", "--max-tokens", "64", *flags], stdin=prompt.encode())
     assert_outcome(outcome, code, match, log_file=world.log_file)
 
 
+@pytest.mark.slow
 def test_truncate_and_context_full_are_in_the_json_notices(world):
     outcome = run_cli(["generate", "--json", "--truncate", "--max-tokens", "64"], stdin=b"the " * 5000)
     [run] = [json.loads(line) for line in outcome.out.splitlines()]
@@ -142,6 +145,7 @@ SEED_MAX = 2**64 - 1  # numpy's seeds are unsigned 64-bit
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else None,
 )
+@pytest.mark.slow
 def test_numbers(world, capsys, flags, code, match):
     outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
     if code == 2:  # an argparse usage error: one line too
@@ -265,6 +269,7 @@ def test_chat_database_folder_unusable_is_one_line_with_the_right_advice(tmp_pat
     assert "\n" not in message and "LOCALSPEC_HOME" in message and "move it away" not in message
 
 
+@pytest.mark.slow
 def test_doctor_flags_unusable_folders_and_says_the_threads(world, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALSPEC_HOME", str(_home_under_a_file(tmp_path)))
     outcome = run_main(["doctor"], capsys)
@@ -294,6 +299,7 @@ DAMAGE = {
 @pytest.mark.parametrize(
     "command", [["models"], ["generate", "hi", "--max-tokens", "2"], ["doctor"]], ids=["models", "generate", "doctor"]
 )
+@pytest.mark.slow
 def test_models_toml_damage(chat_home, capsys, damage, command):
     config = chat_home.config_file
     config.unlink()
@@ -479,6 +485,7 @@ def test_chat_without_a_terminal_is_one_line_not_a_spinning_screen(world):
     ],
     ids=["negative", "negative-with-equals", "a-petabyte-and-more", "full-width", "8G"],
 )
+@pytest.mark.slow
 def test_gpu_memory_sizes(world, capsys, flags, code, match):
     outcome = run_main(["generate", "hi", "--max-tokens", "2", *flags], capsys)
     if code == 2:
@@ -507,6 +514,7 @@ def test_every_wrong_field_of_a_pair_is_named_and_true_is_not_a_number(chat_home
         assert field in outcome.err, outcome.err
 
 
+@pytest.mark.slow
 def test_gpu_flags_on_a_build_without_a_gpu_are_said(world, capsys):
     outcome = run_main(["generate", "hi", "--max-tokens", "2", "--n-gpu-layers", "99", "--cpu-moe"], capsys)
     assert_outcome(outcome, 0)  # before: both ignored without a word

@@ -33,6 +33,7 @@ def generate(capsys, *args: str) -> tuple[int, list[dict], str]:
     return code, [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
 
 
+@pytest.mark.slow
 def test_json_contract_and_greedy_draft_equals_no_draft(tiny_models, capsys):
     base = ["the man said", "--target", tiny_models.target, "--temperature", "0", "--max-tokens", "40", "--json"]
     code, [plain], _ = generate(capsys, *base, "--drafter", "none")
@@ -48,6 +49,7 @@ def test_json_contract_and_greedy_draft_equals_no_draft(tiny_models, capsys):
     assert spec["stats"]["target_passes"] < plain["stats"]["target_passes"]
 
 
+@pytest.mark.slow
 def test_n_completions_share_one_prefill(tiny_models, capsys):
     code, runs, _ = generate(
         capsys,
@@ -146,6 +148,7 @@ def test_missing_file(tiny_models, capsys, tmp_path):
         ("vocab_shuffled", "drafting on the"),
     ],
 )
+@pytest.mark.slow
 def test_a_draft_with_another_vocabulary_drafts_through_the_bridge_and_says_so_once(tiny_models, capsys, name, mode):
     args = ["hi", "--target", tiny_models.target, "--draft", getattr(tiny_models, name), "--max-tokens", "8"]
     code, [run], err = generate(capsys, *args, "--no-adaptive", "--temperature", "0", "--json")
@@ -157,6 +160,7 @@ def test_a_draft_with_another_vocabulary_drafts_through_the_bridge_and_says_so_o
     assert code == 0 and "draft tokenizer differs" not in err  # no draft model: nothing is bridged
 
 
+@pytest.mark.slow
 def test_near_size_vocabulary_is_accepted(tiny_models, capsys):
     code, [run], _ = generate(
         capsys,

@@ -45,6 +45,7 @@ def _free_port() -> str:
         return str(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_a_crash_in_llama_decode_is_logged_and_told_once_by_the_next_command(localspec_home, tiny_models):
     args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
     crashed = _run(CRASH_IN_DECODE, *args)
@@ -66,6 +67,7 @@ def test_a_crash_in_llama_decode_is_logged_and_told_once_by_the_next_command(loc
     assert block in localspec_home.log_file.read_text(encoding="utf-8", errors="replace")  # moved into the log
 
 
+@pytest.mark.slow
 def test_doctor_tells_the_crash_in_its_report(localspec_home, tiny_models):
     args = ["generate", "--target", str(tiny_models.target), "--drafter", "none", "--max-tokens", "4", "Hi"]
     assert _run(CRASH_IN_DECODE, *args).returncode == -signal.SIGSEGV
@@ -148,6 +150,7 @@ def test_a_crashed_chat_s_terminal_modes_are_turned_off_by_the_next_command(loca
         assert text.index(TERMINAL_RESET) < text.index("the last run")
 
 
+@pytest.mark.slow
 def test_each_run_s_crash_is_its_own_whatever_ran_beside_it(localspec_home, tiny_models):
     """A long run (a worker here; `serve` alike) beside a `generate` that crashes, then the long run killed -9:
     before, the next command blamed the long run too (its mark's log offset lay before the crash's block)."""

@@ -47,6 +47,7 @@ def test_cpu_moe_runs_on_this_build(tmp_path, capsys):
     assert json.loads(outcome.out.splitlines()[0])["placement"]["target"]["cpu_moe_layers"] == 2
 
 
+@pytest.mark.slow
 def test_doctor_prints_each_downloaded_pairs_placement(chat_home, capsys):
     outcome = run_main(["doctor"], capsys)
     assert outcome.code == 0

@@ -143,6 +143,7 @@ AGREEMENT = {"vocab_near_size": 0.8, "vocab_renamed": 0.8, "vocab_shuffled": 0.3
 
 @pytest.mark.parametrize("draft", list(AGREEMENT))
 @pytest.mark.parametrize("bridge", ["shared", "text"])
+@pytest.mark.slow
 def test_bridged_greedy_equals_the_target_alone(tiny_models, draft, bridge):
     with Engine.load(tiny_models.target, drafter="none", n_ctx=512) as plain:
         prompt = plain.tokenize(PROMPT)
@@ -156,6 +157,7 @@ def test_bridged_greedy_equals_the_target_alone(tiny_models, draft, bridge):
     assert gen.stats.drafted > 20 and gen.stats.acceptance_rate > AGREEMENT[draft], gen.stats.summary()
 
 
+@pytest.mark.slow
 def test_a_target_token_the_draft_lacks_no_longer_kills_the_answer(tiny_models):
     """The issue's case: before the bridge the pre-flight passed this pair and the draft's decode failed on the
     first target id beyond its vocabulary. The prompt here is made of such tokens."""
@@ -194,6 +196,7 @@ def copied(history: list[int], k: int) -> list[int]:
     return index.continuation(k)[0]
 
 
+@pytest.mark.slow
 def test_lookup_first_then_the_bridge(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.vocab_near_size, n_ctx=512, drafter="model+ngram") as engine:
         drafter = engine.drafter

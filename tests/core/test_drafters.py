@@ -82,6 +82,7 @@ REPEAT = "the man said what the man said what the man said what the man said"
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "model+ngram"])
+@pytest.mark.slow
 def test_lookup_drafters_in_the_real_engine_equal_plain_greedy(tiny_models, drafter):
     draft = tiny_models.draft_unrelated if drafter == "model+ngram" else None
     with Engine.load(tiny_models.target, draft, drafter=drafter, n_ctx=256) as engine:
@@ -94,6 +95,7 @@ def test_lookup_drafters_in_the_real_engine_equal_plain_greedy(tiny_models, draf
     assert spec.stats.drafted > 0  # a random-weight model rarely repeats the prompt: acceptance is for bench_sampling
 
 
+@pytest.mark.slow
 def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
     code = main(
         [
@@ -121,6 +123,7 @@ def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
 
 
 @pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.slow
 def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind, tmp_path):
     draft = tiny_models.draft_noisy if needs_draft_model(kind) else None
     # The MTP head runs on the target's own model: a tiny qwen35 that carries one.

@@ -27,6 +27,7 @@ FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
 
 
 @pytest.mark.parametrize("k", [1, 3, 8])
+@pytest.mark.slow
 def test_greedy_speculative_equals_plain(tiny_models, k, record_property):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         prompt = engine.tokenize(PROMPT)
@@ -39,6 +40,7 @@ def test_greedy_speculative_equals_plain(tiny_models, k, record_property):
 
 
 @pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.slow
 def test_greedy_with_the_in_graph_sampler_equals_plain_on_the_host(tiny_models, k):
     """The device path (llama.cpp's greedy sampler in the graph, read back as a token id) drafts and verifies
     the same tokens as the host argmax: speculative on the device equals plain on the host."""
@@ -55,6 +57,7 @@ def test_greedy_with_the_in_graph_sampler_equals_plain_on_the_host(tiny_models, 
 @pytest.mark.parametrize(
     ("choice", "greedy", "topk"), [("off", False, False), ("auto", False, False), ("on", True, True)]
 )
+@pytest.mark.slow
 def test_which_sampling_runs_in_the_graph(tiny_models, choice, greedy, topk):
     """`auto` on this CPU keeps everything on the host; the draft's top-k law in the graph is for `on` alone (it
     measured slower on a CPU and on an H100), while `on` also takes greedy tokens in the graph."""
@@ -62,6 +65,7 @@ def test_which_sampling_runs_in_the_graph(tiny_models, choice, greedy, topk):
         assert [(seq.ctx.device_greedy, seq.ctx.device_topk) for seq in engine.caches] == [(greedy, topk)] * 2
 
 
+@pytest.mark.slow
 def test_a_wrong_in_graph_token_is_caught(tiny_models, monkeypatch):
     """The negative control: a device path that reads the wrong row gives other tokens than plain decoding."""
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512, device_sampling="off") as host:
@@ -86,6 +90,7 @@ def test_the_in_graph_argmax_of_every_verified_row_is_the_logits_argmax(tiny_mod
             ctx.sampled_token(0)
 
 
+@pytest.mark.slow
 def test_the_in_graph_top_k_law_is_the_hosts_top_k_law(tiny_models):
     """The draft's law at T > 0 on a device: llama.cpp's top-k + temperature chain hands over k candidates and their
     scaled logits; their softmax is the host's law with the same top-k and temperature (and nothing else), and the
@@ -120,6 +125,7 @@ def test_identical_draft_is_always_accepted(tiny_models):
     assert gen.stats.mean_tokens_per_pass > 4.5
 
 
+@pytest.mark.slow
 def test_unrelated_draft_still_gives_the_target_output(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_unrelated, n_ctx=512) as engine:
         prompt = engine.tokenize(PROMPT)
@@ -129,6 +135,7 @@ def test_unrelated_draft_still_gives_the_target_output(tiny_models):
 
 
 @pytest.mark.parametrize("mode", ["checkpoint", "refill"])
+@pytest.mark.slow
 def test_forced_rollback_paths_equal_tail_removal(tiny_models, mode):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         prompt = engine.tokenize(PROMPT)
@@ -141,6 +148,7 @@ def test_forced_rollback_paths_equal_tail_removal(tiny_models, mode):
     assert_identical(tiny_models.target, prompt, reference.tokens, forced.tokens)
 
 
+@pytest.mark.slow
 def test_recurrent_model_speculates_through_checkpoints(tiny_models):
     with Engine.load(tiny_models.recurrent, drafter="none", n_ctx=256) as engine:
         assert engine.target.mode == "checkpoint"  # mamba cannot drop a partial tail

@@ -157,6 +157,7 @@ def test_a_grammar_the_library_cannot_compile_is_one_line_naming_it():
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.slow
 def test_t1_pq_against_the_masked_target_emits_it_and_a_lying_draft_does_not(seed):
     """T1: the draft drawn from its masked law; verification told that law emits the masked target law. Told the
     unmasked draft law (the control: the target masked, the draft's law not), it emits something else."""

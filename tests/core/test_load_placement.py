@@ -49,6 +49,7 @@ def test_cpu_moe_loads_and_decodes_as_without(tmp_path):
     assert texts[0] == texts[1]
 
 
+@pytest.mark.slow
 def test_a_load_that_fails_part_way_frees_what_it_opened(tiny_models):
     before = open_handles()
     with pytest.raises(ModelFileError):  # the draft fails after the target loaded

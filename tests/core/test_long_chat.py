@@ -172,6 +172,7 @@ def test_plan_shift_finds_the_dropped_span_and_checks_it():
 # --- chats ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_turns_after_the_fill_decode_only_their_new_tokens_on_both_models(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         session = ChatSession(engine, system="Be brief.")
@@ -188,6 +189,7 @@ def test_turns_after_the_fill_decode_only_their_new_tokens_on_both_models(tiny_m
         assert "left out" in after[-1].notices[0]
 
 
+@pytest.mark.slow
 def test_fitting_renders_the_conversation_a_logarithmic_number_of_times(tiny_models, monkeypatch):
     with Engine.load(tiny_models.target, drafter="none", n_ctx=256) as engine:
         session = ChatSession(engine, system="Be brief.")
@@ -204,6 +206,7 @@ def test_fitting_renders_the_conversation_a_logarithmic_number_of_times(tiny_mod
         assert max(renders[-20:]) < 40
 
 
+@pytest.mark.slow
 def test_greedy_speculative_equals_plain_after_a_shift(tiny_models, record_property):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         session = ChatSession(engine, system="Be brief.")
@@ -287,6 +290,7 @@ NUMBERED_TEMPLATE = (
 )
 
 
+@pytest.mark.slow
 def test_a_template_that_renders_a_shortened_chat_differently_falls_back_to_block_drops(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=512) as engine:
         session = ChatSession(engine, system="Be brief.")
@@ -323,6 +327,7 @@ def test_fallback_models_keep_answering_correctly_past_a_full_context(tiny_model
             divergence(path, gen.prompt, ref.tokens, gen.tokens)  # none, or only at a near-tie
 
 
+@pytest.mark.slow
 def test_swa_pair_shifts_with_the_full_size_window_cache(tiny_models):
     with Engine.load(tiny_models.swa, tiny_models.swa, n_ctx=256) as engine:
         assert engine.target.ctx.swa_full and engine.target.can_drop
@@ -368,6 +373,7 @@ def test_smollm2_long_chat_shifts_exactly_and_matches_plain_greedy(smollm2_path,
     record_property("near_tie_divergence", near_tie)
 
 
+@pytest.mark.slow
 def test_a_long_prefill_reports_progress_and_stops_with_consistent_caches(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_noisy, n_ctx=2048) as engine:
         prompt = engine.tokenize(" ".join(WORDS * 80))
@@ -392,6 +398,7 @@ def test_a_long_prefill_reports_progress_and_stops_with_consistent_caches(tiny_m
         assert full.finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_the_chat_app_loop_reports_reading_a_long_prompt(tiny_models):
     from localspec.tui.live import Finished, Reading, stream_generation
 

@@ -84,6 +84,7 @@ def _generate(args: list, capsys) -> dict:
 
 
 @pytest.mark.parametrize("drafter", ["model", "none"])
+@pytest.mark.slow
 def test_a_vanishing_temperature_gives_the_greedy_text(chat_home, capsys, drafter):
     """Before: IndexError in `_draw` with the draft model, garbage sampled with --drafter none."""
     greedy = _generate(["--temperature", "0", "--drafter", drafter], capsys)

@@ -154,6 +154,7 @@ def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+@pytest.mark.slow
 def test_a_new_engine_restores_from_the_directory_and_answers_as_read(tiny_models, tmp_path):
     """A restart: the pair's states (target and draft) saved by one engine are restored by the next from the files,
     and the greedy answer is the one reading the prompt gives."""
@@ -209,6 +210,7 @@ def test_a_full_disk_is_one_warning_and_ram_still_restores(tiny_models, tmp_path
     assert written and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_another_models_states_in_the_same_directory_are_never_restored(tiny_models, tmp_path):
     """Two targets, one directory: each finds only its own states, after the other wrote there."""
     target, other = tiny_models.target, tiny_models.draft_noisy

@@ -53,6 +53,7 @@ def assert_same_law(got: ArrayLaw, want: dict[int, float]) -> None:
 
 @pytest.mark.parametrize("n_vocab", [7, 300, 3 * 1024 + 17, 4096])
 @pytest.mark.parametrize("penalty", list(PENALTIES))
+@pytest.mark.slow
 def test_same_law_as_the_full_sort(n_vocab: int, penalty: str) -> None:
     rng = np.random.default_rng([n_vocab, len(penalty)])
     top_ks = sorted({0, 1, 5, 40, n_vocab - 1, n_vocab, n_vocab + 5} - {-1})

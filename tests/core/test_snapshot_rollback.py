@@ -127,6 +127,7 @@ def test_speculation_on_a_hybrid_target_matches_plain(hybrid_path, monkeypatch, 
     assert rollback == "auto" or len(saved) > 1
 
 
+@pytest.mark.slow
 def test_a_hybrid_checkpoint_saves_the_recurrent_part_alone(hybrid_path):
     """Without snapshots (a hybrid draft, or k past them) the checkpoint holds the recurrent state only — the same
     size at 8 and at 40 tokens, where the whole state grows with the attention cache — and restoring it, then

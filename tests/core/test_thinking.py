@@ -183,6 +183,7 @@ def run_split(session: ChatSession, messages, *, think=None, stop=(), spec=SPEC,
     return gen, split
 
 
+@pytest.mark.slow
 def test_markers_come_from_the_vocabulary_or_the_template(thinking_models, tiny_models):
     with Engine.load(thinking_models.target, drafter="none", n_ctx=256) as engine:
         support = ChatFormat(engine.target_model).thinking
@@ -214,6 +215,7 @@ def test_qwen3s_real_template_switches_thinking(thinking_models):
         assert not fmt.opens_thinking(None) and not fmt.opens_thinking(False)
 
 
+@pytest.mark.slow
 def test_the_answer_streams_apart_from_its_thinking(thinking_models):
     with Engine.load(thinking_models.target, thinking_models.draft, n_ctx=512) as engine:
         session = ChatSession(engine)

@@ -23,6 +23,7 @@ SAPPHIRE_RAPIDS = cpu.HostCpu("Intel(R) Xeon(R) Platinum 8488C", frozenset(cpu.C
 SYSTEM_LINE = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1 | REPACK = 1 |"
 
 
+@pytest.mark.slow
 def test_every_quantization_type_decodes_in_a_child_process():
     results = run_canary()
     assert [r.qtype for r in results] == list(CANARY_TYPES)
@@ -97,6 +98,7 @@ def test_garbage_logits_once_pass_with_a_note_and_twice_fail(tmp_path, monkeypat
         assert result.failure == "non-finite logits in row 3 of 9" and not result.note
 
 
+@pytest.mark.slow
 def test_a_child_that_hangs_is_stopped(monkeypatch):
     monkeypatch.setattr(canary, "child_command", lambda path: [sys.executable, "-c", "import time; time.sleep(60)"])
     (result,) = run_canary(("Q4_1",), timeout=1.0)
@@ -167,6 +169,7 @@ def test_a_bad_repack_setting_is_one_line():
     assert cpu.repack_from_env({}) and not cpu.repack_from_env({"LOCALSPEC_REPACK": "OFF"})
 
 
+@pytest.mark.slow
 def test_the_set_up_check_is_one_line_and_fails_the_set_up_on_a_crash(monkeypatch, capsys):
     assert canary.main([]) == 0
     out, err = capsys.readouterr()

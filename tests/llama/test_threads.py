@@ -14,6 +14,7 @@ from localspec.llama import threads
 pytestmark = pytest.mark.skipif(not threads.CoreMonitor.available(), reason="needs /proc/stat (Linux)")
 
 
+@pytest.mark.slow
 def test_monitor_counts_other_processes_not_this_one():
     """Against this machine's own background: this process's work is not "other"; a busy child process is."""
     monitor = threads.CoreMonitor()

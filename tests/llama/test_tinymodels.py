@@ -235,6 +235,7 @@ def test_target_greedy_is_peaky_varied_and_does_not_stop(tiny_models: TinyModels
     assert len(set(tokens)) >= 32
 
 
+@pytest.mark.slow
 def test_draft_agreement_with_target(tiny_models: TinyModels) -> None:
     assert greedy_agreement(tiny_models.target, tiny_models.draft_same) == 1.0
     # Measured 0.75 (teacher-forced); in a k-token greedy draft loop: 0.77 (k=1), 0.65 (k=2), 0.52 (k=4).
@@ -303,6 +304,7 @@ def _swa_rollback(path: Path, p0: int, *, swa_full: bool) -> tuple[bool, tuple[i
         (20, (-1, -1), False),
     ],
 )
+@pytest.mark.slow
 def test_swa_rollback_with_default_cache(tiny_models: TinyModels, p0, pos_after, exact) -> None:
     with load_model(tiny_models.swa) as model:
         assert llama_cpp.llama_model_n_swa(model) == 8
@@ -314,6 +316,7 @@ def test_swa_rollback_with_default_cache(tiny_models: TinyModels, p0, pos_after,
 
 
 @pytest.mark.parametrize("p0", [290, 50, 20])
+@pytest.mark.slow
 def test_swa_full_rollback_is_exact(tiny_models: TinyModels, p0: int) -> None:
     removed, before, after, diff = _swa_rollback(tiny_models.swa, p0, swa_full=True)
     assert (removed, before, after) == (True, (0, SWA_SEQ_LEN - 1), (0, p0 - 1))

@@ -132,6 +132,7 @@ def test_an_image_goes_into_the_sequence_it_is_given(projector: Projector, targe
         assert ctx.pos_range(0) == (-1, -1)
 
 
+@pytest.mark.slow
 def test_two_pictures_give_different_next_token_logits(projector: Projector, target: Model):
     first, n_first = logits_after(projector, target, image(1))
     second, n_second = logits_after(projector, target, image(2))
@@ -139,6 +140,7 @@ def test_two_pictures_give_different_next_token_logits(projector: Projector, tar
     assert np.abs(first - second).max() > 1.0  # logits have a spread of ~8: the picture changes them, not noise
 
 
+@pytest.mark.slow
 def test_the_same_picture_gives_the_same_logits_twice_and_from_a_bmp(projector: Projector, target: Model):
     pixels = random_pixels(3)
     once, _ = logits_after(projector, target, read_image(png_bytes(pixels)))

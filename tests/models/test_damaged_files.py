@@ -99,6 +99,7 @@ def test_models_lists_every_pair_and_names_each_damaged_file(home, capsys):
     assert rows["good"]["problems"] == [] and len(rows["abort"]["problems"]) == 1
 
 
+@pytest.mark.slow
 def test_doctor_reports_every_pair_and_plans_only_the_readable_ones(home):
     report = run_doctor(home)  # before: a MemoryError traceback, the report never printed
     found = {f.label: f for title, fs in report.sections if title == "Pairs" for f in fs}

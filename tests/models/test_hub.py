@@ -221,6 +221,7 @@ def test_gated_repo_says_how_to_log_in(env, pair):
     assert "hf auth login" in line and "HF_TOKEN" in line
 
 
+@pytest.mark.slow
 def test_dead_network_is_one_line_and_fast(env, fake_hub):
     fake_hub.stop()  # nothing listens on the port any more: connection refused
     start = time.monotonic()
@@ -276,6 +277,7 @@ def test_models_json_lists_curated_and_user_pairs_with_download_state(env):
     assert text.returncode == 0 and "tiny (user) — tiny test pair" in text.stdout
 
 
+@pytest.mark.slow
 def test_pull_all_dry_run_goes_on_after_a_failure_and_says_what_it_could_not_check(env):
     result = cli(env, "pull", "--all", "--dry-run")
     assert result.returncode == 0  # a dry run: the bundled repositories, not on the fake Hub, are reported

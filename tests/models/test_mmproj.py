@@ -182,6 +182,7 @@ def listed(env: dict) -> dict[str, dict]:
     return {p["name"]: p for p in json.loads(result.stdout)}
 
 
+@pytest.mark.slow
 def test_models_and_doctor_say_images_after_pull_for_a_pair_not_pulled(env):
     before = listed(env)["eyes"]
     assert before["mmproj"] == "test/vision-GGUF:F16" and before["downloaded"] is False
@@ -197,6 +198,7 @@ def test_models_and_doctor_say_images_after_pull_for_a_pair_not_pulled(env):
     assert "mmproj missing (test/vision-GGUF:F16)" in line and "media: images (after `localspec pull eyes`" in line
 
 
+@pytest.mark.slow
 def test_pull_downloads_the_projector_with_the_pair_and_opens_it_beside_the_target(env):
     result = cli(env, "pull", "eyes")
     assert result.returncode == 0, result.stderr
@@ -216,6 +218,7 @@ def test_pull_downloads_the_projector_with_the_pair_and_opens_it_beside_the_targ
     assert "mmproj ok" in line and "media: sees images" in line
 
 
+@pytest.mark.slow
 def test_a_projector_that_does_not_fit_its_target_is_one_line_and_the_files_stay(env):
     line = one_error_line(cli(env, "pull", "blind"))
     assert "pair 'blind'" in line and "does not match target" in line and "the files stay downloaded" in line

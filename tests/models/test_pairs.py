@@ -200,6 +200,7 @@ def test_default_pair_is_used_when_downloaded(localspec_home, tiny_models):
 # --- doctor -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_doctor_names_devices_paths_and_missing_pairs(localspec_home, empty_hf_cache):
     report = run_doctor(localspec_home)
     text = "\n".join(report.lines())
@@ -209,6 +210,7 @@ def test_doctor_names_devices_paths_and_missing_pairs(localspec_home, empty_hf_c
     assert str(empty_hf_cache) in text
 
 
+@pytest.mark.slow
 def test_doctor_reports_a_broken_models_toml_instead_of_failing(localspec_home):
     localspec_home.config_dir.mkdir(parents=True)
     localspec_home.config_file.write_text("[pairs.x]\ntarget = 3\n")
@@ -216,12 +218,14 @@ def test_doctor_reports_a_broken_models_toml_instead_of_failing(localspec_home):
     assert any(f.label == "models.toml" and "pair 'x'" in (f.advice or "") for f in report.problems)
 
 
+@pytest.mark.slow
 def test_doctor_command_prints_the_report(localspec_home):
     result = subprocess.run([sys.executable, "-m", "localspec", "doctor"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert "Compute:" in result.stdout and "GPU offload:" in result.stdout and "Offline demo:" in result.stdout
 
 
+@pytest.mark.slow
 def test_a_bridged_pair_in_models_toml_generates_and_doctor_and_models_name_it(localspec_home, tiny_models, capsys):
     from localspec.cli.main import main
 

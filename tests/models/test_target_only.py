@@ -72,6 +72,7 @@ def test_models_names_what_drafts_for_a_target_alone(alone_home, capsys):
     assert rows["missing-alone"]["downloaded"] is False
 
 
+@pytest.mark.slow
 def test_doctor_says_the_head_and_plans_the_target_alone(alone_home):
     report = run_doctor(alone_home, gpu_memory=8 * 2**30)
     found = {f.label: f for title, fs in report.sections if title == "Pairs" for f in fs}
@@ -84,6 +85,7 @@ def test_doctor_says_the_head_and_plans_the_target_alone(alone_home):
     assert "placement of missing-alone" not in found
 
 
+@pytest.mark.slow
 def test_generate_on_a_target_alone_drafts_with_its_head_and_prints_the_plain_text(alone_home, capsys):
     texts = {}
     for flags in ([], ["--drafter", "none"]):

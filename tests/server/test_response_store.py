@@ -22,6 +22,7 @@ def _body(i: int, size: int = 0) -> dict:
     return {"id": f"resp_{i}", "object": "response", "pad": "x" * size}
 
 
+@pytest.mark.slow
 def test_a_locked_store_waits_off_the_loop_then_says_which_file(tmp_path, monkeypatch):
     monkeypatch.setattr(store_mod, "LOCK_WAIT_S", 1.0)
     store = ResponseStore(tmp_path / "responses.sqlite3")

@@ -50,6 +50,7 @@ def chat(client, messages=None, **kwargs):
     return client.chat.completions.create(model="tiny", messages=messages, **kwargs)
 
 
+@pytest.mark.slow
 def test_greedy_chat_equals_generate_chat(client, server, monkeypatch, capsys):
     response = chat(client, max_tokens=32)
     monkeypatch.setenv("LOCALSPEC_HOME", str(server.home))
@@ -421,6 +422,7 @@ def test_no_cors_headers_unless_asked(server):
     assert status >= 400 and not any(h.startswith("access-control-") for h in headers)
 
 
+@pytest.mark.slow
 def test_a_bridged_draft_serves_and_says_how_it_drafts(tiny_models, tmp_path):
     """A draft with another tokenizer (the target's pieces under other ids): the server says once how it drafts,
     and both the default drafter and a per-request `model+ngram` draft through the bridge."""
@@ -438,6 +440,7 @@ def test_a_bridged_draft_serves_and_says_how_it_drafts(tiny_models, tmp_path):
     assert running.stderr().count("localspec: note: draft tokenizer differs: drafting on the") == 1
 
 
+@pytest.mark.slow
 def test_the_default_server_runs_four_slots_and_says_so(tiny_models, tmp_path):
     """`--parallel auto`, the default: four slots on the tiny pair, said in the start line and /health, and four
     concurrent greedy requests all answered alike."""

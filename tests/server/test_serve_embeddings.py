@@ -121,6 +121,7 @@ def home(tiny_models, tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_a_request_past_the_token_bound_is_refused_before_decoding(home):
     server = start_server(home, "--pair", "tiny", "--n-ctx", "256")
     try:

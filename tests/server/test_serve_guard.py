@@ -76,6 +76,7 @@ def test_a_refused_preflight_is_the_error_object(server):
     assert headers["content-type"] == "application/json" and "--cors" in error["message"]
 
 
+@pytest.mark.slow
 def test_a_non_ascii_api_key_matches_the_utf8_a_client_sends(home):
     key = "clé-ünïcode"
     running = start_server(home, "--pair", "tiny", "--api-key", key)
@@ -98,6 +99,7 @@ def test_no_swap_refuses_another_pair_and_unknown_names_are_404(server):
     assert client.chat.completions.create(model="tiny", messages=HI, max_tokens=2).model == "tiny"
 
 
+@pytest.mark.slow
 def test_files_without_a_chat_template_serve_completions_and_refuse_chats(home, tiny_models):
     server = start_server(home, "--target", str(tiny_models.no_template), "--drafter", "ngram")
     try:
@@ -223,6 +225,7 @@ def test_fuzzed_bodies_get_an_answer_or_an_error_object_never_a_500(server, body
     assert server.healthy()
 
 
+@pytest.mark.slow
 def test_any_origin_needs_the_key_and_half_sent_requests_are_dropped(home):
     """`--cors '*'` with `--api-key`: any page may call, with the key only. `--timeout 1`: a connection that never
     finishes its request's head is closed, and a body that stops halfway is a 408 — neither holds the server."""

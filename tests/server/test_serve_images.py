@@ -93,6 +93,7 @@ def chat(server: Server, url: str, **extra):
     return server.client().chat.completions.create(model=MODEL, **body)
 
 
+@pytest.mark.slow
 def test_an_image_turn_is_answered_and_its_positions_are_prompt_tokens(server):
     seen = chat(server, data_url(png(1)))
     assert seen.choices[0].message.content and seen.choices[0].finish_reason == "length"
@@ -120,6 +121,7 @@ def test_two_images_give_two_answers(server):
     assert answers[1] != answers[2]
 
 
+@pytest.mark.slow
 def test_speculation_answers_as_plain_decoding_on_every_route(server, plain):
     for seed in (1, 2, 3):
         url = data_url(png(seed))
@@ -152,6 +154,7 @@ def test_speculation_answers_as_plain_decoding_on_every_route(server, plain):
         assert message.content[0].text == want
 
 
+@pytest.mark.slow
 def test_images_are_read_in_the_order_given(server):
     one, two = data_url(png(1)), data_url(png(2))
     answers = []
@@ -293,6 +296,7 @@ def test_images_past_the_context_are_a_400_naming_the_fix(server):
 TOOLS = [{"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}]
 
 
+@pytest.mark.slow
 def test_a_text_only_pair_refuses_an_image_naming_the_fix(text_only):
     for extra in ({}, {"tools": TOOLS}):  # tools rewrite the messages (the generic syntax): checked before that
         with pytest.raises(openai.BadRequestError) as raised:

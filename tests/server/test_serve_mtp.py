@@ -73,6 +73,7 @@ def test_a_request_switches_to_a_target_alone_and_its_head_drafts(pairs_server):
     assert refused.value.body["param"] == "drafter"
 
 
+@pytest.mark.slow
 def test_a_server_started_without_the_head_refuses_mtp_in_one_line(tmp_path, mtp_path):
     running = start_server(tmp_path, "--target", str(mtp_path), "--n-ctx", "512", "--drafter", "none")
     try:

@@ -60,6 +60,7 @@ def _pairs(server) -> dict:
     return json.loads(raw(server.port, "GET", "/health")[2])["pairs"]
 
 
+@pytest.mark.slow
 def test_alternate_requests_answer_as_a_server_of_that_pair_alone(server, home, tiny_models):
     client = server.client()
     answers = {name: [_answer(client, name) for _ in range(2)] for name in ("tiny", "other")}
@@ -114,6 +115,7 @@ def test_keep_alive_unloads_and_the_admin_routes_load_and_unload(server):
     assert status == 400 and "keep_alive" in error_of(data)["message"]
 
 
+@pytest.mark.slow
 def test_max_loaded_one_unloads_the_other_pair_and_loads_it_again(home):
     running = start_server(home, "--parallel", "1", "--max-loaded", "1", "--keep-alive", "10m")
     try:

@@ -96,6 +96,7 @@ def test_each_stream_keeps_its_own_max_tokens_and_stats(server):
     assert all(longest.startswith(a.choices[0].text) for a in answers)
 
 
+@pytest.mark.slow
 def test_streams_beside_each_other_all_progress(server):
     """A long answer does not hold a short one back: the short one started second ends first."""
     done: dict[str, float] = {}

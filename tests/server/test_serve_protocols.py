@@ -89,6 +89,7 @@ def test_the_anthropic_stream_has_its_event_sequence_and_equals_the_whole_answer
     assert final.content[0].text == whole.content[0].text and final.stop_reason == whole.stop_reason
 
 
+@pytest.mark.slow
 def test_a_stop_sequence_is_named_in_the_stop_reason(server):
     first = anthropic_client(server).messages.create(model="tiny", messages=[{"role": "user", "content": USER}],
                                                      max_tokens=12)  # fmt: skip
@@ -108,6 +109,7 @@ def test_count_tokens_counts_the_prompt_messages_would_send(server):
     assert counted.input_tokens == answered.usage.input_tokens + answered.usage.cache_read_input_tokens > 5
 
 
+@pytest.mark.slow
 def test_x_api_key_is_accepted_like_the_bearer_token(tiny_models, tmp_path):
     home = write_home(tmp_path / "home", tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same)
     keyed = start_server(home, "--pair", "tiny", "--api-key", "sesame")

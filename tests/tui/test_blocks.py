@@ -109,6 +109,7 @@ def lines_of(view: BlockText) -> list[str]:
     return [line.text.rstrip() for line in view._lines + list(view._tail or ())]
 
 
+@pytest.mark.slow
 async def test_text_streamed_in_pieces_looks_as_the_same_text_drawn_at_once():
     streamed, whole = Host(MarkdownBlocks()), Host(MarkdownBlocks(ANSWER))
     async with streamed.run_test(size=(60, 50)) as pilot:
@@ -131,6 +132,7 @@ async def test_text_streamed_in_pieces_looks_as_the_same_text_drawn_at_once():
     assert "harbour.\n\n • waves" in shown  # one blank line between blocks (Rich opens a list with another)
 
 
+@pytest.mark.slow
 async def test_a_long_answer_renders_each_finished_block_once_and_lays_out_only_when_its_height_steps():
     paragraphs = [" ".join(f"word{i}x{j}" for j in range(30)) for i in range(40)]  # 40 blocks, ~3,000 tokens' text
     text = "\n\n".join(paragraphs)

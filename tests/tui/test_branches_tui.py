@@ -30,6 +30,7 @@ def caption(widget: ChatMessage) -> str:
     return str(widget.query_one(".caption", Static).render())
 
 
+@pytest.mark.slow
 async def test_ctrl_f_finds_a_word_of_an_earlier_chat_and_opens_it_there(options, chat_home):
     store = ChatStore(chat_home.db_path)
     earlier = store.create_conversation("Animals")
@@ -73,6 +74,7 @@ async def test_ctrl_f_finds_a_word_of_an_earlier_chat_and_opens_it_there(options
         assert app.chat.saved_id == earlier
 
 
+@pytest.mark.slow
 async def test_an_edited_message_shows_2_of_2_and_left_returns_to_the_first_branch(options, chat_home):
     app = make_app(options)
     notes = record_notifications(app)
@@ -152,6 +154,7 @@ async def test_a_branch_switch_while_an_answer_streams_is_refused_and_loses_noth
         assert [m.role for m in app.chat.messages] == ["user", "assistant"]
 
 
+@pytest.mark.slow
 async def test_up_in_an_empty_prompt_recalls_the_last_prompt_after_a_restart(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:

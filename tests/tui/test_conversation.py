@@ -57,6 +57,7 @@ def run(turn: Turn) -> Finished:
     return finished
 
 
+@pytest.mark.slow
 def test_a_turn_is_saved_before_and_after_and_only_the_conversation_writes_the_messages(conversation):
     conv = conversation
     assert conv.phase is Phase.READY and conv.session.messages == []
@@ -112,6 +113,7 @@ def test_a_drafter_change_brings_its_settings_and_a_failed_load_forgets_them(con
     assert conv.settings == wanted
 
 
+@pytest.mark.slow
 def test_the_system_prompt_is_the_first_message_here_in_the_session_and_saved(conversation):
     conv = conversation
     conv.set_system("  You are terse.  ")
@@ -258,6 +260,7 @@ def test_settings_apply_at_once_unless_the_drafter_changes(conversation, tiny_mo
         alone.detach().close()
 
 
+@pytest.mark.slow
 def test_picking_a_pair_and_a_finished_download_decide_what_loads(conversation):
     conv = conversation
     assert conv.pick_pair("tiny", downloaded=True) == "loaded"
@@ -305,6 +308,7 @@ def two_windows(tiny_models, options, tmp_path):
         conv.close()
 
 
+@pytest.mark.slow
 def test_a_chat_deleted_in_another_window_is_saved_again_never_into_the_next_chat(two_windows):
     alice, bob = two_windows
     alice.finish(run(alice.send("Alice: hello")))
@@ -358,6 +362,7 @@ def test_the_answer_is_saved_as_it_grows_then_rewritten_whole(conversation):
     assert answer.id == first.id and answer.content == done[0].text == text and answer.finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_a_failed_save_keeps_the_message_out_and_the_next_one_works(conversation):
     conv = conversation
     conv.finish(run(conv.send("Hello")))
@@ -413,6 +418,7 @@ def test_an_edit_is_a_new_branch_that_rereads_only_what_differs(conversation):
     assert [c for _, c in saved(conv)][:3] == ["one", shared[1].content, "two"] and len(saved(conv)) == 6
 
 
+@pytest.mark.slow
 def test_an_empty_edit_and_an_answer_edited_are_refused_and_change_nothing(conversation):
     conv = conversation
     conv.finish(run(conv.send("Hello")))
@@ -443,6 +449,7 @@ def test_an_edit_that_cannot_start_brings_the_old_branch_back(tiny_models, optio
         conv.detach().close()
 
 
+@pytest.mark.slow
 def test_an_answer_generated_again_is_a_sibling_and_the_old_one_comes_back(conversation):
     conv = conversation
     first = run(conv.send("Hello"))

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.anyio
 SIZE = (110, 36)
 
 
+@pytest.mark.slow
 async def test_chats_list_and_export_after_the_working_folder_was_deleted(options, chat_home, tmp_path, monkeypatch):
     home = tmp_path / "user-home"
     home.mkdir()
@@ -213,6 +214,7 @@ async def _pick(pilot, name: str) -> None:
     await pilot.press("enter")
 
 
+@pytest.mark.slow
 async def test_a_failed_switch_loads_the_working_pair_again(options, chat_home, tiny_models):
     _add_pairs(chat_home, tiny_models)
     app = make_app(options)
@@ -230,6 +232,7 @@ async def test_a_failed_switch_loads_the_working_pair_again(options, chat_home, 
 
 
 @pytest.mark.parametrize(("pair", "said"), [("gone", "is not a file"), ("bad", "llama.cpp would abort")])
+@pytest.mark.slow
 async def test_f2_offers_no_download_for_a_local_file_missing_or_damaged(options, chat_home, tiny_models, pair, said):
     from localspec.tui.screens import ConfirmScreen
 

@@ -198,6 +198,7 @@ def test_images_are_stored_once_and_go_with_the_last_message_that_shows_them(tmp
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_an_image_is_attached_sent_saved_reopened_branched_found_and_exported(vision_options, pictures):
     zebra = pictures / "zebra.png"
     app = make_app(vision_options)
@@ -276,6 +277,7 @@ async def test_a_pasted_path_is_attached_quoted_or_as_a_url_and_backspace_takes_
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_damaged_file_and_a_non_image_are_one_line_each_and_nothing_is_lost(vision_options, pictures):
     app = make_app(vision_options)
     async with app.run_test(size=SIZE) as pilot:
@@ -294,6 +296,7 @@ async def test_a_damaged_file_and_a_non_image_are_one_line_each_and_nothing_is_l
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_a_text_only_pair_refuses_at_send_and_keeps_the_message_and_its_images(options, pictures):
     app = make_app(dataclasses.replace(options, max_tokens=8))
     async with app.run_test(size=SIZE) as pilot:
@@ -331,6 +334,7 @@ def test_the_chat_database_keeps_images_as_blobs_by_hash(tmp_path):
 # --- a real terminal ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_in_a_real_terminal_an_image_is_drawn_and_its_name_writes_no_control_sequence(chat_in_terminal, chat_home):
     """The chat reopened in a pty: the picture drawn inline (half blocks, as textual-image picks for a terminal that
     answers none of its queries) above its chip, and a file name holding a title-setting sequence drawn as text."""

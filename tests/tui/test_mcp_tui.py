@@ -67,6 +67,7 @@ def decoded(app) -> str:
     return engine.target_model.detokenize(list(engine.target.tokens))
 
 
+@pytest.mark.slow
 async def test_yes_runs_the_call_and_the_answer_goes_on_with_its_result(tool_options, store, tmp_path):
     app = make_app(tool_options, store=store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -105,6 +106,7 @@ async def test_yes_runs_the_call_and_the_answer_goes_on_with_its_result(tool_opt
         assert again.chat.dialogue[-1].role == "assistant" and len(store.messages(saved_id)) == 5
 
 
+@pytest.mark.slow
 async def test_no_tells_the_model_it_was_declined(tool_options, store):
     app = make_app(tool_options, store=store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -118,6 +120,7 @@ async def test_no_tells_the_model_it_was_declined(tool_options, store):
         assert store.messages(app.chat.saved_id)[1].tool_calls[0]["status"] == "declined"
 
 
+@pytest.mark.slow
 async def test_always_runs_that_tool_from_then_on_without_asking(tool_options, store):
     app = make_app(tool_options, store=store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -136,6 +139,7 @@ async def test_always_runs_that_tool_from_then_on_without_asking(tool_options, s
         assert [m.content for m in app.chat.dialogue if m.role == "tool"] == [SECRET, SECRET]
 
 
+@pytest.mark.slow
 async def test_esc_stops_the_answer_and_the_chat_goes_on(tool_options, store):
     app = make_app(tool_options, store=store)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -160,6 +164,7 @@ async def test_esc_stops_the_answer_and_the_chat_goes_on(tool_options, store):
     ],
     ids=["error", "hang", "10 MB"],
 )
+@pytest.mark.slow
 async def test_a_tool_that_fails_hangs_or_floods_is_one_line_and_the_answer_goes_on(
     options, store, tools, settings, line, result
 ):
@@ -180,6 +185,7 @@ async def test_a_tool_that_fails_hangs_or_floods_is_one_line_and_the_answer_goes
 
 
 @pytest.mark.parametrize("command", [("/nonexistent/mcp-server",), (sys.executable, str(SERVER), "--crash")])
+@pytest.mark.slow
 async def test_a_server_that_does_not_start_is_one_line_and_the_chat_works_without_it(options, store, command):
     config = McpConfig((McpServer("broken", command),), start_timeout=15.0)
     app = make_app(dataclasses.replace(options, mcp=config), store=store)
@@ -193,6 +199,7 @@ async def test_a_server_that_does_not_start_is_one_line_and_the_chat_works_witho
         assert [m.role for m in app.chat.dialogue] == ["user", "assistant"] and not app.chat.mcp_tools
 
 
+@pytest.mark.slow
 async def test_a_result_too_long_for_the_context_is_cut_to_the_room_left_and_named(options, store):
     """8,000 characters of result (the default cut) are some 8,000 tokens of the tiny vocabulary: four times the
     2,048-token context. Not the user's message: the result is cut to the room left, and the line names it."""
@@ -241,6 +248,7 @@ def server_pid(pidfile: Path) -> int | None:
     return int(text) if text else None
 
 
+@pytest.mark.slow
 async def test_a_server_that_never_lists_its_tools_is_one_line_and_the_others_tools_are_kept(options, store, tmp_path):
     pidfile = tmp_path / "mute.pid"
     mute = McpServer("mute", (sys.executable, str(SERVER), "--no-listing", "--pidfile", str(pidfile), "secret"))
@@ -259,6 +267,7 @@ async def test_a_server_that_never_lists_its_tools_is_one_line_and_the_others_to
 
 
 @pytest.mark.parametrize("start_timeout", [1.0, 60.0], ids=["timed out", "quit while it starts"])
+@pytest.mark.slow
 async def test_a_server_that_hangs_in_initialize_does_not_outlive_the_chat(options, store, tmp_path, start_timeout):
     pidfile = tmp_path / "silent.pid"
     command = (sys.executable, str(SERVER), "--silent", "--pidfile", str(pidfile))

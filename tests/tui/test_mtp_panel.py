@@ -33,6 +33,7 @@ def test_the_chat_loads_the_head_and_the_panel_names_it(tmp_path):
 
 
 @pytest.mark.anyio
+@pytest.mark.slow
 async def test_f2_lists_a_target_alone_and_switching_to_it_drafts_with_its_head(options, chat_home, tmp_path):
     """A models.toml pair with no draft: F2 says its target carries an MTP head, Enter loads it, the head drafts and
     the stats panel names it."""

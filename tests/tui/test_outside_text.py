@@ -67,6 +67,7 @@ def test_terminal_safe(text, shown):
 # --- item 2: no control sequence reaches the terminal ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_tool_result_s_control_sequences_never_reach_the_terminal(chat_in_terminal, chat_home):
     (chat_home.config_dir / "mcp.toml").write_text(
         'tool_choice = "required"\nmax_rounds = 1\n'
@@ -109,6 +110,7 @@ def frame(app) -> str:
     )
 
 
+@pytest.mark.slow
 def test_a_saved_chat_s_control_sequences_never_reach_the_terminal_when_it_is_reopened(chat_in_terminal, chat_home):
     store = ChatStore(chat_home.db_path)
     save_marked_chat(store)
@@ -125,6 +127,7 @@ def test_a_saved_chat_s_control_sequences_never_reach_the_terminal_when_it_is_re
     assert TITLE not in chat.output and CLEAR not in chat.output and b"PWNED" not in chat.output
 
 
+@pytest.mark.slow
 async def test_a_saved_chat_is_drawn_without_control_sequences_in_every_view_and_dialog(options, store):
     cid = save_marked_chat(store)
     app = make_app(options, store=store)
@@ -173,6 +176,7 @@ def toasts(app) -> str:
     [("x[/]y", "x[/]y"), ("notfound", NOT_FOUND), ("click", CLICK)],
     ids=["name", "error-path", "error-click"],
 )
+@pytest.mark.slow
 async def test_brackets_from_a_server_are_shown_as_written_and_the_answer_goes_on(options, store, tool, literal):
     app = make_app(hostile(options, tool), store=store)
     seen = record_notifications(app)
@@ -194,6 +198,7 @@ async def test_brackets_from_a_server_are_shown_as_written_and_the_answer_goes_o
         assert tool in str(shown.query_one(".caption", Static).render())
 
 
+@pytest.mark.slow
 async def test_a_tool_result_is_drawn_without_its_control_sequences(options, store):
     app = make_app(hostile(options, "ansi"), store=store)
     async with app.run_test(size=SIZE) as pilot:
@@ -228,6 +233,7 @@ class Asking(App):
         self.push_screen(ToolApprovalScreen(call, "files"), lambda what: setattr(self, "answer", what))
 
 
+@pytest.mark.slow
 async def test_a_long_call_is_shown_whole_and_y_counts_only_once_its_end_was_on_screen():
     app = Asking({"command": LONG})
     assert len(json.dumps(app.arguments)) > 3000

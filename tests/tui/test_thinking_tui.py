@@ -66,6 +66,7 @@ async def test_thinking_is_a_folded_block_above_the_answer_and_saved_apart(think
         assert app.chat.messages[-1].reasoning == REASONING_TEXT
 
 
+@pytest.mark.slow
 async def test_f8_unfolds_every_block_and_is_remembered(thinking_options, thinking_home):
     app = make_app(thinking_options)
     async with app.run_test(size=SIZE) as pilot:
@@ -134,6 +135,7 @@ async def test_thinking_cut_short_stays_open():
         assert not message.thinking.collapsed  # no answer came: the thinking is all there is to read
 
 
+@pytest.mark.slow
 async def test_f3_switches_thinking_for_this_chat_and_it_is_kept(thinking_options, thinking_home):
     app = make_app(thinking_options)
     async with app.run_test(size=SIZE) as pilot:
@@ -159,6 +161,7 @@ async def test_f3_switches_thinking_for_this_chat_and_it_is_kept(thinking_option
         assert [b.has_class("-empty") for b in blocks] == [False, True] and body(blocks[0]) == REASONING_TEXT
 
 
+@pytest.mark.slow
 async def test_a_model_that_cannot_switch_says_so(thinking_options, thinking_home):
     app = make_app(dataclasses.replace(thinking_options, pair="always-off"))
     seen = record_notifications(app)  # before it runs: the pair may be loaded by the time the test gets control

@@ -115,6 +115,7 @@ async def test_stats_are_live_while_generating(options, chat_home):
         assert "(live)" not in stats_text(app)
 
 
+@pytest.mark.slow
 async def test_a_paste_that_arrives_key_by_key_is_a_few_edits_in_the_keys_order(options, chat_home, monkeypatch):
     """5,000 keys queued at once, as a paste delivered as keystrokes: a handful of edits instead of one re-wrap of
     the whole line per key (which grew quadratic: 6,000 keys took 8 s), the text exactly what was typed; typed one
@@ -142,6 +143,7 @@ async def test_a_paste_that_arrives_key_by_key_is_a_few_edits_in_the_keys_order(
         assert prompt.text == "acb"
 
 
+@pytest.mark.slow
 async def test_enter_sends_and_ctrl_j_adds_a_line(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
@@ -232,6 +234,7 @@ async def test_provenance_colours_draft_tokens(options, chat_home):
         assert answer.query_one(".md-body", BlockText).display
 
 
+@pytest.mark.slow
 async def test_settings_apply_from_the_next_message(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
@@ -269,6 +272,7 @@ async def test_changing_the_drafter_reloads_and_keeps_the_conversation(options, 
         assert saved(chat_home, app.chat.saved_id)[-1].stats["drafted"] == 0
 
 
+@pytest.mark.slow
 async def test_switch_pair_unloads_loads_and_continues(options, chat_home):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
@@ -339,6 +343,7 @@ async def test_history_is_saved_and_resumed_after_a_restart(options, chat_home):
         assert [m.role for m in saved(chat_home, cid)] == ["user", "assistant", "user", "assistant"]
 
 
+@pytest.mark.slow
 async def test_history_rename_export_and_delete(options, chat_home, tmp_path):
     app = make_app(options)
     async with app.run_test(size=SIZE) as pilot:
@@ -406,6 +411,7 @@ async def test_copy_a_message_and_a_code_block(options, chat_home):
         assert app.clipboard.startswith("Here:")
 
 
+@pytest.mark.slow
 async def test_a_message_that_does_not_fit_is_one_line_and_comes_back(options, chat_home):
     app = make_app(dataclasses.replace(options, n_ctx=64))
     notes = record_notifications(app)

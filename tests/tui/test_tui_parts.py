@@ -105,6 +105,7 @@ def test_caption_and_code_blocks():
     assert code_blocks(text) == ["a = 1\n", "indented\n", "b\n"]
 
 
+@pytest.mark.slow
 def test_stream_batches_tokens_and_keeps_provenance(tiny_models):
     clock_ticks = iter(range(10_000))
     chunks: list[Chunk] = []

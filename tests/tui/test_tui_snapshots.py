@@ -121,6 +121,7 @@ def test_pair_switcher(snap_compare, snapshot_home, tmp_path):
     assert snap_compare(app_for_snapshot(tmp_path), terminal_size=SIZE, run_before=resumed(snapshot_home, "f2"))
 
 
+@pytest.mark.slow
 def test_saved_chats(snap_compare, snapshot_home, tmp_path):
     async def run_before(pilot) -> None:
         await resumed(snapshot_home)(pilot)
@@ -196,6 +197,7 @@ def test_chat_screen_with_folded_thinking(snap_compare, thinking_snapshot_home, 
     assert snap_compare(thinking_app(tmp_path), terminal_size=SIZE, run_before=run_before)
 
 
+@pytest.mark.slow
 def test_settings_screen_with_the_thinking_switch(snap_compare, thinking_snapshot_home, tmp_path):
     run_before = thinking_resumed(thinking_snapshot_home, "f3")
     assert snap_compare(thinking_app(tmp_path), terminal_size=SIZE, run_before=run_before)
