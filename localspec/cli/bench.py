@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from localspec.bench.report import render, to_json
 from localspec.bench.run import DEFAULT_PROMPTS
@@ -19,9 +18,6 @@ from localspec.progress import StatusLine
 
 from .flags import add_model_args
 from .textinput import replaced_notice, to_text
-
-if TYPE_CHECKING:
-    from localspec.llama.vision import Image
 
 TOKENS, ROUNDS = 64, 2  # the bench's and --clients' defaults
 AGENT_TOKENS, AGENT_ROUNDS, AGENT_WORDS = 4, 3, 1200  # --agents': short answers after long prompts
@@ -220,7 +216,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
     from localspec.core.params import DRAFTERS, VERIFY_RULES, SpeculativeParams
     from localspec.core.sampling import SamplingParams
 
-    from .checks import check_run_args
+    from .checks import check_run_args, read_images
 
     run = check_run_args(args)  # the model and thread flags, as generate and chat check them (before any loading)
     ks = _parse_list(args.ks, int, "k")
@@ -254,7 +250,7 @@ def _plan(args: argparse.Namespace, paths: Paths):
         busy=args.busy,
         command="localspec " + " ".join(sys.argv[1:]),
         structured=args.structured,
-        images=_read_images(args.images or []),
+        images=read_images(args.images or []),
     )
 
 
@@ -308,17 +304,3 @@ def _read_prompts(path: str | None) -> list[str]:
     if not prompts:
         raise InvalidParamsError(f"--prompts {path} has no prompt (one per line)")
     return prompts
-
-
-def _read_images(names: list[str]) -> list[tuple[str, Image]]:
-    """--image's files, read and checked (format, size, a file cut short) before anything loads."""
-    from localspec.llama.vision import read_image
-
-    images = []
-    for name in names:
-        try:
-            data = Path(name).read_bytes()
-        except OSError as e:
-            raise InvalidParamsError(f"cannot read --image {name}: {e.strerror}") from None
-        images.append((name, read_image(data, name=name)))
-    return images

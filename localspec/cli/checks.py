@@ -12,6 +12,7 @@ import argparse
 import re
 from pathlib import Path
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from localspec.core.params import (
     DEFAULT_MAX_TOKENS,
@@ -25,6 +26,9 @@ from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.rpc import parse_rpc
 from localspec.llama.threads import check_threads, threads_from_env
 from localspec.models.flags import RunFlags
+
+if TYPE_CHECKING:
+    from localspec.llama.vision import Image
 
 from .flags import overrides_from_args
 from .textinput import clean
@@ -159,3 +163,23 @@ def _check_files(args: argparse.Namespace) -> None:
                 raise LocalspecError(f"--{flag} is not a usable path (it holds a NUL character)") from None
             except OSError as e:
                 raise LocalspecError(f"cannot read --{flag} {value}: {e.strerror or e}") from None
+
+
+def read_images(paths: list[str]) -> list[tuple[str, Image]]:
+    """--image's files as (the path given, the picture), read and checked (format, size, a file cut short) before
+    anything loads.
+
+    Raises:
+        InvalidParamsError: a file that cannot be read.
+        LocalspecError: not a picture localspec reads (one line from `read_image`).
+    """
+    from localspec.llama.vision import read_image
+
+    images = []
+    for path in paths:
+        try:
+            data = Path(path).read_bytes()
+        except OSError as e:
+            raise InvalidParamsError(f"--image {path}: cannot read it ({e.strerror or e})") from None
+        images.append((path, read_image(data, name=Path(path).name)))
+    return images

@@ -20,7 +20,7 @@ from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 from localspec.progress import StatusLine
 
-from .checks import check_run_args
+from .checks import check_run_args, read_images
 from .flags import add_model_args, add_sampling_args
 from .interrupts import SignalGuard
 from .textinput import clean, read_stream, replaced_notice
@@ -105,7 +105,7 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
     from localspec.models.loading import open_engine, sampling_params, speculative_params
 
     prompt, notices = _read_prompt(args)
-    images = _images(args.image)
+    images = tuple(image for _, image in read_images(args.image))
     grammar = _grammar(args)
     with open_engine(run, paths) as (engine, defaults):
         guard.check()  # a signal during loading that a llama.cpp log callback swallowed
@@ -157,25 +157,6 @@ def _generate_guarded(args: argparse.Namespace, run: RunFlags, paths: Paths, gua
             guard.generation = None
             guard.check()
     return 0
-
-
-def _images(paths: list[str]) -> tuple:
-    """The pictures --image names, read and checked (format, size, a cut-off file) before any model loads.
-
-    Raises:
-        InvalidParamsError: a file that cannot be read.
-        LocalspecError: not a picture localspec reads (one line from `read_image`).
-    """
-    from localspec.llama.vision import read_image
-
-    images = []
-    for path in paths:
-        try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            raise InvalidParamsError(f"--image {path}: cannot read it ({e.strerror or e})") from None
-        images.append(read_image(data, name=Path(path).name))
-    return tuple(images)
 
 
 def _grammar(args: argparse.Namespace):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -107,6 +108,23 @@ class ImageUrlPart(_Strict):
 
 ContentPart = Annotated[TextPart | ImageUrlPart, Field(discriminator="type")]
 PART_TYPES = ("text", "image_url")
+
+
+def refuse_unknown_parts(data: Any, known: Sequence[str], word: str) -> Any:
+    """A request body's `data` as it is, unless a message's content holds a part of a type not in `known`: then a 400
+    naming it (`word`: what the protocol calls a part). Read before the body's model, whatever shape it has."""
+    for i, m in enumerate(ms if isinstance(data, dict) and isinstance(ms := data.get("messages"), list) else ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind not in known:
+                raise ApiError(
+                    400,
+                    f"content {word} type {kind!r} is not supported: use one of {', '.join(known)}",
+                    param=f"messages.{i}.content.{j}.type",
+                    code="unsupported_value",
+                )
+    return data
 
 
 class FunctionCall(_Strict):
@@ -319,18 +337,7 @@ class ChatRequest(_Common):
     @classmethod
     def _known_parts(cls, data):
         """A content part of a type we do not read (audio, a file) is refused by its name."""
-        for i, m in enumerate(ms if isinstance(data, dict) and isinstance(ms := data.get("messages"), list) else ()):
-            content = m.get("content") if isinstance(m, dict) else None
-            for j, part in enumerate(content if isinstance(content, list) else ()):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if isinstance(kind, str) and kind not in PART_TYPES:
-                    raise ApiError(
-                        400,
-                        f"content part type {kind!r} is not supported: use one of {', '.join(PART_TYPES)}",
-                        param=f"messages.{i}.content.{j}.type",
-                        code="unsupported_value",
-                    )
-        return data
+        return refuse_unknown_parts(data, PART_TYPES, "part")
 
     @field_validator("top_logprobs")
     @classmethod

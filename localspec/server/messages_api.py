@@ -16,7 +16,7 @@ from localspec.core.session import Message
 from localspec.core.tools import Function
 from localspec.llama.vision import Image
 
-from .api import ApiError, Extensions, _Strict
+from .api import ApiError, Extensions, _Strict, refuse_unknown_parts
 from .images import DATA_ONLY, ImageReader
 from .request import Request
 
@@ -198,19 +198,8 @@ class CountRequest(Extensions):
     @model_validator(mode="before")
     @classmethod
     def _known_blocks(cls, data):
-        """A content block of a type we do not implement (an image, a document) is refused by its name."""
-        for i, m in enumerate(data.get("messages") or () if isinstance(data, dict) else ()):
-            content = m.get("content") if isinstance(m, dict) else None
-            for j, block in enumerate(content if isinstance(content, list) else ()):
-                kind = block.get("type") if isinstance(block, dict) else None
-                if isinstance(kind, str) and kind not in BLOCK_TYPES:
-                    raise ApiError(
-                        400,
-                        f"content block type {kind!r} is not supported: use one of {', '.join(BLOCK_TYPES)}",
-                        param=f"messages.{i}.content.{j}.type",
-                        code="unsupported_value",
-                    )
-        return data
+        """A content block of a type we do not implement (a document) is refused by its name."""
+        return refuse_unknown_parts(data, BLOCK_TYPES, "block")
 
     @field_validator("messages")
     @classmethod
