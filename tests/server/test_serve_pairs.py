@@ -172,3 +172,32 @@ def _wait(predicate, timeout: float = 20) -> None:
     while not predicate() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert predicate()
+
+
+@pytest.mark.slow
+def test_the_demo_pair_and_a_tiny_pair_in_one_server_answer_as_each_alone(demo_home, tiny_models, tmp_path):
+    """Issue 57's own case: the real demo pair (SmolLM2 F32 drafted by its Q4_1, from PyPI) beside a tiny pair in one
+    server, requests alternating between them; each greedy answer is what a server of that pair alone gives."""
+    from localspec.paths import get_paths
+
+    home = tmp_path / "home"
+    home.mkdir()
+    get_paths({"LOCALSPEC_HOME": str(home)}).data_dir.symlink_to(get_paths({"LOCALSPEC_HOME": str(demo_home)}).data_dir)
+    tiny = f'target = {{ path = "{tiny_models.target}" }}\ndraft = {{ path = "{tiny_models.draft_noisy}" }}\n'
+    (home / "models.toml").write_text(
+        f"[pairs.tiny]\n{tiny}temperature = 0.0\nn_ctx = 512\n",
+        encoding="utf-8",
+    )
+    together = start_server(home, "--parallel", "1", "--pair", "demo", "--pair", "tiny")
+    try:
+        client = together.client()
+        answers = [_answer(client, name) for name in ("demo", "tiny", "demo", "tiny")]
+        assert set(_pairs(together)) == {"demo", "tiny"}
+    finally:
+        together.stop()
+    assert answers[0] == answers[2] and answers[1] == answers[3] and answers[0] != answers[1]
+    alone = start_server(home, "--pair", "demo", "--no-swap", "--parallel", "1")
+    try:
+        assert _answer(alone.client(), "demo") == answers[0]
+    finally:
+        alone.stop()
