@@ -145,9 +145,14 @@ def media_run(tokens: Sequence[int], start: int) -> int:
     return end - start
 
 
+def inside_image(tokens: Sequence[int], n: int) -> bool:
+    """Whether a cut of `tokens` at n would fall inside an image (tokens[n] is an image's id but not its first)."""
+    return 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE != 0
+
+
 def whole_images(tokens: Sequence[int], n: int) -> int:
     """`n`, or past the end of the image it would cut (a chunk of a prompt never ends inside an image)."""
-    while 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE:  # not an image's first id
+    while inside_image(tokens, n):
         n += 1
     return n
 
@@ -311,8 +316,7 @@ class KVSequence:
 
     def _whole_images(self, n: int) -> int:
         """`n`, or where the image it would cut starts (a history never ends inside an image)."""
-        tokens = self.tokens
-        while 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE:  # not an image's first id
+        while inside_image(self.tokens, n):
             n -= 1
         return n
 

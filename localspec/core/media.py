@@ -20,17 +20,14 @@ from typing import cast
 from localspec.errors import ContextError, LocalspecError
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.slots import SeqContext
-from localspec.llama.vision import IMAGE, TEXT, Chunk, Chunks, Image, Projector, media_marker
+from localspec.llama.vision import TEXT, Chunk, Chunks, Image, Projector, media_marker
 
 from .kv import MEDIA_STRIDE as STRIDE
-from .kv import Context, media_run
+from .kv import Context
 
 log = logging.getLogger(__name__)
 
 CHUNKS_KEPT = 8  # images whose preprocessed chunks stay in memory (the others are preprocessed again when read)
-
-
-__all__ = ["CHUNKS_KEPT", "Filler", "MediaStore", "media_run"]
 
 
 class MediaStore:
@@ -70,15 +67,12 @@ class MediaStore:
             return self._chunks[handle][1]
         chunks = self.projector.tokenize(media_marker(), [self._images[handle]])
         try:
-            media = [c for c in chunks if c.kind == IMAGE]
-            if len(media) != 1:
-                raise LocalspecError(f"the projector cut one image into {len(media)} pieces: not supported yet")
-            chunk = media[0]
-            text = [list(c.tokens) for c in chunks if c.kind == TEXT]
-            at = next(i for i, c in enumerate(chunks) if c.kind == IMAGE)
-            before = [t for c in list(chunks)[:at] for t in c.tokens]
-            after = [t for c in list(chunks)[at + 1 :] for t in c.tokens]
-            assert sum(map(len, text)) == len(before) + len(after)
+            at = [i for i, c in enumerate(chunks) if c.kind != TEXT]
+            if len(at) != 1:
+                raise LocalspecError(f"the projector cut one image into {len(at)} pieces: not supported yet")
+            chunk = chunks[at[0]]
+            before = [t for c in list(chunks)[: at[0]] for t in c.tokens]  # the model's own tokens around it
+            after = [t for c in list(chunks)[at[0] + 1 :] for t in c.tokens]
         except BaseException:
             chunks.close()
             raise
