@@ -30,6 +30,7 @@ from pydantic import (
 from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
 from localspec.core.params import DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
+from localspec.errors import ModelFileError
 
 from .units import keep_alive_value
 
@@ -80,6 +81,12 @@ class ApiError(Exception):
     def body(self) -> dict:
         message, param = _encodable(self.message), _encodable(self.param)  # a name the client sent may be echoed
         return {"error": {"message": message, "type": self.type, "param": param, "code": self.code}}
+
+
+def model_error(error: ModelFileError) -> ApiError:
+    """A pair's own failure while it answers (weights that compute NaN): the server's, never the client's — 500
+    `server_error`, as a pair that fails to load is (503 `model_load_failed`)."""
+    return ApiError(500, str(error), "server_error", code="model_error")
 
 
 def _encodable(text: str | None) -> str | None:
@@ -253,6 +260,11 @@ def _option_fields() -> dict[str, Any]:
 REQUEST_PENALTIES = {name: Limit(-2, 2, note="0 = off") for name in ("presence_penalty", "frequency_penalty")}
 
 
+def _keep_alive(value: Any) -> float | None:
+    """A request's `keep_alive` read whatever JSON it is (a type refused in `keep_alive`'s words, not pydantic's)."""
+    return None if value is None else keep_alive_value(value)
+
+
 _OptionFields = create_model("_OptionFields", __base__=_Strict, **_option_fields())
 
 
@@ -262,7 +274,7 @@ class Extensions(_OptionFields):
     two penalties, and the drafter."""
 
     drafter: Literal[DRAFTERS] | None = None  # type: ignore[valid-type]
-    keep_alive: Annotated[int | float | str, AfterValidator(keep_alive_value)] | None = None  # Ollama's: 300, "5m"
+    keep_alive: Annotated[Any, AfterValidator(_keep_alive)] = None  # Ollama's: 300, "5m" (seconds; None: the server's)
 
     def engine_options(self) -> dict[str, Any]:
         """`request.Request`'s `overrides`, `penalties` and `drafter` (what the body leaves out: the server's)."""

@@ -34,10 +34,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.errors import LocalspecError, RpcError
+from localspec.errors import LocalspecError, ModelFileError, RpcError
 
 from . import messages_api
-from .api import ApiError
+from .api import ApiError, model_error
 from .pairs import Pairs
 from .routes import answer_routes
 from .units import keep_alive_value
@@ -285,6 +285,8 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
             return error_response(e, request.scope)
         except RpcError as e:  # a lost or busy RPC worker: the server's trouble, not the request's
             return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
+        except ModelFileError as e:  # the pair's weights compute NaN: the server's trouble, not the request's
+            return error_response(model_error(e), request.scope)
         except LocalspecError as e:
             return error_response(ApiError(400, str(e)), request.scope)
         except ClientDisconnect:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from starlette.requests import Request as HttpRequest
 
+from localspec.errors import ContextError, LocalspecError, ModelFileError
+
 from . import request as request_mod
 from .answer import Answer, Delta, Event, Failure
-from .api import ApiError
+from .api import ApiError, model_error
+from .images import request_pixels
 from .pairs import Pairs
 
 log = logging.getLogger(__name__)
@@ -43,9 +47,51 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, every: flo
             task.cancel()
 
 
+async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: request_mod.Request) -> None:
+    """The request's images preprocessed on the server's images thread before its job (never on the engine thread),
+    their positions counted before each is decoded: a request whose images cannot fit is refused before most are
+    decoded, and a client that leaves (or the server stopping) ends it between two images.
+
+    Raises:
+        ApiError: 400 for images too many pixels or positions, or one libmtmd cannot decode; 499 when the client
+            left; 503 when the server is stopping.
+    """
+    images = [image for m in request.messages or () for image in m.images]
+    if not images:
+        return
+    request_pixels(images)
+    served = runner.runner(name).served
+    media = served.engine.media if served is not None else None
+    if served is None or media is None or not media.sees_images:
+        return  # the job refuses them in its turn, naming the fix (request.py)
+    stop = threading.Event()
+    waited = asyncio.wrap_future(runner.images.submit(media.prepare, images, served.engine.n_ctx, stop.is_set))
+    try:
+        while not (await asyncio.wait({waited}, timeout=0.25))[0]:
+            if runner.stopping or await http.is_disconnected():
+                stop.set()
+        ready = waited.result()
+    except asyncio.CancelledError:  # the server is stopping
+        stop.set()
+        raise
+    except ContextError as e:
+        why = f"{e}, or restart the server with a larger --n-ctx"
+        raise ApiError(400, why, param="messages", code="context_length_exceeded") from None
+    except LocalspecError as e:  # a sound header over data libmtmd cannot decode
+        raise ApiError(400, str(e), param="messages", code="invalid_image") from None
+    if not ready and runner.stopping:
+        raise ApiError(503, "the server is stopping: retry on its next start", type="server_error",
+                       code="server_stopping", headers={"Retry-After": "5"})  # fmt: skip
+    if not ready:
+        log.info("%s %s: the client went away while its images were read", http.method, http.url.path)
+        raise ApiError(499, "the request was cancelled", code="cancelled")
+
+
 async def whole(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Answer:
     """The request's answer, once every choice has ended."""
-    job, future = runner.submit(await runner.ready(model), request)
+    name = await runner.ready(model)
+    await images_ready(http, runner, name, request)
+    job, future = runner.submit(name, request)
     outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job)
     served = outcome.served
     answer = Answer(served.name, outcome.prompt_tokens, outcome.tools, served.engine.target_model.token_bytes)
@@ -78,10 +124,17 @@ class Stream:
             elif isinstance(item, request_mod.Done):
                 error = item.future.exception()
                 if error is not None:
-                    api = error if isinstance(error, ApiError) else ApiError(500, str(error), "server_error")
+                    api = _as_api(error)
                     log.info("a stream ended on an error: %s", api)
                     yield Failure(api)
                 return
+
+
+def _as_api(error: BaseException) -> ApiError:
+    """What a stream's run raised as the error object: the server's (500) unless it is an `ApiError` already."""
+    if isinstance(error, ApiError):
+        return error
+    return model_error(error) if isinstance(error, ModelFileError) else ApiError(500, str(error), "server_error")
 
 
 async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Stream:
@@ -99,7 +152,9 @@ async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request:
         except RuntimeError:  # the event loop is gone (the server stopped): stop generating
             job.cancel()
 
-    job, future = runner.submit(await runner.ready(model), request, emit)
+    name = await runner.ready(model)
+    await images_ready(http, runner, name, request)
+    job, future = runner.submit(name, request, emit)
     future.add_done_callback(lambda f: emit(request_mod.Done(f)))
     first = await watched(queue.get(), http, job)
     if isinstance(first, request_mod.Done):

@@ -109,3 +109,20 @@ def test_a_lone_surrogate_is_refused_and_a_pair_is_text():
     emoji = parse_body(body(messages=[{"role": "user", "content": "\ud83d\ude00"}]), ChatRequest)
     assert emoji.messages[0].content == "😀"
     assert ApiError(404, "no model '\udcff'").body()["error"]["message"].encode() == b"no model '\\udcff'"
+
+
+@pytest.mark.parametrize(
+    "raw_value",
+    [b"1" + b"0" * 400, b"1e400", b"-1e400", b"[]", b"{}", b"true", b'"9' + b"9" * 400 + b'"', b'"soon"'],
+    ids=["10**400", "1e400", "-1e400", "list", "object", "bool", "400-digit-string", "word"],
+)
+def test_a_keep_alive_that_is_no_finite_duration_is_a_400_naming_it(raw_value):
+    """Before: 10**400 an OverflowError (a 500), 1e400 "not a valid integer", [] pydantic's words."""
+    with pytest.raises(ApiError) as caught:
+        parse_body(b'{"messages": ' + json.dumps(HI).encode() + b', "keep_alive": ' + raw_value + b"}", ChatRequest)
+    error = caught.value
+    assert (error.status, error.code, error.param) == (400, "invalid_value", "keep_alive"), error
+    assert error.message.startswith("'keep_alive': keep_alive ") and len(error.message) < 200, error.message
+    assert parse_body(body(keep_alive="5m"), ChatRequest).keep_alive == 300
+    assert parse_body(body(keep_alive=-1), ChatRequest).keep_alive == float("inf")  # Ollama's forever
+    assert parse_body(body(keep_alive=None), ChatRequest).keep_alive is None

@@ -10,8 +10,10 @@ import threading
 import time
 
 import anthropic
+import numpy as np
 import pytest
 from support.server import error_of, raw, start_server
+from support.tinymodels import make_llama_tensors, write_llama_model
 
 from localspec.core.session import Message
 from localspec.models.flags import RunFlags
@@ -23,15 +25,20 @@ ASK = [{"role": "user", "content": "the man said"}]
 
 
 def _home(root, m):
-    """Pairs "tiny" (the default), "other" (another target alone), "broken" (a truncated file), "missing"."""
+    """Pairs "tiny" (the default), "other" (another target alone), "broken" (a truncated file), "missing", "nan" (a
+    sound file whose weights compute NaN)."""
     root.mkdir(parents=True, exist_ok=True)
+    tensors = make_llama_tensors(0)
+    tensors["output_norm.weight"] = np.full_like(tensors["output_norm.weight"], np.nan)  # every logit NaN
+    nan = write_llama_model(root / "nan-weights.gguf", base=tensors)
     (root / "models.toml").write_text(
         'default = "tiny"\n'
         f'[pairs.tiny]\ntarget = {{ path = "{m.target}" }}\ndraft = {{ path = "{m.draft_noisy}" }}\n'
         "temperature = 0.0\nn_ctx = 512\n"
         f'[pairs.other]\ntarget = {{ path = "{m.draft_unrelated}" }}\ntemperature = 0.0\nn_ctx = 256\n'
         f'[pairs.broken]\ntarget = {{ path = "{m.truncated}" }}\n'
-        f'[pairs.missing]\ntarget = {{ path = "{root / "nowhere.gguf"}" }}\n',
+        f'[pairs.missing]\ntarget = {{ path = "{root / "nowhere.gguf"}" }}\n'
+        f'[pairs.nan]\ntarget = {{ path = "{nan}" }}\ntemperature = 0.0\nn_ctx = 256\n',
         encoding="utf-8",
     )
     return root
@@ -113,6 +120,46 @@ def test_keep_alive_unloads_and_the_admin_routes_load_and_unload(server):
         server.port, "POST", "/v1/chat/completions", {"model": "tiny", "messages": ASK, "keep_alive": "soon"}
     )
     assert status == 400 and "keep_alive" in error_of(data)["message"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1" + "0" * 400, "1e400", "-1e400", "[]", "NaN", "Infinity", '"soon"'],
+    ids=["10**400", "1e400", "-1e400", "list", "NaN", "Infinity", "word"],
+)
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/models/load"])
+def test_a_keep_alive_that_is_no_finite_duration_is_a_400_naming_it(server, route, value):
+    """Before: 10**400 and [] were a 500 (OverflowError, AttributeError), 1e400 on chat "not a valid integer"."""
+    body = f'{{"model": "tiny", "messages": {json.dumps(ASK)}, "max_tokens": 1, "keep_alive": {value}}}'
+    status, _, data = raw(server.port, "POST", route, body)
+    error = error_of(data)
+    if route != "/models/load" and value in ("NaN", "Infinity"):  # no JSON number: every field of a body says so
+        assert status == 400 and error["code"] == "invalid_json", error
+        return
+    assert (status, error["code"], error["param"]) == (400, "invalid_value", "keep_alive"), error
+    assert "keep_alive" in error["message"] and len(error["message"]) < 200, error
+    assert server.healthy()
+
+
+def test_a_pair_whose_weights_compute_nan_is_the_servers_error_not_the_clients(server):
+    """Before: 400 invalid_request_error, the client blamed for a damaged file."""
+    ask = {"model": "nan", "messages": ASK, "max_tokens": 4}
+    for route, body in [
+        ("/v1/chat/completions", ask),
+        ("/v1/completions", {"model": "nan", "prompt": "the man said", "max_tokens": 4}),
+        ("/v1/responses", {"model": "nan", "input": "the man said", "max_output_tokens": 4}),
+    ]:
+        status, _, data = raw(server.port, "POST", route, body)
+        error = error_of(data)
+        assert (status, error["type"], error["code"]) == (500, "server_error", "model_error"), (route, error)
+        assert "computed logits that are not numbers" in error["message"] and "re-download it" in error["message"]
+    status, _, data = raw(server.port, "POST", "/v1/messages", ask)
+    assert status == 500 and json.loads(data)["error"]["type"] == "api_error", data
+    status, _, data = raw(server.port, "POST", "/v1/chat/completions", {**ask, "stream": True})
+    chunks = [json.loads(line[6:]) for line in data.decode().splitlines() if line.startswith("data: {")]
+    assert status == 200 and chunks[-1]["error"]["type"] == "server_error", data
+    assert chunks[-1]["error"]["code"] == "model_error", data
+    assert server.healthy() and _answer(server.client(), "tiny")
 
 
 @pytest.mark.slow
