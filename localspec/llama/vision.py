@@ -136,6 +136,16 @@ def read_image(data: bytes, *, name: str = "the image", max_pixels: int = MAX_PI
     return Image(data, kind, width, height, hashlib.sha256(data).hexdigest())
 
 
+def blank_image(width: int, height: int) -> Image:
+    """A mid-grey picture of `width`×`height` pixels (a 24-bit BMP made here): what a projector's fewest positions
+    are measured on."""
+    stride = (width * 3 + 3) & ~3
+    rows = b"\x80" * (stride * height)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(rows), 2835, 2835, 0, 0)
+    head = b"BM" + struct.pack("<IHHI", 14 + len(info) + len(rows), 0, 0, 14 + len(info))
+    return read_image(head + info + rows, name="a blank picture")
+
+
 def _sniff(data: bytes) -> str:
     """The format the first bytes name ("" when none is recognised)."""
     signatures = {
@@ -205,14 +215,20 @@ def _gif_size(data: bytes) -> tuple[int, int]:
 
 
 def _bmp_size(data: bytes) -> tuple[int, int]:
-    """Width and height from the DIB header; the file must hold the size its header declares."""
+    """Width and height from the DIB header; the file must hold the size its header declares, and an uncompressed
+    one every row of pixels its size and depth need (a cut file would otherwise read as black)."""
     declared, _, _, offset, header = struct.unpack("<IHHII", data[2:18])
     if header == 12:  # BITMAPCOREHEADER: 16-bit sizes
         width, height = struct.unpack("<HH", data[18:22])
+        (bits,), compression = struct.unpack("<H", data[24:26]), 0
     else:
-        width, height = struct.unpack("<ii", data[18:26])
+        width, height, _, bits, compression = struct.unpack("<iiHHI", data[18:34])
     if offset >= len(data) or (declared and declared > len(data)):
         raise ValueError(f"{len(data)} bytes where the header declares {max(declared, offset + 1)}")
+    if compression in (0, 3, 6) and bits:  # BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS: rows of a known size
+        need = offset + (width * bits + 31) // 32 * 4 * abs(height)
+        if need > len(data):
+            raise ValueError(f"{len(data)} bytes where {abs(height)} rows of {width} pixels need {need}")
     return width, abs(height)  # a negative height: rows stored top-down
 
 

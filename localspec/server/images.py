@@ -4,7 +4,10 @@ the pixel cap from the header, before native code sees a byte).
 
 A data URL (or Anthropic's base64 source) is always read. A remote URL or a local path is refused in one line unless
 the server was started with `--allow-image-urls`: the server never fetches or reads files on a client's behalf
-otherwise. Every refusal is a 400 naming the content part (`messages.0.content.1`).
+otherwise. Every refusal is a 400 naming the content part (`messages.0.content.1`). With that flag a path is read only
+if it names a regular file (a FIFO, a device or a folder is refused without waiting on it), within the byte bound and
+the deadline, on the reader's own small pool; a body without URLs is translated on the event loop. A request's images
+may add up to `MAX_REQUEST_PIXELS`, counted from their headers before any is decoded.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
+import functools
+import os
 import re
+import stat
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,11 +37,15 @@ from .api import ApiError
 
 FETCH_TIMEOUT_S = 30.0  # an image URL that answers slower is refused (`--allow-image-urls` only)
 MAX_IMAGE_BYTES = 20 * 2**20  # the most bytes fetched or read from a file for one image
+MAX_REQUEST_PIXELS = 200_000_000  # the most pixels (as the headers say) a request's images may add up to
+READERS = 4  # threads that fetch URLs and read files (`--allow-image-urls`): the server's own threads never wait on one
 READABLE = "image/png, image/jpeg, image/gif or image/bmp"
 INLINE = "send it inline as a data URL (data:image/png;base64,...)"
 
 T = TypeVar("T")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFIFO: "a pipe",
+               stat.S_IFSOCK: "a socket"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +56,14 @@ class ImageReader:
     allow_urls: bool = False
     timeout: float = FETCH_TIMEOUT_S
     max_bytes: int = MAX_IMAGE_BYTES
+    pool: ThreadPoolExecutor | None = field(default=None, compare=False)  # where URLs and files are read
+    on_loop: bool = False  # on the event loop: a URL or a path raises `_Remote` instead of being read
+
+    @classmethod
+    def serving(cls, allow_urls: bool, timeout: float) -> ImageReader:
+        """The server's reader: with `allow_urls`, a small pool of its own to read them on."""
+        pool = ThreadPoolExecutor(READERS, thread_name_prefix="localspec-image-read") if allow_urls else None
+        return cls(allow_urls=allow_urls, timeout=timeout, pool=pool)
 
     def url(self, url: str, where: str) -> Image:
         """The image a URL names: a data URL, or (when allowed) an http(s) URL or a local file.
@@ -69,6 +89,8 @@ class ImageReader:
             if scheme.startswith("http"):
                 what = f"an {scheme} URL, which this server does not fetch"
             raise _refused(f"'{where}' is {what}: {INLINE}, or start the server with --allow-image-urls", where)
+        if self.on_loop:
+            raise _Remote
         data = self._fetch(url, where) if scheme.startswith("http") else self._file(url, scheme, where)
         return _checked(data, where)
 
@@ -113,12 +135,23 @@ class ImageReader:
     def _file(self, url: str, scheme: str, where: str) -> bytes:
         path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path) if scheme == "file" else url)
         try:
-            with open(path.expanduser(), "rb") as f:
-                data = f.read(self.max_bytes + 1)
+            fd = os.open(path.expanduser(), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open waits for a writer otherwise
         except OSError as e:
             why = f"'{where}': cannot read the image file {path} ({e.strerror or e}): check the path"
             raise _bad(why, where) from None
-        return self._bounded(data, where)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            what = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise _bad(f"'{where}': {path} is {what}, not an image file: name a picture's file", where)
+        with open(fd, "rb", buffering=0) as f:
+            deadline = time.monotonic() + self.timeout
+            data = bytearray()
+            while len(data) <= self.max_bytes and (piece := f.read(2**16)):
+                data += piece
+                if time.monotonic() > deadline:
+                    raise _bad(f"'{where}': reading {path} took over {self.timeout:g} s: {INLINE}", where)
+        return self._bounded(bytes(data), where)
 
     def _bounded(self, data: bytes, where: str) -> bytes:
         if len(data) > self.max_bytes:
@@ -126,15 +159,42 @@ class ImageReader:
         return data
 
 
+class _Remote(Exception):
+    """A URL or a path met while translating on the event loop: translate again on the reader's pool."""
+
+
 DATA_ONLY = ImageReader()  # data URLs only: what a server started without --allow-image-urls reads
 
 
 async def translated(reader: ImageReader, to_request: Callable[..., T], *args) -> T:
-    """`to_request(*args, images=reader)`: on the event loop where no image is fetched, else in a thread (a URL
-    may take up to the reader's timeout, and the server keeps answering meanwhile)."""
+    """`to_request(*args, images=reader)`: on the event loop where no image is fetched or read from a file, else on
+    the reader's own small pool (a URL may take up to the reader's timeout; the server keeps answering meanwhile, and
+    slow fetches never hold the threads the rest of the server runs on)."""
     if not reader.allow_urls:
         return to_request(*args, images=reader)
-    return await asyncio.to_thread(to_request, *args, images=reader)
+    try:
+        return to_request(*args, images=dataclasses.replace(reader, on_loop=True))
+    except _Remote:  # a URL or a path: read them all off the event loop
+        pass
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(reader.pool, functools.partial(to_request, *args, images=reader))
+
+
+def request_pixels(images: Sequence[Image]) -> None:
+    """Refuse a request whose images add up to more than `MAX_REQUEST_PIXELS`, before any is decoded.
+
+    Raises:
+        ApiError: 400 `too_many_pixels`.
+    """
+    pixels = sum(image.width * image.height for image in images)
+    if pixels > MAX_REQUEST_PIXELS:
+        raise ApiError(
+            400,
+            f"the request's {len(images)} images add up to {pixels / 1e6:.0f} megapixels, more than the "
+            f"{MAX_REQUEST_PIXELS / 1e6:.0f} a request may have: send fewer or smaller images",
+            param="messages",
+            code="too_many_pixels",
+        )
 
 
 def _an_image_type(media_type: str, where: str) -> None:

@@ -12,7 +12,7 @@ from .images import ImageReader
 
 def answer_routes(runner, max_body: int, read_body, event_stream, settings) -> list[tuple]:
     """(path, handler, methods) of every route beyond the app's own (health and models)."""
-    images = ImageReader(allow_urls=settings.allow_image_urls, timeout=settings.timeout)
+    images = ImageReader.serving(settings.allow_image_urls, settings.timeout)
     return [
         *chat_route.routes(runner, max_body, read_body, event_stream, images),
         *messages_route.routes(runner, max_body, read_body, event_stream, images),

@@ -227,6 +227,19 @@ def test_a_jpeg_gif_and_bmp_header_give_their_size():
     assert "cut-off BMP" in one_line_error(bmp[:-10])
 
 
+def test_a_bmp_cut_short_whose_header_declares_no_size_is_refused():
+    """A BMP's file-size field may be 0; its rows are then what says it was cut (the sweep's 7071×7071 claim with one
+    byte of pixels read as a black picture)."""
+    bmp = bmp_bytes(random_pixels(2, size=8))
+    unsized = bmp[:2] + struct.pack("<I", 0) + bmp[6:]
+    assert read_image(unsized).width == 8  # whole: its rows are all there
+    message = one_line_error(unsized[:55])  # the headers (54 bytes) and one byte of pixels
+    assert "cut-off BMP" in message and "8 rows of 8 pixels need 246" in message
+    huge = bytearray(unsized[:55])
+    huge[18:26] = struct.pack("<ii", 7071, 7071)
+    assert "cut-off BMP" in one_line_error(bytes(huge))
+
+
 # --- bad projector files: refused in one line, the test process alive ---------------------------------------
 
 

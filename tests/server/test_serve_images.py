@@ -8,7 +8,9 @@ prompt tokens, and every bad input is a 400 in the route's own error shape, one 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.server
+import os
 import struct
 import threading
 import zlib
@@ -289,7 +291,35 @@ def test_images_past_the_context_are_a_400_naming_the_fix(server):
     )
     error = error_of(body)
     assert status == 400 and error["code"] == "context_length_exceeded", error
-    assert f"{N_CTX} of them images' positions" in error["message"] and "fewer images" in error["message"]
+    assert f"the {len(many)} images take" in error["message"]
+    assert f"{N_CTX} positions and the context holds {N_CTX}" in error["message"]
+    assert "fewer images" in error["message"] and "--n-ctx" in error["message"]
+    assert chat(server, data_url(png(1))).choices[0].message.content
+
+
+def big_png(width: int, height: int) -> bytes:
+    """A whole PNG of `width`×`height` black pixels (a few KB: rows of zeros compress well)."""
+    rows = (b"\x00" + b"\x00" * 3 * width) * height
+    return png_header(width, height) + _chunk(b"IDAT", zlib.compress(rows, 9)) + _chunk(b"IEND", b"")
+
+
+def post(server: Server, content: list) -> tuple[int, dict[str, str], bytes]:
+    return raw(server.port, "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": content}]})
+
+
+@pytest.mark.slow
+def test_many_large_pictures_are_refused_before_they_hold_the_engine(server):
+    """The sweep's request: many small files of large pictures. Their positions are counted before each is decoded
+    (the same size: one decode tells them all) and their pixels before any: a 400 each, the server answering after."""
+    picture = data_url(big_png(2000, 2000))  # 4 megapixels each, 16 positions each on the tiny projector
+    many = [{"type": "image_url", "image_url": {"url": picture}}] * (N_CTX // N_IMAGE_TOKENS + 1)
+    status, _, body = post(server, many)
+    assert status == 400 and error_of(body)["code"] == "context_length_exceeded", body
+    claims = data_url(png_header(7000, 7000) + _chunk(b"IDAT", zlib.compress(b"\x00")) + _chunk(b"IEND", b""))
+    heavy = [{"type": "image_url", "image_url": {"url": claims}}] * 5  # 245 megapixels, never decoded
+    status, _, body = post(server, heavy)
+    error = error_of(body)
+    assert status == 400 and error["code"] == "too_many_pixels" and "245 megapixels" in error["message"], error
     assert chat(server, data_url(png(1))).choices[0].message.content
 
 
@@ -356,3 +386,24 @@ def test_allow_image_urls_fetches_a_url_and_reads_a_file(plain, tmp_path):
     with pytest.raises(openai.BadRequestError) as raised:
         chat(plain, (tmp_path / "missing.png").as_uri())
     assert "cannot read the image file" in raised.value.body["message"]
+
+
+def test_a_path_to_a_pipe_a_device_or_a_folder_is_refused_and_never_waited_on(plain, tmp_path):
+    """With --allow-image-urls a path must name a regular file: a FIFO with no writer (whose open would wait
+    forever), a device that never ends, a folder — each a 400 naming the part, many at once wedging nothing."""
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    cases = {str(fifo): "is a pipe", "/dev/zero": "is a device", str(tmp_path): "is a folder"}
+    for path, says in cases.items():
+        with pytest.raises(openai.BadRequestError) as raised:
+            chat(plain, path)
+        error = raised.value.body
+        assert says in error["message"] and error["param"] == "messages.0.content.0", error
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        body = chat_body(str(fifo))
+        refused = list(pool.map(lambda _: raw(plain.port, "POST", "/v1/chat/completions", body), range(8)))
+    assert {status for status, _, _ in refused} == {400}
+    text = plain.client().chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": TEXT}], max_tokens=4
+    )
+    assert text.choices[0].message.content is not None
