@@ -82,6 +82,7 @@ class Pairs:
         self._room = threading.Lock()  # one pair at a time makes room for itself
         self._files: dict[str, tuple[float, dict[str, Any]]] = {}  # a pair's facts from its files, and when read
         self._loads: dict[str, Future] = {}  # a load in progress per pair, which its requests wait on together
+        self._waiting: dict[Runner, tuple[str, list[str]]] = {}  # a load waiting for room: the bound, the pairs
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -133,7 +134,12 @@ class Pairs:
                 param="model",
                 code="model_not_loaded",
             )
-        if model not in self.runners and not self.facts(model).get("available", True):
+        facts = self.facts(model) if model not in self.runners or self.runners[model].served is None else {}
+        if facts.get("damaged"):
+            raise ApiError(
+                503, f"could not load '{model}': {facts['damaged']}", type="server_error", code="model_load_failed"
+            )
+        if model not in self.runners and not facts.get("available", True):
             raise ApiError(
                 404,
                 f"the files of pair '{model}' are not here: run `localspec pull {model}`",
@@ -171,6 +177,14 @@ class Pairs:
         done, _ = await asyncio.wait({waited}, timeout=self.load_timeout)
         if not done:
             waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is told to the next
+            if (waiting := self._waiting.get(runner)) is not None:
+                raise ApiError(
+                    503,
+                    f"the model '{name}' is not loaded yet: it {_waits(*waiting)}; retry shortly",
+                    type="server_error",
+                    code="no_room",
+                    headers={"Retry-After": "5"},
+                )
             raise ApiError(
                 503,
                 f"the model '{name}' is still loading after {self.load_timeout:g} s: retry shortly",
@@ -218,19 +232,26 @@ class Pairs:
         """
         with self._room:
             deadline = time.monotonic() + self.load_timeout
-            while (over := self._over(loading, need)) is not None:
-                idle = [r for r in self._loaded(loading) if r.pending == 0]
-                if not idle:
-                    if time.monotonic() > deadline:
-                        raise ApiError(
-                            503, f"no room to load another pair ({over}) while the others answer: retry shortly",
-                            type="server_error", code="no_room", headers={"Retry-After": "5"},
-                        )  # fmt: skip
-                    time.sleep(0.1)
-                    continue
-                victim = min(idle, key=lambda r: r.last_used)
-                log.info("unloading %s to make room (%s)", _name(victim), over)
-                victim.call_on_engine(victim.unload).result()
+            try:
+                while (over := self._over(loading, need)) is not None:
+                    idle = [r for r in self._loaded(loading) if r.pending == 0]
+                    if not idle:
+                        busy = sorted(_name(r) for r in self._loaded(loading))
+                        if self._waiting.get(loading) != (over, busy):
+                            log.info("%s %s", _name(loading), _waits(over, busy))
+                        self._waiting[loading] = (over, busy)  # for /health and a request's 503
+                        if time.monotonic() > deadline:
+                            raise ApiError(
+                                503, f"no room to load '{_name(loading)}': it {_waits(over, busy)}; retry shortly",
+                                type="server_error", code="no_room", headers={"Retry-After": "5"},
+                            )  # fmt: skip
+                        time.sleep(0.1)
+                        continue
+                    victim = min(idle, key=lambda r: r.last_used)
+                    log.info("unloading %s to make room (%s)", _name(victim), over)
+                    victim.call_on_engine(victim.unload).result()
+            finally:
+                self._waiting.pop(loading, None)
 
     def _loaded(self, besides: Runner) -> list[Runner]:
         with self._lock:
@@ -273,7 +294,8 @@ class Pairs:
     # --- what they are --------------------------------------------------------------------------------------------
 
     def facts(self, name: str) -> dict[str, Any]:
-        """What `/v1/models` says of a pair: loaded, available (its files here), vision, MTP, context."""
+        """What `/v1/models` says of a pair: loaded, available (its files here and not damaged), damaged (None, or
+        which file and how to mend it), vision, MTP, context."""
         runner = self.runners.get(name)
         served = runner.served if runner is not None else None
         if served is not None:
@@ -281,6 +303,7 @@ class Pairs:
             return {
                 "loaded": True,
                 "available": True,
+                "damaged": None,
                 "vision": engine.media is not None and engine.media.sees_images,
                 "mtp": engine.target_model.n_layer_nextn > 0,
                 "context": engine.n_ctx,
@@ -291,10 +314,15 @@ class Pairs:
         return {"loaded": False, **{k: v for k, v in found[1].items() if k != "source"}}
 
     def listed(self, name: str) -> bool:
-        """Whether `/v1/models` lists a pair: loaded, or its files here, or the user's own (a bundled pair not
-        pulled is answered, with the `localspec pull` line, but not offered)."""
+        """Whether `/v1/models` lists a pair: loaded, or its files here (damaged too: it says so), or the user's own
+        (a bundled pair not pulled is answered, with the `localspec pull` line, but not offered)."""
         facts = self.facts(name)
-        return facts["loaded"] or facts["available"] or self._files.get(name, (0, {}))[1].get("source") == "user"
+        return (
+            facts["loaded"]
+            or facts["available"]
+            or bool(facts.get("damaged"))
+            or self._files.get(name, (0, {}))[1].get("source") == "user"
+        )
 
     def model_ids(self) -> list[str]:
         """The pairs, those loaded first (the most recently used first), then the rest in models.toml's order."""
@@ -313,6 +341,7 @@ class Pairs:
             name: {
                 "loaded": r.served is not None,
                 "loading": r.loading is not None,
+                "waiting": _waiting_facts(self._waiting.get(r)),
                 "memory": r.memory,
                 "queue": r.pending,
                 "slots": {"busy": r.slots_busy, "total": r.parallel},
@@ -358,23 +387,36 @@ def _name(runner: Runner) -> str:
 def _file_facts(name: str, paths: Paths) -> dict[str, Any]:
     """A pair's facts from its files' headers alone (not loaded)."""
     from localspec.models.catalog import load_config
-    from localspec.models.pairs import head_layers_of, media_of, pair_status
+    from localspec.models.pairs import damage, head_layers_of, media_of, pair_status
 
     try:
         pair = load_config(paths).get(name)
         status = pair_status(pair, paths)
     except LocalspecError:
-        return {"available": False, "vision": None, "mtp": None, "context": None, "source": None}
+        return {"available": False, "damaged": None, "vision": None, "mtp": None, "context": None, "source": None}
     media = media_of(status)
     heads = head_layers_of(status)
     n_ctx = pair.model_overrides().get("n_ctx")
+    damaged = damage(status, paths) or None  # a header read per file: cheap, and kept FACTS_FOR_S
     return {
-        "available": status.downloaded,
+        "available": status.downloaded and damaged is None,
+        "damaged": damaged,
         "vision": media.vision,
         "mtp": None if heads is None else heads > 0,
         "context": n_ctx,
         "source": pair.source,
     }
+
+
+def _waits(over: str, busy: list[str]) -> str:
+    """What a load waiting for room waits for, after "it": the bound it would exceed and the pairs that hold it."""
+    whose = "its requests" if len(busy) == 1 else "their requests"
+    return f"waits for room ({over}): for {', '.join(busy)} to finish {whose} and unload"
+
+
+def _waiting_facts(waiting: tuple[str, list[str]] | None) -> dict[str, Any] | None:
+    """/health's `waiting` of a pair: None, or the bound its load waits under and the pairs it waits for."""
+    return None if waiting is None else {"for": "room", "limit": waiting[0], "pairs": list(waiting[1])}
 
 
 def _one_line(error: BaseException) -> str:

@@ -15,11 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from collections.abc import Callable
+from types import FrameType
 
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
+from textual.content import Content
+from textual.markup import MarkupError
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 from textual.widget import Widget
@@ -47,6 +51,30 @@ from .widgets import ChatMessage, PromptInput
 log = logging.getLogger(__name__)
 
 STOP_WAIT = 10.0  # seconds a quit waits for the stopped answer to come back and be saved
+
+
+# Textual's own notices, written in its markup: the quit hint a Ctrl+C shows, and the screenshot's (the command
+# palette's "Screenshot"). Named, not "any call from Textual": a callback Textual runs (`call_later(self.notify, …)`)
+# or an action string (`app.notify(…)`) may carry outside text.
+TEXTUAL_NOTICES = frozenset({"action_help_quit", "_on_delivery_complete", "_on_delivery_failed"})
+
+
+def textual_markup(message: str, caller: FrameType | None) -> bool:
+    """Whether a notification is one of Textual's own (`TEXTUAL_NOTICES`) and its markup parses; `caller` is the
+    frame that called `ChatApp.notify` (Textual's `Widget.notify`, which hands a screen's call on, is looked past)."""
+    while caller is not None and caller.f_code.co_name == "notify" and _in_textual(caller):
+        caller = caller.f_back
+    if caller is None or caller.f_code.co_name not in TEXTUAL_NOTICES or not _in_textual(caller):
+        return False
+    try:
+        Content.from_markup(message)
+    except MarkupError:  # e.g. a screenshot's path holding "[/": drawn as it is
+        return False
+    return True
+
+
+def _in_textual(frame: FrameType) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith("textual.")
 
 
 class ChatApp(App[int]):
@@ -95,11 +123,13 @@ class ChatApp(App[int]):
         timeout: float | None = None,
         markup: bool = True,
     ) -> None:
-        """Every toast of the chat (a widget's and a screen's `notify` come here): drawn as data, never as Textual
-        markup, whatever `markup` says — a tool's error, a file's name or a model's notice may hold `[/`, which
-        ended the app, or `[@click=…]`, which became an action."""
+        """Every toast of the chat (a widget's and a screen's `notify` come here). Ours are drawn as data, never as
+        Textual markup, whatever `markup` says — a tool's error, a file's name or a model's notice may hold `[/`,
+        which ended the app, or `[@click=…]`, which became an action. Textual's own (the quit hint on Ctrl+C, the
+        screenshot's notice) are its markup, and are drawn as such where it parses (`textual_markup`)."""
         safe, title = terminal_safe(str(message)), terminal_safe(title)
-        super().notify(safe, title=title, severity=severity, timeout=timeout, markup=False)
+        markup = markup and textual_markup(safe, sys._getframe(1))
+        super().notify(safe, title=title, severity=severity, timeout=timeout, markup=markup)
 
     def get_default_screen(self) -> Screen:
         self.chat_screen = ChatScreen(self.chat, self.options)

@@ -275,3 +275,25 @@ async def test_n_and_esc_need_no_scrolling():
             await pilot.press(key)
             await pilot.pause()
             assert app.answer == answer
+
+
+# --- Textual's own notices (issue 63, Low) --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+async def test_textual_s_quit_hint_is_drawn_as_its_markup_means_and_outside_text_stays_data(options):
+    """Ctrl+C outside a text box shows Textual's hint, written in its markup: drawn bold, not as "[b]…[/b]"; the
+    same brackets from outside (a screen's toast, as a file's name or a tool's error reaches it) stay as written."""
+    app = make_app(options)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_ready(pilot)
+        app.set_focus(None)  # the prompt box takes Ctrl+C to copy
+        await pilot.press("ctrl+c")
+        await wait_until(pilot, lambda: "to quit the app" in toasts(app), what="the quit hint")
+        assert "Press ctrl+q to quit the app" in toasts(app) and "[b]" not in toasts(app)
+        [hint] = [toast.render() for toast in app.screen.query(Toast)]
+        assert any(str(span.style) == "b" for span in hint.spans)  # "ctrl+q" in bold
+        outside = "Press [b]ctrl+q[/b] to go [@click=app.quit]now[/]"
+        app.chat_screen.notify(outside)
+        await wait_until(pilot, lambda: "to go" in toasts(app), what="the outside toast")
+        assert outside in toasts(app) and app.is_running
