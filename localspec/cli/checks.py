@@ -131,15 +131,24 @@ def check_run_args(args: argparse.Namespace) -> RunFlags:
 
 
 def _cache_dir(value: str | None) -> tuple[str | None, int | None]:
-    """--cache-dir DIR[:SIZE] as (DIR, SIZE in bytes or None), DIR created and writable. A last colon followed by a
-    digit starts the size ("~/cache:8G"); any other colon belongs to DIR."""
+    """--cache-dir DIR[:SIZE] as (DIR, SIZE in bytes or None), DIR created and writable. What follows the last colon
+    is the size when it looks like one (a digit, sign or dot first, or a unit alone: "~/cache:8G", "x:-1", "x:G") or
+    is nothing ("x:"), and must then be one; any other colon belongs to DIR ("a:b/c", "C:\\cache", "x:old", "C:")."""
     if value is None:
         return None, None
     text, size = clean(value)[0].strip(), None
     if not text:
         raise InvalidParamsError('--cache-dir "" is empty: give a directory, or leave the flag out for RAM only')
-    if m := re.fullmatch(r"(.+):(\d[^:/\\]*)", text):
-        text, size = m.group(1), parse_size(m.group(2), "--cache-dir's size")
+    m = re.fullmatch(r"(.+):([-+.\d][^:/\\]*|[kmgtb]i?b?|)", text, re.IGNORECASE)
+    if m and not (m.group(2) == "" and re.fullmatch(r"[a-z]", m.group(1), re.IGNORECASE)):  # "C:": a drive
+        try:
+            text, size = m.group(1), parse_size(m.group(2), "--cache-dir's size")
+        except InvalidParamsError:
+            raise InvalidParamsError(
+                f"--cache-dir '{value}': {m.group(2)!r} after the last colon is not a size: write DIR:SIZE with SIZE "
+                "like 8G, 512M, 7.5GiB or 1T (K, M, G or T, ASCII digits, at most 1 PiB), or end DIR with / when "
+                "the colon belongs to its name"
+            ) from None
     from localspec.core.promptcache import open_cache_dir
 
     return str(open_cache_dir(text)), size

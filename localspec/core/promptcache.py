@@ -18,9 +18,10 @@ size, mtime) and the llama-cpp-python version: another model's state, or one a c
 is never restored (only a namespace `identify` named goes to disk). The headers are read once at start (the index);
 a file is written by a background thread to a temp file in the directory, fsynced and renamed (a crash leaves the
 old file or the new, never half of one), and the directory is kept within its size, the least recently used file
-(mtime, set on each use) removed first. A damaged file is one warning and removed; a full or unwritable directory is
-one warning and RAM alone from then on. Several processes may share a directory (whole files only; each sees the
-others' files from its next start).
+(mtime, set on each use) removed first. A damaged file is removed; a full or unwritable directory means RAM alone from
+then on; each cause is one warning (later damaged files are logged at INFO). Several processes may share a directory
+(whole files only; each sees the others' files from its next start): the size counts every process's files, before
+a write and again after it, and a file another process removed is no error.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import hashlib
 import importlib.metadata
 import logging
 import os
+import stat
 import struct
 import threading
 import time
@@ -233,6 +235,7 @@ class DiskTier:
         self._pending = 0  # bytes in the queue
         self._writer: threading.Thread | None = None
         self._stamp = 0  # the last mtime set (ns): strictly increasing, so the order of uses survives a coarse clock
+        self._said: set[str] = set()  # the causes already warned of (a damaged file): once each, then INFO
         self._scan()
 
     def __len__(self) -> int:
@@ -386,7 +389,7 @@ class DiskTier:
         path = self.directory / name
         temp = self.directory / f".{name}.{os.getpid()}{TEMP}"
         try:
-            self._make_room(len(head) + len(state), name)
+            self._trim(len(head) + len(state), keep=name)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 _write_all(fd, head)
@@ -402,6 +405,7 @@ class DiskTier:
             self._give_up(e)
             return
         self._stamp_file(path)
+        self._trim(len(head) + len(state), keep=name)  # another process may have written meanwhile: the size holds
         with self._lock:
             self._index[name] = DiskEntry(name, identity, tokens, len(head), len(state), state_crc)
             covered = [  # a state that can be cut back serves every prefix of its tokens
@@ -412,16 +416,25 @@ class DiskTier:
         for other in covered:
             self._remove(other)
 
-    def _make_room(self, need: int, replacing: str) -> None:
-        """Remove the least recently used state files until `need` more bytes fit in the size (the directory's
-        files as they are: another process's count too)."""
+    def _trim(self, need: int, keep: str) -> None:
+        """Remove the least recently used state files but `keep` until `need` more bytes fit in the size, counting the
+        directory's files as they are now: every process's, its writes in progress too (another process's temp
+        file is counted, never removed)."""
         files, total = [], 0
         with os.scandir(self.directory) as listing:
             for item in listing:
-                if item.name.endswith(SUFFIX) and item.name != replacing and item.is_file(follow_symlinks=False):
+                ours = item.name.endswith(SUFFIX)
+                if not (ours or (item.name.startswith(".") and item.name.endswith(TEMP))) or item.name == keep:
+                    continue
+                try:
                     st = item.stat(follow_symlinks=False)
+                except FileNotFoundError:  # another process removed it (or renamed its temp file) meanwhile
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                total += st.st_size
+                if ours:
                     files.append((st.st_mtime_ns, st.st_size, item.name))
-                    total += st.st_size
         for _, size, name in sorted(files):
             if total + need <= self.size:
                 break
@@ -446,7 +459,17 @@ class DiskTier:
             os.utime(path, ns=(stamp, stamp))
 
     def _damaged(self, path: Path, why: str) -> None:
-        log.warning("prompt cache: removed %s (%s); its prompt is read again when it comes back", path, why)
+        """Remove a damaged file: the first one a warning (the terminal sees it), the others a line in the log."""
+        with self._lock:
+            first = "damaged" not in self._said
+            self._said.add("damaged")
+        log.log(
+            logging.WARNING if first else logging.INFO,
+            "prompt cache: removed %s (%s); its prompt is read again when it comes back%s",
+            path,
+            why,
+            " (any other damaged file: in the log alone)" if first else "",
+        )
         self._forget(path.name)
         with suppress(OSError):
             path.unlink()

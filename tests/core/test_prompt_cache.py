@@ -8,6 +8,7 @@ size, and a state is restored only into the model that saved it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -298,8 +299,90 @@ def test_a_directory_that_cannot_be_made_is_one_line_at_start(tmp_path):
     parse = build_parser().parse_args
     with pytest.raises(LocalspecError, match=r"^--cache-dir .*file/cache cannot be used \(.*\): give a directory"):
         check_run_args(parse(["generate", "hi", "--cache-dir", f"{blocker}/cache"]))
-    with pytest.raises(LocalspecError, match="--cache-dir's size '8X' is not a memory size"):
+    with pytest.raises(LocalspecError, match="'8X' after the last colon is not a size"):
         check_run_args(parse(["generate", "hi", "--cache-dir", f"{tmp_path}/c:8X"]))
     flags = check_run_args(parse(["generate", "hi", "--cache-dir", f"{tmp_path}/a:b/c:2G"]))
     assert (flags.cache_dir, flags.cache_dir_size) == (f"{tmp_path}/a:b/c", 2 * 2**30)
     assert (tmp_path / "a:b" / "c").is_dir()
+
+
+def test_two_processes_sharing_a_directory_keep_its_size(tmp_path, monkeypatch):
+    """Two servers, one directory (issue 63): one writes while the other's write is under way, and the size still
+    holds once both are done; a file the other removes while this one counts is no error (no give-up, no warning)."""
+    c = [[100 + i] + A[1:] for i in range(4)]
+    first, first_disk = _disk(tmp_path, size=25_000)  # two 10 kB files fit, not three
+    second, second_disk = _disk(tmp_path, size=25_000)  # another process: its own index, the same directory
+    first.save("t", c[0], b"a" * 10_000, trims=True)
+    first.flush()
+    replace, interleaved = os.replace, []
+
+    def meanwhile(src, dst):  # the second writes its file while the first's is still a temp file
+        if not interleaved:
+            interleaved.append(dst)
+            second.save("t", c[2], b"c" * 10_000, trims=True)
+            second.flush()
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", meanwhile)
+    first.save("t", c[1], b"b" * 10_000, trims=True)
+    first.flush()
+    monkeypatch.undo()
+    assert interleaved and sum(p.stat().st_size for p in first_disk.directory.iterdir()) <= 25_000
+    assert first.best("t", c[0], held=0, trims=True) is None  # the oldest went: the others' files counted too
+
+    scandir, others = os.scandir, set(os.listdir(first_disk.directory))
+
+    def vanishing(path):  # the other process removes each of its files right after it is listed
+        with scandir(path) as listing:
+            for item in list(listing):
+                if item.name in others:
+                    os.unlink(item.path)
+                    others.discard(item.name)
+                yield item
+
+    monkeypatch.setattr(os, "scandir", lambda path: contextlib.closing(vanishing(path)))
+    second.save("t", c[3], b"d" * 10_000, trims=True)
+    second.flush()
+    monkeypatch.undo()
+    assert second_disk.writable and second.best("t", c[3], held=0, trims=True) is not None
+
+
+def test_many_damaged_files_are_one_warning_the_rest_in_the_log(tmp_path, caplog):
+    cache, disk = _disk(tmp_path, size=2**20)
+    for i in range(3):
+        (disk.directory / f"{i:032x}{SUFFIX}").write_bytes(b"LSPROMPT garbage")
+    caplog.set_level(logging.INFO, "localspec.core.promptcache")
+    DiskTier(disk.directory, 2**20)
+    (line,) = _warnings(caplog)
+    assert "prompt cache: removed" in line and "any other damaged file: in the log alone" in line, line
+    removed = [r for r in caplog.records if r.levelno == logging.INFO and "prompt cache: removed" in r.getMessage()]
+    assert len(removed) == 2 and not list(disk.directory.glob("*" + SUFFIX))
+
+
+@pytest.mark.parametrize(
+    ("size", "expected"),
+    [("12Q", None), ("-1", None), ("G", None), ("", None), ("0", None), ("2G", 2 * 2**30), ("8 M", 8 * 2**20)],
+)
+def test_a_bad_size_after_the_colon_is_refused_not_made_a_folder(tmp_path, size, expected):
+    """`--cache-dir DIR:SIZE` with a SIZE that is not one is one line naming the forms, and no folder is made."""
+    from localspec.cli.checks import check_run_args
+    from localspec.cli.main import build_parser
+
+    args = build_parser().parse_args(["generate", "hi", "--cache-dir", f"{tmp_path}/c:{size}"])
+    if expected is None:
+        with pytest.raises(LocalspecError, match=r"is not a size: write DIR:SIZE with SIZE like 8G, 512M") as e:
+            check_run_args(args)
+        assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
+    else:
+        flags = check_run_args(args)
+        assert (flags.cache_dir, flags.cache_dir_size) == (f"{tmp_path}/c", expected)
+
+
+@pytest.mark.parametrize("name", ["a:b/c", "cache:old", "c:12Q/", "C:"])
+def test_a_colon_that_is_not_a_size_belongs_to_the_directory(tmp_path, monkeypatch, name):
+    from localspec.cli.checks import check_run_args
+    from localspec.cli.main import build_parser
+
+    monkeypatch.chdir(tmp_path)
+    flags = check_run_args(build_parser().parse_args(["generate", "hi", "--cache-dir", name]))
+    assert flags.cache_dir_size is None and (tmp_path / name).is_dir()
