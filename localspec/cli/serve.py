@@ -312,7 +312,7 @@ def _status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(_status_table(health, models, where))
+    print(_status_table(health, models, where, keyed=key is not None))
     return 0
 
 
@@ -330,12 +330,16 @@ def _ask(host: str, port: int, path: str, key: str | None) -> dict | None:
     return json.loads(body)
 
 
-def _status_table(health: dict, models: dict | None, where: str) -> str:
-    """The pairs loaded (or loading) as a table, then the others the server could load."""
-    rows = [("PAIR", "STATE", "MEMORY", "SLOTS", "QUEUE")]
+def _status_table(health: dict, models: dict | None, where: str, *, keyed: bool = False) -> str:
+    """The pairs loaded (or loading) as a table, then the others the server could load (`models` None: refused,
+    with the key given when `keyed`)."""
+    rows, waits = [("PAIR", "STATE", "MEMORY", "SLOTS", "QUEUE")], []
     for name, pair in health["pairs"].items():
         slots = pair.get("slots") or {}
-        state = "loaded" if pair.get("loaded") else "loading"
+        state = "loaded" if pair.get("loaded") else "waiting" if pair.get("waiting") else "loading"
+        if isinstance(waiting := pair.get("waiting"), dict):
+            waits.append(f"{name} waits for room ({waiting.get('limit')}): for {', '.join(waiting.get('pairs') or ())} "
+                         "to finish and unload")  # fmt: skip
         rows.append((name, state, _size(pair.get("memory") or 0), f"{slots.get('busy', 0)}/{slots.get('total', 0)}",
                      str(pair.get("queue", 0))))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -343,11 +347,16 @@ def _status_table(health: dict, models: dict | None, where: str) -> str:
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     if len(rows) == 1:
         lines.append("(no pair loaded)")
-    if models is None:
+    lines += waits
+    if models is None and keyed:
+        lines.append("available: the server refused this --api-key (a wrong key): give the key it was started with")
+    elif models is None:
         lines.append("available: give the server's --api-key to list them")
     else:
-        names = [m["id"] for m in models.get("data", []) if m.get("available") and m["id"] not in health["pairs"]]
+        data = [m for m in models.get("data", []) if m.get("id") not in health["pairs"]]
+        names = [m["id"] for m in data if m.get("available")]
         lines.append(f"available: {', '.join(names) or 'none besides those loaded'}")
+        lines += [f"damaged: {m['id']}: {m['damaged']}" for m in data if m.get("damaged")]
     return "\n".join(lines)
 
 
@@ -386,14 +395,19 @@ def _configured_pairs(paths: Paths, *, warn: bool = True) -> list[str]:
 
 
 def _log_to_stderr() -> None:
-    """The server's lines (requests, errors, pair loads) on stderr too, one line each; uvicorn's own likewise."""
+    """The server's lines (requests, errors, pair loads) on stderr too, one line each; uvicorn's own likewise; and the
+    prompt cache's warnings (a damaged file, a full or unwritable --cache-dir: once per cause, promptcache.py)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
-    server_log = logging.getLogger("localspec.server")
-    if not any(getattr(h, "_localspec_serve", False) for h in server_log.handlers):
-        handler._localspec_serve = True  # type: ignore[attr-defined]
-        server_log.addHandler(handler)
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(handler.formatter)
+    warnings.setLevel(logging.WARNING)
+    for name, each in (("localspec.server", handler), ("localspec.core.promptcache", warnings)):
+        logger = logging.getLogger(name)
+        if not any(getattr(h, "_localspec_serve", False) for h in logger.handlers):
+            each._localspec_serve = True  # type: ignore[attr-defined]
+            logger.addHandler(each)
     uvicorn_log = logging.getLogger("uvicorn.error")
     uvicorn_log.handlers = [handler]
     uvicorn_log.setLevel(logging.WARNING)

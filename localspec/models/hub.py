@@ -198,13 +198,16 @@ def remote_files(ref: ModelSource, *, projector: bool = False) -> list[RemoteFil
     )
 
 
-def download(ref: ModelSource, *, progress: ProgressCallback | None = None, projector: bool = False) -> Path:
+def download(
+    ref: ModelSource, *, progress: ProgressCallback | None = None, projector: bool = False, force: bool = False
+) -> Path:
     """Make sure every file of `ref` is in the HF cache and return the path to load.
 
     Args:
         ref: a Hub reference.
         progress: called as bytes arrive; None shows huggingface_hub's own progress bar per file.
         projector: `ref` names an mmproj file (a quant then picks among those only).
+        force: download it again even though it is cached (the cached copy is damaged).
 
     Returns:
         The local path (first shard of a split model).
@@ -214,20 +217,24 @@ def download(ref: ModelSource, *, progress: ProgressCallback | None = None, proj
     """
     from huggingface_hub import hf_hub_download
 
-    cached = find_cached(ref, projector=projector)
+    cached = None if force else find_cached(ref, projector=projector)
     if cached is not None:
         log.info("%s is already downloaded: %s", ref.label(), cached)
         return cached
     if is_offline():
+        where = "is damaged in" if force else "is not in"
         raise DownloadError(
-            f"{ref.label()} is not in the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE "
+            f"{ref.label()} {where} the Hugging Face cache ({cache_dir()}) and HF_HUB_OFFLINE "
             "is set: unset HF_HUB_OFFLINE to download it"
         )
     paths = []
     for remote in remote_files(ref, projector=projector):
         log.info("downloading %s from %s (%s bytes)", remote.filename, remote.repo, remote.size)
         with hub_errors(ref, remote.size):
-            paths.append(Path(hf_hub_download(remote.repo, remote.filename, tqdm_class=_progress_class(progress))))
+            got = hf_hub_download(
+                remote.repo, remote.filename, tqdm_class=_progress_class(progress), force_download=force
+            )
+            paths.append(Path(got))
     return paths[0]
 
 

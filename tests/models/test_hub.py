@@ -167,6 +167,31 @@ def test_second_pull_is_a_no_op_without_network(env, fake_hub):
 
 
 @pytest.mark.slow
+def test_pull_again_mends_a_damaged_download(env, fake_hub, tiny_models, monkeypatch):
+    """A cached file cut short after its download (a disk error, a copy gone wrong): what serve and `models` say of
+    the pair names `localspec pull NAME` again, and that pull downloads it again (not "already downloaded")."""
+    from huggingface_hub import constants
+
+    from localspec.models.catalog import load_config
+    from localspec.models.pairs import damage, pair_status
+    from localspec.paths import get_paths
+
+    assert cli(env, "pull", "tiny").returncode == 0
+    target = next(p for p in cached_files(env) if p.name == "tiny-Q8_0.gguf")
+    target.resolve().write_bytes(target.read_bytes()[:5000])
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", env["HF_HUB_CACHE"])
+    paths = get_paths({"LOCALSPEC_HOME": env["LOCALSPEC_HOME"]})
+    said = damage(pair_status(load_config(paths).get("tiny"), paths), paths)
+    assert said.startswith("the target: could not load") and said.endswith(": run `localspec pull tiny` again")
+    again = cli(env, "pull", "tiny")
+    assert again.returncode == 0, again.stderr
+    assert "tiny-Q8_0.gguf: the file is truncated or corrupt" in again.stdout and "fetching it again" in again.stdout
+    assert "target  test/Qwen2.5-tiny-GGUF:Q8_0: downloaded" in again.stdout
+    assert target.read_bytes() == tiny_models.target.read_bytes()
+    assert again.stdout.count("already downloaded") == 1  # the draft, whole, stays
+
+
+@pytest.mark.slow
 def test_a_cut_connection_resumes_with_a_range_request(env, fake_hub):
     data = fake_hub.repos["test/big-GGUF"]["big-Q8_0.gguf"]
     fake_hub.cut_first_download("big-Q8_0.gguf", after_bytes=CHUNK + 4096)
