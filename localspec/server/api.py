@@ -30,6 +30,7 @@ from pydantic import (
 from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
 from localspec.core.params import DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
+from localspec.core.toolgrammar import closed
 from localspec.errors import ModelFileError
 
 from .units import keep_alive_value
@@ -45,8 +46,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}),
     "modalities": (None, ["text"]),
     "audio": (None,),
-    "prediction": (None,),
-    "reasoning_effort": (None,),
     "web_search_options": (None,),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -54,6 +53,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 # Fields that change nothing here (bookkeeping for OpenAI's own service): accepted and left out.
 IGNORED = ("user", "metadata", "store", "service_tier")
+# Fields that change nothing here but whose values are checked are typed fields of the bodies below, each commented.
 # Fields of a message that OpenAI's schema allows and we do not implement, with the values that change nothing:
 # what the openai client echoes back when a reply's `message` is appended to the conversation.
 MESSAGE_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -219,6 +219,18 @@ class JsonSchemaFormat(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
 
 
+class Prediction(_Strict):
+    """`prediction`: OpenAI's predicted output, a latency hint for its service (the answer is the same without it)."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]  # OpenAI's reasoning efforts
+Verbosity = Literal["low", "medium", "high"]  # how long OpenAI's own models answer: no lever here
+CacheRetention = Literal["in_memory", "in-memory", "24h"]  # OpenAI's prompt cache retention (the client once sent "-")
+
+
 class ResponseFormat(_Strict):
     """`response_format`: free text, any JSON object, or JSON that validates against a schema."""
 
@@ -231,6 +243,17 @@ class ResponseFormat(_Strict):
         if value is not None and value.schema_ is None:
             raise ValueError("'schema' is required: the JSON schema the answer must follow")
         return value
+
+
+def schema_grammar(schema: dict[str, Any]) -> Grammar:
+    """The grammar of a structured-output schema (every route's): each object that lists its `properties` closed to
+    them where it does not say `additionalProperties` — as tools' parameters are (core/toolgrammar.py) and as
+    llama.cpp reads a schema; an open object lets even a well-prompted small model invent keys.
+
+    Raises:
+        GrammarError: a schema the grammar library cannot take.
+    """
+    return Grammar.json_schema(closed(schema) if schema else schema)
 
 
 def _within(name: str, bound: Limit) -> AfterValidator:
@@ -296,6 +319,22 @@ class _Common(Extensions):
     stop: str | list[str] | None = None
     n: Annotated[int, Field(ge=1, le=N_MAX)] = 1
     response_format: ResponseFormat | None = None
+    # llama-server's own, as clients written for it send them:
+    n_predict: Annotated[int, Field(ge=-1)] | None = None  # max_tokens by its old name; -1: no limit of its own
+    cache_prompt: bool | None = None  # ignored: a prompt shared with an earlier request is reused either way
+    id_slot: Annotated[int, Field(ge=-1)] | None = None  # ignored: a request's slot is the one holding its prefix
+
+    @field_validator("n_predict")
+    @classmethod
+    def _predicts(cls, value):
+        if value == 0:
+            raise ValueError("at least 1 token, or -1 for the server's limit (as with no max_tokens)")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        """`max_tokens`, else a positive `n_predict` (None: the server's --max-tokens)."""
+        return self.max_tokens or (self.n_predict if self.n_predict and self.n_predict > 0 else None)
 
     @field_validator("response_format")
     @classmethod
@@ -312,7 +351,7 @@ class _Common(Extensions):
             return None
         if fmt.type == "json_object":
             return Grammar.json_object()
-        return Grammar.json_schema(fmt.json_schema.schema_)
+        return schema_grammar(fmt.json_schema.schema_)
 
     @field_validator("stop")
     @classmethod
@@ -344,6 +383,13 @@ class ChatRequest(_Common):
     parallel_tool_calls: bool = True
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=TOP_LOGPROBS_MAX)] | None = None
+    reasoning_effort: ReasoningEffort | None = None  # a thinking model's switch: on, except at "none" (request.Effort)
+    # OpenAI's, for its own service: checked, and they change nothing here
+    verbosity: Verbosity | None = None
+    prompt_cache_key: str | None = None  # our prompt cache finds a shared prefix by itself
+    safety_identifier: str | None = None
+    prompt_cache_retention: CacheRetention | None = None
+    prediction: Prediction | None = None
 
     @model_validator(mode="before")
     @classmethod

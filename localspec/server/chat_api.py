@@ -14,7 +14,7 @@ from localspec.core.tools import Function
 
 from .api import ApiError, ChatRequest, CompletionRequest
 from .images import DATA_ONLY, ImageReader
-from .request import Request
+from .request import Effort, Request
 
 
 class ChatBody(ChatRequest):
@@ -37,11 +37,15 @@ class ChatBody(ChatRequest):
 
     def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
         """The engine's request (raises `ApiError` for a schema that is no grammar, or an image `images` refuses)."""
+        effort = Effort("reasoning_effort", self.reasoning_effort) if self.reasoning_effort is not None else None
+        if self.think is not None:
+            effort = None  # chat_template_kwargs.enable_thinking says it more precisely
         return Request(
             messages=self.conversation(images),
             prompt=None,
-            max_tokens=self.max_completion_tokens or self.max_tokens,
-            think=self.think,
+            max_tokens=self.max_completion_tokens or self.token_limit,
+            think=effort.think if effort is not None else self.think,
+            effort=effort,
             tool_choice=self.tool_mode,
             functions=tuple(
                 Function(t.function.name, t.function.description, t.function.parameters or {"type": "object"})
@@ -57,7 +61,7 @@ class CompletionBody(CompletionRequest):
 
     def to_request(self, images: ImageReader = DATA_ONLY) -> Request:
         """The engine's request (raises `ApiError` for a schema that is no grammar); a prompt holds no images."""
-        return Request(messages=None, prompt=self.text, max_tokens=self.max_tokens, **_shared(self))
+        return Request(messages=None, prompt=self.text, max_tokens=self.token_limit, **_shared(self))
 
 
 def _shared(body: ChatRequest | CompletionRequest) -> dict[str, Any]:

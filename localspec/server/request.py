@@ -38,6 +38,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+LIGHT_EFFORTS = ("none", "minimal", "low")  # efforts a model that does not think follows as it is: no refusal
+
+
+@dataclass(frozen=True, slots=True)
+class Effort:
+    """A reasoning effort as the client sent it (chat's `reasoning_effort`, Responses' `reasoning.effort`): thinking
+    on, except at `none` — the model's switch is all there is to set here."""
+
+    field: str  # the field it came in, named by a refusal
+    value: str  # one of OpenAI's efforts (api.ReasoningEffort)
+
+    @property
+    def think(self) -> bool:
+        return self.value != "none"
+
+    @property
+    def setting(self) -> str:
+        return f'{self.field} = "{self.value}"'
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """What one HTTP request asks of the engine, checked: exactly one of `messages` and `prompt`."""
@@ -51,6 +71,7 @@ class Request:
     penalties: Mapping[str, float] = field(default_factory=dict)  # presence_penalty / frequency_penalty
     drafter: str | None = None
     think: bool | None = None  # chat_template_kwargs.enable_thinking (None: --think, the pair's, the model's)
+    effort: Effort | None = None  # the reasoning effort that set `think`, where one did (not enable_thinking)
     grammar: Grammar | None = None  # what the answer must match (`response_format`); None: free text
     grammar_param: str = "response_format"  # the field that asked for it, named by a refusal
     tool_choice: str | None = None  # "auto", "required" or a function's name; None: no tools
@@ -283,12 +304,17 @@ def _grammar(served: Served, request: Request) -> CompiledGrammar | None:
 
 
 def _think(served: Served, request: Request) -> bool | None:
-    """The thinking switch of a chat request: its own, else the server's --think, else the pair's `thinking`.
+    """The thinking switch of a chat request: its own (`chat_template_kwargs.enable_thinking`, else a reasoning
+    effort: none, minimal and low ask nothing of a model that does not think), else the server's --think, else the
+    pair's `thinking`.
 
     Raises:
         ApiError: the model cannot follow it (400).
     """
     own = thinking_choice(request.think, "request")
+    effort = request.effort
+    if own is not None and effort is not None:
+        own = dataclasses.replace(own, setting=effort.setting)
     choices = (
         own,
         thinking_choice(served.think_flag, "serve"),
@@ -300,10 +326,14 @@ def _think(served: Served, request: Request) -> bool | None:
         support = served.chat_format().thinking
     except ChatTemplateError as e:
         raise ApiError(400, str(e), param="messages", code="chat_template_error") from None
+    if effort is not None and effort.value in LIGHT_EFFORTS and not support.thinks:
+        choices = (None, *choices[1:])  # little or no thinking asked of a model that has none: it answers as it is
     try:
         return choose_thinking(support, served.name, *choices)
     except LocalspecError as e:
-        param = "chat_template_kwargs.enable_thinking" if own is not None else None
+        param = None  # the server's or the pair's setting: not the request's to fix
+        if choices[0] is not None:
+            param = effort.field if effort is not None else "chat_template_kwargs.enable_thinking"
         raise ApiError(400, str(e), param=param, code="unsupported_value") from None
 
 

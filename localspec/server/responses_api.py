@@ -19,9 +19,18 @@ from localspec.core.session import Message
 from localspec.core.tools import Function
 from localspec.llama.vision import Image, read_image
 
-from .api import ApiError, Extensions, FunctionSpec, _Strict
+from .api import (
+    ApiError,
+    CacheRetention,
+    Extensions,
+    FunctionSpec,
+    ReasoningEffort,
+    Verbosity,
+    _Strict,
+    schema_grammar,
+)
 from .images import DATA_ONLY, ImageReader
-from .request import Request
+from .request import Effort, Request
 
 log = logging.getLogger(__name__)
 IGNORED = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key", "client_metadata")
@@ -33,10 +42,8 @@ HOSTED_TOOLS = ("web_search", "web_search_preview", "file_search", "code_interpr
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "background": (None, False),
     "include": (None, [], ["reasoning.encrypted_content"]),  # Codex asks: our reasoning has no encrypted form
-    "truncation": (None, "disabled"),
     "conversation": (None,),
     "prompt": (None,),
-    "max_tool_calls": (None,),
     "top_logprobs": (None, 0),
 }
 PART_TYPES = ("input_text", "output_text", "input_image")
@@ -150,11 +157,11 @@ class TextFormat(_Strict):
 
 class TextConfig(_Strict):
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = None  # the one value that changes nothing here
+    verbosity: Verbosity | None = None  # how long OpenAI's own models answer: accepted, no lever here
 
 
 class ReasoningConfig(_Strict):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: ReasoningEffort | None = None  # a thinking model's switch: on, except at "none" (request.Effort)
     summary: Literal["auto", "concise", "detailed"] | None = None  # the thinking is returned whole, not summarised
 
 
@@ -171,6 +178,11 @@ class ResponsesRequest(Extensions):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
+    # Accepted, and they change nothing here: "auto" would drop input that overflows the context (a conversation that
+    # does not fit is refused either way); a limit on calls to hosted tools (none runs here); OpenAI's cache's life
+    truncation: Literal["disabled", "auto"] | None = None
+    max_tool_calls: Annotated[int, Field(ge=0)] | None = None
+    prompt_cache_retention: CacheRetention | None = None
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -261,7 +273,7 @@ class ResponsesRequest(Extensions):
         if fmt.schema_ is None:
             raise ApiError(400, "'schema' is required with type 'json_schema'", param="text.format.schema")
         try:
-            return Grammar.json_schema(fmt.schema_)
+            return schema_grammar(fmt.schema_)
         except GrammarError as e:
             raise ApiError(400, str(e), param="text.format.schema", code="invalid_schema") from None
 
@@ -311,14 +323,14 @@ class ResponsesRequest(Extensions):
 
     def to_request(self, history: Sequence[Message] = (), images: ImageReader = DATA_ONLY) -> Request:
         """The engine's request: the stored conversation (`history`), then the input (its images read by `images`)."""
-        think = None
-        if self.reasoning is not None and self.reasoning.effort is not None:
-            think = self.reasoning.effort != "none"
+        asked = self.reasoning.effort if self.reasoning is not None else None
+        effort = Effort("reasoning.effort", asked) if asked is not None else None
         return Request(
             messages=self.conversation(history, images),
             prompt=None,
             max_tokens=self.max_output_tokens,
-            think=think,
+            think=effort.think if effort is not None else None,
+            effort=effort,
             grammar=self.grammar(),
             grammar_param="text.format",
             tool_choice=self.tool_mode,

@@ -143,7 +143,7 @@ class _Response:
             "max_output_tokens": p.max_output_tokens,
             "previous_response_id": p.previous_response_id,
             "store": p.store,
-            "truncation": "disabled",
+            "truncation": p.truncation or "disabled",
             "metadata": {},
             "error": None,
             "incomplete_details": None,
@@ -152,11 +152,15 @@ class _Response:
         }
 
     def items(self, choice: Choice) -> list[dict]:
-        """The output items of a finished choice: reasoning, the message, the function calls."""
+        """The output items of a finished choice: reasoning, the message, the function calls; the last one of an
+        answer cut by max_output_tokens says `incomplete`, as the response does."""
         items = [_reasoning(choice.reasoning)] if choice.reasoning else []
         if choice.text:
             items.append(_message(choice.text))
-        return items + [_call(c) for c in choice.calls]
+        items += [_call(c) for c in choice.calls]
+        if items and choice.finish == "length":
+            items[-1]["status"] = "incomplete"
+        return items
 
     async def finish(self, answer: Answer, choice: Choice) -> dict:
         """The final response object; stored unless `store: false`."""
@@ -233,14 +237,13 @@ class _Response:
 
     async def _end(self, answer: Answer, choice: Choice) -> AsyncIterator[bytes]:
         """The answer's end: the open item closed, the message and calls where tools were offered, the final object."""
-        for chunk in self._close(self._open_kind, self._buffer):
+        wholes = [i for i in self.items(choice) if i["type"] != "reasoning"] if answer.tools is not None else []
+        for chunk in self._close(self._open_kind, self._buffer, "completed" if wholes else _status(choice)):
             yield chunk
         self._open_kind = None
-        if answer.tools is not None:
-            for whole in self.items(choice):
-                if whole["type"] != "reasoning":
-                    for chunk in self._whole(whole):
-                        yield chunk
+        for whole in wholes:  # the last one of a cut answer says `incomplete`
+            for chunk in self._whole(whole):
+                yield chunk
         body = await self.finish(answer, choice)
         kind = {"incomplete": "response.incomplete", "cancelled": "response.failed"}.get(body["status"])
         yield self._event(kind or "response.completed", response=body)
@@ -266,12 +269,15 @@ class _Response:
         return self._event(name, item_id=self.output[index]["id"], output_index=index, content_index=0, delta=text,
                            **extra)  # fmt: skip
 
-    def _close(self, kind: str | None, buffer: list[str]) -> list[bytes]:
+    def _close(self, kind: str | None, buffer: list[str], status: str = "completed") -> list[bytes]:
+        """The open item's `.done` events (`status`: "incomplete" where the answer was cut in it)."""
         if kind is None:
             return []
         index, text = len(self.output) - 1, "".join(buffer)
         whole = _reasoning(text.strip()) if kind == "reasoning" else _message(text)
         whole["id"] = self.output[index]["id"]
+        if status != "completed":
+            whole["status"] = status
         self.output[index] = whole
         name = "response.reasoning_text.done" if kind == "reasoning" else "response.output_text.done"
         part = whole["content"][0]
@@ -287,7 +293,7 @@ class _Response:
         if item["type"] == "message":
             yield from self._open("message")
             yield self._delta("message", item["content"][0]["text"])
-            yield from self._close("message", [item["content"][0]["text"]])
+            yield from self._close("message", [item["content"][0]["text"]], item["status"])
             return
         self.output.append({**item, "arguments": "", "status": "in_progress"})
         index = len(self.output) - 1
@@ -297,6 +303,11 @@ class _Response:
         yield self._event("response.function_call_arguments.done", **where, arguments=item["arguments"])
         self.output[index] = item
         yield self._event("response.output_item.done", output_index=index, item=item)
+
+
+def _status(choice: Choice) -> str:
+    """The status of the item a choice ends in: `incomplete` where max_output_tokens cut it."""
+    return "incomplete" if choice.finish == "length" else "completed"
 
 
 def _reasoning(text: str) -> dict:

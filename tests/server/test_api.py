@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from localspec.core.grammar import GrammarVocab
 from localspec.server.api import UNSUPPORTED, ApiError, ChatRequest, CompletionRequest, parse_body
+from localspec.server.chat_api import ChatBody, CompletionBody
+from localspec.server.messages_api import MessagesRequest
+from localspec.server.responses_api import IGNORED as RESPONSES_IGNORED
+from localspec.server.responses_api import UNSUPPORTED as RESPONSES_UNSUPPORTED
+from localspec.server.responses_api import ResponsesRequest
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -126,3 +132,113 @@ def test_a_keep_alive_that_is_no_finite_duration_is_a_400_naming_it(raw_value):
     assert parse_body(body(keep_alive="5m"), ChatRequest).keep_alive == 300
     assert parse_body(body(keep_alive=-1), ChatRequest).keep_alive == float("inf")  # Ollama's forever
     assert parse_body(body(keep_alive=None), ChatRequest).keep_alive is None
+
+
+# What frameworks send when a user sets it (issue 63 item 8): OpenAI's fields for its own service and llama-server's.
+ACCEPTED_CHAT = {
+    "reasoning_effort": "low",
+    "verbosity": "low",
+    "prompt_cache_key": "user-42",
+    "safety_identifier": "hash-of-a-user",
+    "prompt_cache_retention": "24h",
+    "prediction": {"type": "content", "content": [{"type": "text", "text": "def f():"}]},
+    "cache_prompt": False,
+    "n_predict": 7,
+    "id_slot": 0,
+}
+
+
+def test_the_options_frameworks_send_are_accepted_and_mapped_where_they_mean_something():
+    chat = parse_body(body(**ACCEPTED_CHAT), ChatBody).to_request()
+    assert chat.max_tokens == 7 and chat.think is True and chat.effort.setting == 'reasoning_effort = "low"'
+    assert parse_body(body(n_predict=-1, reasoning_effort="none"), ChatBody).to_request().max_tokens is None
+    assert parse_body(body(n_predict=9, max_tokens=3), ChatBody).to_request().max_tokens == 3
+    off = parse_body(body(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}), ChatBody)
+    assert off.to_request().think is False and off.to_request().effort is None  # the template's switch is precise
+    completion = parse_body(b'{"prompt": "x", "n_predict": 5, "cache_prompt": true}', CompletionBody)
+    assert completion.to_request().max_tokens == 5
+    responses = parse_body(
+        json.dumps(
+            {
+                "input": "hi",
+                "truncation": "auto",
+                "max_tool_calls": 3,
+                "text": {"verbosity": "high"},
+                "prompt_cache_retention": "in_memory",
+                "reasoning": {"effort": "minimal"},
+            }
+        ).encode(),
+        ResponsesRequest,
+        unsupported=RESPONSES_UNSUPPORTED,
+        ignored=RESPONSES_IGNORED,
+    ).to_request()
+    assert responses.think is True and responses.effort.field == "reasoning.effort"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"reasoning_effort": "maximal"}, "reasoning_effort"),
+        ({"verbosity": "loud"}, "verbosity"),
+        ({"prompt_cache_key": 3}, "prompt_cache_key"),
+        ({"prompt_cache_retention": "forever"}, "prompt_cache_retention"),
+        ({"prediction": {"type": "diff", "content": "x"}}, "prediction.type"),
+        ({"cache_prompt": "yes"}, "cache_prompt"),
+        ({"n_predict": 0}, "n_predict"),
+        ({"n_predict": 2.5}, "n_predict"),
+        ({"id_slot": -2}, "id_slot"),
+    ],
+)
+def test_the_options_frameworks_send_are_refused_when_wrong(fields, param):
+    with pytest.raises(ApiError) as caught:
+        parse_body(body(**fields), ChatRequest)
+    assert caught.value.status == 400 and caught.value.param == param, caught.value
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"truncation": "sometimes"}, "truncation"),
+        ({"max_tool_calls": -1}, "max_tool_calls"),
+        ({"text": {"verbosity": "loud"}}, "text.verbosity"),
+        ({"reasoning": {"effort": "maximal"}}, "reasoning.effort"),
+    ],
+)
+def test_responses_options_are_refused_when_wrong(fields, param):
+    with pytest.raises(ApiError) as caught:
+        raw = json.dumps({"input": "hi", **fields}).encode()
+        parse_body(raw, ResponsesRequest, unsupported=RESPONSES_UNSUPPORTED, ignored=RESPONSES_IGNORED)
+    assert caught.value.status == 400 and caught.value.param == param, caught.value
+
+
+# A byte-level vocabulary: a grammar's mask read character by character (issue 63 item 9).
+BYTES = GrammarVocab([bytes([i]) for i in range(256)] + [b"\xff<end>"], [256], lambda text: list(text.encode()))
+CITY = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}}}
+
+
+def _allows_after(grammar, text: str, char: str) -> bool:
+    constraint = BYTES.compile(grammar).start()
+    for byte in text.encode():
+        assert constraint.push(byte), text
+    return constraint.mask().allows(ord(char))
+
+
+def _grammars(schema: dict) -> list:
+    """The grammar each route builds from `schema` as its structured-output format."""
+    chat = parse_body(body(response_format={"type": "json_schema", "json_schema": {"schema": schema}}), ChatRequest)
+    text = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
+    responses = parse_body(json.dumps({"input": "hi", "text": text}).encode(), ResponsesRequest)
+    claude = {"max_tokens": 9, "messages": HI, "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+    messages = parse_body(json.dumps(claude).encode(), MessagesRequest, unsupported={}, ignored=())
+    return [chat.grammar, responses.grammar(), messages.grammar()]
+
+
+def test_a_schemas_objects_that_do_not_say_additional_properties_are_closed():
+    """Before: after "country" a model could go on with a key of its own ("location")."""
+    nested = {"type": "object", "properties": {"place": CITY}, "required": ["place"]}
+    for grammar in _grammars(nested):
+        assert not _allows_after(grammar, '{"place":{"city":"Paris","country":"France"', ",")
+        assert _allows_after(grammar, '{"place":{"city":"Paris","country":"France"', "}")
+    for grammar in _grammars({**CITY, "additionalProperties": True}):  # a schema that says so stays open
+        assert _allows_after(grammar, '{"city":"Paris","country":"France"', ",")
+    assert _allows_after(_grammars({})[0], "{", '"')  # an empty schema is any JSON still

@@ -216,6 +216,52 @@ def test_responses_bad_input_names_the_field(server, body, status, param):
     assert server.healthy()
 
 
+def test_an_answer_cut_by_max_output_tokens_says_incomplete_in_its_message_item_too(server):
+    """Before: `status: incomplete` on the response, `completed` on its message item (issue 63 item 10)."""
+    client = server.client()
+    cut = client.responses.create(model="tiny", input=USER, max_output_tokens=6)
+    assert cut.status == "incomplete" and [item.status for item in cut.output] == ["incomplete"]
+    events = list(client.responses.create(model="tiny", input=USER, max_output_tokens=6, stream=True))
+    done = [e.item.status for e in events if e.type == "response.output_item.done"]
+    assert done == ["incomplete"] and events[-1].type == "response.incomplete"
+    assert [item.status for item in events[-1].response.output] == ["incomplete"]
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"]}  # closed: it ends
+    text = {"format": {"type": "json_schema", "name": "a", "schema": schema}}
+    whole = client.responses.create(model="tiny", input=USER, max_output_tokens=20, text=text)
+    assert whole.status == "completed" and {item.status for item in whole.output} == {"completed"}
+
+
+def test_the_options_frameworks_send_are_accepted_on_chat_and_responses(server):
+    """What openai-agents, pydantic-ai, litellm and llama-server's own clients send when a user sets it (issue 63 item
+    8): accepted, and the answer is the one without them; llama-server's `n_predict` is max_tokens."""
+    client = server.client()
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": USER}], max_tokens=6)
+    asked = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": USER}],
+        reasoning_effort="low",  # the tiny model does not think: a light effort asks nothing of it
+        verbosity="low",
+        prompt_cache_key="user-42",
+        safety_identifier="someone",
+        prompt_cache_retention="24h",
+        prediction={"type": "content", "content": "the man said"},
+        extra_body={"cache_prompt": False, "n_predict": 6, "id_slot": 0},
+    )
+    assert asked.choices[0].message.content == plain.choices[0].message.content
+    assert asked.usage.completion_tokens == 6
+    response = client.responses.create(
+        model="tiny",
+        input=USER,
+        max_output_tokens=6,
+        truncation="auto",
+        max_tool_calls=2,
+        text={"verbosity": "low"},
+        prompt_cache_retention="in_memory",
+        reasoning={"effort": "minimal"},
+    )
+    assert response.output_text == plain.choices[0].message.content and response.truncation == "auto"
+
+
 def test_a_response_stored_with_store_false_cannot_be_continued(server):
     client = server.client()
     kept = client.responses.create(model="tiny", input=USER, max_output_tokens=4)

@@ -149,3 +149,48 @@ def test_tools_on_auto_leave_an_answer_in_words_as_it_was(server):
     assert tooled.choices[0].message.tool_calls is None and tooled.choices[0].finish_reason == "stop"
     assert tooled.choices[0].message.content == plain.choices[0].message.content == ANSWER_TEXT
     assert tooled.choices[0].message.model_extra["reasoning_content"] == REASONING_TEXT
+
+
+@pytest.mark.parametrize("effort", ["none", "minimal", "low"])
+def test_a_light_reasoning_effort_on_a_model_that_does_not_think_is_its_plain_answer(server, effort):
+    """Before: chat refused `reasoning_effort`; Responses refused a low effort naming chat_template_kwargs (issue 63
+    items 8 and 10)."""
+    asked = {"model": "tiny", "messages": HI, "max_tokens": 6}
+    plain = json.loads(raw(server.port, "POST", CHAT, asked)[2])["choices"][0]["message"]["content"]
+    status, _, body = raw(server.port, "POST", CHAT, {**asked, "reasoning_effort": effort})
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == plain, body
+    response = server.client().responses.create(
+        model="tiny", input="Hi", max_output_tokens=6, reasoning={"effort": effort}
+    )
+    assert response.output_text == plain
+
+
+def test_a_reasoning_effort_switches_a_thinking_models_thinking(server):
+    def reasoning(effort: str) -> str | None:
+        body = {"model": "thinking", "messages": HI, "max_tokens": 40, "reasoning_effort": effort}
+        status, _, data = raw(server.port, "POST", CHAT, body)
+        assert status == 200, data
+        message = json.loads(data)["choices"][0]["message"]
+        assert message["content"] == ANSWER_TEXT
+        return message.get("reasoning_content")
+
+    assert reasoning("low") == REASONING_TEXT and reasoning("none") is None
+    response = server.client().responses.create(model="thinking", input="Hi", reasoning={"effort": "none"})
+    assert response.output_text == ANSWER_TEXT and [item.type for item in response.output] == ["message"]
+
+
+@pytest.mark.parametrize(
+    ("model", "effort", "match"),
+    [("tiny", "high", "tiny does not think"), ("always", "none", "has no thinking switch")],
+    ids=["a-model-that-does-not-think", "a-model-without-a-switch"],
+)
+def test_an_effort_a_model_cannot_follow_is_a_400_naming_the_field_the_client_sent(server, model, effort, match):
+    status, _, answer = raw(server.port, "POST", CHAT, {"model": model, "messages": HI, "reasoning_effort": effort})
+    error = error_of(answer)
+    assert status == 400 and error["param"] == "reasoning_effort", error
+    assert match in error["message"] and f'reasoning_effort = "{effort}"' in error["message"], error
+    body = {"model": model, "input": "Hi", "reasoning": {"effort": effort}}
+    status, _, answer = raw(server.port, "POST", "/v1/responses", body)
+    error = error_of(answer)
+    assert status == 400 and error["param"] == "reasoning.effort", error
+    assert match in error["message"] and "chat_template_kwargs" not in error["message"], error
