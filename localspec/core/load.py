@@ -27,7 +27,7 @@ from .bridge import BridgedDrafter, VocabBridge
 from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
-from .media import Filler, MediaStore
+from .media import Embedded, Filler, MediaStore
 from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
 from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, Gpu, GpuPlan, ModelPlan, ask_of, plan_pair
 
@@ -116,7 +116,7 @@ def load_models(
         if media is not None:
             target.media = media
             if draft is not None:
-                draft.media = Filler(filler_token(draft.ctx.model))
+                draft.media = draft_images(media, draft.ctx.model, bridged=bridge is not None)
         model_drafter = _model_drafter(draft, target_model, bridge) if draft is not None else None
         head = None
         if kind == "mtp":
@@ -131,6 +131,14 @@ def load_models(
         for obj in reversed(owned):
             obj.close()
         raise
+
+
+def draft_images(media: MediaStore, draft: Model, *, bridged: bool) -> Embedded | Filler:
+    """How a draft reads an image (core/media.py): the target's embeddings of it where its input width is the
+    target's (and its vocabulary too: a bridged draft reads none of the target's rows), else a blank."""
+    if not bridged and media.projector.feeds(draft):
+        return Embedded(media)
+    return Filler(filler_token(draft))
 
 
 def filler_token(model: Model) -> int:

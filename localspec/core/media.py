@@ -20,6 +20,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import cast
 
+import numpy as np
+
 from localspec.errors import ContextError, LocalspecError
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.slots import SeqContext
@@ -30,6 +32,7 @@ from .kv import Context
 
 log = logging.getLogger(__name__)
 
+EMBEDDINGS_KEPT = 4  # images whose embeddings stay for the draft (a draft reads an image right after the target)
 CHUNKS_KEPT = 8  # images whose preprocessed chunks stay in memory (the others are preprocessed again when read)
 IMAGE_BYTES_KEPT = 128 * 2**20  # image files kept to preprocess again; past this the least recently used are let go
 PROBE_SIDE = 32  # pixels a side of the blank picture whose positions are the fewest an image of this projector takes
@@ -58,6 +61,8 @@ class MediaStore:
         self._fewest: int | None = None  # the positions of a small blank picture: what any image takes at least
         self._busy = 0  # preprocessings in progress (`close` waits for them)
         self._closed = False
+        self._embedded: OrderedDict[int, np.ndarray] = OrderedDict()  # recent images' embeddings, for a draft
+        self.keeps_embeddings = False  # a draft reads the target's image embeddings (`Embedded`): encode once for both
 
     @property
     def sees_images(self) -> bool:
@@ -192,8 +197,9 @@ class MediaStore:
                 self._busy -= 1
                 self._lock.notify_all()
 
-    def decode(self, ctx: Context, run: Sequence[int], n_past: int) -> None:
-        """Decode the image whose whole run is `run` into `ctx` at n_past (a `serve --parallel` slot: its sequence)."""
+    def decode(self, ctx: Context, run: Sequence[int], n_past: int, *, draft: bool = False) -> None:
+        """Decode the image whose whole run is `run` into `ctx` at n_past (a `serve --parallel` slot: its sequence);
+        `draft`: `ctx` is a draft's, which reads the target's embeddings of it (`Embedded`)."""
         handle = (-run[0] - 1) // STRIDE
         if handle not in self._wrapped:
             raise ContextError("an image this history holds is not in this engine: attach it again")
@@ -214,8 +220,19 @@ class MediaStore:
                         f"the image takes {chunk.n_pos} positions and the context has room for "
                         f"{max(ctx.n_ctx - n_past, 0)} more (n_ctx {ctx.n_ctx}): start a new chat, or raise --n-ctx"
                     )
-                self.projector.eval_image(parent, chunk, n_past, seq=seq)
+                shared = self._embeddings(handle, chunk) if draft or self.keeps_embeddings else None
+                self.projector.eval_image(parent, chunk, n_past, seq=seq, embeddings=shared)
                 return
+
+    def _embeddings(self, handle: int, chunk: Chunk) -> np.ndarray:
+        """The image's embeddings: kept from the target's read (or the draft's), else encoded now (under the lock)."""
+        if handle in self._embedded:
+            self._embedded.move_to_end(handle)
+            return self._embedded[handle]
+        rows = self._embedded[handle] = self.projector.encode(chunk)  # (n_tokens, width)
+        while len(self._embedded) > EMBEDDINGS_KEPT:
+            self._embedded.popitem(last=False)
+        return rows
 
     def close(self) -> None:
         """Free the chunks kept, once a `prepare` in progress has ended (the projector is the engine's)."""
@@ -225,8 +242,21 @@ class MediaStore:
             for chunks, _ in self._chunks.values():
                 chunks.close()
             self._chunks.clear()
+            self._embedded.clear()
             self._images.clear()
             self._image_bytes = 0
+
+
+class Embedded:
+    """How a draft whose input width is the target's reads an image: the target's own embeddings of it, encoded once
+    for both (llama-server's way; `Projector.feeds`), so it drafts after a picture as after text."""
+
+    def __init__(self, store: MediaStore) -> None:
+        self.store = store
+        store.keeps_embeddings = True
+
+    def decode(self, ctx: Context, run: Sequence[int], n_past: int) -> None:
+        self.store.decode(ctx, run, n_past, draft=True)
 
 
 class Filler:

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 import llama_cpp
+import numpy as np
 
 from localspec.errors import ContextError, LocalspecError, ModelFileError
 
@@ -464,16 +465,47 @@ class Projector:
         mtmd.mtmd_bitmap_set_id(bitmap, image.id.encode())
         return bitmap
 
-    def eval_image(self, ctx: Context, chunk: Chunk, n_past: int, *, seq: int = 0) -> int:
+    @property
+    def width(self) -> int:
+        """The width of the embeddings the projector writes: its target's input width."""
+        return int(llama_cpp.llama_model_n_embd_inp(self.target.handle))
+
+    def feeds(self, model: Model) -> bool:
+        """Whether `model` (a draft) can read this projector's image embeddings as they are: the same input width and
+        one position per embedding (not M-RoPE), llama-server's condition for handing them to its draft."""
+        return not self.uses_mrope and int(llama_cpp.llama_model_n_embd_inp(model.handle)) == self.width
+
+    def encode(self, chunk: Chunk) -> np.ndarray:
+        """The embeddings of a media chunk, encoded now: (n_tokens, width) float32, a copy of mtmd's buffer.
+
+        Raises:
+            ContextError: the encoder failed.
+        """
+        mtmd, _ = _mtmd()
+        assert chunk.kind != TEXT, "text chunks are decoded as tokens (Context.decode)"
+        _mtmd_error()
+        rc = self.target._call(mtmd.mtmd_encode_chunk, self.handle, chunk.owner.native_chunk(chunk.index))
+        if rc != 0:
+            detail = _mtmd_error()
+            raise ContextError(
+                f"llama.cpp could not encode the {chunk.kind} (code {rc}{': ' + detail if detail else ''})"
+            )
+        out = mtmd.mtmd_get_output_embd(self.handle)
+        return np.ctypeslib.as_array(out, shape=(chunk.n_tokens, self.width)).copy()  # (n_tokens, width)
+
+    def eval_image(
+        self, ctx: Context, chunk: Chunk, n_past: int, *, seq: int = 0, embeddings: np.ndarray | None = None
+    ) -> int:
         """Encode an image (or audio) chunk and decode its embeddings into `ctx`'s KV at positions n_past… of
         sequence `seq`. mtmd asks no logits of these rows: the next token's come from the text decoded after it
         (a chat turn always has some, the end of the user's turn).
 
         Args:
-            ctx: a context of this projector's target.
+            ctx: a context of this projector's target, or of a model it `feeds` (with `embeddings`).
             chunk: a media chunk of open `Chunks` from `tokenize`.
             n_past: the position the chunk starts at.
             seq: the sequence it goes into.
+            embeddings: the chunk's embeddings from `encode`, decoded as they are (None: encoded here).
 
         Returns:
             n_past after the chunk: n_past + chunk.n_pos.
@@ -483,7 +515,7 @@ class Projector:
         """
         mtmd, _ = _mtmd()
         assert chunk.kind != TEXT, "text chunks are decoded as tokens (Context.decode)"
-        assert ctx.model is self.target, "a context of another model than the projector's target"
+        assert ctx.model is self.target or embeddings is not None, "another model reads embeddings encoded before"
         assert 0 <= seq < ctx.n_seq
         if n_past + max(chunk.n_pos, chunk.n_tokens) > ctx.n_ctx:
             raise ContextError(
@@ -498,17 +530,16 @@ class Projector:
         new_n_past = llama_cpp.llama_pos(0)
         _mtmd_error()
         t0 = time.perf_counter()
-        rc = ctx._call(
-            mtmd.mtmd_helper_eval_chunk_single,
-            self.handle,
-            ctx.handle,
-            chunk.owner.native_chunk(chunk.index),
-            n_past,
-            seq,
-            ctx.n_batch,
-            False,  # ignored for media: mtmd never asks an embedding row for logits
-            ctypes.byref(new_n_past),
-        )
+        native = chunk.owner.native_chunk(chunk.index)
+        if embeddings is None:
+            args = (mtmd.mtmd_helper_eval_chunk_single, self.handle, ctx.handle, native, n_past, seq, ctx.n_batch)
+            rc = ctx._call(*args, False, ctypes.byref(new_n_past))  # False: mtmd asks no logits of media rows
+        else:
+            assert embeddings.shape == (chunk.n_tokens, self.width) and embeddings.dtype == np.float32
+            rows = embeddings.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            args = (mtmd.mtmd_helper_decode_image_chunk, self.handle, ctx.handle, native, rows, n_past, seq)
+            no_callback = ctypes.cast(None, mtmd.mtmd_helper_post_decode_callback)
+            rc = ctx._call(*args, ctx.n_batch, ctypes.byref(new_n_past), no_callback, None)
         ctx.seconds_decoding += time.perf_counter() - t0
         ctx.decodes += 1
         if rc != 0:

@@ -16,6 +16,8 @@ from support.tinyvision import TinyVision, png_bytes, random_pixels
 
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence, media_run
+from localspec.core.load import filler_token
+from localspec.core.media import Embedded, Filler
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatFormat, ChatSession, Message
@@ -254,3 +256,30 @@ def test_a_prompt_read_in_chunks_never_cuts_an_image(engines):
     start = next(i for i, t in enumerate(tokens) if t < 0)
     assert held and all((n - start) % 16 == 0 for n in held), held
     assert len(list(gen)) == 2
+
+
+def test_the_draft_reads_the_targets_image_embeddings_and_drafts_after_a_picture_as_after_text(engines):
+    """The tiny draft has the target's width, so it reads the target's own embeddings of a picture (encoded once,
+    `Embedded`) instead of a blank (`Filler`): its acceptance after a picture comes back to about its text level
+    (measured: 74 % against 11 % with a blank, 77 % on text, at k = 2, T 0), and the output stays the target's."""
+    spec = engines["model"]
+    draft = next(c for c in spec.caches if c is not spec.target)
+    assert isinstance(draft.media, Embedded)
+
+    def accepted(reader) -> tuple[float, list[list[int]]]:
+        draft.media, n_accepted, n_drafted, outs = reader, 0, 0, []
+        for seed in (4, 5, 6):
+            gen = spec.generate(prompt(spec, picture(seed)), sampling=GREEDY, spec=SpeculativeParams(draft_max=2,
+                                adaptive=False), max_tokens=32)  # fmt: skip
+            outs.append([e.token for e in gen])
+            n_accepted, n_drafted = n_accepted + gen.stats.accepted, n_drafted + gen.stats.drafted
+        return n_accepted / n_drafted, outs
+
+    embedded = draft.media
+    try:
+        with_embeddings, outs = accepted(embedded)
+        with_blank, blank_outs = accepted(Filler(filler_token(draft.ctx.model)))
+    finally:
+        draft.media = embedded
+    assert outs == blank_outs  # what the draft reads changes its proposals, never the output
+    assert with_embeddings > 2 * with_blank, (with_embeddings, with_blank)
