@@ -8,6 +8,7 @@ bindings: Textual finds these `action_…` methods and `on_…` handlers along t
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from textual.screen import Screen
@@ -36,11 +37,16 @@ class Attaching(Screen):
         self.notify(f"attached {names}: sent with your next message (Backspace in an empty box takes it off)")
 
     async def attach_files(self, paths: list) -> None:
-        """Read and attach image files; each one that cannot be is one line, the others are attached."""
+        """Read and attach image files; each one that cannot be is one line, the others are attached.
+
+        Each is read in a thread (a slow disk never freezes the chat; what is not a regular file is refused before
+        any read, and a file is read to the size cap at most); this screen's later messages wait for it, so an Enter
+        pressed after the path sends the picture.
+        """
         attachments = []
         for path in paths:
             try:
-                attachments.append(read_attachment(path))
+                attachments.append(await asyncio.to_thread(read_attachment, path))
             except LocalspecError as e:
                 self.error(str(e))
         await self.attach(attachments)

@@ -1,9 +1,11 @@
 """Images attached to a message, without Textual: read from a path (typed, pasted or dropped) or the clipboard, checked.
 
 A terminal pastes a dropped file as its path — quoted, as a `file://` URL, or with its spaces escaped — so a paste
-that names existing image files (by their suffix) is read as attachments instead of text. Every file goes through
-`read_image` (the format, the size in the header, a cut-off file: one line each) before anything keeps it; the
-clipboard is read through the system's own tool (`wl-paste`, `xclip`, `pngpaste`), one line where there is none.
+that names existing image files (by their suffix) is read as attachments instead of text. Only a regular file is
+read, to the size cap at most (a device, a FIFO or a folder is one line, never opened or waited on), and every file
+goes through `read_image` (the format, the size in the header, a cut-off file: one line each) before anything keeps
+it; the clipboard is read through the system's own tool (`wl-paste`, `xclip`, `pngpaste`), to the same cap, one line
+where there is none.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import os
 import shlex
 import shutil
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,6 +28,9 @@ from localspec.llama.vision import Image, read_image
 # WebP says "convert it" instead of being typed as a path).
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".heic", ".avif"})
 MAX_FILE_BYTES = 64 * 2**20  # a larger file is refused before it is read (the pixel cap is read_image's)
+READ_CHUNK = 2**20  # bytes a file or the clipboard tool's output is read by
+# A FIFO's open must not wait for a writer, nor a terminal's make it ours (the flags a platform lacks are left out).
+_OPEN_FLAGS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
 CLIPBOARD_TIMEOUT = 5.0  # seconds the clipboard tool may take
 NO_CLIPBOARD = (
     "no tool here reads an image from the clipboard: install wl-clipboard (Wayland), xclip (X11) or pngpaste (macOS), "
@@ -54,28 +60,71 @@ def human_size(n: int) -> str:
     return f"{n / 1_000_000:.1f} MB"
 
 
+_NOT_FILES = (  # what a path may name besides a file and a folder, as the refusal says it
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a disk device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
 def read_attachment(path: str | Path) -> Attachment:
-    """Read and check the image file at `path` (`~` expanded).
+    """Read and check the image file at `path` (`~` expanded). It may block on a slow disk: call it in a thread.
 
     Raises:
-        LocalspecError: no such file, a folder, too large, unreadable, or not an image read_image accepts (one line).
+        LocalspecError: no such file, not a regular file (a folder, a device, a FIFO…), too large, unreadable, or
+            not an image read_image accepts (one line).
     """
     path = Path(path).expanduser()
+    data = read_regular_file(path, MAX_FILE_BYTES)
+    return Attachment(path.name, read_image(data, name=path.name))
+
+
+def read_regular_file(path: Path, cap: int) -> bytes:
+    """The bytes of the regular file at `path`, refused when it holds more than `cap`, read without ever waiting on
+    what is not a file: a device, a FIFO or a socket is refused from its `stat` (never opened); the file is opened
+    non-blocking (a FIFO put there since cannot hold the open), checked again on the descriptor, and read to at most
+    `cap` + 1 bytes (a file that grew meanwhile is refused, not read to its end).
+
+    Raises:
+        LocalspecError: one line naming the path and what it is, or why it cannot be read.
+    """
     try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise LocalspecError(f"{path} is a folder: choose an image file in it")
-        if size > MAX_FILE_BYTES:
-            raise LocalspecError(
-                f"{path.name} is {human_size(size)}, more than the {human_size(MAX_FILE_BYTES)} an image may be: "
-                "scale it down first"
-            )
-        data = path.read_bytes()
+        _refuse_unless_regular(path, os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+        try:
+            status = os.fstat(fd)
+            _refuse_unless_regular(path, status.st_mode)
+            if status.st_size > cap:
+                raise LocalspecError(_too_large(path, cap, status.st_size))
+            data = bytearray()
+            while len(data) <= cap and (chunk := os.read(fd, min(READ_CHUNK, cap + 1 - len(data)))):
+                data += chunk
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise LocalspecError(f"no such file: {path}") from None
     except OSError as e:
         raise LocalspecError(f"cannot read {path}: {e.strerror or e}") from None
-    return Attachment(path.name, read_image(data, name=path.name))
+    except ValueError:  # a NUL character in the path
+        raise LocalspecError("that path holds a NUL character: choose an image file") from None
+    if len(data) > cap:
+        raise LocalspecError(_too_large(path, cap))  # it grew while it was read
+    return bytes(data)
+
+
+def _too_large(path: Path, cap: int, size: int | None = None) -> str:
+    holds = f"is {human_size(size)}," if size is not None else "holds"
+    return f"{path.name} {holds} more than the {human_size(cap)} an image may be: scale it down first"
+
+
+def _refuse_unless_regular(path: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise LocalspecError(f"{path} is a folder: choose an image file in it")
+    what = next((kind for test, kind in _NOT_FILES if test(mode)), "something else")
+    raise LocalspecError(f"{path} is {what}, not a file: choose an image file")
 
 
 def pasted_paths(text: str) -> list[Path] | None:
@@ -133,12 +182,43 @@ async def clipboard_attachment(command: list[str] | None = None) -> Attachment:
     except OSError as e:
         raise LocalspecError(f"cannot run {command[0]}: {e.strerror or e}") from None
     try:
-        data, error = await asyncio.wait_for(process.communicate(), CLIPBOARD_TIMEOUT)
+        data, error = await asyncio.wait_for(_output(process), CLIPBOARD_TIMEOUT)
     except TimeoutError:
-        process.kill()
-        await process.wait()
         raise LocalspecError(f"{command[0]} gave no image in {CLIPBOARD_TIMEOUT:g} s: copy the image again") from None
+    finally:
+        if process.returncode is None:  # timed out, or wrote more than an image may be
+            process.kill()
+            await process.wait()
+    if len(data) > MAX_FILE_BYTES:
+        raise LocalspecError(
+            f"the clipboard's image is more than the {human_size(MAX_FILE_BYTES)} an image may be: copy a smaller one"
+        )
     if process.returncode != 0 or not data:
         why = " ".join(error.decode(errors="replace").split())[:120]
         raise LocalspecError(f"the clipboard holds no image ({command[0]}: {why or 'nothing'}): copy an image first")
-    return Attachment("clipboard.png", read_image(data, name="the clipboard's image"))
+    image = await asyncio.to_thread(read_image, data, name="the clipboard's image")  # a hash of up to 64 MB
+    return Attachment("clipboard.png", image)
+
+
+async def _output(process: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """The tool's stdout, at most `MAX_FILE_BYTES` + 1 bytes (more: the caller stops it), and the start of its
+    stderr; when its stdout ends in time, the tool is waited for."""
+    assert process.stdout is not None and process.stderr is not None
+    errors = asyncio.ensure_future(_at_most(process.stderr, 4096))
+    try:
+        data = await _at_most(process.stdout, MAX_FILE_BYTES)
+        if len(data) > MAX_FILE_BYTES:
+            return data, b""
+        error = await errors
+        await process.wait()
+        return data, error
+    finally:
+        errors.cancel()
+
+
+async def _at_most(stream: asyncio.StreamReader, cap: int) -> bytes:
+    """What `stream` gives until its end or past `cap` bytes (then `cap` + 1 of them)."""
+    data = bytearray()
+    while len(data) <= cap and (chunk := await stream.read(min(READ_CHUNK, cap + 1 - len(data)))):
+        data += chunk
+    return bytes(data)

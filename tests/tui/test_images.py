@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import resource
 import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -128,6 +133,19 @@ async def test_the_clipboard_read_is_checked_and_fails_in_one_line(pictures):
             await clipboard_attachment(command)
         assert "\n" not in str(caught.value)
     assert "xclip" in NO_CLIPBOARD and "Ctrl+O" in NO_CLIPBOARD
+
+
+@pytest.mark.anyio
+async def test_the_clipboard_tool_is_read_to_the_size_cap_at_most(monkeypatch):
+    """A tool that writes more than an image may be is stopped past the cap (issue 63): one line, not its whole
+    output in memory."""
+    from localspec.errors import LocalspecError
+    from localspec.tui import attachments
+
+    monkeypatch.setattr(attachments, "MAX_FILE_BYTES", 1000)
+    with pytest.raises(LocalspecError, match="more than the 1.0 kB an image may be") as caught:
+        await clipboard_attachment(["head", "-c", "100000", "/dev/zero"])
+    assert "\n" not in str(caught.value)
 
 
 @pytest.mark.anyio
@@ -359,3 +377,81 @@ def test_in_a_real_terminal_an_image_is_drawn_and_its_name_writes_no_control_seq
     assert b"pwned" not in shown and b"\x1b[2J" not in shown
     assert "▀".encode() in shown  # drawn inline
     assert b"\x1bP" not in shown and b"\x1b_G" not in shown  # no sixel or kitty image: the terminal has neither
+
+
+@contextmanager
+def freed_if_read(fifo: Path, after: float = 10.0) -> Iterator[threading.Event]:
+    """A watchdog for a test that attaches `fifo`: once `after` seconds have passed, whoever still waits to read it
+    (the chat before issue 63 opened it on its UI thread, and froze) is given its other end, opened and closed, so
+    that the test fails on the returned event instead of hanging. A chat that never opens it for reading is never
+    freed: no reader, so the writer's non-blocking open fails."""
+    done, freed = threading.Event(), threading.Event()
+
+    def watch() -> None:
+        done.wait(after)
+        while not done.is_set():
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+                freed.set()
+            except OSError:  # ENXIO: nobody waits to read it
+                pass
+            done.wait(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield freed
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+
+
+@contextmanager
+def memory_bounded(extra: int = 2**30) -> Iterator[None]:
+    """At most `extra` more bytes of data for this process meanwhile (Linux): a read of /dev/zero to its end fails
+    with MemoryError instead of filling the machine's memory."""
+    status = Path("/proc/self/status")
+    if not hasattr(resource, "RLIMIT_DATA") or not status.exists():
+        yield
+        return
+    [used] = [int(line.split()[1]) * 1024 for line in status.read_text().splitlines() if line.startswith("VmData:")]
+    previous = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (used + extra, previous[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, previous)
+
+
+@pytest.mark.anyio
+@pytest.mark.slow
+async def test_a_fifo_a_device_and_a_folder_are_one_line_each_and_the_chat_goes_on(vision_options, tmp_path):
+    """Ctrl+O on what is not a file (issue 63): a FIFO froze the chat (its open waited for a writer, on the UI
+    thread) and /dev/zero ended it with a traceback (read to its end); each is one line naming it, nothing is read
+    from it, and the prompt and the chips already attached stay."""
+    fifo, folder = tmp_path / "pipe.png", tmp_path / "album"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    zebra = tmp_path / "zebra.png"
+    zebra.write_bytes(png_bytes(random_pixels(1)))
+    app = make_app(vision_options)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_ready(pilot)
+        await attach_by_prompt(pilot, zebra)
+        await wait_until(pilot, lambda: chips(app) == ["zebra.png"], what="the picture's chip")
+        seen = record_notifications(app.chat_screen)
+        prompt = app.query_one(PromptInput)
+        prompt.text = "my draft"
+        with freed_if_read(fifo) as freed:
+            await attach_by_prompt(pilot, fifo)
+            await wait_until(pilot, lambda: len(seen) == 1, what="the FIFO's line")
+        assert not freed.is_set(), "the chat waited to read a FIFO"
+        with memory_bounded():
+            await attach_by_prompt(pilot, Path("/dev/zero"))
+            await wait_until(pilot, lambda: len(seen) == 2, what="the device's line")
+        await attach_by_prompt(pilot, folder)
+        await wait_until(pilot, lambda: len(seen) == 3, what="the folder's line")
+        assert all("\n" not in line for line in seen)
+        assert f"{fifo} is a FIFO" in seen[0] and "/dev/zero is a device" in seen[1]
+        assert f"{folder} is a folder" in seen[2]
+        assert app.is_running and prompt.text == "my draft" and chips(app) == ["zebra.png"]
