@@ -385,6 +385,36 @@ def test_signals(world, sig, code, moment):
     assert outcome.err.splitlines()[-1] in ("localspec: interrupted", "localspec: terminated")
 
 
+SCRIPT = Path(sys.executable).with_name("localspec")  # the console script pyproject's [project.scripts] installs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SCRIPT.is_file(), reason="the localspec console script is not installed beside this Python")
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5])
+def test_a_ctrl_c_while_the_console_script_imports_exits_130_quietly(world, delay):
+    """Issue 63: `localspec generate` interrupted in its first second printed a KeyboardInterrupt traceback (the
+    console script imported the command line outside any handler). The signal is sent `delay` seconds after the
+    child's import of `localspec.cli` ended (PYTHONPROFILEIMPORTTIME prints each import as it ends), so that it lands
+    in the imports that follow, or in the run after them, and never in the interpreter's own start-up (the `site`
+    module, before any localspec code: a Ctrl+C there is CPython's, whatever a program does)."""
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPROFILEIMPORTTIME": "1"}
+    args = ["generate", "the man said", "--max-tokens", "24", "--n", "10000", "--threads", "1"]  # seconds of answers
+    proc = subprocess.Popen([SCRIPT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        early = []
+        while not early or early[-1].split(b"|")[-1].strip() != b"localspec.cli":
+            early.append(proc.stderr.readline())
+            assert early[-1], f"the command ended before importing localspec.cli: {b''.join(early)!r}"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    err = (b"".join(early) + err).decode("utf-8", "replace")
+    assert "Traceback" not in err and proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1] == "localspec: interrupted"
+
+
 # --- issue #21: flags accepted without a word, a dry run offline, paths that loop ----------------------------
 
 
