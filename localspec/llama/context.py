@@ -352,6 +352,11 @@ class Context:
         if self.after_decode is not None and tokens is not None:  # a draft head reads the hidden rows (llama/mtp.py)
             self.after_decode(tokens, n_past)
 
+    def outputs_last(self) -> int:
+        """How many rows of the last batch decoded had their outputs computed (in a one-sequence decode, its last
+        rows): the rows whose logits, and hidden rows where asked for, can be read."""
+        return int(np.count_nonzero(self._out[: self._batch.n_tokens]))
+
     def logits(self, i: int) -> np.ndarray:
         """Row `i` of the last decode's logits as a float32 view of shape (n_vocab,).
 

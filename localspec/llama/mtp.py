@@ -21,7 +21,7 @@ from .context import Context
 _EXT_CALLS = ("llama_set_embeddings_nextn", "llama_get_embeddings_nextn", "llama_get_embeddings_nextn_ith")
 
 
-def _ext():
+def staging():
     """llama-cpp-python's staging bindings, or None (an older or newer build without them)."""
     try:
         return importlib.import_module("llama_cpp.llama_cpp_ext")
@@ -36,9 +36,13 @@ def mtp_calls() -> str:
         name for name, _ in llama_cpp.llama_context_params._fields_
     }
     missing += [f for f in ("load_mtp", "ctx_type") if f not in fields]
-    ext = _ext()
-    missing += list(_EXT_CALLS) if ext is None else [n for n in _EXT_CALLS if not hasattr(ext, n)]
-    return ", ".join(missing)
+    return ", ".join(missing + staging_missing())
+
+
+def staging_missing() -> list[str]:
+    """The staging calls that move hidden rows (`llama_cpp_ext`) this llama-cpp-python lacks."""
+    ext = staging()
+    return list(_EXT_CALLS) if ext is None else [n for n in _EXT_CALLS if not hasattr(ext, n)]
 
 
 # Architectures whose MTP graph this llama.cpp builds (src/models/*: LLM_GRAPH_TYPE_DECODER_MTP). Most of them abort
@@ -62,37 +66,33 @@ def head_problem(arch: str, n_layer_nextn: int) -> str:
 
 def emit_hidden(ctx: Context) -> None:
     """Make `ctx` keep every batch row's last hidden state (`hidden_rows`), not only the rows with logits."""
-    _ext().llama_set_embeddings_nextn(ctx.handle, True, False)
+    staging().llama_set_embeddings_nextn(ctx.handle, True, False)
 
 
 def hidden_rows(ctx: Context, n: int) -> np.ndarray:
     """The last decode's n hidden rows (a context set up by `emit_hidden`): a (n, n_embd) float32 copy."""
-    address = _ext().llama_get_embeddings_nextn(ctx.handle)
+    address = staging().llama_get_embeddings_nextn(ctx.handle)
     if not address:
         raise ContextError("llama.cpp kept no hidden rows for the MTP head")
     return np.ctypeslib.as_array(address, shape=(n, ctx.model.info.n_embd)).copy()
 
 
-class HeadContext(Context):
-    """The MTP head's own context on the target's model (its KV cache holds the head's layer only).
+class FedContext(Context):
+    """A context each of whose batch rows reads a token and a hidden row of `width` floats besides: an MTP head's on
+    the target's model (`HeadContext`), a Gemma 4 assistant's beside the target (llama/assistant.py).
 
-    Each decoded row reads a token and a hidden row: `stage(rows, n_past)` hands the rows for the next decode's
-    positions n_past.. (zeros where none were staged: only the probe and warm-up decode without). After a decode,
-    `hidden(i)` is the head's own hidden row for output row i — what a chained draft feeds back.
+    `stage(rows, n_past)` hands the rows for the next decode's positions n_past.. (zeros where none were staged: only
+    the probe and warm-up decode without). After a decode, `hidden(i)` is its own hidden row for output row i — what
+    a chained draft feeds back.
     """
 
-    def __init__(self, model, **kwargs) -> None:
-        if not model.mtp_loaded or model.n_layer_nextn == 0:
-            raise ContextError(f"{model.path.name} was loaded without an MTP head")
+    def __init__(self, model, *, width: int, **kwargs) -> None:
         super().__init__(model, **kwargs)
-        n_embd = model.info.n_embd
-        self._rows = np.zeros((self.n_batch, n_embd), dtype=np.float32)  # (n_batch, n_embd): the batch's embd
+        self.width = width
+        self._rows = np.zeros((self.n_batch, width), dtype=np.float32)  # (n_batch, width): the batch's embd
         self._batch.embd = self._rows.ctypes.data_as(ctypes.POINTER(ctypes.c_float))  # detached again in close()
         self._staged: tuple[int, np.ndarray] | None = None
-        _ext().llama_set_embeddings_nextn(self.handle, True, True)
-
-    def _configure(self, params) -> None:
-        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        staging().llama_set_embeddings_nextn(self.handle, True, True)
 
     def close(self) -> None:
         if getattr(self, "_handle", None) is not None:
@@ -100,7 +100,7 @@ class HeadContext(Context):
         super().close()
 
     def stage(self, rows: np.ndarray, n_past: int) -> None:
-        """The hidden rows of the next decode, which starts at position n_past: (n_tokens, n_embd)."""
+        """The hidden rows of the next decode, which starts at position n_past: (n_tokens, width)."""
         self._staged = (n_past, rows)
 
     def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
@@ -113,8 +113,21 @@ class HeadContext(Context):
         super()._submit(tokens, n_past, first_out)
 
     def hidden(self, i: int) -> np.ndarray:
-        """The head's own hidden row for output row i of the last decode (negative from the end): a copy."""
-        address = _ext().llama_get_embeddings_nextn_ith(self.handle, i)
+        """Its own hidden row for output row i of the last decode (negative from the end): a copy."""
+        address = staging().llama_get_embeddings_nextn_ith(self.handle, i)
         if not address:
-            raise ContextError(f"no MTP hidden row {i}: it was not requested in the last decode")
-        return np.ctypeslib.as_array(address, shape=(self.model.info.n_embd,)).copy()
+            raise ContextError(f"no hidden row {i}: it was not requested in the last decode")
+        return np.ctypeslib.as_array(address, shape=(self.width,)).copy()
+
+
+class HeadContext(FedContext):
+    """The MTP head's own context on the target's model (its KV cache holds the head's layer only). Each decoded row
+    reads a token and the target's hidden row before it (`FedContext`)."""
+
+    def __init__(self, model, **kwargs) -> None:
+        if not model.mtp_loaded or model.n_layer_nextn == 0:
+            raise ContextError(f"{model.path.name} was loaded without an MTP head")
+        super().__init__(model, width=model.info.n_embd, **kwargs)
+
+    def _configure(self, params) -> None:
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
