@@ -219,7 +219,11 @@ class Generation:
         each chunk (`serve --parallel`: the other streams step between chunks, so a long prompt does not stall their
         answers). Iterating the generation afterwards reads the rest; a cancel stops between chunks."""
         target, prompt = self.target, self.prompt[:-1]
-        done = common_prefix(target.tokens, prompt)
+        t0, decoded, restored = time.perf_counter(), target.n_decoded, target.n_restored
+        done = target.reuse(prompt)  # the prompt cache looked up with the whole prompt, not its first part
+        self.stats.prefill_decoded += target.n_decoded - decoded
+        self.stats.prefill_restored += target.n_restored - restored
+        self.stats.seconds_prefill += time.perf_counter() - t0
         while len(prompt) - done > chunk and not self._cancel.is_set():
             done = whole_images(prompt, done + chunk)
             t0 = time.perf_counter()

@@ -466,13 +466,26 @@ class KVSequence:
         Raises:
             PrefillStopped: `progress` asked to stop; the cache holds a prefix of `tokens`.
         """
-        common = min(common_prefix(self.tokens, tokens), len(tokens) - outputs)
-        if self.prompt_cache is not None:
-            common = self._through_cache(tokens, common, len(tokens) - outputs)
         before = self.n_decoded
-        self.rollback_to(common)  # (fewer where `common` would cut an image)
+        self.reuse(tokens, len(tokens) - outputs)
         self.append(tokens[self.n_past :], outputs=outputs, progress=progress)
         return self.n_decoded - before
+
+    def reuse(self, tokens: list[int], limit: int | None = None) -> int:
+        """Hold the most of `tokens[:limit]` this cache has without reading them: the common prefix, or a prompt
+        cache's state that holds more (what is dropped saved there first); the rest of the cells go. `sync`'s first
+        half, and what a prompt read in parts asks before its first part (a recurrent or hybrid memory restores a
+        cached state only where all of its tokens come, so it must be looked up with the whole prompt).
+
+        Returns:
+            The tokens held: n_past.
+        """
+        limit = len(tokens) if limit is None else limit
+        common = min(common_prefix(self.tokens, tokens), limit)
+        if self.prompt_cache is not None:
+            common = self._through_cache(tokens, common, limit)
+        self.rollback_to(common)  # (fewer where `common` would cut an image)
+        return self.n_past
 
     @property
     def _trims(self) -> bool:

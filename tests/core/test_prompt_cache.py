@@ -126,6 +126,29 @@ def test_two_chats_taken_in_turns_restore_instead_of_reading_again(tiny_models):
         assert back.stats.prefill_restored > 100 and back.stats.prefill_decoded < 32, back.stats
 
 
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_a_hybrid_model_restores_two_chats_in_turns_also_when_the_prompt_is_read_in_parts(tmp_path, chunk):
+    """Issue 64 item 4: on a hybrid memory (which cannot cut a state back) two chats taken in turns restore the state
+    kept after each one's last prompt; read in parts (`serve`: `read_prompt`, other streams step between parts), the
+    prompt cache must be asked with the whole prompt, not its first part — it read the whole chat again before."""
+    from localspec.core.session import ChatSession
+
+    hybrid = write_mtp_model(tmp_path / "hybrid.gguf", seed=3, output_scale=0.4)
+    words = " ".join(["the man said that the water was hot and"] * 12)
+    with Engine.load(hybrid, drafter="none", n_ctx=1024, cache_ram=2**30) as engine:
+        chats = [ChatSession(engine, system=f"first: {words}"), ChatSession(engine, system=f"second: {words[::-1]}")]
+        reads = []
+        for turn in range(2):
+            for chat in chats:
+                gen = chat.send(f"question {turn}", max_tokens=4)
+                if chunk is not None:
+                    list(gen.read_prompt(chunk))
+                list(gen)
+                reads.append((gen.stats.prefill_decoded, gen.stats.prefill_restored))
+        assert all(read > 100 for read, _ in reads[:2])
+        assert all(read < 32 and restored > 100 for read, restored in reads[2:]), reads
+
+
 # The cache on disk (`--cache-dir`): states that outlive the engine, files checked before they are restored.
 
 LOAD = {"drafter": "none", "n_ctx": 1024}
