@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from ctypes import byref
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -532,14 +533,17 @@ class Projector:
         t0 = time.perf_counter()
         native = chunk.owner.native_chunk(chunk.index)
         if embeddings is None:
-            args = (mtmd.mtmd_helper_eval_chunk_single, self.handle, ctx.handle, native, n_past, seq, ctx.n_batch)
-            rc = ctx._call(*args, False, ctypes.byref(new_n_past))  # False: mtmd asks no logits of media rows
+            single = mtmd.mtmd_helper_eval_chunk_single  # False: mtmd asks no logits of media rows
+            rc = ctx._call(single, self.handle, ctx.handle, native, n_past, seq, ctx.n_batch, False, byref(new_n_past))
         else:
             assert embeddings.shape == (chunk.n_tokens, self.width) and embeddings.dtype == np.float32
             rows = embeddings.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
-            args = (mtmd.mtmd_helper_decode_image_chunk, self.handle, ctx.handle, native, rows, n_past, seq)
-            no_callback = ctypes.cast(None, mtmd.mtmd_helper_post_decode_callback)
-            rc = ctx._call(*args, ctx.n_batch, ctypes.byref(new_n_past), no_callback, None)
+            no_callback = mtmd.mtmd_helper_post_decode_callback()  # a NULL function pointer
+            decode = mtmd.mtmd_helper_decode_image_chunk
+            rc = ctx._call(
+                decode, self.handle, ctx.handle, native, rows, n_past, seq, ctx.n_batch, byref(new_n_past), no_callback,
+                None,
+            )  # fmt: skip
         ctx.seconds_decoding += time.perf_counter() - t0
         ctx.decodes += 1
         if rc != 0:
