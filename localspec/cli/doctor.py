@@ -23,7 +23,14 @@ from localspec.llama.context import memory_bytes
 from localspec.llama.threads import THREADS_ENV, cpu_count, threads_from_env
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
-from localspec.models.pairs import file_problems, head_report, media_of, pair_status, vocabulary_verdict
+from localspec.models.pairs import (
+    file_problems,
+    head_report,
+    media_of,
+    pair_status,
+    sidecar_line,
+    vocabulary_verdict,
+)
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
 from .crashes import Crash, take_crashes
@@ -258,6 +265,8 @@ def _pair_findings(config: ModelsConfig, paths: Paths, gpu_memory: int | None) -
             f"{s.role} {'ok' if s.downloaded else 'missing'} ({_size(s.size) if s.downloaded else s.ref})"
             for s in status.every_file
         ]
+        if status.sidecar:
+            parts.append(f"sidecar drafter {sidecar_line(status)}")
         verdict = vocabulary_verdict(status)
         problems = file_problems(status)
         if problems:

@@ -22,6 +22,7 @@ from localspec.models.pairs import (
     media_of,
     pair_status,
     pull_pair,
+    sidecar_line,
     vocabulary_verdict,
 )
 from localspec.paths import Paths
@@ -95,6 +96,8 @@ def _status_json(status: PairStatus, config: ModelsConfig) -> dict:
         "description": pair.description,
         "target": status.target.ref,
         "draft": status.draft.ref if status.draft else None,  # None: the target alone (its MTP head, if any)
+        "sidecar": status.sidecar or None,  # the draft's file when it is the target repo's mtp-* sidecar drafter
+        "sidecar_found": status.found_draft,  # … which `pull` found beside a target the pair names alone
         "mmproj": status.mmproj.ref if status.mmproj else None,  # None: the pair reads text only
         "vision": media.vision,  # the projector's header says it sees images (None: not downloaded yet)
         "audio": media.audio,  # … hears audio
@@ -122,6 +125,8 @@ def cmd_models(args: argparse.Namespace, paths: Paths) -> int:
         for s in status.every_file:
             state = f"downloaded, {_gib(s.size)}" if s.downloaded else "not downloaded"
             print(f"    {s.role:<7} {s.ref}  [{state}]")
+        if status.sidecar:
+            print(f"    sidecar {sidecar_line(status)}")
         if problems := file_problems(status):
             for problem in problems:
                 print(f"    damaged {problem}")

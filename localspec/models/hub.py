@@ -2,8 +2,9 @@
 
 Downloads go through `huggingface_hub.hf_hub_download` into the shared HF cache: locking, resuming a cut
 connection, `HF_HUB_OFFLINE` and the cache layout are huggingface_hub's, never ours. This module adds what
-a GGUF user needs on top: picking the file of a quantization ("owner/repo:Q4_K_M"), split files, and one
-line a user can act on for every failure (gated repository, missing quant, dead network, full disk).
+a GGUF user needs on top: picking the file of a quantization ("owner/repo:Q4_K_M"), split files, the sidecar
+drafter a repository ships beside its model (`mtp-*.gguf`, found as llama-server's `-hf` finds it), and one line a
+user can act on for every failure (gated repository, missing quant, dead network, full disk).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ _QUANT_NAME_RE = re.compile(
     r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|FP16|FP32|MXFP4)(?![A-Za-z0-9])", re.IGNORECASE
 )
 _MAX_LISTED = 12
+# Files beside a model that are not models, by the words llama.cpp looks for in a file's name, case as written
+# (ggml-org/llama.cpp common/download.cpp @0216dab, `gguf_filename_is_model`): speculative sidecars and imatrix data.
+_NOT_A_MODEL = ("imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+SIDECAR_WORD = "mtp-"  # the sidecar drafter localspec drafts with (llama.cpp's `find_best_mtp` keyword)
+_TAG_RE = re.compile(r"[-.]([A-Z0-9_]+)$", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +52,17 @@ class RemoteFile:
 
 
 def _is_model_file(filename: str, projector: bool = False) -> bool:
-    """A .gguf file of the kind asked for: a model, or (`projector`) an mmproj file."""
-    name = filename.rsplit("/", 1)[-1].lower()
-    return name.endswith(".gguf") and ("mmproj" in name) == projector
+    """A .gguf file of the kind asked for: a model (not a sidecar drafter or imatrix file), or (`projector`) an
+    mmproj file."""
+    name = filename.rsplit("/", 1)[-1]
+    if not name.lower().endswith(".gguf") or ("mmproj" in name.lower()) != projector:
+        return False
+    return projector or not any(word in name for word in _NOT_A_MODEL)
+
+
+def is_sidecar(filename: str) -> bool:
+    """Whether a file of a repository is a sidecar drafter by llama.cpp's rule: a .gguf whose path has `mtp-`."""
+    return filename.endswith(".gguf") and SIDECAR_WORD in filename
 
 
 def _shard_group(filename: str) -> str:
@@ -89,6 +103,52 @@ def match_quant(filenames: list[str], quant: str, *, projector: bool = False) ->
     if len(groups) > 1:
         log.info("several files match %s (%s); using %s", quant, ", ".join(sorted(groups)), best)
     return sorted(groups[best])
+
+
+def _quant_bits(tag: str) -> int:
+    """The bits a quantization tag names: its first number ("Q4_K_M" -> 4, "BF16" -> 16, "it" -> 0)."""
+    digits = re.search(r"\d+", tag)
+    return int(digits.group()) if digits else 0
+
+
+def _file_bits(filename: str) -> int:
+    """The bits of a .gguf file's quantization, from the last word of its name (llama.cpp's `extract_quant_bits`)."""
+    if not filename.endswith(".gguf"):
+        return 0
+    tag = _TAG_RE.search(_SHARD_RE.sub("", filename).removesuffix(".gguf"))
+    return _quant_bits(tag.group(1)) if tag else 0
+
+
+def sidecar_name(filenames: list[str], model: str, tag: str = "") -> str | None:
+    """The sidecar drafter (`mtp-*.gguf`) a repository ships for its model file `model`, by llama-server's rule
+    (ggml-org/llama.cpp common/download.cpp @0216dab, `find_best_sibling` with the keyword "mtp-"; its cases in
+    tests/test-model-resolution.cpp): among the .gguf files whose path holds "mtp-" (case as written) in the model's
+    folder or a folder above it, the deepest folder wins, then one named with the exact `tag` ("-Q8_0."), then the
+    quantization closest in bits to the tag's (to the model file's without a tag); the first listed breaks a tie.
+
+    Returns:
+        The file's name in the repository, or None when it ships none.
+    """
+    tag = tag.upper()
+    model_bits = _quant_bits(tag) if tag else _file_bits(model)
+    model_dir = model.split("/")[:-1]
+    best, best_key = None, (-1, False, 0)
+    for name in filenames:
+        folder = name.split("/")[:-1]
+        if not is_sidecar(name) or folder != model_dir[: len(folder)]:
+            continue
+        exact = bool(tag) and f"-{tag}." in name.upper()
+        key = (len(folder), exact, -abs(_file_bits(name) - model_bits))
+        if key > best_key:
+            best, best_key = name, key
+    return best
+
+
+def _sidecar_of(ref: ModelSource, filenames: list[str]) -> ModelSource | None:
+    """The sidecar drafter among a repository's `filenames` for the target `ref` names there, as a Hub reference."""
+    model = _select(ref, filenames, projector=False)
+    name = sidecar_name(filenames, model[0], ref.quant or "") if model else None
+    return ModelSource(repo=ref.repo, file=name) if name else None
 
 
 def _select(ref: ModelSource, filenames: list[str], projector: bool) -> list[str]:
@@ -156,6 +216,18 @@ def find_cached(ref: ModelSource, *, projector: bool = False) -> Path | None:
     return paths[0] if paths else None
 
 
+def cached_sidecar(ref: ModelSource) -> ModelSource | None:
+    """The sidecar drafter of the Hub target `ref` if `pull` downloaded it (`sidecar_name` over the cached files of
+    its repository); no network."""
+    assert ref.repo, "only Hub references have a repository"
+    found = _sidecar_of(ref, sorted(_cached_filenames(ref.repo)))
+    if found is None or found.file is None:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    return found if isinstance(try_to_load_from_cache(ref.repo, found.file, cache_dir=cache_dir()), str) else None
+
+
 def cached_size(path: Path) -> int:
     """Bytes on disk of a model file, counting every shard of a split model."""
     match = _SHARD_RE.search(path.name)
@@ -174,12 +246,7 @@ def remote_files(ref: ModelSource, *, projector: bool = False) -> list[RemoteFil
     Raises:
         DownloadError: unreachable Hub, unknown or gated repository, or no file for the quant / file name.
     """
-    from huggingface_hub import HfApi
-
-    assert ref.repo, "only Hub references can be listed"
-    with hub_errors(ref):
-        info = HfApi().model_info(ref.repo, files_metadata=True)
-    sizes = {s.rfilename: s.size for s in info.siblings or []}
+    sizes = _remote_sizes(ref)
     chosen = _select(ref, list(sizes), projector)
     if chosen:
         return [RemoteFile(ref.repo, name, sizes[name]) for name in chosen]
@@ -196,6 +263,25 @@ def remote_files(ref: ModelSource, *, projector: bool = False) -> list[RemoteFil
         f"{ref.repo} has no {ref.quant} file; quants it has: {_listing(available_quants(ggufs))} "
         f'(write "{ref.repo}:QUANT" in models.toml)'
     )
+
+
+def remote_sidecar(ref: ModelSource) -> ModelSource | None:
+    """The sidecar drafter the Hub repository of target `ref` ships beside it (`sidecar_name`), or None; one request.
+
+    Raises:
+        DownloadError: unreachable Hub, unknown or gated repository.
+    """
+    return _sidecar_of(ref, sorted(_remote_sizes(ref)))
+
+
+def _remote_sizes(ref: ModelSource) -> dict[str, int | None]:
+    """Every file of the repository of `ref` on the Hub, with its size (one request, no retries)."""
+    from huggingface_hub import HfApi
+
+    assert ref.repo, "only Hub references can be listed"
+    with hub_errors(ref):
+        info = HfApi().model_info(ref.repo, files_metadata=True)
+    return {s.rfilename: s.size for s in info.siblings or []}
 
 
 def download(

@@ -1,8 +1,9 @@
 """Pairs as files on this machine: what is downloaded, pulling a pair, resolving one to paths for the engine.
 
 A pair's models (a target and its draft, or a target alone that drafts with its own MTP head) and its target's
-projector, if it names one, come from the Hub (`hub`), a local path, or the builtin demo models (`demo`). This module
-answers "is it here?" without the network, pulls what is missing, runs llama.cpp's pairing rules
+projector, if it names one, come from the Hub (`hub`), a local path, or the builtin demo models (`demo`); a Hub target
+alone drafts with the sidecar drafter (`mtp-*.gguf`) its repository ships, once `pull` has found and fetched it. This
+module answers "is it here?" without the network, pulls what is missing, runs llama.cpp's pairing rules
 (`compat.check_pair`) on the two models, with a hint naming the curated drafts of the same family, and opens a pulled
 projector beside its target in a child process (`vision.probe_projector`).
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from localspec.errors import LocalspecError, ModelFileError
+from localspec.errors import DownloadError, LocalspecError, ModelFileError
 from localspec.llama.compat import PairVerdict, check_pair, check_target, head_layers, pair_verdict
 from localspec.llama.footprint import Header, header_problem, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
@@ -38,8 +39,10 @@ _FAMILIES = (
     ("Llama 3", re.compile(r"llama-?3", re.IGNORECASE)),
     ("Qwen2.5", re.compile(r"qwen2\.5", re.IGNORECASE)),
     ("Qwen3.5", re.compile(r"qwen_?3\.5", re.IGNORECASE)),  # before Qwen3: another vocabulary (248k tokens)
+    ("Qwen3.6", re.compile(r"qwen_?3\.6", re.IGNORECASE)),
     ("Qwen3", re.compile(r"qwen_?3", re.IGNORECASE)),
     ("Gemma 3", re.compile(r"gemma-?3", re.IGNORECASE)),
+    ("Gemma 4", re.compile(r"gemma-?4", re.IGNORECASE)),
     ("SmolLM2", re.compile(r"smollm2", re.IGNORECASE)),
 )
 
@@ -57,12 +60,20 @@ class FileStatus:
 
 @dataclass(frozen=True, slots=True)
 class PairStatus:
-    """The files of a pair: its target, its draft (None: a target-only pair) and its projector (None: text only)."""
+    """The files of a pair: its target, its draft (None: a target-only pair) and its projector (None: text only).
+    `found_draft`: the draft is the sidecar drafter `pull` found beside a target the pair names alone."""
 
     pair: Pair
     target: FileStatus
     draft: FileStatus | None
     mmproj: FileStatus | None = None
+    found_draft: bool = False
+
+    @property
+    def sidecar(self) -> str:
+        """The draft's file name when it is a sidecar drafter (`mtp-*.gguf`), found or named; "" otherwise."""
+        name = self.draft.ref.rsplit("/", 1)[-1] if self.draft is not None else ""
+        return name if hub.is_sidecar(name) else ""
 
     @property
     def files(self) -> tuple[FileStatus, ...]:
@@ -100,15 +111,26 @@ def local_status(role: Role, ref: ModelSource, paths: Paths) -> FileStatus:
 
 def pair_status(pair: Pair, paths: Paths) -> PairStatus:
     """The download state of the files of `pair` (no network)."""
-    draft = local_status("draft", pair.draft, paths) if pair.draft is not None else None
+    source, found = draft_of(pair)
+    draft = local_status("draft", source, paths) if source is not None else None
     mmproj = local_status("mmproj", pair.mmproj, paths) if pair.mmproj is not None else None
-    return PairStatus(pair, local_status("target", pair.target, paths), draft, mmproj)
+    return PairStatus(pair, local_status("target", pair.target, paths), draft, mmproj, found)
+
+
+def draft_of(pair: Pair) -> tuple[ModelSource | None, bool]:
+    """The draft of `pair`: the one it names, else (True) the sidecar drafter `pull` found and downloaded beside its
+    Hub target (`hub.cached_sidecar`), else None (the target alone). No network."""
+    if pair.draft is not None or pair.target.kind != "hub":
+        return pair.draft, False
+    found = hub.cached_sidecar(pair.target)
+    return found, found is not None
 
 
 def _sources(pair: Pair) -> list[tuple[Role, ModelSource]]:
-    """(role, source) of each model of `pair`: the target, then the draft if it has one."""
+    """(role, source) of each model of `pair`: the target, then the draft if it has one (`draft_of`)."""
     sources: list[tuple[Role, ModelSource]] = [("target", pair.target)]
-    return sources + ([("draft", pair.draft)] if pair.draft is not None else [])
+    draft, _ = draft_of(pair)
+    return sources + ([("draft", draft)] if draft is not None else [])
 
 
 def family_of(ref: ModelSource) -> str | None:
@@ -249,7 +271,10 @@ def pull_pair(
             does not open beside the target is a ModelFileError raised after everything was downloaded, which stays.
     """
     say = notify or log.info
-    sources = _sources(pair) + ([("mmproj", pair.mmproj)] if pair.mmproj is not None else [])
+    sources = _sources(pair)
+    if len(sources) == 1 and pair.target.kind == "hub" and (found := _look_for_sidecar(pair, say)) is not None:
+        sources.append(("draft", found))
+    sources += [("mmproj", pair.mmproj)] if pair.mmproj is not None else []
     done = [_pull_one(role, ref, pair, paths, dry_run, progress, say) for role, ref in sources]
     if dry_run:
         return done
@@ -264,6 +289,22 @@ def pull_pair(
     for projector in (d for d in done if d.role == "mmproj"):
         say(f"mmproj: {check_projector(pair, projector.path, models[0].path)}")
     return done
+
+
+def _look_for_sidecar(pair: Pair, say: Callable[[str], None]) -> ModelSource | None:
+    """Ask the Hub for the sidecar drafter beside the target of a pair that names no draft (`hub.remote_sidecar`,
+    llama-server's `-hf` rule). Where the Hub cannot answer but the target is already here, the pair stays a target
+    alone and `say` is told why; otherwise the error is the target's own (its download would fail the same way)."""
+    try:
+        found = hub.remote_sidecar(pair.target)
+    except DownloadError as e:
+        if hub.find_cached(pair.target) is None:
+            raise
+        say(f"draft: not looked for beside the target ({e})")
+        return None
+    if found is not None:
+        say(f"draft: {found.file} is the drafter {found.repo} ships beside the target (an mtp-* sidecar, as -hf finds)")
+    return found
 
 
 def check_projector(pair: Pair, path: Path | None, target: Path | None) -> str:
@@ -325,6 +366,12 @@ def media_of(status: PairStatus) -> Media:
         return Media(None, None, "unknown (the projector's header is unreadable)")
     vision, audio = bool(meta.get("clip.has_vision_encoder")), bool(meta.get("clip.has_audio_encoder"))
     return Media(vision, audio, media_words(vision, audio) or "neither images nor audio (no encoder in the projector)")
+
+
+def sidecar_line(status: PairStatus) -> str:
+    """What `models` and `doctor` say of a pair whose draft is the sidecar drafter its target's repository ships."""
+    how = "found by `pull` beside the target" if status.found_draft else "named in models.toml"
+    return f"{status.sidecar}: the drafter the target's repository ships ({how})"
 
 
 def describe_head(layers: int | None) -> str:

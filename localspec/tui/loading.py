@@ -17,7 +17,7 @@ from localspec.core.engine import Engine
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_with_flags
-from localspec.models.pairs import file_problems, head_report, pair_status, pull_pair
+from localspec.models.pairs import draft_of, file_problems, head_report, pair_status, pull_pair
 from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions
@@ -108,8 +108,10 @@ def list_pairs(options: ChatOptions) -> list[PairRow]:
 
 
 def _refs(pair) -> tuple:
-    """The pair's sources in the order of its files: the target's, then the draft's if it has one."""
-    return (pair.target,) if pair.draft is None else (pair.target, pair.draft)
+    """The pair's sources in the order of its files: the target's, then the draft's if it has one (the sidecar drafter
+    `pull` found for a target alone included)."""
+    draft, _ = draft_of(pair)
+    return (pair.target,) if draft is None else (pair.target, draft)
 
 
 def pull(options: ChatOptions, name: str, progress: Progress, on_bytes: Callable[[str, int, int | None], None]) -> None:
