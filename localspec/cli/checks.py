@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 from .flags import overrides_from_args
 from .textinput import clean
 
+MAX_IMAGE_FILE = 64 * 2**20  # --image: a larger file is refused before it is read (the chat's cap)
+
 N_CTX_MAX = 2**31 - 1
 N_MAX = 10_000
 
@@ -182,13 +184,13 @@ def read_images(paths: list[str]) -> list[tuple[str, Image]]:
         InvalidParamsError: a file that cannot be read.
         LocalspecError: not a picture localspec reads (one line from `read_image`).
     """
-    from localspec.llama.vision import read_image
+    from localspec.llama.vision import read_image, read_image_file
 
     images = []
     for path in paths:
         try:
-            data = Path(path).read_bytes()
-        except OSError as e:
-            raise InvalidParamsError(f"--image {path}: cannot read it ({e.strerror or e})") from None
+            data = read_image_file(Path(path).expanduser(), MAX_IMAGE_FILE)
+        except LocalspecError as e:
+            raise InvalidParamsError(f"--image {path}: {e}") from None
         images.append((path, read_image(data, name=Path(path).name)))
     return images

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -136,6 +137,77 @@ def read_image(data: bytes, *, name: str = "the image", max_pixels: int = MAX_PI
             f"{max_pixels / 1e6:.0f} allowed: scale it down first"
         )
     return Image(data, kind, width, height, hashlib.sha256(data).hexdigest())
+
+
+# A FIFO's open must not wait for a writer, nor a terminal's make it ours (the flags a platform lacks are left out).
+_OPEN_FLAGS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+_READ_CHUNK = 2**20  # bytes a file is read by
+_NOT_FILES = (  # what a path may name besides a file and a folder, as the refusal says it
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISCHR, "a device"),
+    (stat.S_ISBLK, "a disk device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_image_file(path: Path, cap: int, *, timeout: float | None = None) -> bytes:
+    """The bytes of the regular file at `path` (the chat's attachments, `--image`, a server's `--allow-image-urls`
+    path), refused when it holds more than `cap`, read without ever waiting on what is not a file: a device, a FIFO
+    or a socket is refused from its `stat` (never opened); the file is opened non-blocking (a FIFO put there since
+    cannot hold the open), checked again on the descriptor, and read to at most `cap` + 1 bytes (a file that grew
+    meanwhile is refused, not read to its end) within `timeout` seconds (None: no bound).
+
+    Raises:
+        LocalspecError: one line naming the path and what it is, or why it cannot be read.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        _refuse_unless_regular(path, os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+        try:
+            status = os.fstat(fd)
+            _refuse_unless_regular(path, status.st_mode)
+            if status.st_size > cap:
+                raise LocalspecError(_too_large(path, cap, status.st_size))
+            data = bytearray()
+            while len(data) <= cap and (chunk := os.read(fd, min(_READ_CHUNK, cap + 1 - len(data)))):
+                data += chunk
+                if deadline is not None and time.monotonic() > deadline:
+                    raise LocalspecError(f"reading {path} took over {timeout:g} s: copy it to a local disk first")
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise LocalspecError(f"no such file: {path}") from None
+    except OSError as e:
+        raise LocalspecError(f"cannot read {path}: {e.strerror or e}") from None
+    except ValueError:  # a NUL character in the path
+        raise LocalspecError("that path holds a NUL character: choose an image file") from None
+    if len(data) > cap:
+        raise LocalspecError(_too_large(path, cap))  # it grew while it was read
+    return bytes(data)
+
+
+def human_size(n: int) -> str:
+    """A byte count as people read it: 812 B, 4.2 kB, 3.1 MB."""
+    if n < 1000:
+        return f"{n} B"
+    if n < 1_000_000:
+        return f"{n / 1000:.1f} kB"
+    return f"{n / 1_000_000:.1f} MB"
+
+
+def _too_large(path: Path, cap: int, size: int | None = None) -> str:
+    holds = f"is {human_size(size)}," if size is not None else "holds"
+    return f"{path.name} {holds} more than the {human_size(cap)} an image may be: scale it down first"
+
+
+def _refuse_unless_regular(path: Path, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise LocalspecError(f"{path} is a folder: choose an image file in it")
+    what = next((kind for test, kind in _NOT_FILES if test(mode)), "something else")
+    raise LocalspecError(f"{path} is {what}, not a file: choose an image file")
 
 
 def blank_image(width: int, height: int) -> Image:

@@ -17,9 +17,7 @@ import base64
 import binascii
 import dataclasses
 import functools
-import os
 import re
-import stat
 import time
 import urllib.error
 import urllib.parse
@@ -31,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from localspec.errors import LocalspecError
-from localspec.llama.vision import Image, read_image
+from localspec.llama.vision import Image, read_image, read_image_file
 
 from .api import ApiError
 
@@ -44,8 +42,6 @@ INLINE = "send it inline as a data URL (data:image/png;base64,...)"
 
 T = TypeVar("T")
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_FILE_KINDS = {stat.S_IFDIR: "a folder", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFIFO: "a pipe",
-               stat.S_IFSOCK: "a socket"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,23 +131,9 @@ class ImageReader:
     def _file(self, url: str, scheme: str, where: str) -> bytes:
         path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path) if scheme == "file" else url)
         try:
-            fd = os.open(path.expanduser(), os.O_RDONLY | os.O_NONBLOCK)  # a FIFO's open waits for a writer otherwise
-        except OSError as e:
-            why = f"'{where}': cannot read the image file {path} ({e.strerror or e}): check the path"
-            raise _bad(why, where) from None
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            what = _FILE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
-            raise _bad(f"'{where}': {path} is {what}, not an image file: name a picture's file", where)
-        with open(fd, "rb", buffering=0) as f:
-            deadline = time.monotonic() + self.timeout
-            data = bytearray()
-            while len(data) <= self.max_bytes and (piece := f.read(2**16)):
-                data += piece
-                if time.monotonic() > deadline:
-                    raise _bad(f"'{where}': reading {path} took over {self.timeout:g} s: {INLINE}", where)
-        return self._bounded(bytes(data), where)
+            return read_image_file(path.expanduser(), self.max_bytes, timeout=self.timeout)
+        except LocalspecError as e:
+            raise _bad(f"'{where}': {e}", where) from None
 
     def _bounded(self, data: bytes, where: str) -> bytes:
         if len(data) > self.max_bytes:

@@ -14,7 +14,6 @@ import asyncio
 import os
 import shlex
 import shutil
-import stat
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,15 +21,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from localspec.errors import LocalspecError
-from localspec.llama.vision import Image, read_image
+from localspec.llama.vision import Image, human_size, read_image, read_image_file
 
 # Files a paste is taken for images by: what read_image reads, and formats it refuses in one line (so a dropped
 # WebP says "convert it" instead of being typed as a path).
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".heic", ".avif"})
 MAX_FILE_BYTES = 64 * 2**20  # a larger file is refused before it is read (the pixel cap is read_image's)
-READ_CHUNK = 2**20  # bytes a file or the clipboard tool's output is read by
-# A FIFO's open must not wait for a writer, nor a terminal's make it ours (the flags a platform lacks are left out).
-_OPEN_FLAGS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+READ_CHUNK = 2**20  # bytes the clipboard tool's output is read by
 CLIPBOARD_TIMEOUT = 5.0  # seconds the clipboard tool may take
 NO_CLIPBOARD = (
     "no tool here reads an image from the clipboard: install wl-clipboard (Wayland), xclip (X11) or pngpaste (macOS), "
@@ -51,23 +48,6 @@ class Attachment:
         return f"{self.name} · {self.image.width}x{self.image.height} · {human_size(len(self.image.data))}"
 
 
-def human_size(n: int) -> str:
-    """A byte count as people read it: 812 B, 4.2 kB, 3.1 MB."""
-    if n < 1000:
-        return f"{n} B"
-    if n < 1_000_000:
-        return f"{n / 1000:.1f} kB"
-    return f"{n / 1_000_000:.1f} MB"
-
-
-_NOT_FILES = (  # what a path may name besides a file and a folder, as the refusal says it
-    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-    (stat.S_ISCHR, "a device"),
-    (stat.S_ISBLK, "a disk device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def read_attachment(path: str | Path) -> Attachment:
     """Read and check the image file at `path` (`~` expanded). It may block on a slow disk: call it in a thread.
 
@@ -76,55 +56,8 @@ def read_attachment(path: str | Path) -> Attachment:
             not an image read_image accepts (one line).
     """
     path = Path(path).expanduser()
-    data = read_regular_file(path, MAX_FILE_BYTES)
+    data = read_image_file(path, MAX_FILE_BYTES)
     return Attachment(path.name, read_image(data, name=path.name))
-
-
-def read_regular_file(path: Path, cap: int) -> bytes:
-    """The bytes of the regular file at `path`, refused when it holds more than `cap`, read without ever waiting on
-    what is not a file: a device, a FIFO or a socket is refused from its `stat` (never opened); the file is opened
-    non-blocking (a FIFO put there since cannot hold the open), checked again on the descriptor, and read to at most
-    `cap` + 1 bytes (a file that grew meanwhile is refused, not read to its end).
-
-    Raises:
-        LocalspecError: one line naming the path and what it is, or why it cannot be read.
-    """
-    try:
-        _refuse_unless_regular(path, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
-        try:
-            status = os.fstat(fd)
-            _refuse_unless_regular(path, status.st_mode)
-            if status.st_size > cap:
-                raise LocalspecError(_too_large(path, cap, status.st_size))
-            data = bytearray()
-            while len(data) <= cap and (chunk := os.read(fd, min(READ_CHUNK, cap + 1 - len(data)))):
-                data += chunk
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        raise LocalspecError(f"no such file: {path}") from None
-    except OSError as e:
-        raise LocalspecError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError:  # a NUL character in the path
-        raise LocalspecError("that path holds a NUL character: choose an image file") from None
-    if len(data) > cap:
-        raise LocalspecError(_too_large(path, cap))  # it grew while it was read
-    return bytes(data)
-
-
-def _too_large(path: Path, cap: int, size: int | None = None) -> str:
-    holds = f"is {human_size(size)}," if size is not None else "holds"
-    return f"{path.name} {holds} more than the {human_size(cap)} an image may be: scale it down first"
-
-
-def _refuse_unless_regular(path: Path, mode: int) -> None:
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise LocalspecError(f"{path} is a folder: choose an image file in it")
-    what = next((kind for test, kind in _NOT_FILES if test(mode)), "something else")
-    raise LocalspecError(f"{path} is {what}, not a file: choose an image file")
 
 
 def pasted_paths(text: str) -> list[Path] | None:

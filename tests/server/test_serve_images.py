@@ -385,7 +385,7 @@ def test_allow_image_urls_fetches_a_url_and_reads_a_file(plain, tmp_path):
         web.server_close()
     with pytest.raises(openai.BadRequestError) as raised:
         chat(plain, (tmp_path / "missing.png").as_uri())
-    assert "cannot read the image file" in raised.value.body["message"]
+    assert f"'messages.0.content.0': no such file: {tmp_path / 'missing.png'}" in raised.value.body["message"]
 
 
 def test_a_path_to_a_pipe_a_device_or_a_folder_is_refused_and_never_waited_on(plain, tmp_path):
@@ -393,7 +393,7 @@ def test_a_path_to_a_pipe_a_device_or_a_folder_is_refused_and_never_waited_on(pl
     forever), a device that never ends, a folder — each a 400 naming the part, many at once wedging nothing."""
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
-    cases = {str(fifo): "is a pipe", "/dev/zero": "is a device", str(tmp_path): "is a folder"}
+    cases = {str(fifo): "is a FIFO", "/dev/zero": "is a device", str(tmp_path): "is a folder"}
     for path, says in cases.items():
         with pytest.raises(openai.BadRequestError) as raised:
             chat(plain, path)
