@@ -63,11 +63,13 @@ def test_the_bundled_file_has_a_target_only_mtp_pair_and_a_same_family_draft_pai
     """Issue #32: a laptop-size Qwen3.5 that keeps its MTP head, alone, and the same target with a small draft."""
     config = load_config(localspec_home)
     alone = [p for p in config.pairs.values() if p.draft is None]
-    assert [p.name for p in alone] == ["qwen3.5-9b-mtp"]
-    [with_draft] = [p for p in config.pairs.values() if p.draft is not None and p.target == alone[0].target]
-    assert "MTP" in alone[0].target.label() and "Qwen3.5-0.8B" in with_draft.draft.label()
+    assert [p.name for p in alone] == ["qwen3.5-4b-mtp", "qwen3.5-9b-mtp", "qwen3.6-35b-a3b-mtp"]
+    assert all("-MTP-GGUF" in p.target.label() for p in alone)  # the repositories that keep the head
+    nine = config.get("qwen3.5-9b-mtp")
+    [with_draft] = [p for p in config.pairs.values() if p.draft is not None and p.target == nine.target]
+    assert "Qwen3.5-0.8B" in with_draft.draft.label()
     assert (
-        alone[0].sampling_overrides()
+        nine.sampling_overrides()
         == with_draft.sampling_overrides()
         == {
             "temperature": 0.7,
@@ -152,6 +154,29 @@ def test_default_must_name_a_pair(localspec_home):
 
 
 # --- overlay ------------------------------------------------------------------------------------------------
+
+
+def test_the_bundled_default_is_a_2026_pair_with_the_drafter_and_projector_its_repository_ships(localspec_home):
+    """Issue 64: a default an 8 GB GPU runs whole (Gemma 4 E4B Q4_K_M, its assistant, its projector, one repository);
+    the 2024-25 pairs come after the "Older pairs" heading, and the demo pair stays last."""
+    config = load_config(localspec_home)
+    default = config.get(config.default or "")
+    assert (default.name, default.target.repo, default.target.file) == (
+        "gemma4-e4b",
+        "ggml-org/gemma-4-E4B-it-GGUF",
+        "gemma-4-E4B-it-Q4_K_M.gguf",
+    )
+    assert default.draft is not None and default.mmproj is not None
+    assert (default.draft.repo, default.draft.file) == (default.target.repo, "mtp-gemma-4-E4B-it-Q8_0.gguf")
+    assert (default.mmproj.repo, default.mmproj.file) == (default.target.repo, "mmproj-gemma-4-E4B-it-Q8_0.gguf")
+    names = list(config.pairs)
+    text = bundled_config_file().read_text(encoding="utf-8")
+    older = text.index("# ==== Older pairs")
+    for name in ("llama3.1-8b", "qwen2.5-7b", "qwen2.5-14b", "qwen3-8b", "gemma3-12b", "gemma3-4b"):
+        assert text.index(f'[pairs."{name}"]') > older, name
+    for name in ("gemma4-e4b", "gemma4-12b", "qwen3.5-9b-mtp", "qwen3.6-35b-a3b-mtp"):
+        assert text.index(f'[pairs."{name}"]') < older, name
+    assert names[-1] == "demo"
 
 
 def test_user_overlay_adds_overrides_and_sets_default(localspec_home):

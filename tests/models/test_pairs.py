@@ -186,7 +186,7 @@ def test_nothing_downloaded_falls_back_to_the_demo_and_says_so(localspec_home, s
 def test_no_demo_and_nothing_downloaded_tells_what_to_do(localspec_home, monkeypatch):
     monkeypatch.setattr(demo, "packaged_draft", lambda: None)
     config = load_config(localspec_home)
-    with pytest.raises(ModelFileError, match=r"run `localspec pull qwen2\.5-7b`, or install the demo models"):
+    with pytest.raises(ModelFileError, match=r"run `localspec pull gemma4-e4b`, or install the demo models"):
         choose_pair(None, config, localspec_home)
 
 
@@ -206,7 +206,7 @@ def test_doctor_names_devices_paths_and_missing_pairs(localspec_home, empty_hf_c
     text = "\n".join(report.lines())
     assert "  device " in text  # by name: "device CPU", "device CUDA0", "device Metal"…
     assert "system info:" in text and str(localspec_home.config_file) in text
-    assert "run `localspec pull qwen2.5-7b`" in text
+    assert "run `localspec pull gemma4-e4b`" in text
     assert str(empty_hf_cache) in text
 
 
