@@ -314,22 +314,28 @@ def expectation(path: str, body: dict) -> dict:
     return {} if schema is None else {"json": schema}
 
 
-def save(framework: str, version: str, flow: str, records: list[dict]) -> list[Path]:
-    """Write each POST of one flow as tests/server/golden/<framework>-<flow>[-<n>].json."""
-    written = []
+def save(framework: str, version: str, flow: str, records: list[dict], seen: dict[str, str]) -> list[str]:
+    """Write each POST of one flow as tests/server/golden/<framework>-<flow>[-<n>].json, but for a request the
+    framework already sent in another flow (`seen`: request → its file's name): the names, written or not."""
+    names = []
     posts = [r for r in records if r["method"] == "POST"]
     for n, record in enumerate(posts, 1):
         name = f"{framework}-{flow}" + (f"-{n}" if n > 1 else "")
+        key = json.dumps([record["path"], record["body"]], sort_keys=True)
+        if key in seen:
+            names.append(f"({name}: the same request as {seen[key]})")
+            continue
+        seen[key] = name
         body = record["body"]
         golden = {
             "framework": framework, "version": version, "flow": flow, "path": record["path"],
             "stream": bool(body.get("stream")), "headers": record["headers"],
             "expect": expectation(record["path"], body), "body": body,
         }  # fmt: skip
-        path = GOLDEN / f"{name}.json"
-        path.write_text(json.dumps(golden, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        written.append(path)
-    return written
+        text = json.dumps(golden, indent=1, ensure_ascii=False) + "\n"
+        (GOLDEN / f"{name}.json").write_text(text, encoding="utf-8")
+        names.append(f"{name}.json")
+    return names
 
 
 # ---------------------------------------------------------------- the frameworks' flows
@@ -633,7 +639,7 @@ def record(framework: str, server: ThreadingHTTPServer, loop: asyncio.AbstractEv
     version = importlib.metadata.version(package)
     for old in GOLDEN.glob(f"{framework}-*.json"):
         old.unlink()
-    failed = 0
+    failed, seen = 0, {}
     for flow, run in flows_of(server.server_address[1]).items():
         server.records.clear()
         try:
@@ -643,8 +649,8 @@ def record(framework: str, server: ThreadingHTTPServer, loop: asyncio.AbstractEv
         except Exception as exc:  # a flow the framework could not finish: say so, keep what it sent
             failed += 1
             log.error("%s %s: %s: %s", framework, flow, type(exc).__name__, str(exc).splitlines()[0][:300])
-        written = save(framework, version, flow, list(server.records))
-        log.info("%s %s %s: %s", framework, version, flow, ", ".join(p.name for p in written) or "no request")
+        names = save(framework, version, flow, list(server.records), seen)
+        log.info("%s %s %s: %s", framework, version, flow, ", ".join(names) or "no request")
     return failed
 
 
