@@ -22,7 +22,7 @@ from localspec.core.load import filler_token  # noqa: E402
 from localspec.core.media import Embedded, Filler  # noqa: E402
 from localspec.core.params import SpeculativeParams  # noqa: E402
 from localspec.core.sampling import SamplingParams  # noqa: E402
-from localspec.llama.vision import read_image  # noqa: E402
+from localspec.llama.pictures import read_image  # noqa: E402
 
 PROMPTS = ("the man said", "once upon a time", "in the water the", "she looked at the")
 

@@ -15,7 +15,8 @@ from localspec.core.engine import Engine
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import LocalspecError
 from localspec.llama.model import Model
-from localspec.llama.vision import Image, media_marker
+from localspec.llama.pictures import Image
+from localspec.llama.vision import media_marker
 
 MARK = -1  # where an image goes among a peer prompt's tokens (no token id is negative), before they become text
 

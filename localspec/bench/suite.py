@@ -16,8 +16,8 @@ from localspec.core.engine import Engine
 from localspec.core.params import LoadParams, needs_draft_model
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.llama.pictures import Image
 from localspec.llama.rpc import Endpoint, probe
-from localspec.llama.vision import Image
 from localspec.models.flags import RunFlags
 from localspec.models.loading import load_engine, load_params, resolve_models, weights_progress
 from localspec.paths import Paths

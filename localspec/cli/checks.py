@@ -28,7 +28,7 @@ from localspec.llama.threads import check_threads, threads_from_env
 from localspec.models.flags import RunFlags
 
 if TYPE_CHECKING:
-    from localspec.llama.vision import Image
+    from localspec.llama.pictures import Image
 
 from .flags import overrides_from_args
 from .textinput import clean
@@ -184,7 +184,7 @@ def read_images(paths: list[str]) -> list[tuple[str, Image]]:
         InvalidParamsError: a file that cannot be read.
         LocalspecError: not a picture localspec reads (one line from `read_image`).
     """
-    from localspec.llama.vision import read_image, read_image_file
+    from localspec.llama.pictures import read_image, read_image_file
 
     images = []
     for path in paths:

@@ -15,7 +15,7 @@ from typing import Any, Unpack
 from localspec.errors import InvalidParamsError
 from localspec.llama import threads
 from localspec.llama.model import Model
-from localspec.llama.vision import Image
+from localspec.llama.pictures import Image
 from localspec.llama.vocab import grammar_pieces, grammar_tokenizer
 
 from .bridge import VocabBridge

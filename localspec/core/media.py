@@ -24,8 +24,9 @@ import numpy as np
 
 from localspec.errors import ContextError, LocalspecError
 from localspec.llama.context import Context as LlamaContext
+from localspec.llama.pictures import Image, blank_image
 from localspec.llama.slots import SeqContext
-from localspec.llama.vision import TEXT, Chunk, Chunks, Image, Projector, blank_image, media_marker
+from localspec.llama.vision import TEXT, Chunk, Chunks, Projector, media_marker
 
 from .kv import MEDIA_STRIDE as STRIDE
 from .kv import Context

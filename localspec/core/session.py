@@ -23,8 +23,8 @@ from typing import Any, Unpack
 
 from localspec.errors import ChatTemplateError, ContextError, InvalidParamsError
 from localspec.llama.model import Model
+from localspec.llama.pictures import Image
 from localspec.llama.templates import render_builtin_chat, render_jinja_chat, template_variables
-from localspec.llama.vision import Image
 
 from . import thinking, thinking_support, window
 from .engine import Engine, GenerateOptions, Generation

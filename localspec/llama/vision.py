@@ -1,7 +1,9 @@
-"""Images into the target's KV: the projector (an mmproj GGUF opened through llama.cpp's mtmd), checked image bytes,
-a prompt with media markers cut into chunks, and one image chunk evaluated at a given n_past.
+"""Images into the target's KV: the projector (an mmproj GGUF opened through llama.cpp's mtmd), a prompt with media
+markers cut into chunks, one image chunk encoded, and its embeddings decoded at a given n_past (into the target, or a
+draft of the same width).
 
-Native code never sees an unchecked input: an image's header is read here first (format, size, a cut-off file), and
+Native code never sees an unchecked input: an image's header is read first (llama/pictures.py: format, size, a
+cut-off file), and
 an untrusted projector is opened in a child process before this one (a projector missing a tensor loads, then crashes
 the process at its first encode: DESIGN §11), the way the canary probes kernels. The core owns the text tokens and
 n_past; it decodes text chunks itself and hands only image chunks here. An image chunk takes `n_pos` positions,
@@ -11,22 +13,13 @@ which differ from its `n_tokens` on M-RoPE models: n_past follows positions.
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
 import logging
 import os
-import re
-import signal
-import stat
-import struct
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from ctypes import byref
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import llama_cpp
 import numpy as np
@@ -34,279 +27,18 @@ import numpy as np
 from localspec.errors import ContextError, LocalspecError, ModelFileError
 
 from .context import Context
-from .footprint import read_header
-from .log import LlamaLog, init
-from .model import Model, check_gguf_file
+from .model import Model
+from .mtmd import media_marker
+from .mtmd import mtmd_error as _mtmd_error
+from .mtmd import native as _mtmd
+from .pictures import Image
+from .projector_probe import check_projector_file, probe_projector, refusal
 from .threads import physical_cores
 
 log = logging.getLogger(__name__)
 
-MAX_PIXELS = 50_000_000  # read from the header before decoding: a 20000×20000 PNG is refused, never allocated
-PROBE_TIMEOUT = 120.0  # seconds for the child that opens a projector first
-PROBE_OK = "ok"  # the child's stdout on success: "ok <vision 0|1> <audio 0|1>"
 TEXT, IMAGE, AUDIO = "text", "image", "audio"  # a chunk's kind
 _KINDS = {0: TEXT, 1: IMAGE, 2: AUDIO}  # mtmd_input_chunk_type
-_MISMATCH = re.compile(r"text model \(n_embd = (\d+)\) and mmproj \(n_embd = (\d+)\)")
-_MISSING = re.compile(r"unable to find tensor (\S+)")
-
-
-# --- the native library -------------------------------------------------------------------------------------
-
-
-class _MtmdLog(LlamaLog):
-    """mtmd's log lines into the `llama.cpp` channel, its INFO lines (one per tensor loaded) as DEBUG; its own last
-    errors, so a refused projector is explained by mtmd's words and not by an older llama.cpp line."""
-
-    def _on_log(self, level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        super()._on_log(1 if level == 2 else level, text, user_data)  # ggml_log_level: 1 DEBUG, 2 INFO
-
-
-@functools.cache
-def _mtmd() -> tuple[ModuleType, _MtmdLog]:
-    """llama-cpp-python's mtmd binding (libmtmd) and its log bridge, loaded once per process on first use."""
-    init()
-    try:
-        from llama_cpp import mtmd_cpp
-    except (ImportError, OSError) as e:  # a llama-cpp-python built without libmtmd
-        raise LocalspecError(f"this llama-cpp-python has no libmtmd, so it cannot read images ({e})") from None
-    bridge = _MtmdLog()
-    mtmd_cpp.mtmd_log_set(bridge.callback, ctypes.c_void_p(0))
-    mtmd_cpp.mtmd_helper_log_set(bridge.callback, ctypes.c_void_p(0))
-    return mtmd_cpp, bridge
-
-
-def media_marker() -> str:
-    """The text that stands for one image (or audio clip) in a prompt given to `Projector.tokenize`: `<__media__>`."""
-    return _mtmd()[0].mtmd_default_marker().decode()
-
-
-def _mtmd_error() -> str:
-    """mtmd's first error since the last call (then forgotten), its first line, without the functions it passed
-    through ("mismatch between text model (n_embd = 64) and mmproj (n_embd = 48)", then a hint on a line of its own)."""
-    bridge = _mtmd()[1]
-    detail = bridge.last_error()
-    bridge.recent_errors.clear()
-    return detail.strip().splitlines()[0] if detail.strip() else ""
-
-
-# --- images -------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Image:
-    """Image bytes whose header was read and checked: a format libmtmd decodes, its size, and its content hash."""
-
-    data: bytes = field(repr=False)
-    format: str  # "png", "jpeg", "gif" or "bmp"
-    width: int
-    height: int
-    id: str  # sha256 of `data`, hex: the bitmap's id in mtmd, and what caches key an image chunk by
-
-
-def read_image(data: bytes, *, name: str = "the image", max_pixels: int = MAX_PIXELS) -> Image:
-    """Check image bytes before native code decodes them: the format, the size in the header, a file cut short.
-
-    Args:
-        data: the file's bytes.
-        name: how the messages call it (a file name).
-        max_pixels: the most pixels (width × height, as the header says) accepted.
-
-    Returns:
-        The checked image, with its content hash.
-
-    Raises:
-        LocalspecError: not an image, a format libmtmd does not read, a damaged or cut-off file, or too many pixels;
-            one line that says what to do.
-    """
-    data = bytes(data)
-    kind = _sniff(data)
-    if kind not in _HEADERS:
-        what = f"a {kind} image" if kind else "not an image libmtmd reads (PNG, JPEG, GIF or BMP)"
-        raise LocalspecError(f"{name} is {what}: convert it to PNG or JPEG")
-    try:
-        width, height = _HEADERS[kind](data)
-    except (struct.error, ValueError, IndexError) as e:
-        raise LocalspecError(
-            f"{name} is a damaged or cut-off {kind.upper()} file ({e}): save or download it again"
-        ) from None
-    if width <= 0 or height <= 0:
-        raise LocalspecError(f"{name} says it is {width}×{height} pixels: a damaged {kind.upper()} file")
-    if width * height > max_pixels:
-        raise LocalspecError(
-            f"{name} is {width}×{height} pixels ({width * height / 1e6:.0f} megapixels), more than the "
-            f"{max_pixels / 1e6:.0f} allowed: scale it down first"
-        )
-    return Image(data, kind, width, height, hashlib.sha256(data).hexdigest())
-
-
-# A FIFO's open must not wait for a writer, nor a terminal's make it ours (the flags a platform lacks are left out).
-_OPEN_FLAGS = getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
-_READ_CHUNK = 2**20  # bytes a file is read by
-_NOT_FILES = (  # what a path may name besides a file and a folder, as the refusal says it
-    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-    (stat.S_ISCHR, "a device"),
-    (stat.S_ISBLK, "a disk device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def read_image_file(path: Path, cap: int, *, timeout: float | None = None) -> bytes:
-    """The bytes of the regular file at `path` (the chat's attachments, `--image`, a server's `--allow-image-urls`
-    path), refused when it holds more than `cap`, read without ever waiting on what is not a file: a device, a FIFO
-    or a socket is refused from its `stat` (never opened); the file is opened non-blocking (a FIFO put there since
-    cannot hold the open), checked again on the descriptor, and read to at most `cap` + 1 bytes (a file that grew
-    meanwhile is refused, not read to its end) within `timeout` seconds (None: no bound).
-
-    Raises:
-        LocalspecError: one line naming the path and what it is, or why it cannot be read.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-    try:
-        _refuse_unless_regular(path, os.stat(path).st_mode)
-        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
-        try:
-            status = os.fstat(fd)
-            _refuse_unless_regular(path, status.st_mode)
-            if status.st_size > cap:
-                raise LocalspecError(_too_large(path, cap, status.st_size))
-            data = bytearray()
-            while len(data) <= cap and (chunk := os.read(fd, min(_READ_CHUNK, cap + 1 - len(data)))):
-                data += chunk
-                if deadline is not None and time.monotonic() > deadline:
-                    raise LocalspecError(f"reading {path} took over {timeout:g} s: copy it to a local disk first")
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        raise LocalspecError(f"no such file: {path}") from None
-    except OSError as e:
-        raise LocalspecError(f"cannot read {path}: {e.strerror or e}") from None
-    except ValueError:  # a NUL character in the path
-        raise LocalspecError("that path holds a NUL character: choose an image file") from None
-    if len(data) > cap:
-        raise LocalspecError(_too_large(path, cap))  # it grew while it was read
-    return bytes(data)
-
-
-def human_size(n: int) -> str:
-    """A byte count as people read it: 812 B, 4.2 kB, 3.1 MB."""
-    if n < 1000:
-        return f"{n} B"
-    if n < 1_000_000:
-        return f"{n / 1000:.1f} kB"
-    return f"{n / 1_000_000:.1f} MB"
-
-
-def _too_large(path: Path, cap: int, size: int | None = None) -> str:
-    holds = f"is {human_size(size)}," if size is not None else "holds"
-    return f"{path.name} {holds} more than the {human_size(cap)} an image may be: scale it down first"
-
-
-def _refuse_unless_regular(path: Path, mode: int) -> None:
-    if stat.S_ISREG(mode):
-        return
-    if stat.S_ISDIR(mode):
-        raise LocalspecError(f"{path} is a folder: choose an image file in it")
-    what = next((kind for test, kind in _NOT_FILES if test(mode)), "something else")
-    raise LocalspecError(f"{path} is {what}, not a file: choose an image file")
-
-
-def blank_image(width: int, height: int) -> Image:
-    """A mid-grey picture of `width`×`height` pixels (a 24-bit BMP made here): what a projector's fewest positions
-    are measured on."""
-    stride = (width * 3 + 3) & ~3
-    rows = b"\x80" * (stride * height)
-    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(rows), 2835, 2835, 0, 0)
-    head = b"BM" + struct.pack("<IHHI", 14 + len(info) + len(rows), 0, 0, 14 + len(info))
-    return read_image(head + info + rows, name="a blank picture")
-
-
-def _sniff(data: bytes) -> str:
-    """The format the first bytes name ("" when none is recognised)."""
-    signatures = {
-        b"\x89PNG\r\n\x1a\n": "png",
-        b"\xff\xd8\xff": "jpeg",
-        b"GIF87a": "gif",
-        b"GIF89a": "gif",
-        b"BM": "bmp",
-        b"II*\x00": "TIFF",
-        b"MM\x00*": "TIFF",
-        b"8BPS": "PSD",
-        b"\x00\x00\x00\x0cjP  ": "JPEG 2000",
-    }
-    for magic, kind in signatures.items():
-        if data.startswith(magic):
-            return kind
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WebP"
-    if data[4:8] == b"ftyp":
-        brand = data[8:12]
-        return "AVIF" if brand in (b"avif", b"avis") else "HEIC" if brand.startswith((b"hei", b"mif")) else ""
-    return ""
-
-
-def _png_size(data: bytes) -> tuple[int, int]:
-    """Width and height from IHDR, after walking the chunks to IEND (a file cut short ends before it)."""
-    if data[12:16] != b"IHDR":
-        raise ValueError("no IHDR chunk first")
-    width, height = struct.unpack(">II", data[16:24])
-    at = 8
-    while True:
-        (length,) = struct.unpack(">I", data[at : at + 4])
-        kind = data[at + 4 : at + 8]
-        at += 12 + length  # length, type, data, CRC
-        if at > len(data):
-            name = kind.decode("latin-1") if kind.isalpha() else "last"
-            raise ValueError(f"its {name} chunk ends past the file's end")
-        if kind == b"IEND":
-            return width, height
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    """Width and height from the first start-of-frame segment; the end-of-image marker must come after it."""
-    at = 2
-    while True:
-        while data[at] != 0xFF or data[at + 1] == 0xFF:  # fill bytes before a marker
-            at += 1
-        marker = data[at + 1]
-        (length,) = struct.unpack(">H", data[at + 2 : at + 4])
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # SOFn (not DHT, JPG, DAC)
-            height, width = struct.unpack(">HH", data[at + 5 : at + 9])
-            if data.rfind(b"\xff\xd9") < at:
-                raise ValueError("no end-of-image marker")
-            return width, height
-        if marker == 0xDA:  # scan data before any frame header
-            raise ValueError("no frame header")
-        at += 2 + length
-        if at >= len(data):
-            raise ValueError("no frame header before the file's end")
-
-
-def _gif_size(data: bytes) -> tuple[int, int]:
-    """The logical screen's width and height; the file must end with the GIF trailer."""
-    if len(data) < 14 or data.rstrip(b"\x00")[-1:] != b";":
-        raise ValueError("no GIF trailer at the end")
-    return struct.unpack("<HH", data[6:10])
-
-
-def _bmp_size(data: bytes) -> tuple[int, int]:
-    """Width and height from the DIB header; the file must hold the size its header declares, and an uncompressed
-    one every row of pixels its size and depth need (a cut file would otherwise read as black)."""
-    declared, _, _, offset, header = struct.unpack("<IHHII", data[2:18])
-    if header == 12:  # BITMAPCOREHEADER: 16-bit sizes
-        width, height = struct.unpack("<HH", data[18:22])
-        (bits,), compression = struct.unpack("<H", data[24:26]), 0
-    else:
-        width, height, _, bits, compression = struct.unpack("<iiHHI", data[18:34])
-    if offset >= len(data) or (declared and declared > len(data)):
-        raise ValueError(f"{len(data)} bytes where the header declares {max(declared, offset + 1)}")
-    if compression in (0, 3, 6) and bits:  # BI_RGB, BI_BITFIELDS, BI_ALPHABITFIELDS: rows of a known size
-        need = offset + (width * bits + 31) // 32 * 4 * abs(height)
-        if need > len(data):
-            raise ValueError(f"{len(data)} bytes where {abs(height)} rows of {width} pixels need {need}")
-    return width, abs(height)  # a negative height: rows stored top-down
-
-
-_HEADERS = {"png": _png_size, "jpeg": _jpeg_size, "gif": _gif_size, "bmp": _bmp_size}
 
 
 # --- chunks -------------------------------------------------------------------------------------------------
@@ -401,15 +133,6 @@ class Chunks:
 # --- the projector ------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
-    """What the child saw opening a projector beside a target: `failure` is "" when it opened."""
-
-    failure: str = ""
-    vision: bool = False
-    audio: bool = False
-
-
 class Projector:
     """An mmproj GGUF opened through mtmd beside a loaded target. Use as a context manager or call `close()`."""
 
@@ -440,7 +163,7 @@ class Projector:
         mtmd, _ = _mtmd()
         self.path, self.target = Path(path), target
         self._handle = None
-        _check_projector_file(self.path)
+        check_projector_file(self.path)
         if probe:
             found = probe_projector(self.path, target.path)
             if found.failure:
@@ -453,7 +176,7 @@ class Projector:
         _mtmd_error()  # what mtmd logs from here on explains a refusal
         handle = target._call(mtmd.mtmd_init_from_file, os.fsencode(self.path), target.handle, params)
         if not handle:
-            raise ModelFileError(_refusal(self.path, target.path, _mtmd_error()))
+            raise ModelFileError(refusal(self.path, target.path, _mtmd_error()))
         self._handle = handle
         self.supports_vision = bool(mtmd.mtmd_support_vision(handle))
         self.supports_audio = bool(mtmd.mtmd_support_audio(handle))
@@ -643,116 +366,3 @@ class Projector:
             else:
                 n_past = self.eval_image(ctx, chunk, n_past, seq=seq)
         return n_past
-
-
-def _check_projector_file(path: Path) -> None:
-    """Refuse, in one line, a file that is no GGUF, no projector, or cut short, before a child or mtmd reads it."""
-    check_gguf_file(path)
-    header = read_header(path)
-    if header.arch != "clip":
-        raise ModelFileError(
-            f"{path} is not a projector (its architecture is {header.arch}): give the mmproj-*.gguf file "
-            "published beside the model"
-        )
-    if header.data_end > header.file_size:
-        raise ModelFileError(f"{path} is truncated (its tensors end past the file's end): re-download it")
-
-
-def _refusal(path: Path, target: Path, detail: str) -> str:
-    """The one-line message for a projector mtmd refused to open beside `target`, from mtmd's own error."""
-    if found := _MISMATCH.search(detail):
-        model_embd, projector_embd = found.groups()
-        return (
-            f"{path} does not match target {target.name} (its output size {projector_embd} ≠ the model's n_embd "
-            f"{model_embd}): use the mmproj file published with {target.name}"
-        )
-    if found := _MISSING.search(detail):
-        return f"{path} lacks the tensor {found.group(1)}: the file is incomplete or damaged — re-download it"
-    why = f" (mtmd: {detail})" if detail else ""
-    return f"could not open the projector {path} beside {target.name}{why}: use the mmproj file published with it"
-
-
-# --- the probe: a projector opened in a child process first -------------------------------------------------
-
-
-def probe_projector(path: Path, target: Path, *, timeout: float = PROBE_TIMEOUT) -> Probe:
-    """Open projector `path` beside the model file `target` in a child process, with mtmd's warm-up (which builds
-    the encoder's graph: where a projector missing a tensor crashes). Remembered per file, size, mtime and target for
-    the life of this process, so a second open is instant."""
-    stat = Path(path).stat()
-    return _probe(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, str(Path(target).resolve()), timeout)
-
-
-@functools.lru_cache(maxsize=64)
-def _probe(path: str, _size: int, _mtime_ns: int, target: str, timeout: float) -> Probe:
-    try:
-        child = subprocess.run(
-            [sys.executable, "-m", "localspec.llama.vision", "--probe", path, target],
-            capture_output=True,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        return Probe(
-            f"opening the projector {path} beside {Path(target).name} took over {timeout:.0f} s: re-download it"
-        )
-    words = child.stdout.split()
-    if child.returncode == 0 and words[:1] == [PROBE_OK]:
-        return Probe("", vision=words[1:2] == ["1"], audio=words[2:3] == ["1"])
-    if child.returncode < 0:
-        try:
-            how = signal.Signals(-child.returncode).name
-        except ValueError:
-            how = f"signal {-child.returncode}"
-        log.info("the projector probe of %s died (%s): %s", path, how, child.stderr[-2000:])
-        return Probe(
-            f"the projector {path} crashed llama.cpp ({how}) when opened beside {Path(target).name}: it is damaged "
-            "or lacks a tensor — re-download it, or use the mmproj file published with the model"
-        )
-    lines = child.stderr.strip().splitlines()
-    return Probe(lines[-1] if lines else f"the projector probe of {path} ended with code {child.returncode}")
-
-
-def _probe_child(path: str, target: str) -> int:
-    """The child's side: load the target's weights (memory-mapped, on the CPU, not repacked), open the projector
-    with warm-up; print "ok <vision> <audio>" and exit 0, or the reason on stderr and exit 3."""
-    import faulthandler
-
-    faulthandler.enable(all_threads=True)
-    mtmd, _ = _mtmd()
-    params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = 0
-    params.use_extra_bufts = False  # repacking reads every weight; the projector needs the model's sizes only
-    model = llama_cpp.llama_model_load_from_file(os.fsencode(target), params)
-    if not model:
-        print(f"could not load {target} to try its projector beside it", file=sys.stderr)
-        return 3
-    ctx_params = mtmd.mtmd_context_params_default()
-    ctx_params.use_gpu = False
-    ctx_params.print_timings = False
-    ctx_params.n_threads = 1
-    ctx_params.warmup = True
-    _mtmd_error()
-    handle = mtmd.mtmd_init_from_file(os.fsencode(path), model, ctx_params)
-    if not handle:
-        print(_refusal(Path(path), Path(target), _mtmd_error()), file=sys.stderr)
-        return 3
-    print(PROBE_OK, int(mtmd.mtmd_support_vision(handle)), int(mtmd.mtmd_support_audio(handle)), flush=True)
-    mtmd.mtmd_free(handle)
-    llama_cpp.llama_model_free(model)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m localspec.llama.vision --probe MMPROJ TARGET`: the probe's child (see `probe_projector`)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 3 or argv[0] != "--probe":
-        print("usage: python -m localspec.llama.vision --probe MMPROJ TARGET", file=sys.stderr)
-        return 2
-    return _probe_child(argv[1], argv[2])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ projector, if it names one, come from the Hub (`hub`), a local path, or the buil
 alone drafts with the sidecar drafter (`mtp-*.gguf`) its repository ships, once `pull` has found and fetched it. This
 module answers "is it here?" without the network, pulls what is missing, runs llama.cpp's pairing rules
 (`compat.check_pair`) on the two models, with a hint naming the curated drafts of the same family, and opens a pulled
-projector beside its target in a child process (`vision.probe_projector`).
+projector beside its target in a child process (`projector_probe.probe_projector`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from localspec.llama.compat import PairVerdict, check_pair, check_target, head_l
 from localspec.llama.footprint import Header, header_problem, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
 from localspec.llama.mtp import head_problem
-from localspec.llama.vision import Probe, probe_projector
+from localspec.llama.projector_probe import Probe, probe_projector
 from localspec.paths import Paths
 
 from . import demo, hub
@@ -308,8 +308,8 @@ def _look_for_sidecar(pair: Pair, say: Callable[[str], None]) -> ModelSource | N
 
 
 def check_projector(pair: Pair, path: Path | None, target: Path | None) -> str:
-    """Open the projector at `path` beside the target in a child process (`vision.probe_projector`); returns what it
-    reads ("the target sees images").
+    """Open the projector at `path` beside the target in a child process (`projector_probe.probe_projector`);
+    returns what it reads ("the target sees images").
 
     Raises:
         ModelFileError: it is no projector, it is cut short, or it does not open beside the target (mtmd's reason).

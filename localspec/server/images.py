@@ -1,5 +1,5 @@
 """A request's images, as every route names them — an OpenAI `image_url` part, a Responses `input_image`, an
-Anthropic `image` block — read into checked `Image`s (llama/vision.py `read_image`: the format, a cut-off file and
+Anthropic `image` block — read into checked `Image`s (llama/pictures.py `read_image`: the format, a cut-off file and
 the pixel cap from the header, before native code sees a byte).
 
 A data URL (or Anthropic's base64 source) is always read. A remote URL or a local path is refused in one line unless
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from localspec.errors import LocalspecError
-from localspec.llama.vision import Image, read_image, read_image_file
+from localspec.llama.pictures import Image, read_image, read_image_file
 
 from .api import ApiError
 

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.session import Message
 from localspec.core.tools import Function
-from localspec.llama.vision import Image
+from localspec.llama.pictures import Image
 
 from .api import ApiError, Extensions, _Strict, refuse_unknown_parts, schema_grammar
 from .images import DATA_ONLY, ImageReader

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from localspec.core.grammar import Grammar, GrammarError
 from localspec.core.session import Message
 from localspec.core.tools import Function
-from localspec.llama.vision import Image, read_image
+from localspec.llama.pictures import Image, read_image
 
 from .api import (
     ApiError,

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from localspec.errors import LocalspecError
-from localspec.llama.vision import Image, human_size, read_image, read_image_file
+from localspec.llama.pictures import Image, human_size, read_image, read_image_file
 
 # Files a paste is taken for images by: what read_image reads, and formats it refuses in one line (so a dropped
 # WebP says "convert it" instead of being typed as a path).

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from localspec.errors import ConversationGone, HistoryError, LocalspecError
-from localspec.llama.vision import Image, read_image
+from localspec.llama.pictures import Image, read_image
 
 from . import tree as message_tree
 from .attachments import Attachment

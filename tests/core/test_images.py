@@ -23,7 +23,7 @@ from localspec.core.sampling import SamplingParams
 from localspec.core.session import ChatFormat, ChatSession, Message
 from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama.context import Context
-from localspec.llama.vision import Image, read_image
+from localspec.llama.pictures import Image, read_image
 
 N_CTX = 256
 FIXED = SpeculativeParams(draft_max=4, adaptive=False)

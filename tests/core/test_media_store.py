@@ -19,7 +19,7 @@ from localspec.core.media import MediaStore
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import ContextError
-from localspec.llama.vision import Image, read_image
+from localspec.llama.pictures import Image, read_image
 
 N_CTX = 256
 

@@ -32,7 +32,8 @@ from localspec.llama import vision
 from localspec.llama.compat import check_pair
 from localspec.llama.context import Context
 from localspec.llama.model import Model
-from localspec.llama.vision import IMAGE, TEXT, Projector, read_image
+from localspec.llama.pictures import read_image
+from localspec.llama.vision import IMAGE, TEXT, Projector
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "the man said {} and the water was"

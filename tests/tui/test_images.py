@@ -181,7 +181,7 @@ def test_a_database_of_the_release_before_images_opens_with_every_chat_and_finds
             ("Stripes.", ()),
         ]
         assert [h.message_id for h in search(store, "zebras")] == [ids[0]]  # the old text is in the new index
-        from localspec.llama.vision import read_image
+        from localspec.llama.pictures import read_image
         from localspec.tui.attachments import Attachment
 
         image = Attachment("savanna.png", read_image(png_bytes(random_pixels(4))))
@@ -193,7 +193,7 @@ def test_a_database_of_the_release_before_images_opens_with_every_chat_and_finds
 
 
 def test_images_are_stored_once_and_go_with_the_last_message_that_shows_them(tmp_path):
-    from localspec.llama.vision import read_image
+    from localspec.llama.pictures import read_image
     from localspec.tui.attachments import Attachment
 
     store = ChatStore(tmp_path / "chats.sqlite3")
@@ -333,7 +333,7 @@ async def test_a_text_only_pair_refuses_at_send_and_keeps_the_message_and_its_im
 
 def test_the_chat_database_keeps_images_as_blobs_by_hash(tmp_path):
     """What the database holds: one `images` row per picture (sha256 hex id, the bytes), a message's JSON list."""
-    from localspec.llama.vision import read_image
+    from localspec.llama.pictures import read_image
     from localspec.tui.attachments import Attachment
 
     path = tmp_path / "chats.sqlite3"
@@ -356,7 +356,7 @@ def test_the_chat_database_keeps_images_as_blobs_by_hash(tmp_path):
 def test_in_a_real_terminal_an_image_is_drawn_and_its_name_writes_no_control_sequence(chat_in_terminal, chat_home):
     """The chat reopened in a pty: the picture drawn inline (half blocks, as textual-image picks for a terminal that
     answers none of its queries) above its chip, and a file name holding a title-setting sequence drawn as text."""
-    from localspec.llama.vision import read_image
+    from localspec.llama.pictures import read_image
     from localspec.tui.attachments import Attachment
 
     name = "evil\x1b]0;pwned\x07\x1b[2Jcat.png"
