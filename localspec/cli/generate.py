@@ -175,7 +175,7 @@ def _grammar(args: argparse.Namespace):
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise InvalidParamsError(f"{flag} {path}: cannot read it ({e.__class__.__name__}: {e})") from None
-    return Grammar.json_schema(text) if args.json_schema else Grammar("grammar", text)
+    return Grammar.output_schema(text) if args.json_schema else Grammar("grammar", text)
 
 
 def _think(fmt, run: RunFlags, defaults, args: argparse.Namespace) -> bool | None:

@@ -24,7 +24,7 @@ from localspec.errors import InvalidParamsError
 
 from .laws import Law
 from .sampling import SamplingParams, greedy_token, sampling_law
-from .schemacheck import problem
+from .schemacheck import closed, problem
 
 GRAMMAR_KINDS = ("json_schema", "json_object", "grammar", "lark", "gbnf", "regex")  # "grammar": Lark or GBNF
 # JSON as OpenAI's structured outputs write it: no whitespace between tokens, so keys, quotes and braces are forced.
@@ -55,6 +55,19 @@ class Grammar:
         if (why := problem(schema)) is not None:
             raise GrammarError(f"the JSON schema {why}")
         return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def output_schema(cls, schema: dict | str) -> Grammar:
+        """A structured output's schema (`response_format`, `--json-schema`): `json_schema` with each object that lists
+        its `properties` closed to them where it does not say `additionalProperties` — as tools' parameters are and
+        as llama.cpp reads a schema; an open object lets even a well-prompted small model invent keys. An empty
+        schema stays any JSON."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:
+                raise GrammarError(f"the JSON schema is not JSON: {e}") from None
+        return cls.json_schema(closed(schema) if isinstance(schema, dict) and schema else schema)
 
     @classmethod
     def json_object(cls) -> Grammar:

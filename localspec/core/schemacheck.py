@@ -5,7 +5,8 @@ value matches it: the grammar forces `{"a":{"a":…` until the library's item li
 alternatives at one place than the library's Earley row holds (`max_items_in_row`, 2000: "Current row has 3000
 items"). Both are told from the schema here, so the request is a 400 naming them; and a schema nested deeper than
 the library reads is refused before the checks (which recurse) meet it. Local `$ref`s (`#`, `#/…`) are
-read as JSON pointers into the schema they came from.
+read as JSON pointers into the schema they came from. `closed`: a schema whose objects take only the properties they
+list, as tools' calls and structured outputs are constrained.
 """
 
 from __future__ import annotations
@@ -155,3 +156,32 @@ def _alternatives(branches: list) -> int:
         elif any(k in branch for k in _STRUCTURED) or branch.get("type") in ("object", "array"):
             count += 1
     return count
+
+
+def closed(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A function's parameters as its call is constrained: only the parameters it declares, at every level
+    (`additionalProperties` false where an object lists its `properties` and does not say, as OpenAI's strict function
+    calling has it) — a small model constrained to an open object goes on inventing keys, in a nested one too (a
+    pydantic model's `$defs`)."""
+    return _closed(parameters) if parameters else {"type": "object"}
+
+
+# Keywords whose values are subschemas, by shape: a map of them, a list of them, one.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties")
+
+
+def _closed(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    out.update(
+        {k: {n: _closed(v) for n, v in schema[k].items()} for k in _SCHEMA_MAPS if isinstance(schema.get(k), dict)}
+    )
+    out.update({k: [_closed(v) for v in schema[k]] for k in _SCHEMA_LISTS if isinstance(schema.get(k), list)})
+    out.update({k: _closed(schema[k]) for k in _SCHEMA_ONE if isinstance(schema.get(k), dict)})
+    # An object composed with others (allOf, a $ref beside it) gets their properties too: it stays as it says.
+    if "properties" in schema and not any(k in schema for k in ("additionalProperties", "allOf", "$ref")):
+        out["additionalProperties"] = False
+    return out

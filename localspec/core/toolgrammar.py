@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from localspec.core.grammar import Grammar
-from localspec.core.schemacheck import DATA_KEYWORDS, local_ref, resolved
+from localspec.core.schemacheck import DATA_KEYWORDS, closed, local_ref, resolved
 
 QWEN35_STRING_END = "\n</parameter>"
 
@@ -59,35 +59,6 @@ def token_set(ids: Sequence[int]) -> str:
         else:
             spans.append([i, i])
     return "<[" + ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans) + "]>" if spans else ""
-
-
-def closed(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A function's parameters as its call is constrained: only the parameters it declares, at every level
-    (`additionalProperties` false where an object lists its `properties` and does not say, as OpenAI's strict function
-    calling has it) — a small model constrained to an open object goes on inventing keys, in a nested one too (a
-    pydantic model's `$defs`)."""
-    return _closed(parameters) if parameters else {"type": "object"}
-
-
-# Keywords whose values are subschemas, by shape: a map of them, a list of them, one.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SCHEMA_ONE = ("items", "additionalProperties")
-
-
-def _closed(schema: Any) -> Any:
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    out.update(
-        {k: {n: _closed(v) for n, v in schema[k].items()} for k in _SCHEMA_MAPS if isinstance(schema.get(k), dict)}
-    )
-    out.update({k: [_closed(v) for v in schema[k]] for k in _SCHEMA_LISTS if isinstance(schema.get(k), list)})
-    out.update({k: _closed(schema[k]) for k in _SCHEMA_ONE if isinstance(schema.get(k), dict)})
-    # An object composed with others (allOf, a $ref beside it) gets their properties too: it stays as it says.
-    if "properties" in schema and not any(k in schema for k in ("additionalProperties", "allOf", "$ref")):
-        out["additionalProperties"] = False
-    return out
 
 
 def lenient(schema: dict[str, Any]) -> dict[str, Any]:

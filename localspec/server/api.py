@@ -30,7 +30,6 @@ from pydantic import (
 from localspec.core.grammar import Grammar
 from localspec.core.options import Limit
 from localspec.core.params import DRAFTERS, OPTIONS, OVERRIDE_OPTIONS
-from localspec.core.toolgrammar import closed
 from localspec.errors import ModelFileError
 
 from .units import keep_alive_value
@@ -245,17 +244,6 @@ class ResponseFormat(_Strict):
         return value
 
 
-def schema_grammar(schema: dict[str, Any]) -> Grammar:
-    """The grammar of a structured-output schema (every route's): each object that lists its `properties` closed to
-    them where it does not say `additionalProperties` — as tools' parameters are (core/toolgrammar.py) and as
-    llama.cpp reads a schema; an open object lets even a well-prompted small model invent keys.
-
-    Raises:
-        GrammarError: a schema the grammar library cannot take.
-    """
-    return Grammar.json_schema(closed(schema) if schema else schema)
-
-
 def _within(name: str, bound: Limit) -> AfterValidator:
     def check(value):
         if problem := bound.problem(name, value):
@@ -351,7 +339,7 @@ class _Common(Extensions):
             return None
         if fmt.type == "json_object":
             return Grammar.json_object()
-        return schema_grammar(fmt.json_schema.schema_)
+        return Grammar.output_schema(fmt.json_schema.schema_)
 
     @field_validator("stop")
     @classmethod

@@ -16,7 +16,7 @@ from localspec.core.session import Message
 from localspec.core.tools import Function
 from localspec.llama.pictures import Image
 
-from .api import ApiError, Extensions, _Strict, refuse_unknown_parts, schema_grammar
+from .api import ApiError, Extensions, _Strict, refuse_unknown_parts
 from .images import DATA_ONLY, ImageReader
 from .request import Request
 
@@ -287,7 +287,7 @@ class CountRequest(Extensions):
         if fmt is None:
             return None
         try:
-            return schema_grammar(fmt.schema_)
+            return Grammar.output_schema(fmt.schema_)
         except GrammarError as e:
             raise ApiError(400, str(e), param="output_config.format.schema", code="invalid_schema") from None
 

@@ -27,7 +27,6 @@ from .api import (
     ReasoningEffort,
     Verbosity,
     _Strict,
-    schema_grammar,
 )
 from .images import DATA_ONLY, ImageReader
 from .request import Effort, Request
@@ -273,7 +272,7 @@ class ResponsesRequest(Extensions):
         if fmt.schema_ is None:
             raise ApiError(400, "'schema' is required with type 'json_schema'", param="text.format.schema")
         try:
-            return schema_grammar(fmt.schema_)
+            return Grammar.output_schema(fmt.schema_)
         except GrammarError as e:
             raise ApiError(400, str(e), param="text.format.schema", code="invalid_schema") from None
 

@@ -81,3 +81,24 @@ def test_a_file_that_cannot_be_used_is_one_line(tiny_models, tmp_path, capsys, c
     assert code != 0 and match in err and len(err.strip().splitlines()) == 1, err
     code, _, err = generate(capsys, "hi", "--target", tiny_models.target, "--grammar", tmp_path / "absent")
     assert code != 0 and "cannot read it" in err
+
+
+def test_a_json_schema_files_open_objects_are_closed_to_their_properties(tmp_path):
+    """Issue 63 item 9 on the command line too: an object that lists its properties and does not say
+    `additionalProperties` takes those alone (as the server's `response_format` and llama.cpp read it); one that says
+    it keeps what it says, and an empty schema is any JSON."""
+    import argparse
+
+    from localspec.cli.generate import _grammar
+
+    def grammar_of(schema: dict) -> dict:
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps(schema), encoding="utf-8")
+        return json.loads(_grammar(argparse.Namespace(json_schema=str(path), grammar=None)).text)
+
+    nested = {"type": "object", "properties": {"city": {"type": "object", "properties": {"name": {"type": "string"}}}}}
+    closed = grammar_of(nested)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["city"]["additionalProperties"] is False
+    assert grammar_of({**nested, "additionalProperties": True})["additionalProperties"] is True
+    assert grammar_of({}) == {}
