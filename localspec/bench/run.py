@@ -128,6 +128,8 @@ class Drafters:
                 continue
             if kind == "mtp":
                 raise InvalidParamsError("--drafters mtp: load the pair with --drafter mtp to bench its MTP head")
+            if kind == "assistant":
+                raise InvalidParamsError("--drafters assistant: give the target's Gemma 4 assistant as --draft")
             model = engine.model_drafter if needs_draft_model(kind) else None
             if needs_draft_model(kind) and model is None:
                 raise InvalidParamsError(f"--drafters {kind} drafts with a draft model: give the bench a draft")

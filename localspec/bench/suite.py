@@ -16,6 +16,8 @@ from localspec.core.engine import Engine
 from localspec.core.params import LoadParams, needs_draft_model
 from localspec.core.session import ChatFormat, Message
 from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.llama.assistant import is_assistant
+from localspec.llama.footprint import read_header
 from localspec.llama.pictures import Image
 from localspec.llama.rpc import Endpoint, probe
 from localspec.models.flags import RunFlags
@@ -115,6 +117,7 @@ def plan_bench(
     if head and binary is not None:
         notes.append("llama-server not run: --drafter mtp has no draft file to give it")
         binary = None
+    binary = _sidecar_checks(resolved.draft, drafters, binary, notes)
     params = load_params(run, resolved.defaults, has_draft=True)
     headline = ("", "localspec default" if given is None else f"localspec --drafter {given}")
     if drafters:
@@ -192,7 +195,7 @@ def run_suite(plan: BenchPlan, show: Callable[[str], None]) -> BenchReport:
             command=plan.command,
             date=now(),
             target=plan.target,
-            draft=plan.draft,
+            draft=f"{plan.draft} (a Gemma 4 assistant)" if engine.drafter.kind == "assistant" else plan.draft,
             threads=threads,
             notes=notes,
             placement=engine.plan.to_dict() if engine.plan else None,
@@ -383,3 +386,25 @@ def _tokenize(texts: list[str], tokenize, show) -> list[list[int]]:
         if i % 1000 == 0:
             show(f"preparing the prompts: {i:,}/{len(texts):,}")
     return prompts
+
+
+def _sidecar_checks(draft: Path | None, drafters: Sequence[str], binary: Path | None, notes: list[str]) -> Path | None:
+    """A Gemma 4 assistant sidecar as the draft drafts as "assistant" (core/load.py), beside ngram and none only; the
+    peer is not given one. Returns the peer's binary (None: not run).
+
+    Raises:
+        InvalidParamsError: --drafters that this draft cannot draft as.
+    """
+    if draft is None or not is_assistant(read_header(draft).arch):
+        if "assistant" in drafters:
+            raise InvalidParamsError(
+                "--drafters assistant: give the target's Gemma 4 assistant (mtp-*.gguf) as --draft"
+            )
+        return binary
+    if set(drafters) - {"assistant", "ngram", "none"}:
+        raise InvalidParamsError(
+            f"--drafters: {draft.name} is a Gemma 4 assistant: it drafts as assistant, beside ngram and none"
+        )
+    if binary is not None:
+        notes.append("llama-server not run: bench does not hand it a Gemma 4 assistant yet")
+    return None

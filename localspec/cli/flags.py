@@ -17,7 +17,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """Model selection flags shared by `generate` and `chat`."""
     p.add_argument("--pair", help="a pair from models.toml (see `localspec models`)")
     p.add_argument("--target", help="target model GGUF path")
-    p.add_argument("--draft", help="draft model GGUF path (another tokenizer drafts through text: see --bridge)")
+    p.add_argument(
+        "--draft",
+        help="draft model GGUF path (another tokenizer drafts through text: see --bridge), or a Gemma 4 assistant "
+        "sidecar (mtp-*.gguf), which drafts as --drafter assistant",
+    )
     p.add_argument(
         "--mmproj",
         metavar="PATH",
@@ -30,7 +34,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="how tokens are drafted: model (the --draft model), ngram (copy what followed the longest earlier "
         "match of the last tokens in the prompt or output; fast for repeating or editing a given text), "
         "model+ngram (that copy where it finds a match, else the model), mtp (the target's own MTP "
-        "head), none (default: model+ngram with a draft, else the target's MTP head where it has one, else none)",
+        "head), assistant (the --draft Gemma 4 assistant sidecar), none (default: model+ngram with a draft — "
+        "assistant with an assistant sidecar — else the target's MTP head where it has one, else none)",
     )
     p.add_argument(
         "--n-ctx", type=int, help="context length (default: the pair's, else 4096 or the model's own if shorter)"

@@ -1,7 +1,8 @@
 """Drafters propose the next k tokens, the law each was drawn from, and what drafting them cost.
 
 `ModelDrafter` runs a small model that shares the target's vocabulary in its own context (a draft with another
-vocabulary: core/bridge.py's `BridgedDrafter`; the target's own MTP head: core/head.py's `MtpDrafter`).
+vocabulary: core/bridge.py's `BridgedDrafter`; the target's own MTP head: core/head.py's `MtpDrafter`; a Gemma 4
+assistant sidecar: core/assistant.py's `AssistantDrafter`).
 `NgramDrafter` copies what followed the longest earlier match of the history's end (core/ngram.py's index over the
 prompt and the output); it has no distribution, so it returns None as the law: the one-hot case of DESIGN §1.
 `NgramFirst` wraps a model drafter: the n-gram's copy first, the model after it or, without a match, instead of it.
@@ -68,15 +69,18 @@ class Proposal:
 
 
 class CostMeter:
-    """A drafter's own costs since it last reported them: what its caches decoded, and its bridging time."""
+    """A drafter's own costs since it last reported them: what its caches decoded, what it decoded in `contexts`
+    without a cache of its own (a Gemma 4 assistant's: one row a decode), and its bridging time."""
 
-    def __init__(self, caches: tuple[KVSequence, ...]) -> None:
-        self.caches = caches
+    def __init__(self, caches: tuple[KVSequence, ...], *, contexts: tuple[Context, ...] = ()) -> None:
+        self.caches, self.contexts = caches, contexts
         self.seconds_bridging = 0.0  # added to by the drafter
         self._mark = self._now()
 
     def _now(self) -> tuple[int, float]:
-        return sum(seq.n_decoded for seq in self.caches), sum(seq.ctx.seconds_decoding for seq in self.caches)
+        decoded = sum(seq.n_decoded for seq in self.caches) + sum(ctx.decodes for ctx in self.contexts)
+        seconds = sum(seq.ctx.seconds_decoding for seq in self.caches) + sum(c.seconds_decoding for c in self.contexts)
+        return decoded, seconds
 
     def take(self) -> DraftCost:
         """The costs since the last `take` (or since the meter was made), and start again from zero."""
@@ -477,9 +481,14 @@ BUILDERS: dict[str, tuple[str | None, Callable[[Drafter | None], Drafter]]] = {
     "ngram": (None, lambda _: NgramDrafter()),
     "model+ngram": ("model", lambda model: NgramFirst(model)),
     "mtp": ("mtp", lambda model: model),
+    "assistant": ("assistant", lambda model: model),
     "none": (None, lambda _: NoDrafter()),
 }
-_MODELS = {"model": "the draft model's drafter", "mtp": "the target's MTP head (`MtpDrafter`)"}
+_MODELS = {
+    "model": "the draft model's drafter",
+    "mtp": "the target's MTP head (`MtpDrafter`)",
+    "assistant": "a Gemma 4 assistant (`AssistantDrafter`)",
+}
 
 
 def make_drafter(kind: str, model: Drafter | None = None) -> Drafter:
@@ -488,8 +497,9 @@ def make_drafter(kind: str, model: Drafter | None = None) -> Drafter:
     Args:
         kind: the drafter's name.
         model: the built model drafter: the draft model's ("model", "model+ngram": a `ModelDrafter`, or a
-            `BridgedDrafter` for another vocabulary), or the target's own head ("mtp": core/head.py's `MtpDrafter`,
-            built with the target's sequence); None for "ngram" and "none".
+            `BridgedDrafter` for another vocabulary), the target's own head ("mtp": core/head.py's `MtpDrafter`,
+            built with the target's sequence) or its assistant sidecar ("assistant": core/assistant.py's
+            `AssistantDrafter`); None for "ngram" and "none".
 
     Raises:
         InvalidParamsError: an unknown kind, or a model that kind cannot draft with (one line saying why).

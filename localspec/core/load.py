@@ -8,21 +8,23 @@ is closed again if a later step fails.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localspec.errors import ContextError, InvalidParamsError
-from localspec.llama import mtp, rpc
+from localspec.llama import assistant, mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
 from localspec.llama.context import kv_bytes_estimate, memory_bytes
 from localspec.llama.devices import devices
-from localspec.llama.footprint import Footprint, read_footprint
+from localspec.llama.footprint import Footprint, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
 from localspec.llama.vision import Projector
 
+from .assistant import AssistantDrafter
 from .bridge import BridgedDrafter, VocabBridge
 from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
@@ -66,13 +68,17 @@ def load_models(
     Raises:
         LocalspecError: bad files, incompatible draft, n_ctx too large, unknown drafter, a pair that does not fit.
     """
-    if needs_draft_model(params.drafter) and draft_path is None:
+    if (needs_draft_model(params.drafter) or params.drafter == "assistant") and draft_path is None:
         raise InvalidParamsError(f"--drafter {params.drafter} needs --draft PATH (or use --drafter ngram or none)")
-    uses_draft = needs_draft_model(params.drafter)
-    for path in (target_path, draft_path if uses_draft else None):
+    reads_draft = needs_draft_model(params.drafter) or params.drafter == "assistant"
+    for path in (target_path, draft_path if reads_draft else None):
         if path is not None:
             check_gguf_file(Path(path))  # its own one-line errors before the plan reads the header
-    plan = plan_load(target_path, draft_path if uses_draft else None, params)
+    if reads_draft:
+        params = dataclasses.replace(params, drafter=sidecar_drafter(params.drafter, draft_path))
+    uses_draft = needs_draft_model(params.drafter)
+    sidecar = params.drafter == "assistant"
+    plan = plan_load(target_path, draft_path if uses_draft or sidecar else None, params)
     if params.drafter == "mtp" and not mtp.mtp_calls() and plan_target_heads(target_path) == 0:  # before any load
         raise InvalidParamsError(_no_head(Path(target_path).name, draft_path is not None))
     log.info("placement: %s", plan.describe())
@@ -89,11 +95,13 @@ def load_models(
         )
         check_target(target_model)
         kind, note = head_drafter(params.drafter, target_model, missing, placement is not None)
+        if kind == "assistant":
+            kind, note = assistant_drafter(placement is not None)
         media = None
         if params.mmproj is not None:
-            if kind == "mtp":
+            if kind in ("mtp", "assistant"):
                 raise InvalidParamsError(
-                    "--drafter mtp does not follow an image yet: with --mmproj use --drafter model, ngram or none"
+                    f"--drafter {kind} does not follow an image yet: with --mmproj use --drafter model, ngram or none"
                 )
             projector = _own(owned, Projector(params.mmproj, target_model, n_threads=params.n_threads))
             media = _own(owned, MediaStore(projector))
@@ -102,6 +110,10 @@ def load_models(
             draft_model = _own(owned, _open(draft_path, plan.draft))
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
+        sidecar_model = None
+        if kind == "assistant" and plan.draft is not None:
+            sidecar_model = _own(owned, _open(draft_path, plan.draft))
+            assistant.check_assistant(sidecar_model, target_model)
         speculating = drafts(kind)
         n_ctx = plan.n_ctx
         n_seq, slots_note = (params.n_seq, "") if params.n_seq else slots_for(target_model, kind, n_ctx, params)
@@ -125,6 +137,12 @@ def load_models(
             except ContextError as e:  # llama.cpp would not make the head's context: the target still works
                 log.warning("the MTP head could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
+        if kind == "assistant" and sidecar_model is not None:
+            try:
+                head = _assistant_drafter(owned, sidecar_model, target, params)
+            except ContextError as e:
+                log.warning("the assistant could not start (%s): drafting with n-grams", e)
+                kind, note = "ngram", f"the assistant {sidecar_model.path.name} could not start: drafting with n-grams"
         drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
         return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note, slots_note, media)
     except BaseException:
@@ -162,6 +180,8 @@ def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) 
         return 1, f"{target.path.name} is a {'hybrid' if info.is_hybrid else 'recurrent'} model: one slot"
     if drafter_kind == "mtp":
         return 1, "the target's MTP head drafts: one slot (it reads the target's rows, one stream's)"
+    if drafter_kind == "assistant":
+        return 1, "the Gemma 4 assistant drafts: one slot (it reads the target's rows, one stream's)"
     gpu = local_gpu(params.gpu_memory) if target.on_local_gpu else None
     free = gpu.free if gpu is not None else memory_bytes()
     kv = max(1, kv_bytes_estimate(info, n_ctx))
@@ -238,6 +258,36 @@ def head_drafter(drafter: str, target: Model, missing: str, remote: bool) -> tup
     return "mtp", ""
 
 
+def sidecar_drafter(drafter: str, draft_path: str | Path) -> str:
+    """What `drafter` becomes with this draft file: a Gemma 4 assistant sidecar (llama/assistant.py) drafts as
+    "assistant" where a draft model would ("model", "model+ngram": the default with a draft); others stay.
+
+    Raises:
+        InvalidParamsError: --drafter assistant with a draft that is no assistant.
+        ModelFileError: a draft whose GGUF header cannot be read.
+    """
+    arch = read_header(draft_path).arch
+    if assistant.is_assistant(arch):
+        return "assistant" if needs_draft_model(drafter) or drafter == "assistant" else drafter
+    if drafter == "assistant":
+        raise InvalidParamsError(
+            f"--drafter assistant: {Path(draft_path).name} is a {arch} model, not an assistant sidecar "
+            "(general.architecture gemma4-assistant): use --drafter model, or give the target's mtp-*.gguf"
+        )
+    return drafter
+
+
+def assistant_drafter(remote: bool) -> tuple[str, str]:
+    """("assistant", "") where this llama-cpp-python can run an assistant here, else n-grams and why (one line)."""
+    missing = assistant.assistant_calls()
+    problem = missing and f"this llama-cpp-python cannot run an assistant (no {missing})"
+    problem = problem or (remote and "the assistant does not run on RPC workers yet")
+    if problem:
+        log.warning("%s: drafting with n-grams", problem)
+        return "ngram", f"{problem}: drafting with n-grams"
+    return "assistant", ""
+
+
 def plan_target_heads(target_path: str | Path) -> int:
     """The MTP layers the target's header declares (its footprint, already read for the plan)."""
     return read_footprint(target_path).nextn_layers
@@ -264,6 +314,15 @@ def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, par
     info = model.info
     ratio = model.n_layer_nextn / (info.n_layer + model.n_layer_nextn)  # the head is one more layer (and the output)
     return MtpDrafter(target, head, mtp.hidden_rows, size_ratio=ratio)
+
+
+def _assistant_drafter(owned: list, model: Model, target: KVSequence, params: LoadParams) -> AssistantDrafter:
+    """The assistant sidecar's drafter: its context beside the target's, fed the target's output rows' hidden rows.
+    Made after the target's context and owned after it, so it is freed first."""
+    assistant.emit_output_hidden(target.ctx)
+    ctx = _own(owned, assistant.AssistantContext(model, target.ctx, n_threads=params.n_threads))
+    ratio = model.info.file_size / target.ctx.model.info.file_size
+    return AssistantDrafter(target, ctx, assistant.output_hidden, size_ratio=ratio)
 
 
 def _own(owned: list, obj):

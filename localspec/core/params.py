@@ -19,7 +19,7 @@ from localspec.llama.rpc import check_endpoint
 from .options import Limit, check_fields, option, options_of
 from .sampling import SamplingParams
 
-DRAFTERS = ("model", "ngram", "model+ngram", "mtp", "none")
+DRAFTERS = ("model", "ngram", "model+ngram", "mtp", "assistant", "none")
 MODEL_DRAFTERS = ("model", "model+ngram")  # the drafters that need the draft model loaded (ask `needs_draft_model`)
 PLAIN_DRAFTERS = ("none",)  # the drafters that propose nothing: plain decoding (ask `drafts`)
 # No draft file and no --drafter: the target's own MTP head where it has one (and llama-cpp-python can run it),

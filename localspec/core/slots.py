@@ -103,7 +103,9 @@ class SlotPool:
                 "(recurrent or hybrid): use --parallel 1"
             )
         if engine.drafter.after_target_decode is not None:
-            raise InvalidParamsError("--parallel above 1 does not work with a draft head (mtp) yet: use --parallel 1")
+            raise InvalidParamsError(
+                f"--parallel above 1 does not work with a draft head ({engine.drafter.kind}) yet: use --parallel 1"
+            )
         views = [SeqContext(parent, i) for i in range(n)]
         for view in views:
             view.clear()  # what a previous pool left: the new slots' token lists start empty

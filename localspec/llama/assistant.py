@@ -5,7 +5,7 @@ target's cache (its SWA blocks over the target's last SWA layer, its full ones o
 none. One draft is one batch row carrying the last token and the target's hidden row (the LM head's input) of the row
 that produced it, at exactly the target's last position + 1; a chained draft stays at that position, fed the
 assistant's own next hidden row. So a rollback is the target's alone, and the assistant's context must never clear
-its memory: that would clear the target's (DESIGN §13 of the measurements). The hidden rows move through
+its memory: that would clear the target's (DESIGN §1). The hidden rows move through
 llama-cpp-python's staging calls (`llama_cpp_ext`, as the MTP head's: llama/mtp.py); `assistant_calls` says what a
 build lacks.
 """

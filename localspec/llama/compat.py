@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from localspec.errors import IncompatibleDraftError, ModelFileError
 
+from .assistant import is_assistant
 from .model import Model
 
 MAX_VOCAB_SIZE_DIFFERENCE = 128
@@ -63,8 +64,13 @@ def check_target(target: Model) -> None:
     """The target's own pre-flight: it must be able to write text (llama.cpp aborts on a tokenizer-less vocabulary).
 
     Raises:
-        ModelFileError: the target has no tokenizer.
+        ModelFileError: the target has no tokenizer, or is an assistant sidecar (it drafts beside a target only).
     """
+    if is_assistant(target.info.arch):
+        raise ModelFileError(
+            f"{target.path.name} is a {target.info.arch} sidecar, not a model of its own: give it as --draft beside "
+            "the target it was made for"
+        )
     if problem := _text_problem(target, "target"):
         raise ModelFileError(f"{problem}: choose a GGUF that carries its tokenizer (tokenizer.ggml.model)")
 

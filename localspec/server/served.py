@@ -53,8 +53,8 @@ class Served:
                 param="drafter",
                 code="unsupported_value",
             )
-        if kind == "mtp" and kind not in self._drafters:  # the head is made with the target's cache, at load
-            raise ApiError(400, self._no_head(), param="drafter", code="unsupported_value")
+        if kind in ("mtp", "assistant") and kind not in self._drafters:  # made beside the target's cache, at load
+            raise ApiError(400, self._no_head(kind), param="drafter", code="unsupported_value")
         engine = self.engine
         self._drafters[self.drafter] = (engine.drafter, engine.policy)
         if kind in self._drafters:
@@ -63,9 +63,16 @@ class Served:
             engine.use_drafter(make_drafter(kind, model if needs_draft_model(kind) else None))
         self.drafter = kind
 
-    def _no_head(self) -> str:
-        """Why a request cannot draft with the target's MTP head here, and what to do instead (one line)."""
+    def _no_head(self, kind: str) -> str:
+        """Why a request cannot draft with the target's MTP head (or its assistant sidecar) here, and what to do
+        instead (one line)."""
         target = self.engine.target_model
+        if kind == "assistant":
+            return (
+                f"the drafter 'assistant' needs the target's Gemma 4 assistant, which this server did not load (it "
+                f"started with the drafter '{self.loaded_drafter}'): ask for 'ngram' or 'none', or restart it with "
+                "the assistant (mtp-*.gguf) as --draft"
+            )
         if target.n_layer_nextn == 0:
             return (
                 f"the drafter 'mtp' needs an MTP head and the target {target.path.name} has none: ask for 'ngram' or "

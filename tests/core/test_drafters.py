@@ -203,6 +203,16 @@ class Head:
         return 0
 
 
+class Sidecar(Head):
+    """A stand-in for a Gemma 4 assistant (`AssistantDrafter`, which needs a real target)."""
+
+    kind = "assistant"
+    size_ratio = 0.1
+
+    def describe(self) -> str:
+        return "draft: a Gemma 4 assistant"
+
+
 def test_every_kind_has_a_builder():
     assert set(BUILDERS) == set(DRAFTERS)
     with pytest.raises(InvalidParamsError, match="unknown drafter 'lookup': one of model, ngram"):
@@ -213,15 +223,15 @@ def test_every_kind_has_a_builder():
 def test_make_drafter_builds_each_kind_or_says_why_not_in_one_line(kind):
     target = LogitTable(5, seed=0)
     model = fake_engine(target, LogitTable(5, seed=1, base=target, noise=0.3), draft_size=250).drafter
-    head = Head()
-    right = {"model": model, "model+ngram": model, "mtp": head}.get(kind)
+    head, sidecar = Head(), Sidecar()
+    right = {"model": model, "model+ngram": model, "mtp": head, "assistant": sidecar}.get(kind)
     drafter = make_drafter(kind, right)
     assert isinstance(drafter, Drafter) and drafter.kind == kind
     assert drafter.drafts == (kind != "none") and drafter.needs_model == needs_draft_model(kind)
-    assert drafter.size_ratio == {"model": 0.25, "model+ngram": 0.25, "mtp": 0.05}.get(kind, 0.0)
-    assert drafter.describe() == ("draft head: 1 MTP layer" if kind == "mtp" else "")
+    assert drafter.size_ratio == {"model": 0.25, "model+ngram": 0.25, "mtp": 0.05, "assistant": 0.1}.get(kind, 0.0)
+    assert drafter.describe() == right.describe() if kind in ("mtp", "assistant") else drafter.describe() == ""
     assert drafter.caches == (right.caches if right is not None else ())
-    for wrong in (None, model, head):
+    for wrong in (None, model, head, sidecar):
         if wrong is right:
             continue
         with pytest.raises(InvalidParamsError) as refused:
