@@ -16,8 +16,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from localspec.llama.assistant import AssistantContext
+
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
-from .kv import Context, KVSequence, Progress
+from .kv import KVSequence, Progress
 from .sampling import penalty_window
 
 
@@ -27,8 +29,9 @@ class AssistantDrafter:
     Args:
         target: the target's sequence; its context must keep its output rows' hidden states
             (`llama.assistant.emit_output_hidden`).
-        ctx: the assistant's context (`llama.assistant.AssistantContext`), made beside the target's.
-        output_hidden: reads a context's last decode's hidden rows of its output rows: ctx -> (n_outputs, n_embd).
+        ctx: the assistant's context, made beside the target's.
+        output_rows: reads the target context's last decode's hidden rows of its output rows: () -> (n_outputs,
+            n_embd) (`llama.assistant.output_hidden`).
         size_ratio: the assistant's weights over the target's (what the policy estimates its cost from).
     """
 
@@ -38,13 +41,13 @@ class AssistantDrafter:
     caches: tuple[KVSequence, ...] = ()  # it has none: the target's cache is the engine's already
 
     def __init__(
-        self, target: KVSequence, ctx: Context, output_hidden: Callable[[Context], np.ndarray], *, size_ratio: float
+        self, target: KVSequence, ctx: AssistantContext, output_rows: Callable[[], np.ndarray], *, size_ratio: float
     ) -> None:
         self.target, self.ctx = target, ctx
         self.meter = CostMeter((), contexts=(ctx,))
         self.laws = DraftLawBuilder()
         self.size_ratio = size_ratio
-        self._output_hidden = output_hidden
+        self._output_rows = output_rows
         self._rows = (0, np.zeros((0, target.ctx.model.info.n_embd), np.float32))  # (first position, rows)
         self._marks = self._target_marks()  # the rows are stale once the target's positions moved or were restored
         self.after_target_decode = self._observe
@@ -63,7 +66,7 @@ class AssistantDrafter:
     def _observe(self, tokens: list[int], n_past: int) -> None:
         """After each target decode of `tokens` at n_past..: keep the hidden rows of its output rows (its last ones);
         the rows kept from before at positions n_past.. are stale now."""
-        rows = self._output_hidden(self.target.ctx)
+        rows = self._output_rows()
         if len(rows) or self._marks != self._target_marks():
             self._rows = (n_past + len(tokens) - len(rows), rows)
         else:
@@ -85,22 +88,23 @@ class AssistantDrafter:
         target.rollback_to(target.n_past - 1)
         target.append([last], outputs=1)
 
-    def _ready(self, n: int) -> bool:
-        """Whether the target holds n positions and the hidden row of its last one is known (re-derived if not)."""
+    def _last_row(self, n: int) -> np.ndarray | None:
+        """The target's hidden row of its last position where it holds n (re-derived where it is gone), else None."""
         if n < 1 or self.target.n_past != n:
-            return False
+            return None
         if self._row(n - 1) is None:
             self._rederive()
-        return self._row(n - 1) is not None
+        return self._row(n - 1)
 
     def propose(self, request: DraftRequest) -> Proposal:
         history, sampling = request.history, request.sampling
         n = len(history) - 1  # the target holds history[:-1]: every draft sits at its next position, n
-        if request.k == 0 or not self._ready(n):
+        row = self._last_row(n) if request.k else None
+        if row is None:
             return Proposal(cost=self.meter.take())
         ctx, sampled = self.ctx, request.pq and not sampling.greedy
         recent = penalty_window(history, sampling)
-        ctx.stage(self._row(n - 1)[None], n)
+        ctx.stage(row[None], n)
         ctx.decode([history[-1]], n, outputs=1)
 
         def decode(token: int) -> None:
@@ -116,7 +120,7 @@ class AssistantDrafter:
 
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         # The target's prompt read kept no output row: its last hidden row is derived now, not in the first step.
-        self._ready(len(prompt) - 1)
+        self._last_row(len(prompt) - 1)
         self.meter.take()
         return 0
 

@@ -68,11 +68,18 @@ class Proposal:
     cost: DraftCost = DraftCost()
 
 
+class Decoding(Protocol):
+    """A context a drafter decodes in without a `KVSequence` (a Gemma 4 assistant's): what its `CostMeter` reads."""
+
+    decodes: int  # llama_decode calls so far (one row each)
+    seconds_decoding: float  # time spent inside them
+
+
 class CostMeter:
     """A drafter's own costs since it last reported them: what its caches decoded, what it decoded in `contexts`
     without a cache of its own (a Gemma 4 assistant's: one row a decode), and its bridging time."""
 
-    def __init__(self, caches: tuple[KVSequence, ...], *, contexts: tuple[Context, ...] = ()) -> None:
+    def __init__(self, caches: tuple[KVSequence, ...], *, contexts: tuple[Decoding, ...] = ()) -> None:
         self.caches, self.contexts = caches, contexts
         self.seconds_bridging = 0.0  # added to by the drafter
         self._mark = self._now()
@@ -475,13 +482,19 @@ class NgramFirst:
         self.history.keep(n)
 
 
+def _itself(model: Drafter | None) -> Drafter:
+    """The model drafter as it is (the kinds that are it, `make_drafter` having checked it is there)."""
+    assert model is not None
+    return model
+
+
 # Each kind of DRAFTERS: the kind of model drafter it is built around (None: it drafts without one), and how.
 BUILDERS: dict[str, tuple[str | None, Callable[[Drafter | None], Drafter]]] = {
-    "model": ("model", lambda model: model),
+    "model": ("model", _itself),
     "ngram": (None, lambda _: NgramDrafter()),
     "model+ngram": ("model", lambda model: NgramFirst(model)),
-    "mtp": ("mtp", lambda model: model),
-    "assistant": ("assistant", lambda model: model),
+    "mtp": ("mtp", _itself),
+    "assistant": ("assistant", _itself),
     "none": (None, lambda _: NoDrafter()),
 }
 _MODELS = {

@@ -74,7 +74,7 @@ def load_models(
     for path in (target_path, draft_path if reads_draft else None):
         if path is not None:
             check_gguf_file(Path(path))  # its own one-line errors before the plan reads the header
-    if reads_draft:
+    if reads_draft and draft_path is not None:
         params = dataclasses.replace(params, drafter=sidecar_drafter(params.drafter, draft_path))
     uses_draft = needs_draft_model(params.drafter)
     sidecar = params.drafter == "assistant"
@@ -111,7 +111,7 @@ def load_models(
             if check_pair(target_model, draft_model, hint=params.compat_hint).kind == "bridged":
                 bridge = VocabBridge(target_model, draft_model, params.bridge)
         sidecar_model = None
-        if kind == "assistant" and plan.draft is not None:
+        if kind == "assistant" and plan.draft is not None and draft_path is not None:
             sidecar_model = _own(owned, _open(draft_path, plan.draft))
             assistant.check_assistant(sidecar_model, target_model)
         speculating = drafts(kind)
@@ -130,7 +130,7 @@ def load_models(
             if draft is not None:
                 draft.media = draft_images(media, draft.ctx.model, bridged=bridge is not None)
         model_drafter = _model_drafter(draft, target_model, bridge) if draft is not None else None
-        head = None
+        head = helper = None  # the target's MTP head's drafter, or the assistant's
         if kind == "mtp":
             try:
                 head = _head_drafter(owned, target_model, target, n_ctx, params)
@@ -139,11 +139,11 @@ def load_models(
                 kind, note = "ngram", "the MTP head could not start: drafting with n-grams"
         if kind == "assistant" and sidecar_model is not None:
             try:
-                head = _assistant_drafter(owned, sidecar_model, target, params)
+                helper = _assistant_drafter(owned, sidecar_model, target, params)
             except ContextError as e:
                 log.warning("the assistant could not start (%s): drafting with n-grams", e)
                 kind, note = "ngram", f"the assistant {sidecar_model.path.name} could not start: drafting with n-grams"
-        drafter = make_drafter(kind, head or model_drafter)  # a draft model is loaded for the model kinds alone
+        drafter = make_drafter(kind, head or helper or model_drafter)  # a draft model loads for the model kinds alone
         return Loaded(target_model, target, drafter, model_drafter, bridge, plan, owned, note, slots_note, media)
     except BaseException:
         for obj in reversed(owned):
@@ -279,9 +279,11 @@ def sidecar_drafter(drafter: str, draft_path: str | Path) -> str:
 
 def assistant_drafter(remote: bool) -> tuple[str, str]:
     """("assistant", "") where this llama-cpp-python can run an assistant here, else n-grams and why (one line)."""
-    missing = assistant.assistant_calls()
-    problem = missing and f"this llama-cpp-python cannot run an assistant (no {missing})"
-    problem = problem or (remote and "the assistant does not run on RPC workers yet")
+    problem = ""
+    if missing := assistant.assistant_calls():
+        problem = f"this llama-cpp-python cannot run an assistant (no {missing})"
+    elif remote:
+        problem = "the assistant does not run on RPC workers yet"
     if problem:
         log.warning("%s: drafting with n-grams", problem)
         return "ngram", f"{problem}: drafting with n-grams"
@@ -319,10 +321,12 @@ def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, par
 def _assistant_drafter(owned: list, model: Model, target: KVSequence, params: LoadParams) -> AssistantDrafter:
     """The assistant sidecar's drafter: its context beside the target's, fed the target's output rows' hidden rows.
     Made after the target's context and owned after it, so it is freed first."""
-    assistant.emit_output_hidden(target.ctx)
-    ctx = _own(owned, assistant.AssistantContext(model, target.ctx, n_threads=params.n_threads))
-    ratio = model.info.file_size / target.ctx.model.info.file_size
-    return AssistantDrafter(target, ctx, assistant.output_hidden, size_ratio=ratio)
+    target_ctx = target.ctx
+    assert isinstance(target_ctx, LlamaContext)
+    assistant.emit_output_hidden(target_ctx)
+    ctx = _own(owned, assistant.AssistantContext(model, target_ctx, n_threads=params.n_threads))
+    ratio = model.info.file_size / target_ctx.model.info.file_size
+    return AssistantDrafter(target, ctx, lambda: assistant.output_hidden(target_ctx), size_ratio=ratio)
 
 
 def _own(owned: list, obj):

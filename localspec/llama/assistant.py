@@ -33,7 +33,7 @@ def is_assistant(arch: str) -> bool:
 def assistant_calls() -> str:
     """'' when this llama-cpp-python can run an assistant, else what it lacks (one phrase)."""
     missing = [] if hasattr(llama_cpp, "llama_model_n_embd_out") else ["llama_model_n_embd_out"]
-    if "ctx_other" not in {name for name, _ in llama_cpp.llama_context_params._fields_}:
+    if "ctx_other" not in {field[0] for field in llama_cpp.llama_context_params._fields_}:
         missing.append("ctx_other")
     return ", ".join(missing + staging_missing())
 
