@@ -103,6 +103,7 @@ class AssistantDrafter:
         if row is None:
             return Proposal(cost=self.meter.take())
         ctx, sampled = self.ctx, request.pq and not sampling.greedy
+        ctx.follow_threads()
         recent = penalty_window(history, sampling)
         ctx.stage(row[None], n)
         ctx.decode([history[-1]], n, outputs=1)

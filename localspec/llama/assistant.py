@@ -97,6 +97,11 @@ class AssistantContext(FedContext):
     def _configure(self, params) -> None:
         params.ctx_other = self._other.handle
 
+    def follow_threads(self) -> None:
+        """Use the target's thread count from the next decode on (the engine tunes the target's to the free cores)."""
+        if self.n_threads != self._other.n_threads:
+            self.set_threads(self._other.n_threads)
+
     def clear(self, seq: int | None = None) -> None:
         raise ContextError("the assistant holds no cache of its own: clearing it would clear the target's")
 

@@ -107,6 +107,15 @@ def test_the_drafts_are_the_native_chain(tiny_gemma4):
     assert len(drafted) == 3 and drafted == manual
 
 
+def test_the_assistant_follows_the_threads_the_engine_gives_the_target(tiny_gemma4):
+    with load(tiny_gemma4) as engine:
+        history = engine.tokenize(LONG)
+        engine.target.sync(history[:-1])
+        engine.target.ctx.set_threads(2)  # what the engine's ThreadTuner does as other processes come and go
+        propose(engine, history, k=2)
+        assert engine.drafter.ctx.n_threads == 2
+
+
 def propose(engine: Engine, history: list[int], k: int = 4) -> tuple[list[int], np.ndarray]:
     """The drafter's greedy proposal after `history` (the target holding history[:-1]), and its first row's logits."""
     drafter: AssistantDrafter = engine.drafter
