@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import llama_cpp
 
-from localspec.errors import ModelFileError
+from localspec.errors import LocalspecError, ModelFileError
 
 from . import devices
 from .cpu import repack_from_env
@@ -130,7 +130,7 @@ class Model:
         cpu_moe_layers: int = 0,
         vocab_only: bool = False,
         placement: Placement | None = None,
-        progress: Callable[[float], None] | None = None,
+        progress: Callable[[float], bool | None] | None = None,
         load_mtp: bool = False,
     ) -> None:
         """Load `path`.
@@ -143,13 +143,13 @@ class Model:
                 `--n-cpu-moe`; the model's layer count or more: every layer's, as `--cpu-moe`).
             vocab_only: load the tokenizer and metadata only (compatibility checks; no context possible).
             placement: remote devices (RPC workers) for the layers, followed by this machine's GPUs if any.
-            progress: called with the fraction loaded (0..1) while the weights load.
+            progress: called with the fraction loaded (0..1) while the weights load; returning False stops the load.
             load_mtp: also load the model's MTP ("nextn") draft head, where it has one and this llama-cpp-python
                 can run it (`mtp.mtp_calls`); `n_layer_nextn` says what the file carries either way.
 
         Raises:
             ModelFileError: missing file, not GGUF, truncated or otherwise unloadable.
-            LocalspecError: the placement's devices were lost while loading.
+            LocalspecError: the placement's devices were lost while loading, or `progress` stopped the load.
         """
         init().recent_errors.clear()  # what llama.cpp logs from here on explains a failed load
         self.path = Path(path)
@@ -179,16 +179,20 @@ class Model:
                 *placement.devices, *local_gpus, None
             )
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
+        stopped = False
         if progress is not None:
 
             def on_progress(fraction: float, _user_data: ctypes.c_void_p) -> bool:
-                progress(float(fraction))
-                return True  # go on loading
+                nonlocal stopped
+                stopped = progress(float(fraction)) is False  # False: stop loading (a server that stops)
+                return not stopped
 
             callback = llama_cpp.llama_progress_callback(on_progress)
             params.progress_callback = callback
         log.info(LOADING, self.path)  # a crash note names the file (cli/crashes.py listens)
         handle = self._call(llama_cpp.llama_model_load_from_file, os.fsencode(self.path), params)
+        if not handle and stopped:
+            raise LocalspecError(f"the load of {self.path.name} was stopped")
         if not handle:
             raise ModelFileError(
                 f"could not load {self.path}: the file is truncated or corrupt, or its architecture is not "

@@ -6,12 +6,15 @@ success is OpenAI's error object with one line in the log and no traceback, and 
 `Guard` middleware keeps a web page in the user's browser from driving the server: while it serves a loopback
 address only loopback Host names are accepted (DNS rebinding), a POST body must be `application/json` (no simple
 cross-site request), bodies are bounded, `--api-key` is compared in constant time, and CORS headers exist only
-for the origins `--cors` names.
+for the origins `--cors` names. A stop (SIGINT, SIGTERM, SIGHUP) answers every waiting client 503 `server_stopping`
+in its protocol's shape (server/flow.py), and `serve` raises the signal again only once uvicorn's event loop is
+closed, so the command ends on one line (cli/main.py) and never on a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hmac
 import ipaddress
@@ -40,6 +43,7 @@ from . import messages_api
 from .api import ApiError, model_error
 from .pairs import Pairs
 from .routes import answer_routes
+from .runner import stopping_error
 from .units import keep_alive_value
 
 log = logging.getLogger(__name__)
@@ -88,10 +92,11 @@ def error_response(error: ApiError, scope: Scope) -> JSONResponse:
 
 
 class Guard:
-    """ASGI middleware: the checks every request passes before any route, and one log line per success."""
+    """ASGI middleware: the checks every request passes before any route, one log line per success, and the error
+    object for a request uvicorn cancels as the server stops."""
 
-    def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
-        self.app, self.settings = app, settings
+    def __init__(self, app: ASGIApp, settings: ServerSettings, stopping: Callable[[], bool] = lambda: False) -> None:
+        self.app, self.settings, self.stopping = app, settings, stopping
         self.loopback = is_loopback(settings.host)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -103,12 +108,27 @@ class Guard:
             await error_response(error, scope)(scope, receive, send)
             return
 
+        started = False
+
         async def logged(message: Message) -> None:
-            if message["type"] == "http.response.start" and message["status"] < 400 and scope["path"] != "/health":
-                log.info("%s %s -> %d", scope["method"], scope["path"], message["status"])
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if message["status"] < 400 and scope["path"] != "/health":
+                    log.info("%s %s -> %d", scope["method"], scope["path"], message["status"])
             await send(message)
 
-        await self.app(scope, receive, logged)
+        try:
+            await self.app(scope, receive, logged)
+        except asyncio.CancelledError:
+            if not self.stopping():
+                raise
+            # Past uvicorn's grace period (a body still arriving, a stream its client does not read): answered as
+            # the others were, or the response begun is ended; the task ends here instead of in uvicorn's traceback.
+            if started:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await error_response(stopping_error(), scope)(scope, receive, send)
 
     def _check(self, scope: Scope, headers: Headers) -> ApiError | None:
         host = headers.get("host")
@@ -179,7 +199,7 @@ def make_app(runner: Pairs, settings: ServerSettings = ServerSettings()) -> Star
 
     found = [*_pair_routes(runner), *answer_routes(runner, settings.max_body, read_body, EventStream, settings)]
     routes = [Route(path, _guarded(handler), methods=methods) for path, handler, methods in found]
-    middleware = [Middleware(Guard, settings=settings)]
+    middleware = [Middleware(Guard, settings=settings, stopping=lambda: runner.stopping)]
     if settings.cors:
         middleware.append(
             Middleware(
@@ -231,7 +251,8 @@ def _pair_routes(runner: Pairs) -> list[tuple[str, Callable[[Request], Awaitable
 
     async def unload(request: Request) -> Response:
         name = runner.name_of((await _named(request))[0])
-        await asyncio.wrap_future(runner.unload(name))
+        log.info("unloading %s once its requests end (POST /models/unload)", name)
+        await runner.until(asyncio.wrap_future(runner.unload(name)))
         return JSONResponse({"model": name, **runner.facts(name)})
 
     return [
@@ -369,15 +390,29 @@ class _Http(H11Protocol):
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, which also cancels the running generations when told to stop, so open streams end."""
+    """uvicorn's server, which also cancels the running generations when told to stop (the waiting clients answered
+    at once, open streams ended), and leaves the signals that stopped it for `serve` to raise again."""
 
     def __init__(self, config: uvicorn.Config, runner: Pairs) -> None:
         super().__init__(config)
         self.runner = runner
+        self.signals: list[int] = []  # what stopped it, in order
 
     def handle_exit(self, sig, frame) -> None:
         self.runner.cancel_all()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # uvicorn raises the signals it caught again as this block ends, still inside asyncio.run: the CLI's
+        # handler (cli/interrupts.py) raised there, through the loop's teardown, while the requests it cancelled
+        # were still ending (the traceback of issue 67). `serve` raises them once the loop is closed.
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self.signals = list(getattr(self, "_captured_signals", ()))
+                self._captured_signals = []
 
 
 def serve(runner: Pairs, settings: ServerSettings, port: int) -> bool:
@@ -402,6 +437,8 @@ def serve(runner: Pairs, settings: ServerSettings, port: int) -> bool:
     previous = signal.signal(signal.SIGHUP, hung_up) if threading.current_thread() is threading.main_thread() else None
     try:
         server.run()
+        for sig in reversed(server.signals):  # as uvicorn would, with its loop closed: `localspec serve` exits 130/143
+            signal.raise_signal(sig)
     except SystemExit:  # uvicorn exits when it cannot bind (after logging one line)
         return False
     finally:

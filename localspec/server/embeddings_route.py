@@ -114,7 +114,7 @@ def routes(runner: Pairs, max_body: int, read_body, settings) -> list[tuple[str,
 
         model = None if settings.embedding_model is not None else parsed.model
         job, future = runner.submit(await runner.ready(model), None, work=work)
-        name, vectors, total = await flow.watched(asyncio.wrap_future(future), http, job)
+        name, vectors, total = await flow.watched(asyncio.wrap_future(future), http, job, runner)
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, parsed.encoding_format)}
             for i, v in enumerate(vectors)

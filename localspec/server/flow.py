@@ -3,7 +3,9 @@ loaded first if it is not), watched for a client that leaves (`watched`), awaite
 by event (`streamed`: a `Stream`, whose `events` is the one reader of the engine's events, a failure mapped to an
 `ApiError` there once). Both give the neutral
 `Answer` (server/answer.py); every route — chat completions, completions, Messages, Responses — is a translation of
-its wire shape onto `request.Request` and an encoder of that answer, never a second engine.
+its wire shape onto `request.Request` and an encoder of that answer, never a second engine. When the server stops,
+a request still waiting is answered 503 `server_stopping` at once and a stream ends on that error event: neither
+waits for the engine thread to finish its step, so uvicorn's grace period never has to cut one short.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request as HttpRequest
@@ -22,19 +24,27 @@ from . import request as request_mod
 from .answer import Answer, Delta, Event, Failure
 from .api import ApiError, model_error
 from .images import request_pixels
-from .pairs import Pairs
+from .pairs import STOP_POLL_S, Pairs
+from .runner import stopping_error
 
 log = logging.getLogger(__name__)
 
 
-async def watched(awaitable, http: HttpRequest, job: request_mod.Job, every: float = 0.25):
+async def watched(awaitable, http: HttpRequest, job: request_mod.Job, runner: Pairs, every: float = 0.25):
     """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
-    cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs."""
+    cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs.
+
+    Raises:
+        ApiError: 503 `server_stopping` as soon as the server stops (the job is cancelled, not waited for).
+    """
     task = asyncio.ensure_future(awaitable)
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=every)
-            if done:
+            if runner.stopping:  # before a result: the job may have ended cancelled because the server stops
+                job.cancel()
+                raise stopping_error()
+            done, _ = await asyncio.wait({task}, timeout=min(every, STOP_POLL_S))
+            if done and not runner.stopping:
                 return task.result()
             if not job.cancelled and await http.is_disconnected():
                 log.info("%s %s: the client went away; its request is cancelled", http.method, http.url.path)
@@ -43,7 +53,9 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, every: flo
         job.cancel()
         raise
     finally:
-        if not task.done():
+        if task.done():
+            task.cancelled() or task.exception()  # read: what the job raised as the server stopped is nobody's now
+        else:
             task.cancel()
 
 
@@ -92,7 +104,7 @@ async def whole(http: HttpRequest, runner: Pairs, model: str | None, request: re
     name = await runner.ready(model)
     await images_ready(http, runner, name, request)
     job, future = runner.submit(name, request)
-    outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job)
+    outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job, runner)
     served = outcome.served
     answer = Answer(served.name, outcome.prompt_tokens, outcome.tools, served.engine.target_model.token_bytes)
     for gen, split in zip(outcome.generations, outcome.splits or [None] * len(outcome.generations)):
@@ -108,12 +120,17 @@ class Stream:
     answer: Answer
     job: request_mod.Job
     queue: asyncio.Queue[request_mod.Event]
+    stopping: Callable[[], bool]  # whether the server is stopping
 
     async def events(self) -> AsyncIterator[Event]:
         """The engine's events as the answer's: a `Delta` per token, a `Choice` as each ends (added to the answer),
-        then a `Failure` if the request failed."""
+        then a `Failure` if the request failed — or at once, the server stopping, the `server_stopping` one."""
         while True:
-            item = await self.queue.get()
+            item = await self._next()
+            if item is None:
+                log.info("a stream ended: the server is stopping")
+                yield Failure(stopping_error())
+                return
             if isinstance(item, request_mod.Token):
                 token, logprob = item.event.token, item.logprob
                 yield Delta(
@@ -128,6 +145,18 @@ class Stream:
                     log.info("a stream ended on an error: %s", api)
                     yield Failure(api)
                 return
+
+    async def _next(self) -> request_mod.Event | None:
+        """The next event, as soon as it is there (None: the server is stopping)."""
+        while not self.stopping():
+            if not self.queue.empty():
+                return self.queue.get_nowait()
+            try:
+                async with asyncio.timeout(STOP_POLL_S):
+                    return await self.queue.get()
+            except TimeoutError:
+                pass
+        return None
 
 
 def _as_api(error: BaseException) -> ApiError:
@@ -156,9 +185,10 @@ async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request:
     await images_ready(http, runner, name, request)
     job, future = runner.submit(name, request, emit)
     future.add_done_callback(lambda f: emit(request_mod.Done(f)))
-    first = await watched(queue.get(), http, job)
+    first = await watched(queue.get(), http, job, runner)
     if isinstance(first, request_mod.Done):
         first.future.result()  # a plain error
         raise ApiError(499, "the request was cancelled", code="cancelled")
     assert isinstance(first, request_mod.Started)
-    return Stream(Answer(first.model, first.prompt_tokens, first.tools, first.token_bytes), job, queue)
+    answer = Answer(first.model, first.prompt_tokens, first.tools, first.token_bytes)
+    return Stream(answer, job, queue, lambda: runner.stopping)

@@ -6,7 +6,8 @@ Each pair has its own engine thread and scheduler, so a request for one never wa
 request for a pair that is loading waits up to `load_timeout`, then is refused (503). Before a pair loads, the
 least recently used idle pairs are unloaded until it fits `max_loaded` and the memory budget (`--max-memory`, and
 always the host's available memory), each on its own thread. Like Ollama's `keep_alive`, a pair idle for longer
-than its keep-alive (the flag, or the last request's `keep_alive`) is unloaded by a reaper thread.
+than its keep-alive (the flag, or the last request's `keep_alive`) is unloaded by a reaper thread. When the server
+stops, what waits on an engine thread (a load, room for one, an unload) is answered 503 at once (`until`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from localspec.paths import Paths
 
 from .api import ApiError
 from .request import Emit, Job, Outcome, Request
-from .runner import Runner
+from .runner import Runner, stopping_error
 from .served import Served
 from .units import FOREVER
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 300.0  # a request waits this long for its pair to load, then 503
 REAP_EVERY_S = 0.5  # how often idle pairs are checked against their keep-alive
 FACTS_FOR_S = 10.0  # how long a pair's facts read from its files are kept (a pull may change them)
+STOP_POLL_S = 0.1  # how often a wait on an engine thread looks whether the server is stopping
 
 
 class Pairs:
@@ -76,6 +78,7 @@ class Pairs:
         self.max_loaded, self.max_memory = max_loaded, max_memory
         self.keep_alive, self.load_timeout = keep_alive, load_timeout
         self.default: str | None = None  # the default pair's name, known once `start` loaded it
+        self._first: Runner | None = None  # the default pair's runner from its start (stopped even while it loads)
         self.runners: dict[str, Runner] = {}
         self.stopping = False
         self._lock = threading.Lock()
@@ -90,7 +93,7 @@ class Pairs:
 
     def start(self) -> Served:
         """Load the default pair on its own engine thread (blocking) and start the keep-alive reaper."""
-        runner = self._new_runner(self.flags)
+        runner = self._first = self._new_runner(self.flags)
         served = runner.start()
         self.default = served.name
         with self._lock:
@@ -174,8 +177,7 @@ class Pairs:
             return name
         future = self._load(name, runner)
         waited = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait({waited}, timeout=self.load_timeout)
-        if not done:
+        if not await self.until(waited, self.load_timeout):
             waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # its failure is told to the next
             if (waiting := self._waiting.get(runner)) is not None:
                 raise ApiError(
@@ -200,6 +202,26 @@ class Pairs:
                 503, f"could not load '{name}': {_one_line(error)}", type="server_error", code="model_load_failed"
             )
         return name
+
+    async def until(self, waited: asyncio.Future, timeout: float | None = None) -> bool:
+        """Wait for `waited` (an engine thread's work) at most `timeout` s: True once it is done, False past the
+        timeout (the work goes on).
+
+        Raises:
+            ApiError: 503 `server_stopping` as soon as the server stops: a client is not kept waiting on an engine
+                thread that finishes its step.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.stopping:  # before its result: the engine thread may have ended it because the server stops
+                waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # its end is nobody's now
+                raise stopping_error()
+            if waited.done():
+                return True
+            left = STOP_POLL_S if deadline is None else min(STOP_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            await asyncio.wait({waited}, timeout=left)
 
     def _load(self, name: str, runner: Runner) -> Future:
         """The load of `name` in progress, or a new one on its engine thread."""
@@ -245,13 +267,23 @@ class Pairs:
                                 503, f"no room to load '{_name(loading)}': it {_waits(over, busy)}; retry shortly",
                                 type="server_error", code="no_room", headers={"Retry-After": "5"},
                             )  # fmt: skip
-                        time.sleep(0.1)
+                        self._pause()
                         continue
                     victim = min(idle, key=lambda r: r.last_used)
                     log.info("unloading %s to make room (%s)", _name(victim), over)
                     victim.call_on_engine(victim.unload).result()
             finally:
                 self._waiting.pop(loading, None)
+
+    def _pause(self) -> None:
+        """A tenth of a second of a load waiting for room (its engine thread); the server stopping ends the wait.
+
+        Raises:
+            ApiError: 503 `server_stopping`.
+        """
+        if self.stopping:
+            raise stopping_error()
+        time.sleep(0.1)
 
     def _loaded(self, besides: Runner) -> list[Runner]:
         with self._lock:
@@ -358,18 +390,20 @@ class Pairs:
     def cancel_all(self) -> None:
         """Cancel every pair's waiting and running jobs (the server is stopping)."""
         self.stopping = True
-        with self._lock:
-            runners = list(self.runners.values())
-        for runner in runners:
+        for runner in self._every():
             runner.cancel_all()
 
     def close(self) -> None:
         """Stop the reaper, close every runner (its engine freed)."""
         self._stop.set()
+        for runner in self._every():
+            runner.close()
+
+    def _every(self) -> list[Runner]:
+        """Every runner, the default pair's while it is still loading at start too."""
         with self._lock:
             runners = list(self.runners.values())
-        for runner in runners:
-            runner.close()
+        return runners + [r for r in (self._first,) if r is not None and r not in runners]
 
 
 def _identities(runner: Runner) -> set[str]:

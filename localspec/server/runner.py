@@ -6,7 +6,9 @@ slots — one, or several stepping in turn — in arrival order. Successive requ
 KV prefix the previous one left in both caches (`KVSequence.sync`), so a chat that grows by one turn decodes only
 that turn. At most `max_queue` jobs wait or run; past that a request is refused at once (503). A request for
 another configured pair loads it on the worker thread, in its turn, like Ollama; `no_swap` refuses instead.
-A job whose client went away is cancelled: its generation stops after the current step, caches consistent.
+A job whose client went away is cancelled: its generation stops after the current step, caches consistent. When the
+server stops (`cancel_all`) every job is cancelled, new ones are refused and a load in progress is abandoned at its
+next tensor (`stopping_error`: what every waiting client is answered), so the engine thread ends within one step.
 The first load runs on that thread too (`start`): llama.cpp's OpenMP keeps a pool of threads per calling thread, and a
 pair loaded on the main thread and decoded on the worker ran at 0.57× `generate` on 2 cores, two pools fighting for
 the cores (DESIGN §7, threads).
@@ -109,7 +111,10 @@ class Runner:
             loaded = load_with_flags(
                 self.flags, self.paths, pair=pair, n_seq=n_seq, on_fraction=_log_progress(self), before=before
             )
-        except BaseException:
+        except BaseException as e:
+            if self.stopping and isinstance(e, Exception):  # abandoned (or failed) as the server stops: no reload
+                log.info("the load of %s ended: the server is stopping", pair or self.flags.pair or "the pair")
+                raise stopping_error() from None
             if old is not None and self.served is None and pair is not None:  # freed for the switch that failed
                 log.info("reloading %s after the failed switch", old.name)
                 self.served = _reload(old)
@@ -209,11 +214,14 @@ class Runner:
         route's use of the pair).
 
         Raises:
-            ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full.
+            ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full or the
+                server is stopping.
         """
         pair = self.pair_for(model)
         job = Job()
         with self._lock:
+            if self.stopping:
+                raise stopping_error()
             if len(self._jobs) >= self.max_queue:
                 raise ApiError(
                     503,
@@ -293,14 +301,17 @@ class Runner:
             return
         log.info("a request cancelled %s (%s)", when, "server stopping" if self.stopping else "client gone")
         if self.stopping:
-            raise ApiError(
-                503,
-                "the server is stopping: retry shortly",
-                type="server_error",
-                code="server_stopping",
-                headers={"Retry-After": "1"},
-            )
+            raise stopping_error()
         raise ApiError(499, "the request was cancelled", code="cancelled")
+
+
+def stopping_error() -> ApiError:
+    """What a request the server cannot answer because it stops is told: 503 + Retry-After, as the server's error
+    (a client may retry on the next server)."""
+    return ApiError(
+        503, "the server is stopping: retry shortly", type="server_error", code="server_stopping",
+        headers={"Retry-After": "1"},
+    )  # fmt: skip
 
 
 def _free(served: Served) -> None:
@@ -330,14 +341,16 @@ def _reload(old: Served) -> Served | None:
     return Served(old.name, old.resolved, engine, old.params, old.chat_template, think_flag=old.think_flag)
 
 
-def _log_progress(runner: Runner) -> Callable[[float], None]:
+def _log_progress(runner: Runner) -> Callable[[float], bool]:
+    """The load's progress in tenths, in the log; False (stop loading) once the server is stopping."""
     shown = [-1]
 
-    def on_fraction(fraction: float) -> None:
+    def on_fraction(fraction: float) -> bool:
         tenth = int(fraction * 10)
         if tenth != shown[0]:
             shown[0] = tenth
             log.info("loading %s: %d%%", runner.loading, tenth * 10)
+        return not runner.stopping
 
     return on_fraction
 

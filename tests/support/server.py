@@ -2,8 +2,9 @@
 
 `write_home` writes a LOCALSPEC_HOME whose models.toml has the tiny pairs; `start_server` runs the server from
 this checkout (cwd at the repository root, the root first on PYTHONPATH, so a fresh clone tests its own code) and
-waits for /health; `raw` sends one HTTP request exactly as given (any Host, any Content-Type), which the `openai`
-client would not.
+waits for what a test needs: its "listening" line, then /health's 200; `raw` sends one HTTP request exactly as given
+(any Host, any Content-Type), which the `openai` client would not. Every wait here is on an event, bounded by `WAIT`
+(a loaded 2-core machine, not a speed claim), and one that gives up says what it waited for and the server's log tail.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+WAIT = 600.0  # seconds a wait on a server gives before it fails: an upper bound for a loaded machine, not a timing
 
 
 def free_port() -> int:
@@ -70,7 +72,7 @@ class Server:
     def client(self, api_key: str = "none", **kwargs):
         import openai
 
-        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=120, **kwargs)
+        return openai.OpenAI(base_url=self.base_url, api_key=api_key, max_retries=0, timeout=WAIT, **kwargs)
 
     def stderr(self) -> str:
         return self.stderr_file.read_text(encoding="utf-8", errors="replace")
@@ -83,17 +85,55 @@ class Server:
         status, _, _ = raw(self.port, "GET", "/health")
         return status == 200
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    def tail(self, lines: int = 30) -> str:
+        """The end of its stderr and of its log file: what a wait that gives up says."""
+        err = "\n".join(self.stderr().splitlines()[-lines:])
+        log = "\n".join(self.log().splitlines()[-lines:])
+        return f"--- its stderr (last {lines} lines):\n{err}\n--- its log file (last {lines} lines):\n{log}"
+
+    def wait_until(self, predicate, what: str, timeout: float = WAIT) -> None:
+        """Wait for `predicate()` (polled), while the server runs; fail naming `what` and the server's log tail."""
+        wait_until(predicate, what, timeout, lambda: self.tail(), self.process)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = WAIT) -> int:
+        """Send `sig` (unless it has exited) and wait for the exit code."""
         if self.process.poll() is None:
             self.process.send_signal(sig)
-        return self.process.wait(timeout)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            why = f"localspec serve did not exit within {timeout:g} s of {signal.Signals(sig).name}"
+            raise AssertionError(f"{why}\n{self.tail()}") from None
 
 
-def start_server(home: Path, *args: str, timeout: float = 120) -> Server:
-    """Start `localspec serve ARGS` on a free port and wait until /health answers.
+def wait_until(predicate, what: str, timeout: float = WAIT, tail=None, process=None) -> None:
+    """Poll `predicate()` until it holds; an AssertionError naming `what` (and `tail()`, e.g. a log's end) when
+    `timeout` seconds pass first or `process` exits. The bound is for a hung wait, never a timing."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process is not None and process.poll() is not None:
+            break
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    else:
+        return
+    why = (
+        f"exited with {process.returncode}"
+        if process is not None and process.poll() is not None
+        else (f"not within {timeout:g} s")
+    )
+    raise AssertionError(f"waited for {what}: {why}" + (f"\n{tail()}" if tail is not None else ""))
+
+
+def start_server(home: Path, *args: str, timeout: float = WAIT) -> Server:
+    """Start `localspec serve ARGS` on a free port and wait for its "listening" line (`localspec serve: PAIR on
+    http://…`, printed once the default pair has loaded), then for /health's 200.
 
     Raises:
-        RuntimeError: the server exited or did not answer in time (its stderr is in the message).
+        RuntimeError: the server exited, or `timeout` s passed (a hung start: its log tail is in the message).
     """
     port = free_port()
     env = dict(os.environ)
@@ -114,18 +154,29 @@ def start_server(home: Path, *args: str, timeout: float = 120) -> Server:
             stderr=err,
         )
     server = Server(process, port, home, stderr_file)
+    listening = f":{port}/v1 ("
+    waits = (
+        (lambda: listening in server.stderr(), f'its "localspec serve: … on http://127.0.0.1{listening}…" line'),
+        (lambda: _answers(server), "/health to answer 200"),
+    )
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"localspec serve exited with {process.returncode}: {server.stderr()}")
+    for predicate, what in waits:
         try:
-            if server.healthy():
-                return server
-        except OSError:
-            pass
-        time.sleep(0.1)
-    server.stop(signal.SIGKILL)
-    raise RuntimeError(f"localspec serve did not answer in {timeout} s: {server.stderr()}")
+            wait_until(predicate, what, max(deadline - time.monotonic(), 0), server.tail, process)
+        except AssertionError as e:
+            if process.poll() is not None:
+                raise RuntimeError(f"localspec serve exited with {process.returncode}: {server.stderr()}") from None
+            process.kill()
+            process.wait()
+            raise RuntimeError(f"localspec serve on port {port}: {e}") from None
+    return server
+
+
+def _answers(server: Server) -> bool:
+    try:
+        return server.healthy()
+    except OSError:  # not listening yet (uvicorn binds after the line), or a reset under load: asked again
+        return False
 
 
 def raw(
@@ -142,7 +193,7 @@ def raw(
         body = json.dumps(body)
     if isinstance(body, str):
         body = body.encode()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
     try:
         sent = dict(headers or {})
         if body is not None and content_type is not None:
@@ -162,3 +213,27 @@ def error_of(body: bytes) -> dict:
     assert isinstance(data["error"]["message"], str) and data["error"]["message"]
     assert "\n" not in data["error"]["message"] and "Traceback" not in data["error"]["message"]
     return data["error"]
+
+
+def anthropic_error_of(body: bytes) -> dict:
+    """Anthropic's error object of a response body (`{"type": "error", "error": {"type", "message"}}`), checked."""
+    data = json.loads(body)
+    assert set(data) == {"type", "error"} and data["type"] == "error", data
+    assert set(data["error"]) == {"type", "message"}, data
+    assert "\n" not in data["error"]["message"] and "Traceback" not in data["error"]["message"]
+    return data["error"]
+
+
+def stop_cleanly(server: Server, sig: int = signal.SIGTERM, *, again: bool = False) -> None:
+    """Stop `server` with `sig` (twice: `again`, Ctrl+C pressed twice) and check the stop a user sees: the exit code
+    (130 / 143), within a generous bound (a hung stop fails; a slow one does not), one line at the end of stderr, and
+    no traceback nor uvicorn's forced-shutdown complaint on the terminal or in the log file."""
+    if again:
+        server.process.send_signal(sig)
+    code = server.stop(sig, timeout=60)
+    err, log = server.stderr(), server.log()
+    assert code == 128 + sig, server.tail()
+    assert err.splitlines()[-1] == ("localspec: interrupted" if sig == signal.SIGINT else "localspec: terminated"), err
+    for text in (err, log):
+        assert "Traceback" not in text and "Exception in ASGI application" not in text, text
+        assert "timeout graceful shutdown exceeded" not in text, text
