@@ -28,7 +28,7 @@ from support.tinyvision import (
 )
 
 from localspec.errors import ContextError, LocalspecError, ModelFileError
-from localspec.llama import vision
+from localspec.llama import projector_probe, vision
 from localspec.llama.compat import check_pair
 from localspec.llama.context import Context
 from localspec.llama.model import Model
@@ -279,7 +279,7 @@ def test_a_second_open_reuses_the_probe(tiny_vision: TinyVision, target: Model, 
     def no_child(*args, **kwargs):
         raise AssertionError("the probe ran a second child")
 
-    monkeypatch.setattr(vision.subprocess, "run", no_child)
+    monkeypatch.setattr(projector_probe.subprocess, "run", no_child)
     with Projector(tiny_vision.mmproj, target, n_threads=2) as again:
         assert again.supports_vision
 
