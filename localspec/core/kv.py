@@ -431,12 +431,14 @@ class KVSequence:
         return False
 
     def _window_keeps(self, n: int) -> bool:
-        # A sliding-window cache (without swa_full) reports success for any removal, but the logits
-        # after it are silently wrong unless the window's cells before n are all still there.
+        # A sliding-window cache reports success for any removal, but the logits after it are silently wrong unless
+        # the window's cells before n are all still there. swa_full keeps every cell it decodes — but a state
+        # restored from the prompt cache holds the window's cells alone (llama.cpp saves no more), so the cells are
+        # asked, not the flag.
         n_swa = self.ctx.model.info.n_swa
-        if n_swa == 0 or self.ctx.swa_full:
+        if n_swa == 0:
             return True
-        return n >= self.ctx.pos_range()[0] + n_swa - 1
+        return self.ctx.pos_range()[0] <= max(n - n_swa + 1, 0)
 
     def _holds_prefix(self, n: int) -> bool:
         pos_min, pos_max = self.ctx.pos_range()
@@ -489,8 +491,10 @@ class KVSequence:
 
     @property
     def _trims(self) -> bool:
-        """Whether a restored state can be cut back to any prefix (plain KV, a sliding window with its full cache)."""
-        return self.mode == "seq_rm" and (self.ctx.model.info.n_swa == 0 or self.ctx.swa_full)
+        """Whether a restored state can be cut back to any prefix: plain KV alone. A sliding window's state holds the
+        window's cells only, even with swa_full (llama.cpp saves no more): cut back, the cells before the cut that
+        the window needs are missing (the output left the target's at the 6th token, measured on the tiny Gemma 4)."""
+        return self.mode == "seq_rm" and self.ctx.model.info.n_swa == 0
 
     def _through_cache(self, tokens: list[int], common: int, limit: int) -> int:
         """Before `sync` keeps `common` tokens and reads the rest of `tokens`: save what it would drop, then restore

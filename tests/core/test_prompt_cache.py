@@ -149,6 +149,27 @@ def test_a_hybrid_model_restores_two_chats_in_turns_also_when_the_prompt_is_read
         assert all(read < 32 and restored > 100 for read, restored in reads[2:]), reads
 
 
+def test_a_sliding_window_state_is_never_cut_back_after_a_restore(tiny_gemma4):
+    """A sliding-window target drafting (`swa_full`: its cache keeps every cell) saves states whose window layers
+    hold the window's cells alone (llama.cpp saves no more): restored and cut back into the window, the cells before
+    the cut were missing and the output left the target's at the 6th token. Such a state is restored whole or not at
+    all, and a rollback asks the cells, not the flag: the answer is the one an engine without a cache gives."""
+    long = "the man said that the water was hot and the people who came to the house were there"
+
+    def third_answer(cache_ram: int) -> tuple[list[int], int]:
+        with Engine.load(tiny_gemma4.target, drafter="ngram", n_ctx=256, n_threads=1, cache_ram=cache_ram) as engine:
+            first = engine.tokenize(long)
+            answer = run_greedy(engine, first, k=3, n=100).tokens
+            run_greedy(engine, first + answer[:10] + engine.tokenize(" the man", add_special=False), k=3, n=30)
+            again = run_greedy(engine, first + answer[:90], k=3, n=40)
+            engine.check_invariants()
+            return again.tokens, engine.target.n_restored
+
+    cached, _ = third_answer(2**30)
+    uncached, restored = third_answer(0)
+    assert restored == 0 and cached == uncached
+
+
 # The cache on disk (`--cache-dir`): states that outlive the engine, files checked before they are restored.
 
 LOAD = {"drafter": "none", "n_ctx": 1024}
