@@ -99,7 +99,7 @@ def load_models(
             kind, note = assistant_drafter(placement is not None)
         media = None
         if params.mmproj is not None:
-            if kind in ("mtp", "assistant"):
+            if kind == "mtp":
                 raise InvalidParamsError(
                     f"--drafter {kind} does not follow an image yet: with --mmproj use --drafter model, ngram or none"
                 )

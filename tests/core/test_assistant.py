@@ -256,7 +256,7 @@ def test_the_sidecar_is_recognised_and_mismatches_are_refused_in_one_line(tiny_g
         Engine.load(tiny_gemma4.target, wide.assistant, n_ctx=N_CTX)
 
 
-def test_several_streams_and_images_are_refused_in_one_line(tiny_gemma4, tiny_vision):
+def test_several_streams_are_refused_in_one_line(tiny_gemma4):
     from localspec.core.slots import SlotPool
 
     with load(tiny_gemma4, n_seq=0) as engine:  # automatic slots: one, since the assistant reads one stream's rows
@@ -266,8 +266,33 @@ def test_several_streams_and_images_are_refused_in_one_line(tiny_gemma4, tiny_vi
         pytest.raises(InvalidParamsError, match=r"^--parallel above 1 does not work with a draft head \(assistant"),
     ):
         SlotPool(engine, 2)
-    with pytest.raises(InvalidParamsError, match="--drafter assistant does not follow an image yet"):
-        load(tiny_gemma4, mmproj=str(tiny_vision.mmproj))
+
+
+def test_after_a_picture_the_assistant_drafts_as_after_text_and_greedy_is_the_targets(tiny_gemma4, tiny_vision):
+    """Issue 64 item 2: the assistant reads the target's cache and its last text row, so a picture in the target's
+    cache (read through a projector of the target's width) is no blank to it: it drafts after one as after text
+    (measured on this tiny pair at k = 3: 38 % accepted after a picture, 30 % on text), and greedy output is the
+    target's alone."""
+    from support.tinyvision import png_bytes, random_pixels
+
+    from localspec.llama.pictures import read_image
+
+    spec = SpeculativeParams(draft_max=3, adaptive=False)
+    answers, counts = {}, {}
+    for drafter in ("assistant", "none"):
+        with load(tiny_gemma4, drafter=drafter, mmproj=str(tiny_vision.mmproj), cache_ram=0) as engine:
+            assert engine.drafter.kind == drafter
+            for seed in (1, 2, 3):
+                picture = engine.image_tokens(read_image(png_bytes(random_pixels(seed))))
+                prompt = [*engine.tokenize(f"{PROMPT} {seed}"), *picture, *engine.tokenize(" the", add_special=False)]
+                gen = engine.generate(prompt, sampling=SamplingParams(temperature=0), spec=spec, max_tokens=32)
+                answers[drafter, seed] = [e.token for e in gen]
+                counts[drafter, seed] = (gen.stats.drafted, gen.stats.accepted)
+                engine.check_invariants()
+    for seed in (1, 2, 3):
+        assert answers["assistant", seed] == answers["none", seed]
+        drafted, accepted = counts["assistant", seed]
+        assert drafted > 0 and 0 < accepted < drafted, counts
 
 
 def test_without_the_calls_it_drafts_with_ngrams(tiny_gemma4, monkeypatch):
