@@ -27,6 +27,7 @@ from localspec.llama import rpc
 from localspec.llama.rpc import parse_rpc
 
 PLAIN = SpeculativeParams(draft_max=0)
+WORKER_WAIT = 600.0  # seconds a worker's start may take before a test fails: a bound for a hung one, not a timing
 FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)
 
 
@@ -49,7 +50,7 @@ class Worker:
             text=True,
             preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None,
         )
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WORKER_WAIT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited: {self.proc.stderr.read()}")
@@ -58,7 +59,11 @@ class Worker:
                 return
             except RpcError:
                 time.sleep(0.1)
-        raise AssertionError("worker did not start listening within 60 s")
+        self.proc.kill()  # its stderr then ends
+        raise AssertionError(
+            f"waited {WORKER_WAIT:g} s for the worker to answer an RPC probe on {self.endpoint}; its stderr: "
+            + self.proc.stderr.read()
+        )
 
     def kill(self) -> None:
         self.proc.kill()
@@ -310,13 +315,13 @@ def test_a_worker_restarted_on_the_same_port_can_be_reloaded(tiny_models):
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WORKER_WAIT
         while True:
             try:
                 rpc.probe(first.endpoint, timeout=2)
                 break
             except RpcError:
-                assert time.monotonic() < deadline
+                assert time.monotonic() < deadline, f"waited {WORKER_WAIT:g} s for the restarted worker's probe"
                 time.sleep(0.1)
         with Engine.load(tiny_models.target, drafter="none", n_ctx=256, rpc=(str(first.endpoint),)) as reloaded:
             assert len(greedy(reloaded, prompt, PLAIN, n=8).tokens) == 8

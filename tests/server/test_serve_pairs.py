@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import anthropic
 import numpy as np
@@ -108,7 +107,7 @@ def test_the_clients_list_every_pair_and_choose_one(server):
 
 def test_keep_alive_unloads_and_the_admin_routes_load_and_unload(server):
     _answer(server.client(), "other", extra_body={"keep_alive": 0})
-    _wait(lambda: "other" not in _pairs(server))
+    server.wait_until(lambda: "other" not in _pairs(server), "the keep-alive to unload 'other'")
     status, _, data = raw(server.port, "POST", "/models/load", {"model": "other"})
     assert status == 200 and json.loads(data)["loaded"] is True and _pairs(server)["other"]["loaded"]
     assert _pairs(server)["other"]["memory"] > 0 and _pairs(server)["other"]["slots"]["total"] == 1
@@ -212,13 +211,6 @@ def test_a_request_waits_for_its_pair_to_load_while_others_answer(chat_home, mon
     finally:
         release.set()
         pairs.close()
-
-
-def _wait(predicate, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert predicate()
 
 
 @pytest.mark.slow

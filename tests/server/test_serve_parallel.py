@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from support.server import error_of, raw, start_server, write_home
+from support.server import WAIT, error_of, raw, start_server, write_home
 
 from localspec.cli.main import main
 
@@ -61,7 +61,8 @@ def at_once(calls) -> list:
     return results
 
 
-def wait_for(predicate, seconds: float = 30) -> bool:
+def wait_for(predicate, seconds: float = WAIT) -> bool:
+    """Whether `predicate()` came true (polled) within `seconds`: a bound for a hung server, not a timing."""
     deadline = time.monotonic() + seconds
     while not predicate():
         if time.monotonic() > deadline:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import time
 
 import anthropic
 import numpy as np
@@ -284,16 +283,13 @@ def test_a_client_that_leaves_a_stream_cancels_it_and_the_stored_response_says_s
     while b"\n\n" not in first:
         first += stream.read1(4096)
     response_id = json.loads(first.split(b"data: ", 1)[1].split(b"\n")[0])["response"]["id"]
+    path = f"/v1/responses/{response_id}"
     stream.read1(4096)  # a delta or two
     conn.sock.close()
     conn.close()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        status, _, stored = raw(server.port, "GET", f"/v1/responses/{response_id}")
-        if status == 200:
-            break
-        time.sleep(0.2)
-    assert status == 200 and json.loads(stored)["status"] == "cancelled"
+    server.wait_until(lambda: raw(server.port, "GET", path)[0] == 200, f"the response stored at {path}")
+    stored = raw(server.port, "GET", path)[2]
+    assert json.loads(stored)["status"] == "cancelled"
     assert server.healthy() and server.client().responses.create(model="tiny", input="hi", max_output_tokens=2).id
 
 

@@ -117,7 +117,7 @@ def test_what_cannot_be_followed_is_a_400_naming_the_field(server, body, param, 
 
 def test_serve_think_off_on_a_model_without_a_switch_is_one_line(server):
     with pytest.raises(RuntimeError) as caught:
-        start_server(server.home, "--pair", "always", "--think", "off", timeout=60)
+        start_server(server.home, "--pair", "always", "--think", "off")
     message = str(caught.value)
     assert "exited with 1" in message and "Traceback" not in message
     assert "always thinks: its chat template has no thinking switch" in message
