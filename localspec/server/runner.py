@@ -142,6 +142,8 @@ class Runner:
                 engine.n_ctx,
                 f": {engine.slots_note}" * bool(engine.slots_note),
             )
+        if self.stopping:  # stopped while it loaded: no slots made and warmed for a server that exits
+            raise stopping_error()
         self.scheduler.prepare(self.served)
         return self.served
 

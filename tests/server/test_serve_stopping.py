@@ -96,6 +96,26 @@ def test_a_stop_while_a_pair_loads_abandons_the_load(chat_home, monkeypatch):
         runner.close()
 
 
+def test_a_stop_after_the_weights_loaded_warms_no_slots(chat_home, monkeypatch):
+    """SIGTERM once the pair's weights and contexts are in: its slots are not made and warmed (seconds on a real
+    model) for a server that exits; the waiting request is told the server stops."""
+    runner = Runner(RunFlags(pair="tiny"), chat_home, pairs=("tiny",), parallel=2)
+    real = runner_mod.load_with_flags
+
+    def load_then_stop(*args, **kwargs):
+        loaded = real(*args, **kwargs)
+        runner.cancel_all()  # the stop arrives as the load returns
+        return loaded
+
+    monkeypatch.setattr(runner_mod, "load_with_flags", load_then_stop)
+    try:
+        with pytest.raises(ApiError) as caught:
+            runner.start()
+        assert caught.value.code == "server_stopping" and runner.scheduler._pool is None
+    finally:
+        runner.close()
+
+
 LONG = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2000, "n": 8, "temperature": 1}
 CLAUDE = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 64}
 
