@@ -41,7 +41,7 @@ from localspec.errors import LocalspecError, ModelFileError, RpcError
 
 from . import messages_api
 from .api import ApiError, model_error
-from .pairs import Pairs
+from .pairs import STOP_POLL_S, Pairs
 from .routes import answer_routes
 from .runner import stopping_error
 from .units import keep_alive_value
@@ -191,7 +191,7 @@ def make_app(runner: Pairs, settings: ServerSettings = ServerSettings()) -> Star
     async def read_body(request: Request, limit: int) -> bytes:
         try:
             async with asyncio.timeout(settings.timeout):
-                return await _read_body(request, limit)
+                return await _unless_stopping(_read_body(request, limit), runner)
         except TimeoutError:
             raise ApiError(
                 408, f"the body was not sent within {settings.timeout:g} s", code="request_timeout"
@@ -343,6 +343,23 @@ class _Cors(CORSMiddleware):
         log.info("OPTIONS preflight -> %d cors_refused: %s", error.status, why)
         kept = {k: v for k, v in response.headers.items() if k.lower() not in ("content-length", "content-type")}
         return JSONResponse(error.body(), status_code=error.status, headers=kept)
+
+
+async def _unless_stopping(awaitable: Awaitable[bytes], runner: Pairs) -> bytes:
+    """`awaitable`'s result (a body arriving); 503 `server_stopping` as soon as the server stops instead.
+
+    Raises:
+        ApiError: the server is stopping.
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while not (await asyncio.wait({task}, timeout=STOP_POLL_S))[0]:
+            if runner.stopping:
+                raise stopping_error()
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

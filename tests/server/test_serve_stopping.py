@@ -11,6 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import signal
+import socket
 import threading
 
 import pytest
@@ -244,5 +245,30 @@ def test_sigterm_while_a_pair_waits_for_room_and_another_to_unload(tiny_home):
         stop_cleanly(server, signal.SIGTERM)
         assert stopped_503(load.result()) and stopped_503(unload.result())
         assert last_event(stream.result()[2])["error"]["code"] == "server_stopping"
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_body_still_arrives_answers_its_error_object(tiny_home):
+    """A client sending its body slowly holds no stop: it is answered Anthropic's 503 at once (before: uvicorn's
+    grace period ran out, the task was cancelled with a traceback and a text 500)."""
+    server = start_server(tiny_home, "--pair", "tiny")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as sock:
+            sock.sendall(
+                b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\nExpect: 100-continue\r\n\r\n"
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer:  # "100 Continue": the route is reading the body
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 100"), answer
+            sock.sendall(b'{"model"')  # and the rest never comes
+            stop_cleanly(server, signal.SIGTERM)
+            while more := sock.recv(65536):
+                answer += more
+        head, _, body = answer.split(b"\r\n\r\n", 1)[1].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and anthropic_error_of(body)["type"] == "overloaded_error"
     finally:
         server.stop(signal.SIGKILL)
