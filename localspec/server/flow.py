@@ -77,10 +77,14 @@ async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: req
     if served is None or media is None or not media.sees_images:
         return  # the job refuses them in its turn, naming the fix (request.py)
     stop = threading.Event()
+    log.info("%s %s: reading %d images before its turn", http.method, http.url.path, len(images))
     waited = asyncio.wrap_future(runner.images.submit(media.prepare, images, served.engine.n_ctx, stop.is_set))
     try:
-        while not (await asyncio.wait({waited}, timeout=0.25))[0]:
-            if runner.stopping or await http.is_disconnected():
+        while not (await asyncio.wait({waited}, timeout=STOP_POLL_S))[0]:
+            if runner.stopping:  # answered at once; the reading stops at its next image
+                stop.set()
+                raise stopping_error()
+            if not stop.is_set() and await http.is_disconnected():
                 stop.set()
         ready = waited.result()
     except asyncio.CancelledError:  # the server is stopping
@@ -92,8 +96,7 @@ async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: req
     except LocalspecError as e:  # a sound header over data libmtmd cannot decode
         raise ApiError(400, str(e), param="messages", code="invalid_image") from None
     if not ready and runner.stopping:
-        raise ApiError(503, "the server is stopping: retry on its next start", type="server_error",
-                       code="server_stopping", headers={"Retry-After": "5"})  # fmt: skip
+        raise stopping_error()
     if not ready:
         log.info("%s %s: the client went away while its images were read", http.method, http.url.path)
         raise ApiError(499, "the request was cancelled", code="cancelled")

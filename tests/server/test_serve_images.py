@@ -11,6 +11,7 @@ import base64
 import concurrent.futures
 import http.server
 import os
+import signal
 import struct
 import threading
 import zlib
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import anthropic
 import openai
 import pytest
-from support.server import Server, error_of, raw, start_server
+from support.server import Server, error_of, raw, start_server, stop_cleanly
 from support.tinyvision import N_IMAGE_TOKENS, TinyVision, png_bytes, png_header, random_pixels
 
 N_CTX = 512  # room for an image beside the generic tool syntax's system prompt (about 290 tokens)
@@ -407,3 +408,31 @@ def test_a_path_to_a_pipe_a_device_or_a_folder_is_refused_and_never_waited_on(pl
         model=MODEL, messages=[{"role": "user", "content": TEXT}], max_tokens=4
     )
     assert text.choices[0].message.content is not None
+
+
+@pytest.mark.slow
+def test_a_stop_while_images_are_read_answers_503_at_once_and_exits_on_one_line(tiny_vision, tmp_path):
+    """SIGTERM while a request's pictures are decoded (off the engine thread): its client gets the error object
+    (503 server_stopping) without waiting for the rest, the reading ends at its next picture, and the server exits
+    on one line with no traceback (before: 31 s, and uvicorn's bare text 500)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    server = start_server(home, "--target", str(tiny_vision.target), "--mmproj", str(tiny_vision.mmproj), *SPEC)
+    try:
+        pictures = []
+        for i in range(12):  # 16 megapixels each, distinct (one pixel differs): each decoded, 192 megapixels in all
+            rows = bytearray(b"\x00" + b"\x00" * 3 * 4000) * 4000
+            rows[1 + i] = 255
+            data = png_header(4000, 4000) + _chunk(b"IDAT", zlib.compress(bytes(rows), 1)) + _chunk(b"IEND", b"")
+            pictures.append({"type": "image_url", "image_url": {"url": data_url(data)}})
+        body = {"messages": [{"role": "user", "content": [*pictures, {"type": "text", "text": TEXT}]}]}
+        answer: list = []
+        client = threading.Thread(target=lambda: answer.append(raw(server.port, "POST", "/v1/chat/completions", body)))
+        client.start()
+        server.wait_until(lambda: "reading 12 images" in server.stderr(), "the pictures to be read")
+        stop_cleanly(server, signal.SIGTERM)
+        client.join(60)
+        status, headers, reply = answer[0]
+        assert status == 503 and error_of(reply)["code"] == "server_stopping" and headers.get("retry-after"), reply
+    finally:
+        server.stop(signal.SIGKILL)
