@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from localspec.errors import LocalspecError
@@ -88,6 +88,8 @@ class Pairs:
         self._waiting: dict[Runner, tuple[str, list[str]]] = {}  # a load waiting for room: the bound, the pairs
         self._reaper: threading.Thread | None = None
         self._stop = threading.Event()
+        # A request's images are preprocessed here before its job, never on an engine thread (server/flow.py).
+        self.images = ThreadPoolExecutor(1, thread_name_prefix="localspec-images")
 
     # --- names --------------------------------------------------------------------------------------------------
 
@@ -394,8 +396,9 @@ class Pairs:
             runner.cancel_all()
 
     def close(self) -> None:
-        """Stop the reaper, close every runner (its engine freed)."""
+        """Stop the reaper and the images' thread, close every runner (its engine freed)."""
         self._stop.set()
+        self.images.shutdown(wait=True, cancel_futures=True)  # a prepare in progress stops at its next image
         for runner in self._every():
             runner.close()
 
