@@ -91,7 +91,7 @@ class Engine:
         draft_path: str | Path | None = None,
         params: LoadParams | None = None,
         *,
-        progress: Callable[[float], None] | None = None,
+        progress: Callable[[float], bool | None] | None = None,
         **options: Any,
     ) -> Engine:
         """Load the target (and the draft) and create their contexts.

@@ -58,7 +58,7 @@ def load_models(
     draft_path: str | Path | None,
     params: LoadParams,
     *,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[float], bool | None] | None = None,
 ) -> Loaded:
     """Open the target (and the draft) and create their contexts (see `Engine.load`).
 

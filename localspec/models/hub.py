@@ -248,6 +248,7 @@ def remote_files(ref: ModelSource, *, projector: bool = False) -> list[RemoteFil
     """
     sizes = _remote_sizes(ref)
     chosen = _select(ref, list(sizes), projector)
+    assert ref.repo is not None  # a Hub reference (a path is never looked up)
     if chosen:
         return [RemoteFile(ref.repo, name, sizes[name]) for name in chosen]
     ggufs = sorted(f for f in sizes if _is_model_file(f, projector))
@@ -328,6 +329,7 @@ def _progress_class(callback: ProgressCallback | None):
     """A tqdm class that reports to `callback` instead of drawing a bar (None keeps the default bar)."""
     if callback is None:
         return None
+    report: ProgressCallback = callback  # narrowed, for the class below
     from tqdm import tqdm
 
     class _Reporter(tqdm):
@@ -338,7 +340,7 @@ def _progress_class(callback: ProgressCallback | None):
 
         def update(self, n: float | None = 1) -> bool | None:
             self._done += int(n or 0)
-            callback(self._label, self._done, self.total)
+            report(self._label, self._done, self.total)
             return None
 
     return _Reporter

@@ -161,7 +161,7 @@ def load_with_flags(
     bundled: Path | None = None,
     n_seq: int | None = None,
     say: Callable[[str], None] | None = None,
-    on_fraction: Callable[[float], None] | None = None,
+    on_fraction: Callable[[float], bool | None] | None = None,
     before: Callable[[PairLoad], None] | None = None,
 ) -> PairLoad:
     """Load a pair by name (or the flags' files) with these flags: the one loader of `serve` and the chat's switch.
@@ -206,7 +206,7 @@ def load_engine(
     target: str | Path,
     draft: str | Path | None,
     params: LoadParams,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[float], bool | None] | None = None,
 ) -> Engine:
     """Load target and draft (the draft only when the drafter uses it); shared by generate, bench and chat.
 
@@ -220,7 +220,7 @@ def load_engine(
 
 def weights_progress(
     params: LoadParams, show: Callable[[str], None], *, step: int = 1
-) -> Callable[[float], None] | None:
+) -> Callable[[float], bool | None] | None:
     """For a load onto RPC workers: `show` gets "loading the target onto W: N%" whenever N reaches a new multiple
     of `step` (llama.cpp reports every tensor). None for a local load, which is quick."""
     if not params.rpc:
@@ -240,7 +240,7 @@ def load_pair(
     pair: str | None = None,
     *,
     paths: Paths | None = None,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[float], bool | None] | None = None,
     **options: Any,
 ) -> Engine:
     """Load a pair of models.toml as an `Engine`: the Python API's `localspec.load`.
