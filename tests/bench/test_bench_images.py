@@ -89,7 +89,7 @@ def test_a_pair_without_a_projector_is_refused_in_one_line(tiny_vision, capsys, 
 def test_a_file_that_is_no_image_is_refused_in_one_line(tiny_vision, capsys, localspec_home, tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("not a picture")
-    for path, expected in ((text, "not an image"), (tmp_path / "gone.png", "cannot read it")):
+    for path, expected in ((text, "not an image"), (tmp_path / "gone.png", "no such file")):
         code, out, err = bench(capsys, tiny_vision, "--image", str(path))
         assert code == 1 and out == "" and err.count("\n") == 1 and expected in err, err
 

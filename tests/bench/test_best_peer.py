@@ -141,7 +141,7 @@ def test_drafters_side_by_side_and_the_headline_follows_the_default(tiny_models,
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--drafters", "model,beam"], "--drafters takes model, ngram, model+ngram, mtp, none"),
+        (["--drafters", "model,beam"], "--drafters takes model, ngram, model+ngram, mtp, assistant, none"),
         (["--drafters", "mtp"], "--drafters mtp: bench the MTP head with --drafter mtp"),
     ],
 )

@@ -388,6 +388,10 @@ def test_signals(world, sig, code, moment):
 SCRIPT = Path(sys.executable).with_name("localspec")  # the console script pyproject's [project.scripts] installs
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SCRIPT.is_file(), reason="the localspec console script is not installed beside this Python")
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.2, 0.5])
@@ -399,7 +403,11 @@ def test_a_ctrl_c_while_the_console_script_imports_exits_130_quietly(world, dela
     module, before any localspec code: a Ctrl+C there is CPython's, whatever a program does)."""
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONPROFILEIMPORTTIME": "1"}
     args = ["generate", "the man said", "--max-tokens", "24", "--n", "10000", "--threads", "1"]  # seconds of answers
-    proc = subprocess.Popen([SCRIPT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    # A shell that runs the suite in the background (CI) starts it with SIGINT ignored, which a child inherits and
+    # Python then keeps: a user's terminal delivers it, so the child gets the default disposition back.
+    proc = subprocess.Popen(
+        [SCRIPT, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, preexec_fn=_default_sigint
+    )
     try:
         early = []
         while not early or early[-1].split(b"|")[-1].strip() != b"localspec.cli":

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 from support import PROMPT, assert_identical, run_greedy, run_to_end
-from support.lawcheck import check_law, expected_tv
+from support.lawcheck import drafted_accepted, expected_tv, law_of_runs
 from support.tinygemma4 import Gemma4Shape, write_gemma4_pair
 
 from localspec.cli.main import main
@@ -333,13 +333,7 @@ def sample_law(pair, reference, capsys):
     code = main([*args, "--threads", "1", "--json"])
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == LAW_RUNS and runs[0]["drafter"] == "assistant"
-    index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
-    counts = np.zeros(len(index) + 1, dtype=np.int64)  # last cell: an outcome the law calls impossible
-    for run in runs:
-        counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
-    drafted = sum(r["stats"]["drafted"] for r in runs)
-    accepted = sum(r["stats"]["accepted"] for r in runs)
-    return check_law(counts, np.append(reference.probs, 0.0)), drafted, accepted
+    return law_of_runs(runs, reference), *drafted_accepted(runs)
 
 
 @pytest.mark.slow

@@ -124,10 +124,13 @@ def test_cli_ngram_drafter_and_its_errors(tiny_models, capsys, localspec_home):
 
 @pytest.mark.parametrize("kind", DRAFTERS)
 @pytest.mark.slow
-def test_real_drafters_declare_what_they_need_and_own(tiny_models, kind, tmp_path):
+def test_real_drafters_declare_what_they_need_and_own(tiny_models, tiny_gemma4, kind, tmp_path):
     draft = tiny_models.draft_noisy if needs_draft_model(kind) else None
-    # The MTP head runs on the target's own model: a tiny qwen35 that carries one.
+    # The MTP head runs on the target's own model: a tiny qwen35 that carries one; the assistant is a Gemma 4
+    # target's sidecar, which owns no cache (it reads the target's).
     target = write_mtp_model(tmp_path / "tiny-mtp.gguf") if kind == "mtp" else tiny_models.target
+    if kind == "assistant":
+        target, draft = tiny_gemma4.target, tiny_gemma4.assistant
     with Engine.load(target, draft, drafter=kind, n_ctx=256) as engine:
         drafter = engine.drafter
         assert isinstance(drafter, Drafter) and drafter.kind == kind

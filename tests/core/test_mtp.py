@@ -14,7 +14,7 @@ import logging
 import numpy as np
 import pytest
 from support import PROMPT, assert_identical, run_greedy
-from support.lawcheck import check_law, expected_tv
+from support.lawcheck import drafted_accepted, expected_tv, law_of_runs
 from support.tinymodels import write_llama_model, write_mtp_model
 
 from localspec.cli.main import main
@@ -222,13 +222,7 @@ def sample_law(mtp_path, reference, capsys):
     code = main([*args, "--threads", "1", "--json"])
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == LAW_RUNS
-    index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
-    counts = np.zeros(len(index) + 1, dtype=np.int64)  # last cell: an outcome the law calls impossible
-    for run in runs:
-        counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
-    drafted = sum(r["stats"]["drafted"] for r in runs)
-    accepted = sum(r["stats"]["accepted"] for r in runs)
-    return check_law(counts, np.append(reference.probs, 0.0)), drafted, accepted
+    return law_of_runs(runs, reference), *drafted_accepted(runs)
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import json
 import llguidance
 import numpy as np
 import pytest
-from support.lawcheck import check_law
+from support.lawcheck import law_of_runs
 
 from localspec.cli.main import main
 from localspec.llama.context import Context
@@ -103,11 +103,7 @@ def sample(tiny_models, reference, capsys, tmp_path, *mode: str):
     )
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == RUNS
-    index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
-    counts = np.zeros(len(index) + 1, dtype=np.int64)  # last cell: an outcome the law calls impossible
-    for run in runs:
-        counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
-    return check_law(counts, np.append(reference.probs, 0.0)), runs
+    return law_of_runs(runs, reference), runs
 
 
 SPECULATIVE = ["--verify", "pq", "--draft-max", "2", "--no-adaptive"]

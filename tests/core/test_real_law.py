@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from support.lawcheck import LawCheck, check_law, expected_tv
+from support.lawcheck import LawCheck, drafted_accepted, expected_tv, law_of_runs
 
 from localspec.cli.main import main
 from localspec.core.laws import ArrayLaw
@@ -193,11 +193,4 @@ def sample_law(tiny_models, reference, mode: str, capsys) -> tuple[LawCheck, flo
     )
     runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0 and len(runs) == n
-    index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
-    counts = np.zeros(len(index) + 1, dtype=np.int64)  # last cell: an outcome the law calls impossible
-    for run in runs:
-        counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
-    probs = np.append(reference.probs, 0.0)
-    drafted = sum(r["stats"]["drafted"] for r in runs)
-    accepted = sum(r["stats"]["accepted"] for r in runs)
-    return check_law(counts, probs), expected_tv(probs, n), drafted, accepted
+    return law_of_runs(runs, reference), expected_tv(np.append(reference.probs, 0.0), n), *drafted_accepted(runs)

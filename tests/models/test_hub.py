@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.fakehub import FakeHub
+from support.fakehub import FakeHub, cli_env
 from support.tinymodels import write_mtp_model
 
 CHUNK = 10 * 1024 * 1024  # huggingface_hub streams downloads in 10 MiB chunks and resumes at chunk bounds
@@ -84,23 +83,7 @@ def fake_hub(tiny_models, tmp_path):
 @pytest.fixture
 def env(fake_hub, tmp_path):
     """Environment of the CLI subprocess: the fake Hub, a private HF cache and LOCALSPEC_HOME with test pairs."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "models.toml").write_text(USER_PAIRS, encoding="utf-8")
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()
-    }
-    return {
-        **clean,
-        "HF_ENDPOINT": fake_hub.url,
-        "HF_HOME": str(tmp_path / "hf-home"),
-        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "HF_HUB_ETAG_TIMEOUT": "3",
-        "NO_PROXY": "127.0.0.1,localhost",
-        "LOCALSPEC_HOME": str(home),
-    }
+    return cli_env(fake_hub, tmp_path, USER_PAIRS)
 
 
 def cli(env: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -8,13 +8,12 @@ projector mtmd opens beside the target, plus a projector whose output size is no
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support.fakehub import FakeHub
+from support.fakehub import FakeHub, cli_env
 from support.tinyvision import TinyVision, write_tiny_vision
 
 from localspec.errors import ConfigError, InvalidParamsError
@@ -139,23 +138,7 @@ def env(vision, tmp_path):
     fake.add("test/vision-GGUF", "mmproj-wrong-size-f16.gguf", vision.mmproj_wrong_size.read_bytes())
     fake.add("test/vision-draft-GGUF", "vision-draft-Q8_0.gguf", vision.draft.read_bytes())
     fake.start()
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "models.toml").write_text(PAIRS, encoding="utf-8")
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()
-    }
-    yield {
-        **clean,
-        "HF_ENDPOINT": fake.url,
-        "HF_HOME": str(tmp_path / "hf-home"),
-        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "HF_HUB_ETAG_TIMEOUT": "3",
-        "NO_PROXY": "127.0.0.1,localhost",
-        "LOCALSPEC_HOME": str(home),
-    }
+    yield cli_env(fake, tmp_path, PAIRS)
     fake.stop()
 
 

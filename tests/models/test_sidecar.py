@@ -11,14 +11,13 @@ vocabulary as the target), so the pairing check `pull` runs on a draft passes as
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from support.fakehub import FakeHub
-from support.tinyvision import TinyVision, write_tiny_vision
+from support.fakehub import FakeHub, cli_env
+from support.tinyvision import TinyVision
 
 from localspec.models import hub
 
@@ -100,13 +99,9 @@ mmproj = "test/plain-GGUF"
 """
 
 
-@pytest.fixture(scope="module")
-def vision(tmp_path_factory: pytest.TempPathFactory) -> TinyVision:
-    return write_tiny_vision(tmp_path_factory.mktemp("vision"))
-
-
 @pytest.fixture
-def fake(vision):
+def fake(tiny_vision: TinyVision):
+    vision = tiny_vision
     hub_ = FakeHub()
     for repo in ("test/vision-GGUF", "test/plain-GGUF"):
         hub_.add(repo, "vision-Q8_0.gguf", vision.target.read_bytes())
@@ -120,23 +115,7 @@ def fake(vision):
 @pytest.fixture
 def env(fake, tmp_path):
     """The CLI's environment, as test_hub's: the fake Hub, a private HF cache, a LOCALSPEC_HOME with the pairs above."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "models.toml").write_text(PAIRS, encoding="utf-8")
-    clean = {
-        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()
-    }
-    return {
-        **clean,
-        "HF_ENDPOINT": fake.url,
-        "HF_HOME": str(tmp_path / "hf-home"),
-        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-        "HF_HUB_ETAG_TIMEOUT": "3",
-        "NO_PROXY": "127.0.0.1,localhost",
-        "LOCALSPEC_HOME": str(home),
-    }
+    return cli_env(fake, tmp_path, PAIRS)
 
 
 def cli(env: dict, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import json
 import anthropic
 import numpy as np
 import pytest
-from support.server import error_of, raw, start_server, write_home
+from support.server import anthropic_error_of, error_of, raw, start_server, write_home
 
 from localspec.core.params import DEFAULT_MODEL_DRAFTER
 
@@ -125,14 +125,6 @@ def test_x_api_key_is_accepted_like_the_bearer_token(tiny_models, tmp_path):
         assert status == 401 and error_of(body)["code"] == "invalid_api_key"
     finally:
         keyed.stop()
-
-
-def anthropic_error_of(body: bytes) -> dict:
-    data = json.loads(body)
-    assert set(data) == {"type", "error"} and data["type"] == "error", data
-    assert set(data["error"]) == {"type", "message"}, data
-    assert "\n" not in data["error"]["message"] and "Traceback" not in data["error"]["message"]
-    return data["error"]
 
 
 USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}

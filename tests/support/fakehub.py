@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -162,3 +164,25 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
     return Handler
+
+
+def cli_env(hub: FakeHub, tmp_path: Path, pairs_toml: str) -> dict[str, str]:
+    """The environment of a CLI subprocess against `hub`: no Hub variables or proxies of the machine's, a private HF
+    home and cache under `tmp_path`, and a LOCALSPEC_HOME whose models.toml is `pairs_toml`."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    (home / "models.toml").write_text(pairs_toml, encoding="utf-8")
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE")) and "proxy" not in k.lower()
+    }
+    return {
+        **clean,
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HUB_ETAG_TIMEOUT": "3",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "LOCALSPEC_HOME": str(home),
+    }

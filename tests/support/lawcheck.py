@@ -102,6 +102,21 @@ def check_law(counts, probs) -> LawCheck:
     return LawCheck(n, chi2, df, chi2_sf(chi2, df) if df > 0 else 1.0, worst, tv)
 
 
+def law_of_runs(runs: list[dict], reference) -> LawCheck:
+    """`check_law` of `generate --json` runs' first three tokens against `reference` (its `outcomes` and `probs`): an
+    outcome the reference calls impossible counts in a last cell of probability 0."""
+    index = {outcome: i for i, outcome in enumerate(reference.outcomes)}
+    counts = np.zeros(len(index) + 1, dtype=np.int64)
+    for run in runs:
+        counts[index.get(tuple(run["tokens"][:3]), len(index))] += 1
+    return check_law(counts, np.append(reference.probs, 0.0))
+
+
+def drafted_accepted(runs: list[dict]) -> tuple[int, int]:
+    """The draft tokens proposed and accepted over `generate --json` runs."""
+    return sum(r["stats"]["drafted"] for r in runs), sum(r["stats"]["accepted"] for r in runs)
+
+
 def binomial_ok(successes: int, n: int, p: float) -> bool:
     """`successes` of `n` trials within 6σ of a Binomial(n, p) mean."""
     return abs(successes - n * p) <= MAX_SIGMA * math.sqrt(max(n * p * (1 - p), 1e-12)) + 1e-9
