@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""How often the draft of the tiny image-reading trio is accepted after a picture, reading a blank (`Filler`) or the
-target's image embeddings (`Embedded`), beside the same turns without a picture: accepted / drafted over 4 prompts ×
-3 pictures × 48 tokens at fixed k (docs/benchmarks.md, "A draft that reads the picture"). Counts, not timings.
+"""How often the draft of the tiny image-reading trio is accepted after a picture, reading a blank (`Filler`), rows of
+zeros (`ZeroRows`) or the target's image embeddings (`Embedded`), beside the same turns without a picture: accepted /
+drafted over 4 prompts × 3 pictures × 48 tokens at fixed k (docs/benchmarks.md, "A draft that reads the picture").
+Counts, not timings.
 
 Usage: scripts/draft_image_acceptance.py [WORK_DIR]
 """
@@ -19,7 +20,7 @@ from support.tinyvision import png_bytes, random_pixels, write_tiny_vision  # no
 
 from localspec.core.engine import Engine  # noqa: E402
 from localspec.core.load import filler_token  # noqa: E402
-from localspec.core.media import Embedded, Filler  # noqa: E402
+from localspec.core.media import Embedded, Filler, ZeroRows  # noqa: E402
 from localspec.core.params import SpeculativeParams  # noqa: E402
 from localspec.core.sampling import SamplingParams  # noqa: E402
 from localspec.llama.pictures import read_image  # noqa: E402
@@ -57,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         draft = next(c for c in engine.caches if c is not engine.target)
-        readers = {"text": None, "blank": Filler(filler_token(draft.ctx.model)), "embeddings": Embedded(engine.media)}
+        readers = {
+            "text": None,
+            "blank": Filler(filler_token(draft.ctx.model)),
+            "zeros": ZeroRows(engine.media),
+            "embeddings": Embedded(engine.media),
+        }
         for temperature in (0.0, 1.0):
             for k in (2, 4):
                 row = ", ".join(f"{name} {acceptance(engine, r, temperature, k)}" for name, r in readers.items())

@@ -29,7 +29,7 @@ from .bridge import BridgedDrafter, VocabBridge
 from .drafters import Drafter, ModelDrafter, make_drafter
 from .head import MtpDrafter
 from .kv import KVSequence
-from .media import Embedded, Filler, MediaStore
+from .media import Embedded, Filler, MediaStore, ZeroRows
 from .params import AUTO_DRAFTER, LoadParams, drafts, needs_draft_model
 from .placement import DEFAULT_N_CTX, RS_SNAPSHOTS, Gpu, GpuPlan, ModelPlan, ask_of, plan_pair
 
@@ -151,12 +151,13 @@ def load_models(
         raise
 
 
-def draft_images(media: MediaStore, draft: Model, *, bridged: bool) -> Embedded | Filler:
+def draft_images(media: MediaStore, draft: Model, *, bridged: bool) -> Embedded | ZeroRows | Filler:
     """How a draft reads an image (core/media.py): the target's embeddings of it where its input width is the
-    target's (and its vocabulary too: a bridged draft reads none of the target's rows), else a blank."""
-    if not bridged and media.projector.feeds(draft):
-        return Embedded(media)
-    return Filler(filler_token(draft))
+    target's, else rows of zeros of its own width; a blank of spaces where positions are not one per row (M-RoPE) or
+    the draft is bridged (its text has no picture: it reads none of the target's rows)."""
+    if bridged or media.projector.uses_mrope:
+        return Filler(filler_token(draft))
+    return Embedded(media) if media.projector.feeds(draft) else ZeroRows(media)
 
 
 def filler_token(model: Model) -> int:

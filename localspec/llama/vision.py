@@ -264,12 +264,12 @@ class Projector:
     @property
     def width(self) -> int:
         """The width of the embeddings the projector writes: its target's input width."""
-        return int(llama_cpp.llama_model_n_embd_inp(self.target.handle))
+        return input_width(self.target)
 
     def feeds(self, model: Model) -> bool:
         """Whether `model` (a draft) can read this projector's image embeddings as they are: the same input width and
         one position per embedding (not M-RoPE), llama-server's condition for handing them to its draft."""
-        return not self.uses_mrope and int(llama_cpp.llama_model_n_embd_inp(model.handle)) == self.width
+        return not self.uses_mrope and input_width(model) == self.width
 
     def encode(self, chunk: Chunk) -> np.ndarray:
         """The embeddings of a media chunk, encoded now: (n_tokens, width) float32, a copy of mtmd's buffer.
@@ -331,7 +331,7 @@ class Projector:
             single = mtmd.mtmd_helper_eval_chunk_single  # False: mtmd asks no logits of media rows
             rc = ctx._call(single, self.handle, ctx.handle, native, n_past, seq, ctx.n_batch, False, byref(new_n_past))
         else:
-            assert embeddings.shape == (chunk.n_tokens, self.width) and embeddings.dtype == np.float32
+            assert embeddings.shape == (chunk.n_tokens, input_width(ctx.model)) and embeddings.dtype == np.float32
             rows = embeddings.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
             no_callback = mtmd.mtmd_helper_post_decode_callback()  # a NULL function pointer
             decode = mtmd.mtmd_helper_decode_image_chunk
@@ -366,3 +366,8 @@ class Projector:
             else:
                 n_past = self.eval_image(ctx, chunk, n_past, seq=seq)
         return n_past
+
+
+def input_width(model: Model) -> int:
+    """The width of the rows `model` reads as input embeddings (an image's rows, as mtmd decodes them)."""
+    return int(llama_cpp.llama_model_n_embd_inp(model.handle))

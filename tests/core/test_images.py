@@ -283,3 +283,26 @@ def test_the_draft_reads_the_targets_image_embeddings_and_drafts_after_a_picture
         draft.media = embedded
     assert outs == blank_outs  # what the draft reads changes its proposals, never the output
     assert with_embeddings > 2 * with_blank, (with_embeddings, with_blank)
+
+
+def test_a_draft_of_another_width_reads_rows_of_zeros_and_the_output_stays_the_targets(tiny_vision, tmp_path):
+    """A draft narrower than the target cannot read its image embeddings: it reads as many rows of zeros of its own
+    width at the picture's positions (`ZeroRows`; a little better than a blank of spaces, measured), its history as
+    long as the target's, and greedy output is the target's alone."""
+    from support.tinymodels import LlamaShape, write_llama_model
+
+    from localspec.core.media import ZeroRows
+
+    narrow = write_llama_model(tmp_path / "narrow.gguf", seed=7, shape=LlamaShape(n_embd=48, n_head=4, n_head_kv=2))
+    answers = {}
+    for drafter, draft in (("model", narrow), ("none", None)):
+        with Engine.load(tiny_vision.target, draft, mmproj=str(tiny_vision.mmproj), drafter=drafter, n_ctx=N_CTX,
+                         n_threads=1, cache_ram=0) as engine:  # fmt: skip
+            if draft is not None:
+                seq = next(c for c in engine.caches if c is not engine.target)
+                assert isinstance(seq.media, ZeroRows)
+            gen = engine.generate(prompt(engine, picture(8)), sampling=GREEDY, spec=FIXED, max_tokens=24)
+            answers[drafter] = [e.token for e in gen]
+            assert drafter == "none" or gen.stats.drafted > 0
+            engine.check_invariants()
+    assert answers["model"] == answers["none"]
