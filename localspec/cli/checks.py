@@ -151,7 +151,7 @@ def _cache_dir(value: str | None) -> tuple[str | None, int | None]:
                 "like 8G, 512M, 7.5GiB or 1T (K, M, G or T, ASCII digits, at most 1 PiB), or end DIR with / when "
                 "the colon belongs to its name"
             ) from None
-    from localspec.core.promptcache import open_cache_dir
+    from localspec.core.promptdisk import open_cache_dir
 
     return str(open_cache_dir(text)), size
 

@@ -396,14 +396,14 @@ def _configured_pairs(paths: Paths, *, warn: bool = True) -> list[str]:
 
 def _log_to_stderr() -> None:
     """The server's lines (requests, errors, pair loads) on stderr too, one line each; uvicorn's own likewise; and the
-    prompt cache's warnings (a damaged file, a full or unwritable --cache-dir: once per cause, promptcache.py)."""
+    prompt cache's warnings (a damaged file, a full or unwritable --cache-dir: once per cause, core/promptdisk.py)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     handler.setLevel(logging.INFO)
     warnings = logging.StreamHandler(sys.stderr)
     warnings.setFormatter(handler.formatter)
     warnings.setLevel(logging.WARNING)
-    for name, each in (("localspec.server", handler), ("localspec.core.promptcache", warnings)):
+    for name, each in (("localspec.server", handler), ("localspec.core.promptdisk", warnings)):
         logger = logging.getLogger(name)
         if not any(getattr(h, "_localspec_serve", False) for h in logger.handlers):
             each._localspec_serve = True  # type: ignore[attr-defined]

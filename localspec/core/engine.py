@@ -28,7 +28,8 @@ from .media import MediaStore
 from .params import LoadParams, SpeculativeParams
 from .placement import GpuPlan
 from .policy import DraftPolicy
-from .promptcache import DIR_SIZE, DiskTier, PromptCache, cache_budget
+from .promptcache import PromptCache, cache_budget
+from .promptdisk import DIR_SIZE, DiskTier
 from .stats import Stats
 
 __all__ = ["Engine", "GenerateOptions", "Generation", "TokenEvent"]  # the loop's names, where callers found them

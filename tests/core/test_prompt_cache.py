@@ -21,7 +21,8 @@ from support.tinymodels import write_mtp_model
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
-from localspec.core.promptcache import GAIN_MIN, SUFFIX, DiskTier, PromptCache
+from localspec.core.promptcache import GAIN_MIN, PromptCache
+from localspec.core.promptdisk import SUFFIX, DiskTier
 from localspec.errors import LocalspecError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
@@ -395,7 +396,7 @@ def test_many_damaged_files_are_one_warning_the_rest_in_the_log(tmp_path, caplog
     cache, disk = _disk(tmp_path, size=2**20)
     for i in range(3):
         (disk.directory / f"{i:032x}{SUFFIX}").write_bytes(b"LSPROMPT garbage")
-    caplog.set_level(logging.INFO, "localspec.core.promptcache")
+    caplog.set_level(logging.INFO, "localspec.core.promptdisk")
     DiskTier(disk.directory, 2**20)
     (line,) = _warnings(caplog)
     assert "prompt cache: removed" in line and "any other damaged file: in the log alone" in line, line

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support.server import start_server, write_home
 
-from localspec.core.promptcache import SUFFIX
+from localspec.core.promptdisk import SUFFIX
 
 
 @pytest.mark.slow
