@@ -25,12 +25,12 @@ from localspec.models import demo, hub
 from localspec.models.catalog import ModelsConfig, bundled_config_file, load_config
 from localspec.models.pairs import (
     file_problems,
-    head_report,
     media_of,
     pair_status,
     sidecar_line,
     vocabulary_verdict,
 )
+from localspec.models.preflight import head_report
 from localspec.paths import HOME_ENV, Paths, folder_problem
 
 from .crashes import Crash, take_crashes

@@ -18,13 +18,13 @@ from localspec.models.pairs import (
     PulledFile,
     file_problems,
     head_layers_of,
-    head_report,
     media_of,
     pair_status,
     pull_pair,
     sidecar_line,
     vocabulary_verdict,
 )
+from localspec.models.preflight import head_report
 from localspec.paths import Paths
 
 

@@ -17,7 +17,8 @@ from localspec.core.engine import Engine
 from localspec.models import demo
 from localspec.models.catalog import ModelsConfig, load_config
 from localspec.models.loading import load_with_flags
-from localspec.models.pairs import draft_of, file_problems, head_report, pair_status, pull_pair
+from localspec.models.pairs import draft_of, file_problems, pair_status, pull_pair
+from localspec.models.preflight import head_report
 from localspec.models.resolved import ResolvedPair
 
 from .settings import ChatOptions

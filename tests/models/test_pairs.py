@@ -13,7 +13,6 @@ from localspec.errors import ModelFileError
 from localspec.models import demo, hub
 from localspec.models.catalog import ModelSource, load_config
 from localspec.models.pairs import (
-    check_files,
     choose_pair,
     compat_hint,
     family_of,
@@ -21,6 +20,7 @@ from localspec.models.pairs import (
     pull_pair,
     resolve_pair,
 )
+from localspec.models.preflight import check_files
 
 
 @pytest.fixture(autouse=True)
