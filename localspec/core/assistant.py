@@ -36,6 +36,7 @@ class AssistantDrafter:
     """
 
     kind = "assistant"
+    batched = False  # it reads the target's own rows: it drafts for its stream itself
     needs_model = False  # its file loads with the target (`load_models`), not as the draft model
     drafts = True
     caches: tuple[KVSequence, ...] = ()  # it has none: the target's cache is the engine's already

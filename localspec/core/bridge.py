@@ -221,6 +221,8 @@ class BridgedDrafter(ModelDrafter):
     """A draft model with its own tokenizer (see the module's docstring for the two modes); `make_drafter` wraps it
     for "model+ngram" as it does a `ModelDrafter`."""
 
+    batched = False  # its cache holds the draft's own tokens: it drafts for its stream itself
+
     def __init__(self, seq: KVSequence, bridge: VocabBridge) -> None:
         super().__init__(seq, size_ratio=bridge.draft.info.file_size / bridge.target.info.file_size)
         self.bridge = bridge

@@ -115,6 +115,9 @@ class Drafter(Protocol):
     size_ratio: float  # its weights over the target's (0: no model): the policy's cost estimate without a clock
     # Told (tokens, n_past) after each target decode: a head that reads the target's rows; None for the others.
     after_target_decode: Callable[[list[int], int], None] | None
+    # A shared batch may draft for its stream as its plan says (`serve --parallel`, core/slots.py): n-gram copies and
+    # the draft model drafting for several streams at once. False: the stream drafts with this drafter itself.
+    batched: bool
 
     def describe(self) -> str:
         """What the user is told once about how it drafts ("" when there is nothing to say)."""
@@ -278,6 +281,7 @@ class NoDrafter:
     kind = "none"
     needs_model = False
     drafts = False
+    batched = True
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30
     size_ratio = 0.0
@@ -307,6 +311,7 @@ class ModelDrafter:
     kind = "model"
     needs_model = True
     drafts = True
+    batched = True  # a subclass with another vocabulary (core/bridge.py) is not
     after_target_decode = None
 
     def __init__(self, seq: KVSequence, *, size_ratio: float) -> None:
@@ -389,6 +394,7 @@ class NgramDrafter:
     kind = "ngram"
     needs_model = False
     drafts = True
+    batched = True
     caches: tuple[KVSequence, ...] = ()
     n_ctx = 1 << 30  # the index works on any history length
     size_ratio = 0.0
@@ -414,17 +420,20 @@ class NgramDrafter:
 
 class SharedDrafts(NgramDrafter):
     """The drafts decoded in a shared batch for one stream's step (`serve --parallel`, core/slots.py), proposed as they
-    are with the law each was drawn from: the stream's own n-gram copy (point laws) or the draft model's, drafted before
-    its step (so no index and no cache of its own, and nothing to keep)."""
+    are with the law each was drawn from and what they cost: the stream's own n-gram copy (point laws), the draft
+    model's drafting for several streams, or the stream's own drafter's, drafted before its step (`keeper`: that
+    drafter, which keeps its cache after the step; else nothing to keep)."""
 
-    def __init__(self, drafts: Proposal) -> None:  # NgramDrafter.__init__ not called: it builds an index
-        self.drafts = drafts
+    def __init__(self, drafts: Proposal, keeper: Drafter | None = None) -> None:  # no index of its own
+        self.proposal, self.keeper = drafts, keeper
 
     def propose(self, request: DraftRequest) -> Proposal:
-        return Proposal(self.drafts.tokens[: request.k], self.drafts.laws[: request.k])
+        drafts = self.proposal
+        return Proposal(drafts.tokens[: request.k], drafts.laws[: request.k], drafts.cost)
 
     def keep(self, n: int) -> None:
-        pass
+        if self.keeper is not None:
+            self.keeper.keep(n)
 
 
 class NgramFirst:
@@ -448,6 +457,7 @@ class NgramFirst:
 
     def __init__(self, inner: Drafter, *, trust: int = 2, copy_max: int | None = None) -> None:
         self.inner, self.trust, self.copy_max = inner, trust, copy_max
+        self.batched = inner.batched
         self.caches = inner.caches
         self.size_ratio = inner.size_ratio
         self.history = HistoryIndex()

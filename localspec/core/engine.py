@@ -151,12 +151,17 @@ class Engine:
         self.drafter = drafter
         # Every cache the engine keeps consistent: the target's first, then the drafter's own.
         self.caches: tuple[KVSequence, ...] = (self.target, *drafter.caches)
-        for seq in drafter.caches:
-            seq.use_cache(self.prompt_cache, f"draft:{seq.ctx.model.path}")
+        self.share_prompt_cache(drafter)
         if drafter.after_target_decode is not None:
             self.target.ctx.after_decode = drafter.after_target_decode
         self.policy = policy or DraftPolicy(draft_size_ratio=drafter.size_ratio)
         return self.policy
+
+    def share_prompt_cache(self, drafter: Drafter) -> None:
+        """`drafter`'s caches save and restore their prompts in the engine's prompt cache, as the engine's own
+        drafter's do (a drafter a request drafts with: server/served.py)."""
+        for seq in drafter.caches:
+            seq.use_cache(self.prompt_cache, f"draft:{seq.ctx.model.path}")
 
     @property
     def drafting_note(self) -> str:
@@ -165,27 +170,39 @@ class Engine:
         return self.drafter.describe() or self.load_note
 
     def draft_length(
-        self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
+        self,
+        spec: SpeculativeParams,
+        remaining: int,
+        n_history: int,
+        stats: Stats,
+        drafting: tuple[Drafter, DraftPolicy] | None = None,
+        *,
+        timed: bool = True,
     ) -> int:
-        """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room."""
-        no_drafter = not self.drafter.drafts
+        """k for the next step: the policy's (draft_max unless adaptive), bounded by what is wanted and the room.
+        `drafting`: the stream's drafter and policy (None: the engine's)."""
+        drafter, policy = drafting if drafting is not None else (self.drafter, self.policy)
+        no_drafter = not drafter.drafts
         if no_drafter or spec.draft_max == 0 or self.cannot_roll_back:
             stats.speculation_off = "no drafter" if no_drafter else self.cannot_roll_back or "draft-max is 0"
             stats.draft_length = 0
             return 0
-        cap = self.draft_limit(spec, remaining, n_history)
-        choice = self.policy.choose(spec.adaptive, spec.draft_max, timed=timed, cap=cap)
+        cap = self.draft_limit(spec, remaining, n_history, drafter)
+        choice = policy.choose(spec.adaptive, spec.draft_max, timed=timed, cap=cap)
         stats.record_choice(choice.k, choice.reason, probe=choice.probe)
-        stats.decision = self.policy.decision
+        stats.decision = policy.decision
         return choice.k
 
-    def draft_limit(self, spec: SpeculativeParams, remaining: int, n_history: int) -> int:
+    def draft_limit(
+        self, spec: SpeculativeParams, remaining: int, n_history: int, drafter: Drafter | None = None
+    ) -> int:
         """Most drafts a step may verify: draft_max, within what is wanted and the room left (0 where nothing drafts:
-        no drafter, draft-max 0, a cache that cannot roll back)."""
-        if not self.drafter.drafts or spec.draft_max == 0 or self.cannot_roll_back:
+        no drafter, draft-max 0, a cache that cannot roll back). `drafter`: the stream's (None: the engine's)."""
+        drafter = drafter if drafter is not None else self.drafter
+        if not drafter.drafts or spec.draft_max == 0 or self.cannot_roll_back:
             return 0
         # The target decodes history[-1] + k drafts; the draft holds history + k - 1 of them.
-        room = min(self.n_ctx - n_history, self.drafter.n_ctx - n_history + 1)
+        room = min(self.n_ctx - n_history, drafter.n_ctx - n_history + 1)
         return max(0, min(spec.draft_max, remaining - 1, room))
 
     def compile_grammar(self, grammar: Grammar | CompiledGrammar) -> CompiledGrammar:

@@ -16,7 +16,7 @@ from typing import Protocol, TypedDict
 
 import numpy as np
 
-from localspec.errors import ContextError, InvalidParamsError
+from localspec.errors import ContextError, InvalidParamsError, NonFiniteLogitsError
 from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.threads import ThreadTuner
@@ -28,7 +28,7 @@ from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .policy import DraftPolicy
 from .sampling import SamplingParams
 from .stats import Stats, TokenLogprob
-from .step import speculative_step, target_chain
+from .step import admitted, speculative_step, target_chain
 from .textstream import TextStream
 
 log = logging.getLogger(__name__)
@@ -65,10 +65,19 @@ class Engine(Protocol):
 
     def compile_grammar(self, grammar: Grammar | CompiledGrammar) -> CompiledGrammar: ...
 
-    def draft_limit(self, spec: SpeculativeParams, remaining: int, n_history: int) -> int: ...
+    def draft_limit(
+        self, spec: SpeculativeParams, remaining: int, n_history: int, drafter: Drafter | None = None
+    ) -> int: ...
 
     def draft_length(
-        self, spec: SpeculativeParams, remaining: int, n_history: int, stats: Stats, *, timed: bool = True
+        self,
+        spec: SpeculativeParams,
+        remaining: int,
+        n_history: int,
+        stats: Stats,
+        drafting: tuple[Drafter, DraftPolicy] | None = None,
+        *,
+        timed: bool = True,
     ) -> int: ...
 
 
@@ -100,6 +109,10 @@ class GenerateOptions(TypedDict, total=False):
     grammar: Grammar | CompiledGrammar | None  # what the answer must match (core/grammar.py; default: anything)
     logprobs: int | None  # each token's log-probability and this many alternatives (core/step.py; default: none)
     target: KVSequence | None  # the target's cache to generate in (a `serve --parallel` slot's; default: the engine's)
+    # The drafter this generation drafts with, and its draft-length policy (a server's request, a slot's own drafter;
+    # default: the engine's, or a new policy for a drafter given without one).
+    drafter: Drafter | None
+    policy: DraftPolicy | None
 
 
 class Generation:
@@ -123,6 +136,8 @@ class Generation:
         grammar: Grammar | CompiledGrammar | None = None,
         logprobs: int | None = None,
         target: KVSequence | None = None,
+        drafter: Drafter | None = None,
+        policy: DraftPolicy | None = None,
     ) -> None:
         if not prompt:
             raise InvalidParamsError("the prompt is empty: give some text to continue")
@@ -136,6 +151,11 @@ class Generation:
             )
         self.engine, self.prompt, self.sampling, self.spec = engine, list(prompt), sampling, spec
         self.target = target if target is not None else engine.target
+        # This stream's own drafter and policy: nothing another stream asks changes them.
+        self.drafter = drafter if drafter is not None else engine.drafter
+        if policy is None:
+            policy = engine.policy if drafter is None else DraftPolicy(draft_size_ratio=self.drafter.size_ratio)
+        self.policy = policy
         self.max_tokens = max_tokens
         self.rng = rng if rng is not None else np.random.default_rng(sampling.seed)
         # The grammar's matcher for this generation (compiled here, so a bad grammar fails before anything runs).
@@ -159,6 +179,10 @@ class Generation:
         self._text = TextStream(stop)
         self._cancel = threading.Event()
         self._started = False
+        self._draft_unread = False  # the draft has not read the prompt: it reads it after the first token
+        self._forced: list[int] | None = None  # the grammar's forced tokens for the next step, once worked out
+        self._own_drafts: Proposal | None = None  # drafted by `draft_own` for the next step's shared tick
+        self._draft_error: NonFiniteLogitsError | None = None  # what `draft_own` met, said by the step
 
     @property
     def text(self) -> str:
@@ -168,15 +192,16 @@ class Generation:
         """Ask the generation to stop after the current step (thread-safe)."""
         self._cancel.set()
 
-    def upcoming(self) -> int | None:
-        """The token a plain next step decodes (the last one, at the target's n_past), where the next event starts a
-        step; None while the prompt is unread, at the end, or when cancelled (`serve --parallel` decodes it ahead)."""
+    def next_rows(self) -> list[int] | None:
+        """The tokens a plain next step decodes at the target's n_past — the last one, then those the grammar forces
+        (worked out once, here, and kept for the step) — where the next event starts a step; None while the prompt
+        is unread, at the end, or when cancelled (`serve --parallel` decodes them ahead, in the shared batch)."""
         history = self._history
         if history is None or self.pending or self.finish_reason is not None or self._cancel.is_set():
             return None
         if len(history) > self.engine.n_ctx or self.target.n_past != len(history) - 1:
             return None
-        return history[-1]
+        return [history[-1], *self._forced_now(history)]
 
     @property
     def history(self) -> list[int]:
@@ -201,18 +226,45 @@ class Generation:
             logprobs=self.logprobs_top,
         )
 
+    @property
+    def drafts_alone(self) -> bool:
+        """Whether this stream chooses its own k and drafts with its own drafter in a shared batch too, rather than as
+        the batch's plan says (`serve --parallel`): a seed at T > 0 (which streams the plan drafts for depends on the
+        clock; the text must not) or a drafter the batch cannot draft with (another vocabulary: `Drafter.batched`)."""
+        seeded = self.sampling.seed is not None and not self.sampling.greedy
+        return seeded or not self.drafter.batched
+
     def draft_room(self) -> int:
-        """Most drafts a step may verify after drafts decoded in a shared batch (`serve --parallel`): 0 where this
-        generation does not speculate, follows a grammar (its forced tokens come first), or must not let the clock
-        decide its text (a seed at T > 0: which streams draft in a shared batch depends on timings)."""
+        """Most drafts a step may verify after drafts decoded in a shared batch (`serve --parallel`, the plan's
+        streams): after the tokens the grammar forces (`next_rows`), within the answer and the room; 0 where this
+        generation does not speculate."""
         history = self._history
-        if (
-            history is None
-            or self.constraint is not None
-            or (self.sampling.seed is not None and not self.sampling.greedy)
-        ):
+        if history is None:
             return 0
-        return self.engine.draft_limit(self.spec, self.max_tokens - len(self.tokens), len(history))
+        forced = self._forced or []
+        remaining = self.max_tokens - len(self.tokens) - len(forced)
+        return self.engine.draft_limit(self.spec, remaining, len(history) + len(forced), self.drafter)
+
+    def draft_own(self) -> Proposal | None:
+        """This stream's drafts for its next step in a shared batch, drafted now by its own drafter with the k its own
+        policy chooses, exactly as its step alone would (`drafts_alone`: a seeded or bridged stream); None: none.
+        The step then verifies them from the batch's rows and its drafter keeps its cache (`Drafted`)."""
+        history = self._history
+        if history is None or self._forced is None:
+            return None
+        forced = self._forced
+        k = self._draft_length(history, forced)
+        if not k:
+            return None
+        try:
+            drafts = self.drafter.propose(self.request(k, forced))
+        except NonFiniteLogitsError as e:  # said by its step, as alone (`speculative_step` names the model)
+            self._draft_error = e
+            return None
+        if self.constraint is not None:
+            drafts = admitted(drafts, self.constraint, len(forced))
+        self._own_drafts = drafts
+        return drafts
 
     def read_prompt(self, chunk: int) -> Iterator[None]:
         """Read the prompt into the target's cache `chunk` tokens at a time before the generation runs, yielding after
@@ -234,7 +286,7 @@ class Generation:
     @property
     def caches(self) -> tuple[KVSequence, ...]:
         """The caches this generation keeps consistent: its target's, then the drafter's."""
-        return (self.target, *self.engine.drafter.caches)
+        return (self.target, *self.drafter.caches)
 
     def __iter__(self) -> Iterator[TokenEvent]:
         """The events of this generation, once.
@@ -265,9 +317,9 @@ class Generation:
 
     def _run(self) -> Iterator[TokenEvent]:
         engine, stats, target = self.engine, self.stats, self.target
-        stats.drafter = engine.drafter.kind
+        stats.drafter = self.drafter.kind
         t0 = time.perf_counter()
-        engine.policy.start()
+        self.policy.start()
         if engine.threads is not None:
             engine.threads.start()
         try:
@@ -276,8 +328,8 @@ class Generation:
             stats.prefill_restored += target.n_restored - restored
             if stats.prefill_decoded:
                 target.anchor()  # recurrent/hybrid memory: the next turn restores this, not a re-read
-            later = self._draft_reads_later()
-            if not later:
+            self._draft_unread = self._draft_reads_later()
+            if not self._draft_unread:
                 self._read_draft(self.prompt)
         except PrefillStopped:  # Esc while reading a long prompt: the caches hold what was read so far
             yield self._finish(None, "cancelled")
@@ -285,11 +337,11 @@ class Generation:
         finally:
             stats.seconds_prefill += time.perf_counter() - t0
         history = list(self.prompt)
-        drafting = self.spec.draft_max > 0 and engine.drafter.drafts
+        drafting = self.spec.draft_max > 0 and self.drafter.drafts
         self._chain = target_chain(target.ctx, self.sampling, self.rng, drafting=drafting)  # None: numpy's law
         self._history = history
         try:
-            yield from self._steps(history, draft_unread=later)
+            yield from self._steps(history)
         finally:
             if self._chain is not None:
                 self._chain.close()
@@ -298,7 +350,7 @@ class Generation:
     def _draft_reads_later(self) -> bool:
         """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
         of it to read (a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
-        drafter = self.engine.drafter
+        drafter = self.drafter
         if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
             return False
         held = self.prompt[:-1]
@@ -307,9 +359,8 @@ class Generation:
 
     def _draft_wanted(self, history: list[int]) -> bool:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
-        engine = self.engine
-        fits = len(history) < engine.drafter.n_ctx
-        return fits and self._tick() is None and engine.policy.wants_draft(self.spec.adaptive)
+        fits = len(history) < self.drafter.n_ctx
+        return fits and self._tick() is None and self.policy.wants_draft(self.spec.adaptive)
 
     def _read_draft(self, history: list[int]) -> None:
         """The drafter reads `history` (but its last token) to draft after it.
@@ -318,19 +369,59 @@ class Generation:
             PrefillStopped: the generation was cancelled while a long history was read.
         """
         if self._draft_wanted(history):
-            self.stats.draft_prefill_decoded += self.engine.drafter.prefill(
-                history, progress=self._prefill_progress("draft")
-            )
+            self.stats.draft_prefill_decoded += self.drafter.prefill(history, progress=self._prefill_progress("draft"))
 
-    def _steps(self, history: list[int], *, draft_unread: bool = False) -> Iterator[TokenEvent]:
+    def _forced_now(self, history: list[int]) -> list[int]:
+        """The tokens the grammar forces at the next step, emitted without asking the model: worked out (and pushed)
+        once a step, by the step or ahead of it by `next_rows`, and kept until the step takes them."""
+        if self._forced is None:
+            forced: list[int] = []
+            if self.constraint is not None:
+                room = min(self.max_tokens - len(self.tokens), self.engine.n_ctx - len(history)) - 1
+                forced = self.constraint.forced(room, self.engine.eog)
+            self._forced = forced
+        return self._forced
+
+    def _draft_length(self, history: list[int], forced: list[int]) -> int:
+        """k for a step this stream's own policy decides (alone, or `draft_own`): none before the draft has read the
+        prompt, none after forced tokens for a head that reads the target's rows (it has none for them yet)."""
+        if self._draft_unread or (forced and self.drafter.after_target_decode is not None):
+            return 0
+        return self.engine.draft_length(
+            self.spec,
+            self.max_tokens - len(self.tokens) - len(forced),
+            len(history) + len(forced),
+            self.stats,
+            (self.drafter, self.policy),
+            timed=self.sampling.seed is None,  # with a fixed seed, k must not depend on the clock: the text would too
+        )
+
+    def _step_drafter(self, history: list[int], forced: list[int]) -> tuple[Drafter, int, bool]:
+        """The drafter of the next step, its k, and whether this stream's own policy chose k: alone, the stream's
+        drafter; in a shared tick, the drafts decoded for it in the batch (its own, drafted ahead by `draft_own`, or
+        the plan's) or none."""
+        tick = self._tick()
+        if tick is None:
+            return self.drafter, self._draft_length(history, forced), True
+        ahead = tick.drafts_for(self)
+        own, self._own_drafts = self._own_drafts, None
+        if self._draft_error is not None:
+            error, self._draft_error = self._draft_error, None
+            raise error
+        if ahead is None or not ahead.tokens:
+            return self.drafter, 0, own is not None
+        keeper = self.drafter if own is not None else None
+        return SharedDrafts(ahead, keeper), len(ahead.tokens), own is not None
+
+    def _steps(self, history: list[int]) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
         while True:
             reason = self._reason_to_stop(history)
             if reason:
                 yield self._finish(None, reason)
                 return
-            if draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
-                draft_unread = False
+            if self._draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
+                self._draft_unread = False
                 t0 = time.perf_counter()
                 try:
                     self._read_draft(history)
@@ -339,34 +430,17 @@ class Generation:
                     return
                 finally:
                     stats.seconds_prefill += time.perf_counter() - t0
-            remaining, forced = self.max_tokens - len(self.tokens), []
-            if self.constraint is not None:  # tokens the grammar forces: emitted without asking the model
-                room = min(remaining, engine.n_ctx - len(history)) - 1
-                forced = self.constraint.forced(room, engine.eog)
-            tick = self._tick()
-            ahead = tick.drafts_for(self) if tick is not None else None
-            k = len(ahead.tokens) if ahead is not None else 0
-            if draft_unread:
-                k = 0  # the first step, before the draft has read the prompt
-            elif tick is None:  # with a fixed seed, k must not depend on the clock: the sampled text would too
-                k = engine.draft_length(
-                    self.spec,
-                    remaining - len(forced),
-                    len(history) + len(forced),
-                    stats,
-                    timed=self.sampling.seed is None,
-                )
-            if forced and engine.drafter.after_target_decode is not None:
-                k = 0  # a head that reads the target's rows has none yet for the forced tokens: it drafts next step
+            forced = self._forced_now(history)
+            drafter, k, chosen = self._step_drafter(history, forced)
+            self._forced = None  # this step takes them
             if engine.threads is not None:
                 engine.threads.check()
-            drafter = SharedDrafts(ahead) if k and ahead is not None else engine.drafter
             step = speculative_step(self.target, drafter, self.request(k, forced))
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
-            if tick is None and not self.target.ctx.row_shared:  # a shared batch's step says nothing of a lone one's
-                engine.policy.observe(step)
+            if chosen and (self._tick() is not None or not self.target.ctx.row_shared):
+                self.policy.observe(step)  # a shared batch's plan says nothing of this stream's policy
             for i, (token, from_draft) in enumerate(step.tokens):
                 self.pending = len(step.tokens) - i - 1
                 if step.logprobs is not None:

@@ -33,6 +33,7 @@ class MtpDrafter:
     """
 
     kind = "mtp"
+    batched = False  # it reads the target's own rows: it drafts for its stream itself
     needs_model = False
     drafts = True
 

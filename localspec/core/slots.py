@@ -25,11 +25,27 @@ from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_shared, passes
 
 from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
-from .drafters import DraftLawBuilder, ModelDrafter, Proposal, draft_loop, draft_token, drive
+from .bridge import BridgedDrafter
+from .drafters import (
+    Drafter,
+    DraftLawBuilder,
+    DraftRequest,
+    ModelDrafter,
+    NgramDrafter,
+    NgramFirst,
+    Proposal,
+    draft_loop,
+    draft_token,
+    drive,
+    make_drafter,
+)
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
 from .ngram import HistoryIndex
+from .params import needs_draft_model
+from .policy import DraftPolicy
 from .sampling import penalty_window
+from .step import admitted
 
 log = logging.getLogger(__name__)
 PROBE_EVERY = 32  # shared ticks between probes of the draft model in a shared batch (`SlotPool._probe`)
@@ -53,6 +69,9 @@ class Slot:
     acceptance: Acceptance = field(default_factory=Acceptance)  # of those drafts, for the request it holds
     draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model drafts shared)
     model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts in a shared batch
+    # Its drafters by kind, each with its draft-length policy (`SlotPool.drafting`): the stream it holds drafts with
+    # one, alone and in a shared batch, over the slot's one draft state (`draft`, `ngrams`).
+    drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)
 
 
 @dataclass(eq=False, slots=True)
@@ -66,6 +85,7 @@ class TickStream:
     match: int  # the length of the match its copy follows
     model: bool  # drafted by the draft model (else copied)
     before: tuple[int, int, int]  # its stats' drafted, accepted and rejections before its step
+    own: bool = False  # drafted by the stream's own drafter, as alone (`Generation.draft_own`): the plan learns nothing
 
 
 class SharedTick:
@@ -134,6 +154,7 @@ class SlotPool:
                 view.clear()
                 slot.draft = KVSequence(view, rollback="seq_rm")
                 slot.draft.media = drafter.seq.media
+                slot.draft.use_cache(engine.prompt_cache, f"draft:{drafter.seq.ctx.model.path}")
         self._clock = 0
 
     def warm(self) -> None:
@@ -183,14 +204,53 @@ class SlotPool:
         best = max(free, key=lambda slot: (common_prefix(slot.target.tokens, prompt), -slot.used))
         self._clock += 1
         best.busy, best.used, best.acceptance = True, self._clock, Acceptance()
-        # The draft model's acceptance in a shared batch starts from what was measured of it before: by the engine's
-        # policy alone, or by every stream in a shared batch (`model_alpha`), whichever holds more evidence (up to 8
-        # tokens' worth).
-        policy, pooled = self._engine.policy, self.model_alpha
-        alone = policy.seen >= pooled.seen
-        prior, seen = (policy.alpha, policy.seen) if alone else (pooled.alpha(0), pooled.seen)
-        best.model_acceptance = Acceptance(prior=prior, weight=min(8.0, max(2.0, seen)))
+        self._prior(best, self._engine.policy)  # until the stream's own drafter is known (`drafting`)
         return best
+
+    def _prior(self, slot: Slot, policy: DraftPolicy) -> None:
+        """The draft model's acceptance in a shared batch for `slot`'s new stream starts from what was measured of it
+        before: by `policy` alone, or by every stream in a shared batch (`model_alpha`), whichever holds more
+        evidence (up to 8 tokens' worth)."""
+        pooled = self.model_alpha
+        prior, seen = (policy.alpha, policy.seen) if policy.seen >= pooled.seen else (pooled.alpha(0), pooled.seen)
+        slot.model_acceptance = Acceptance(prior=prior, weight=min(8.0, max(2.0, seen)))
+
+    def drafting(self, slot: Slot, kind: str) -> tuple[Drafter, DraftPolicy]:
+        """The drafter of `kind` (one of DRAFTERS) for the stream `slot` holds, and its draft-length policy: made on
+        first use over the slot's own draft state (its sequence of the draft model's slots context, its n-gram
+        index), then kept with the slot, so a stream alone and in a shared batch drafts from one state, and two
+        streams never share a drafter. The batch's prior of the draft model's acceptance follows its policy.
+
+        Raises:
+            InvalidParamsError: a kind this pool cannot draft with (a draft head, or a model drafter without a draft
+                model).
+        """
+        kept = slot.drafters.get(kind)
+        if kept is None:
+            if kind in ("mtp", "assistant"):
+                raise InvalidParamsError(f"the drafter '{kind}' drafts for one stream at a time: use --parallel 1")
+            drafter = make_drafter(kind, self._model(slot) if needs_draft_model(kind) else None)
+            if isinstance(drafter, NgramDrafter | NgramFirst):
+                drafter.history = slot.ngrams  # one index of the slot's history, alone and in a shared batch
+            kept = slot.drafters[kind] = (drafter, DraftPolicy(draft_size_ratio=drafter.size_ratio))
+        self._prior(slot, kept[1])
+        return kept
+
+    def _model(self, slot: Slot) -> Drafter | None:
+        """The draft model's drafter over `slot`'s own sequence of the draft's slots context (with the engine's
+        bridge where the vocabularies differ); where there is no such context, the engine's own (one cache that
+        each stream's drafts re-sync: exact, only slower)."""
+        engine = self._engine
+        model = engine.model_drafter
+        if slot.draft is None or model is None:
+            return model
+        for drafter, _ in slot.drafters.values():  # the slot's one model drafter, whatever wraps it
+            inner = getattr(drafter, "inner", drafter)
+            if isinstance(inner, ModelDrafter):
+                return inner
+        if isinstance(model, BridgedDrafter):
+            return BridgedDrafter(slot.draft, model.bridge)
+        return ModelDrafter(slot.draft, size_ratio=model.size_ratio)
 
     def release(self, slot: Slot) -> None:
         """Give `slot` back; rows decoded in the tick that no step took are removed first."""
@@ -201,26 +261,40 @@ class SlotPool:
 
     def begin(self, streams: Sequence[tuple[Slot, Generation]]) -> int:
         """Start a tick: decode the next rows of every stream whose next step is a plain one in ONE batch (their
-        steps then read their rows from it) — its last token, and the drafts `plan` chose for it: its n-gram copy, or
-        the draft model's (`draft_shared`), which its step then verifies (`SharedTick.drafts_for`). Until `end`, the
-        streams step in this tick (`tick`). Returns how many rows it decoded."""
+        steps then read their rows from it) — its last token and the tokens its grammar forces, then its drafts: the
+        ones `plan` chose for it (its n-gram copy, or the draft model's: `draft_shared`), or, for a stream that drafts
+        alone (`Generation.drafts_alone`: a seed at T > 0, another vocabulary), its own drafter's, with the k its own
+        policy chooses. Its step then verifies them (`SharedTick.drafts_for`). Until `end`, the streams step in this
+        tick (`tick`). Returns how many rows it decoded."""
         tick = self.tick = SharedTick(self._decoding(), sum(len(gen.tokens) for _, gen in streams))
         self._ticks += 1
-        live, candidates = [], []
-        model = self._drafts is not None and self._engine.drafter.needs_model
+        live, candidates, rows = [], [], []
         for slot, gen in streams:
-            token = gen.upcoming() if gen.target is slot.target else None
-            if token is None:
+            ahead = gen.next_rows() if gen.target is slot.target else None
+            if ahead is None:
                 continue
-            history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT), [], 0
+            stats = gen.stats
+            before = (stats.drafted, stats.accepted, stats.rejections)
+            if gen.drafts_alone:
+                own = gen.draft_own()
+                tick.streams[gen] = TickStream(slot, own, len(own.tokens) if own else 0, 0, False, before, own=True)
+                rows.append((slot.view, [*ahead, *(own.tokens if own else ())], slot.target.n_past))
+                continue
+            request = gen.request(0, ahead[1:])
+            history, room, copy, match = request.history, min(gen.draft_room(), MAX_DRAFT), [], 0
             if room:
                 copy, match = slot.ngrams.follow(history).continuation(room)
             drafts, catch_up, remaining = None, 1, 0  # what the draft model needs to draft for it (None: it may not)
-            if model and room and len(history) + room < slot.draft.ctx.n_ctx:
+            if (
+                gen.drafter.needs_model
+                and slot.draft is not None
+                and room
+                and len(history) + room < slot.draft.ctx.n_ctx
+            ):
                 drafts = slot.model_acceptance
                 catch_up = len(history) - min(common_prefix(slot.draft.tokens, history), len(history) - 1)
                 remaining = min(REMAINING_CAP, gen.max_tokens - len(gen.tokens))
-            live.append((slot, gen, token))
+            live.append((slot, gen, ahead, before))
             candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
         choices = plan(
@@ -228,21 +302,24 @@ class SlotPool:
         )
         choices = self._checked(len(choices), self._probe(candidates, choices))
         drafted = self.draft_shared(
-            [(slot, gen, c.d, cand.catch_up) for (slot, gen, _), c, cand in zip(live, choices, candidates) if c.model]
+            [
+                (slot, gen.request(c.d, ahead[1:]), cand.catch_up)
+                for (slot, gen, ahead, _), c, cand in zip(live, choices, candidates)
+                if c.model
+            ]
         )
-        rows = []
-        for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
+        for (slot, gen, ahead, before), candidate, choice in zip(live, candidates, choices, strict=True):
             proposal = drafted.get(slot.index) if choice.model else None
             if choice.d and not choice.model:
                 proposal = Proposal(list(candidate.copy[: choice.d]), [None] * choice.d)
+            if proposal is not None and gen.constraint is not None:  # the drafts the step will verify (`admitted`)
+                proposal = admitted(proposal, gen.constraint, len(ahead) - 1)
             proposal = proposal if proposal is not None and proposal.tokens else None
             n = len(proposal.tokens) if proposal is not None else 0
-            stats = gen.stats
-            before = (stats.drafted, stats.accepted, stats.rejections)
             tick.streams[gen] = TickStream(slot, proposal, n, candidate.match, choice.model, before)
             if candidate.copy and not choice.d:
                 slot.acceptance.idle(candidate.match)
-            rows.append((slot.view, [token, *(proposal.tokens if proposal is not None else ())], slot.target.n_past))
+            rows.append((slot.view, [*ahead, *(proposal.tokens if proposal is not None else ())], slot.target.n_past))
         if rows:
             before_decoding = self._parent.seconds_decoding
             decode_shared(rows)
@@ -275,7 +352,7 @@ class SlotPool:
         up with their histories. (Probing first at the 32nd tick left a cold server's first answers undrafted.)"""
         if self._ticks - self._probed_at < PROBE_EVERY or any(choice.model for choice in choices):
             return choices
-        if self.model_alpha.seen + self._engine.policy.seen >= PROBE_EVIDENCE:
+        if self.model_alpha.seen + self._model_seen() >= PROBE_EVIDENCE:
             return choices  # the pair's draft has been measured, alone or in a shared batch: the plan judges it
         unsure = [c.model is not None and c.room >= PROBE_DRAFTS for c in candidates]
         if not any(unsure):
@@ -283,16 +360,22 @@ class SlotPool:
         self._probed_at = self._ticks
         return [StreamDraft(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
-    def draft_shared(self, chosen: Sequence[tuple[Slot, Generation, int, int]]) -> dict[int, Proposal]:
-        """The draft model's drafts for each (slot, generation, d, tokens its draft cache lags), by slot index: each
-        slot's draft cache caught up with its history in one batch (a cache far behind, a new request's, first on its
-        own), then one batch per drafted token; each token drawn from the stream's own law and rng (`draft_token`,
-        as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min) stopping early."""
+    def _model_seen(self) -> float:
+        """The most evidence of the draft model's acceptance any slot's drafter policy holds (its streams alone)."""
+        seen = [policy.seen for slot in self.slots for drafter, policy in slot.drafters.values() if drafter.needs_model]
+        return max([self._engine.policy.seen, *seen])
+
+    def draft_shared(self, chosen: Sequence[tuple[Slot, DraftRequest, int]]) -> dict[int, Proposal]:
+        """The draft model's drafts for each (slot, its stream's request, tokens its draft cache lags), by slot index:
+        each slot's draft cache caught up with the request's history in one batch (a cache far behind, a new
+        request's, first on its own), then one batch per drafted token; each token drawn from the stream's own law and
+        rng, under its grammar (`draft_token`, as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min)
+        or whose grammar ends stopping early."""
         if not chosen:
             return {}
         held = []
-        for slot, gen, _, lag in chosen:
-            history, draft = gen.history, slot.draft
+        for slot, request, lag in chosen:
+            history, draft = request.history, slot.draft
             n = len(history) - lag
             if lag > CATCH_UP_MAX:
                 draft.rollback_to(n)
@@ -301,28 +384,27 @@ class SlotPool:
             held.append(n)
         # Every cache catches up as many tokens as the furthest behind (re-decoding a few it held): rows of one
         # length are one pass of the draft, where as many lengths as streams were as many passes.
-        longest = max(len(gen.history) - n for (_, gen, _, _), n in zip(chosen, held, strict=True))
+        longest = max(len(request.history) - n for (_, request, _), n in zip(chosen, held, strict=True))
         catch_up = []
-        for (slot, gen, _, _), n in zip(chosen, held, strict=True):
-            start = max(0, min(n, len(gen.history) - longest))
+        for (slot, request, _), n in zip(chosen, held, strict=True):
+            start = max(0, min(n, len(request.history) - longest))
             slot.draft.rollback_to(start)
-            catch_up.append((slot.draft.ctx, gen.history[start:], start))
+            catch_up.append((slot.draft.ctx, request.history[start:], start))
         self._decode_drafts(catch_up, last_only=True)
         loops = {}
-        for (slot, gen, d, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
+        for (slot, request, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
             slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
-            request = gen.request(d)
             recent = penalty_window(request.history, request.sampling)
             sampled = request.pq and not request.sampling.greedy
             pick = partial(draft_token, slot.draft.ctx, self._laws, recent, request=request, sampled=sampled)
-            loops[slot.index] = draft_loop(d, pick, p_min=request.p_min)
+            loops[slot.index] = draft_loop(request.k, pick, p_min=request.p_min, constraint=request.constraint)
 
         def decode(fed: list[tuple[int, int]]) -> None:  # one batch: each stream's last drafted token
             self._decode_drafts([(slots[i].draft.ctx, [token], slots[i].draft.n_past) for i, token in fed])
             for i, token in fed:
                 slots[i].draft.append([token], outputs=1)
 
-        slots = {slot.index: slot for slot, _, _, _ in chosen}
+        slots = {slot.index: slot for slot, _, _ in chosen}
         return drive(loops, decode)
 
     def _decode_drafts(self, rows: list, *, last_only: bool = False) -> None:
@@ -347,10 +429,10 @@ class SlotPool:
         seconds = time.perf_counter() - tick.began
         self._overheads.append(max(0.0, seconds - (self._decoding() - tick.decoding)))
         emitted = sum(len(gen.tokens) for _, gen in streams) - tick.emitted
-        drafted = any(stream.n for stream in tick.streams.values())
+        drafted = any(stream.n and not stream.own for stream in tick.streams.values())
         self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
         for gen, stream in tick.streams.items():
-            if not stream.n:
+            if not stream.n or stream.own:
                 continue
             stats, (drafted_before, accepted, rejections) = gen.stats, stream.before
             if stats.drafted > drafted_before:  # its step took them (not cancelled first)

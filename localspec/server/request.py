@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from localspec.core.engine import Generation, TokenEvent
-from localspec.core.generation import SharedBatch
 from localspec.core.grammar import CompiledGrammar, Grammar, GrammarError
-from localspec.core.kv import KVSequence
 from localspec.core.params import DEFAULT_MAX_TOKENS
 from localspec.core.session import Message, fewest_tokens
+from localspec.core.slots import Slot, SlotPool
 from localspec.core.stats import TokenLogprob
 from localspec.core.thinking import ANSWER, Piece, ThinkingSplit
 from localspec.core.thinking_support import choose_thinking, thinking_choice
@@ -161,16 +160,18 @@ def steps(
     emit: Emit,
     *,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
-    slot: Callable[[list[int]], KVSequence] | None = None,
-    shared: SharedBatch | None = None,
+    slot: Callable[[list[int]], Slot] | None = None,
+    shared: SlotPool | None = None,
 ) -> Generator[None, None, Outcome]:
     """Run `request` on the loaded pair (engine thread) one step at a time: tokenize, check the room, generate each
     choice; it yields after each step of the engine and returns the `Outcome`
     (`serve --parallel` interleaves several requests' steps, server/scheduler.py).
 
     Args:
-        slot: the target's cache to generate in, given the prompt (a slot of a shared context); None: the engine's.
-        shared: the shared batch the slots' streams step in (core/slots.py's `SlotPool`); None: one stream at a time.
+        slot: the slot to generate in, given the prompt (a sequence of a shared context, with its own drafters);
+            None: the engine's caches.
+        shared: the slots and the shared batch their streams step in (core/slots.py's `SlotPool`); None: one stream
+            at a time.
 
     Raises:
         ApiError: a prompt that does not fit the context, a max_tokens beyond it, a value out of range.
@@ -188,6 +189,7 @@ def steps(
         return Outcome(served, len(prompt), [], [], tools)
     max_tokens = _max_tokens(served, request, len(prompt), default_max_tokens)
     sampling, spec = _params(served, request)
+    kind = served.drafter_kind(request.drafter)  # what the request leaves out: the server's
     grammar = _grammar(served, request)
     rng = np.random.default_rng(sampling.seed)  # one stream: the n choices are independent draws
     emit(Started(len(prompt), served.name, tools, engine.target_model.token_bytes))
@@ -197,6 +199,10 @@ def steps(
         if job.cancelled:
             log.info("choice %d cancelled before it began (client gone or server stopping)", index)
             break
+        held = slot(prompt) if slot is not None else None
+        drafter, policy = (
+            shared.drafting(held, kind) if held is not None and shared is not None else served.drafting(kind)
+        )
         gen = engine.generate(
             prompt,
             sampling=sampling,
@@ -206,7 +212,9 @@ def steps(
             rng=rng,
             grammar=grammar,
             logprobs=request.logprobs,
-            target=slot(prompt) if slot is not None else None,
+            target=held.target if held is not None else None,
+            drafter=drafter,
+            policy=policy,
         )
         gen.shared = shared
         split = served.chat_format().splitter(think) if request.messages is not None else None
@@ -415,7 +423,6 @@ def _max_tokens(served: Served, request: Request, n_prompt: int, default: int) -
 
 def _params(served: Served, request: Request):
     overrides = dict(request.overrides)
-    served.use_drafter(request.drafter or served.loaded_drafter)  # what the request leaves out: the server's
     try:
         sampling = sampling_params(overrides, served.defaults)
         sampling = dataclasses.replace(sampling, **request.penalties)

@@ -20,7 +20,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localspec.core.kv import KVSequence
 from localspec.core.slots import Slot, SlotPool
 from localspec.models.flags import RunFlags
 
@@ -146,11 +145,11 @@ class Scheduler:
                 return
             pool = self._slots(served)
 
-            def slot(prompt: list[int]) -> KVSequence:
+            def slot(prompt: list[int]) -> Slot:
                 assert pool is not None
                 if entry.slot is None:
                     entry.slot = pool.acquire(prompt)
-                return entry.slot.target
+                return entry.slot
 
             assert entry.request is not None  # an entry is a request or a job's work
             request = self.runner.with_flags(entry.request)

@@ -1,5 +1,6 @@
 """The loaded pair behind the server: its engine, the name clients use for it, and the drafters a request may ask
-for (each keeps its own draft-length policy; the model drafters share the draft's cache)."""
+for on the engine's own caches (each keeps its own draft-length policy; the model drafters share the draft's cache).
+A request's drafter is its own: the engine's is never swapped (several slots: core/slots.py `SlotPool.drafting`)."""
 
 from __future__ import annotations
 
@@ -26,26 +27,24 @@ class Served:
     params: LoadParams
     chat_template: str | None
     _format: ChatFormat | None = None
-    drafter: str = ""  # the drafter in use now (a request may ask for another)
     loaded_drafter: str = ""  # the drafter it was loaded with, what a request that names none gets
     think_flag: bool | None = None  # `serve --think on|off`
     _drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)  # kind -> kept
     embedder: Any = None  # the embeddings context over the target (made on first use; server/embeddings_route.py)
 
     def __post_init__(self) -> None:
-        self.drafter = self.drafter or self.engine.drafter.kind  # "auto" was settled by loading (mtp or none)
-        self.loaded_drafter = self.loaded_drafter or self.drafter
+        engine = self.engine
+        self.loaded_drafter = self.loaded_drafter or engine.drafter.kind  # "auto" was settled by loading (mtp or none)
+        self._drafters[self.loaded_drafter] = (engine.drafter, engine.policy)
 
-    def use_drafter(self, kind: str) -> None:
-        """Draft with `kind` from the next generation on; each drafter keeps its own draft-length policy.
+    def drafter_kind(self, asked: str | None) -> str:
+        """The drafter a request drafts with: the one it asks for, or the one the pair was loaded with.
 
         Raises:
-            ApiError: a model drafter on a pair loaded without a draft model.
+            ApiError: a model drafter on a pair loaded without a draft model, or a draft head it did not load.
         """
-        if kind == self.drafter:
-            return
-        model = self.engine.model_drafter  # the draft model's drafter, which the model drafters share
-        if needs_draft_model(kind) and model is None:
+        kind = asked or self.loaded_drafter
+        if needs_draft_model(kind) and self.engine.model_drafter is None:
             raise ApiError(
                 400,
                 f"the drafter '{kind}' needs a draft model and this server has none loaded: ask for 'ngram' or "
@@ -55,13 +54,18 @@ class Served:
             )
         if kind in ("mtp", "assistant") and kind not in self._drafters:  # made beside the target's cache, at load
             raise ApiError(400, self._no_head(kind), param="drafter", code="unsupported_value")
-        engine = self.engine
-        self._drafters[self.drafter] = (engine.drafter, engine.policy)
-        if kind in self._drafters:
-            engine.use_drafter(*self._drafters[kind])
-        else:
-            engine.use_drafter(make_drafter(kind, model if needs_draft_model(kind) else None))
-        self.drafter = kind
+        return kind
+
+    def drafting(self, kind: str) -> tuple[Drafter, DraftPolicy]:
+        """The drafter of `kind` (checked by `drafter_kind`) over the engine's own caches, and its draft-length policy,
+        for a request that runs on them (one slot): made on first use, then kept. The engine's drafter stays as it
+        was loaded: a request's drafter is its own."""
+        if kind not in self._drafters:
+            model = self.engine.model_drafter if needs_draft_model(kind) else None
+            drafter = make_drafter(kind, model)
+            self.engine.share_prompt_cache(drafter)
+            self._drafters[kind] = (drafter, DraftPolicy(draft_size_ratio=drafter.size_ratio))
+        return self._drafters[kind]
 
     def _no_head(self, kind: str) -> str:
         """Why a request cannot draft with the target's MTP head (or its assistant sidecar) here, and what to do

@@ -157,6 +157,7 @@ class Wrapped:
     kind = "wrapped"
     needs_model = True
     drafts = True
+    batched = True
     after_target_decode = None
 
     def __init__(self, inner: ModelDrafter) -> None:
@@ -188,6 +189,7 @@ class Head:
     kind = "mtp"
     needs_model = False
     drafts = True
+    batched = False
     caches = ()
     n_ctx = 64
     size_ratio = 0.05
