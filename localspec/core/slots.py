@@ -12,6 +12,7 @@ draft cache kept as its history, one batch per drafted token (`SlotPool.draft_sh
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import time
@@ -69,9 +70,10 @@ class Slot:
     acceptance: Acceptance = field(default_factory=Acceptance)  # of those drafts, for the request it holds
     draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model drafts shared)
     model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts in a shared batch
-    # Its drafters by kind, each with its draft-length policy (`SlotPool.drafting`): the stream it holds drafts with
-    # one, alone and in a shared batch, over the slot's one draft state (`draft`, `ngrams`).
-    drafters: dict[str, tuple[Drafter, DraftPolicy]] = field(default_factory=dict)
+    # Its drafters by kind (`SlotPool.drafting`): the stream it holds drafts with one, alone and in a shared batch,
+    # over the slot's one draft state (`draft`, `ngrams`); and that stream's kind and draft-length policy.
+    drafters: dict[str, Drafter] = field(default_factory=dict)
+    stream: tuple[str, DraftPolicy] | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -139,6 +141,9 @@ class SlotPool:
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
         self._engine, self._parent = engine, parent
+        # By drafter kind, what the pair's streams learned of drafting (the last released): each stream's start (the
+        # engine's own policy for its drafter's kind, until a stream of that kind is released).
+        self._policies: dict[str, DraftPolicy] = {}
         self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
@@ -216,25 +221,30 @@ class SlotPool:
         slot.model_acceptance = Acceptance(prior=prior, weight=min(8.0, max(2.0, seen)))
 
     def drafting(self, slot: Slot, kind: str) -> tuple[Drafter, DraftPolicy]:
-        """The drafter of `kind` (one of DRAFTERS) for the stream `slot` holds, and its draft-length policy: made on
-        first use over the slot's own draft state (its sequence of the draft model's slots context, its n-gram
-        index), then kept with the slot, so a stream alone and in a shared batch drafts from one state, and two
-        streams never share a drafter. The batch's prior of the draft model's acceptance follows its policy.
+        """The drafter of `kind` (one of DRAFTERS) for the stream `slot` holds, and the stream's own draft-length
+        policy. The drafter is made on first use over the slot's own draft state (its sequence of the draft model's
+        slots context, its n-gram index) and kept with the slot, so a stream alone and in a shared batch drafts from
+        one state and two streams never share a drafter. The policy starts as what the pair's streams of that kind
+        learned (the last one released), and what this stream learns is the next one's start (`release`).
 
         Raises:
             InvalidParamsError: a kind this pool cannot draft with (a draft head, or a model drafter without a draft
                 model).
         """
-        kept = slot.drafters.get(kind)
-        if kept is None:
+        drafter = slot.drafters.get(kind)
+        if drafter is None:
             if kind in ("mtp", "assistant"):
                 raise InvalidParamsError(f"the drafter '{kind}' drafts for one stream at a time: use --parallel 1")
             drafter = make_drafter(kind, self._model(slot) if needs_draft_model(kind) else None)
             if isinstance(drafter, NgramDrafter | NgramFirst):
                 drafter.history = slot.ngrams  # one index of the slot's history, alone and in a shared batch
-            kept = slot.drafters[kind] = (drafter, DraftPolicy(draft_size_ratio=drafter.size_ratio))
-        self._prior(slot, kept[1])
-        return kept
+            slot.drafters[kind] = drafter
+        engine = self._engine
+        learned = self._policies.get(kind, engine.policy if kind == engine.drafter.kind else None)
+        policy = copy.deepcopy(learned) if learned is not None else DraftPolicy(draft_size_ratio=drafter.size_ratio)
+        slot.stream = (kind, policy)
+        self._prior(slot, policy)
+        return drafter, policy
 
     def _model(self, slot: Slot) -> Drafter | None:
         """The draft model's drafter over `slot`'s own sequence of the draft's slots context (with the engine's
@@ -244,7 +254,7 @@ class SlotPool:
         model = engine.model_drafter
         if slot.draft is None or model is None:
             return model
-        for drafter, _ in slot.drafters.values():  # the slot's one model drafter, whatever wraps it
+        for drafter in slot.drafters.values():  # the slot's one model drafter, whatever wraps it
             inner = getattr(drafter, "inner", drafter)
             if isinstance(inner, ModelDrafter):
                 return inner
@@ -256,6 +266,9 @@ class SlotPool:
         """Give `slot` back; rows decoded in the tick that no step took are removed first."""
         slot.view.discard()
         slot.busy = False
+        if slot.stream is not None:  # what its stream's policy learned is the next stream's start
+            kind, policy = slot.stream
+            self._policies[kind], slot.stream = policy, None
         if self.tick is not None:
             self.tick.streams = {gen: stream for gen, stream in self.tick.streams.items() if stream.slot is not slot}
 
@@ -361,9 +374,8 @@ class SlotPool:
         return [StreamDraft(PROBE_DRAFTS, True) if u else NONE for u in unsure]
 
     def _model_seen(self) -> float:
-        """The most evidence of the draft model's acceptance any slot's drafter policy holds (its streams alone)."""
-        seen = [policy.seen for slot in self.slots for drafter, policy in slot.drafters.values() if drafter.needs_model]
-        return max([self._engine.policy.seen, *seen])
+        """The most evidence of the draft model's acceptance the pair's policies hold (its streams alone)."""
+        return max([self._engine.policy.seen, *(policy.seen for policy in self._policies.values())])
 
     def draft_shared(self, chosen: Sequence[tuple[Slot, DraftRequest, int]]) -> dict[int, Proposal]:
         """The draft model's drafts for each (slot, its stream's request, tokens its draft cache lags), by slot index:

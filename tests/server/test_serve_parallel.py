@@ -97,6 +97,25 @@ def test_each_stream_keeps_its_own_max_tokens_and_stats(server):
     assert all(longest.startswith(a.choices[0].text) for a in answers)
 
 
+def test_two_requests_with_different_drafters_each_keep_their_own(server):
+    """A request's drafter is its own (issue 65): one asking for none beside one asking for the draft model (seeded
+    at T > 0, so it drafts with its own k in the shared batch too) — each reports its drafter, and what each drafted
+    agrees with it. Before, the last request's drafter was swapped in for every stream."""
+    seeded = {"drafter": "model", "draft_max": 4, "adaptive": False, "seed": 3}
+    for _ in range(2):  # either may arrive first
+        plain, drafting = at_once(
+            [
+                lambda: ask(server, PROMPTS[1], max_tokens=30, extra_body={"drafter": "none"}),
+                lambda: server.client().completions.create(
+                    model="tiny", prompt=PROMPTS[2], max_tokens=30, temperature=0.7, extra_body=seeded
+                ),
+            ]
+        )
+        assert plain.model_extra["localspec"]["drafter"] == "none" and plain.model_extra["timings"]["draft_n"] == 0
+        assert drafting.model_extra["localspec"]["drafter"] == "model"
+        assert drafting.model_extra["timings"]["draft_n"] > 0
+
+
 @pytest.mark.slow
 def test_streams_beside_each_other_all_progress(server):
     """A long answer does not hold a short one back: the short one started second ends first."""
