@@ -173,7 +173,7 @@ async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request:
     """The request running, once it has started (the prompt read, the pair known).
 
     Raises:
-        ApiError: refused before generating (a prompt too long, a failed switch), or cancelled while waiting.
+        ApiError: refused before generating (a prompt too long, a failed load), or cancelled while waiting.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
