@@ -15,7 +15,8 @@ from localspec.core.options import Option
 from localspec.core.params import OPTIONS, SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.errors import InvalidParamsError
-from localspec.server.api import ApiError, ChatRequest, parse_body
+from localspec.server.api import ApiError, parse_body
+from localspec.server.chat_api import ChatRequest
 from localspec.tui.settings import ChatSettings
 
 

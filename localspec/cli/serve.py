@@ -194,7 +194,7 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     _log_to_stderr()
     # A models.toml that cannot be read is said once: by the load when it serves a pair, as a warning for --target.
     pairs = _configured_pairs(paths, warn=flags.target is not None)
-    runner = Pairs(
+    router = Pairs(
         flags,
         paths,
         names=[*chosen, *(p for p in pairs if p not in chosen)],
@@ -210,9 +210,9 @@ def run(args: argparse.Namespace, paths: Paths) -> int:
     # uvicorn re-raises the signal that stopped it; the guard turns it into exit code 130 / 143 (main prints it).
     with SignalGuard():
         try:
-            _serve(runner, settings, args)
+            _serve(router, settings, args)
         finally:
-            runner.close()
+            router.close()
     return 0
 
 
@@ -223,21 +223,21 @@ def serve_in_child(flags, paths: Paths, parallel: int, port: int) -> None:  # pr
     from localspec.server.pairs import Pairs
 
     logging.basicConfig(level=logging.WARNING)
-    runner = Pairs(flags, paths, parallel=parallel)
+    router = Pairs(flags, paths, parallel=parallel)
     try:
-        runner.start()
-        serve(runner, ServerSettings(), port)
+        router.start()
+        serve(router, ServerSettings(), port)
     except LocalspecError as e:  # as `localspec serve` says it; the bench then says the server exited
         print(f"localspec serve: error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl+C reaches the whole process group: the bench reports it
         sys.exit(130)
     finally:
-        runner.close()
+        router.close()
 
 
 def _parallel(value: str) -> int:
-    """--parallel as the runner takes it: a count of 1 to 64, or 0 for auto.
+    """--parallel as each pair's runner takes it: a count of 1 to 64, or 0 for auto.
 
     Raises:
         InvalidParamsError: neither.
@@ -268,17 +268,17 @@ def _check_think(flags, paths: Paths) -> None:
         choose_thinking(fmt.thinking, name, thinking_choice(flags.think, "serve"))
 
 
-def _serve(runner, settings, args: argparse.Namespace) -> None:
+def _serve(router, settings, args: argparse.Namespace) -> None:
     from localspec.server.app import serve
 
-    served = runner.start()
-    default = runner.default_runner()
+    served = router.start()
+    default = router.default_runner()
     assert default is not None  # `start` made it
     for note in (served.resolved.defaults.notice, served.engine.drafting_note, served.engine.slots_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)
     slots = f"{default.parallel} slot{'s' * (default.parallel > 1)} of {served.engine.n_ctx} tokens"
-    others = len(runner.served_names()) - 1
+    others = len(router.served_names()) - 1
     more = f"; {others} more pair{'s' * (others > 1)} on request" if others else ""
     print(
         f"localspec serve: {served.name} on http://{_url_host(args.host)}:{args.port}/v1 "
@@ -286,7 +286,7 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
         file=sys.stderr,
         flush=True,
     )
-    if not serve(runner, settings, args.port):
+    if not serve(router, settings, args.port):
         raise LocalspecError(f"cannot listen on {args.host}:{args.port}: pick another --port, or stop what uses it")
 
 

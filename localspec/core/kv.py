@@ -6,23 +6,20 @@ llama.cpp's rollback snapshots (`n_rs_seq`) removes a tail of its last decode to
 sliding-window caches that lost cells, fall back to a state checkpoint, then to a full re-prefill.
 `drop` removes a span from the middle and shifts the rest back (context shifting), where the
 memory can move positions. With a `PromptCache` (core/promptcache.py), `sync` saves what it is about to drop and
-restores an earlier prompt's state instead of reading it again. `Context` is the protocol a cache is kept in:
-`llama.context.Context` is the llama.cpp one; the pure-logic tests run the same code over numpy fakes.
+restores an earlier prompt's state instead of reading it again. The `Context` a cache is kept in, and the token
+history's helpers, are core/context.py's (imported from here too).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
-
-import numpy as np
 
 from localspec.errors import ContextError
 
-if TYPE_CHECKING:
-    from localspec.llama.model import Model
+from .context import Context, Media, StateCache, common_prefix, inside_image, media_run
+from .context import whole_images as whole_images  # for callers that import it from here (core/generation.py)
 
 log = logging.getLogger(__name__)
 
@@ -32,149 +29,6 @@ SAVE_MIN = 64  # tokens about to be dropped worth keeping in a prompt cache (few
 RESTORE_MIN = 32  # tokens to read before a prompt cache is looked up (`PromptCache.best`'s least gain)
 
 Progress = Callable[[int, int], bool]  # (decoded, total) after each chunk; False stops the prefill
-
-
-@runtime_checkable
-class Context(Protocol):
-    """What `KVSequence` and the generation loop ask of one model context (sequence 0 of its memory)."""
-
-    model: Model  # the weights it runs (`path` and `info` are read)
-    n_ctx: int
-    n_batch: int  # most tokens per llama_decode (longer inputs are split)
-    swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
-    seconds_decoding: float  # time spent inside decode so far
-    device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
-    device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
-    n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
-    # The last decode's row came from a batch shared with other sequences (`serve --parallel`): it cost no time of its
-    # own, so the step that read it says nothing of what a step costs.
-    row_shared: bool
-    # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
-    after_decode: Callable[[list[int], int], None] | None
-
-    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
-        """Decode `tokens` at positions n_past.. ; logits for the last `outputs` rows."""
-        ...
-
-    def logits(self, i: int) -> np.ndarray:
-        """Row i of the last decode (negative from the end): a (n_vocab,) view."""
-        ...
-
-    def logits_block(self, n: int) -> np.ndarray:
-        """The first n output rows of the last decode: a (n, n_vocab) view."""
-        ...
-
-    def sampled_token(self, i: int) -> int:
-        """Row i's argmax as the graph took it (only with `device_greedy`)."""
-        ...
-
-    def device_law(self, top_k: int = 0, temperature: float = 0.0) -> None:
-        """Sample in the graph with top-k and temperature from the next decode on (0: greedy again)."""
-        ...
-
-    def sampled_candidates(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Row i's top-k candidates and their logits / temperature, from the graph's top-k chain."""
-        ...
-
-    def remove_from(self, pos: int) -> bool:
-        """Drop positions pos.. ; False when the memory cannot drop a partial tail."""
-        ...
-
-    def remove_span(self, start: int, end: int) -> bool:
-        """Drop positions start..end-1; False when the memory cannot."""
-        ...
-
-    def can_shift(self) -> bool:
-        """Whether `shift` can move positions."""
-        ...
-
-    def shift(self, start: int, delta: int) -> None:
-        """Move positions start.. by delta."""
-        ...
-
-    def clear(self) -> None:
-        """Empty the memory."""
-        ...
-
-    def pos_range(self) -> tuple[int, int]:
-        """(lowest, highest) position held; (-1, -1) when empty."""
-        ...
-
-    def save_state(self, *, partial: bool = False) -> bytes:
-        """The sequence's state, for `load_state`; `partial`: only a hybrid memory's recurrent part."""
-        ...
-
-    def load_state(self, state: bytes, *, partial: bool = False) -> None:
-        """Restore a `save_state` result; ContextError when the memory cannot."""
-        ...
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token lists.
-
-    The usual case — one holds the other (a cache and the history that continues it) — is one comparison in C,
-    without copying the shorter one; otherwise the first difference is narrowed by halving with comparisons in C (a
-    draft cache holding the history and a few stale drafts: a loop in Python over thousands of tokens per step).
-    """
-    n = min(len(a), len(b))
-    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], and they differ before hi: halve with comparisons in C, then step
-    while hi - lo > 32:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    while a[lo] == b[lo]:
-        lo += 1
-    return lo
-
-
-MEDIA_STRIDE = 1 << 24  # ids an image may take: image h's position i is -(h·MEDIA_STRIDE + i) - 1 (core/media.py)
-
-
-def media_run(tokens: Sequence[int], start: int) -> int:
-    """How many ids from `tokens[start]` on are positions of the image whose id is there (0: a token there)."""
-    first = tokens[start]
-    if first >= 0:
-        return 0
-    end = start + 1  # an image's ids count down from its first: the same image twice in a row is two runs
-    while end < len(tokens) and tokens[end] == tokens[end - 1] - 1 and (-tokens[end] - 1) % MEDIA_STRIDE:
-        end += 1
-    return end - start
-
-
-def inside_image(tokens: Sequence[int], n: int) -> bool:
-    """Whether a cut of `tokens` at n would fall inside an image (tokens[n] is an image's id but not its first)."""
-    return 0 < n < len(tokens) and tokens[n] < 0 and (-tokens[n] - 1) % MEDIA_STRIDE != 0
-
-
-def whole_images(tokens: Sequence[int], n: int) -> int:
-    """`n`, or past the end of the image it would cut (a chunk of a prompt never ends inside an image)."""
-    while inside_image(tokens, n):
-        n += 1
-    return n
-
-
-class Media(Protocol):
-    """How a sequence reads the images in its history (core/media.py: the target's `MediaStore`, a draft's
-    `Filler`): each image is a run of negative ids, one per position it takes (DESIGN §11)."""
-
-    def decode(self, ctx: Context, run: Sequence[int], n_past: int) -> None:
-        """Decode the image whose whole run is `run` into `ctx` at positions n_past.. (no logits)."""
-        ...
-
-
-class StateCache(Protocol):
-    """What `KVSequence` asks of a prompt cache (core/promptcache.py's `PromptCache`): keep a sequence's state under
-    the tokens it holds, and find the one to restore before reading others."""
-
-    def save(self, namespace: str, tokens: list[int], state: bytes, *, trims: bool) -> None: ...
-
-    def best(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> tuple[Any, int] | None:
-        """(an entry with `.tokens` and `.state`, how many of `tokens` it gives), or None."""
-        ...
 
 
 class PrefillStopped(Exception):

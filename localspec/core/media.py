@@ -28,8 +28,8 @@ from localspec.llama.pictures import Image, blank_image
 from localspec.llama.slots import SeqContext
 from localspec.llama.vision import TEXT, Chunk, Chunks, Projector, input_width, media_marker
 
-from .kv import MEDIA_STRIDE as STRIDE
-from .kv import Context
+from .context import MEDIA_STRIDE as STRIDE
+from .context import Context
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
-"""The Starlette application over the `Runner`: its routes (health, models, and server/routes.py's that answer), the
-security checks, the server-sent event response, and uvicorn.
+"""The Starlette application over the router (server/pairs.py `Pairs`): its routes (health, models, and
+server/routes.py's that answer), the security checks, the server-sent event response, and uvicorn.
 
-`make_app(runner, settings)` is used by `localspec serve` and by the tests alike. Every answer that is not a
+`make_app(router, settings)` is used by `localspec serve` and by the tests alike. Every answer that is not a
 success is OpenAI's error object with one line in the log and no traceback, and the server keeps serving. The
 `Guard` middleware keeps a web page in the user's browser from driving the server: while it serves a loopback
 address only loopback Host names are accepted (DNS rebinding), a POST body must be `application/json` (no simple
@@ -185,21 +185,21 @@ class EventStream(StreamingResponse):
             self._on_close()
 
 
-def make_app(runner: Pairs, settings: ServerSettings = ServerSettings()) -> Starlette:
-    """The application serving `runner`'s pair (loaded or not: /health says which)."""
+def make_app(router: Pairs, settings: ServerSettings = ServerSettings()) -> Starlette:
+    """The application serving `router`'s pairs (loaded or not: /health says which)."""
 
     async def read_body(request: Request, limit: int) -> bytes:
         try:
             async with asyncio.timeout(settings.timeout):
-                return await _unless_stopping(_read_body(request, limit), runner)
+                return await _unless_stopping(_read_body(request, limit), router)
         except TimeoutError:
             raise ApiError(
                 408, f"the body was not sent within {settings.timeout:g} s", code="request_timeout"
             ) from None
 
-    found = [*_pair_routes(runner), *answer_routes(runner, settings.max_body, read_body, EventStream, settings)]
+    found = [*_pair_routes(router), *answer_routes(router, settings.max_body, read_body, EventStream, settings)]
     routes = [Route(path, _guarded(handler), methods=methods) for path, handler, methods in found]
-    middleware = [Middleware(Guard, settings=settings, stopping=lambda: runner.stopping)]
+    middleware = [Middleware(Guard, settings=settings, stopping=lambda: router.stopping)]
     if settings.cors:
         middleware.append(
             Middleware(
@@ -212,18 +212,18 @@ def make_app(runner: Pairs, settings: ServerSettings = ServerSettings()) -> Star
     return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
 
 
-def _pair_routes(runner: Pairs) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
+def _pair_routes(router: Pairs) -> list[tuple[str, Callable[[Request], Awaitable[Response]], list[str]]]:
     """(path, handler, methods) of the routes about the pairs: /health, the models and one model (OpenAI's and
     Anthropic's shapes in one body), and the admin routes that load and unload a pair."""
 
     async def health(request: Request) -> Response:
-        pairs = runner.health()
-        default = runner.default_runner()
+        pairs = router.health()
+        default = router.default_runner()
         loaded = any(p["loaded"] for p in pairs.values())
         status = "ok" if loaded or not pairs else "loading"
         body = {
             "status": status,
-            "model": runner.default,
+            "model": router.default,
             "queue": sum(p["queue"] for p in pairs.values()),
             "slots": {"busy": default.slots_busy, "total": default.parallel} if default else None,
             "pairs": pairs,
@@ -231,29 +231,29 @@ def _pair_routes(runner: Pairs) -> list[tuple[str, Callable[[Request], Awaitable
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
     async def models(request: Request) -> Response:
-        data = [_model(name, runner.facts(name)) for name in runner.model_ids()]
+        data = [_model(name, router.facts(name)) for name in router.model_ids()]
         ends = {"first_id": data[0]["id"], "last_id": data[-1]["id"]} if data else {"first_id": None, "last_id": None}
         return JSONResponse({"object": "list", "data": data, "has_more": False, **ends})
 
     async def model(request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in runner.model_ids():
+        if name not in router.model_ids():
             raise ApiError(404, f"the model '{name}' does not exist here", param="model", code="model_not_found")
-        return JSONResponse(_model(name, runner.facts(name)))
+        return JSONResponse(_model(name, router.facts(name)))
 
     async def load(request: Request) -> Response:
         model, body = await _named(request)
-        name = runner.name_of(model)
+        name = router.name_of(model)
         keep = body.get("keep_alive")
-        runner.runner(name).keep_alive = None if keep is None else _keep_alive(keep)
-        await runner.ready(name)
-        return JSONResponse({"model": name, **runner.facts(name)})
+        router.runner(name).keep_alive = None if keep is None else _keep_alive(keep)
+        await router.ready(name)
+        return JSONResponse({"model": name, **router.facts(name)})
 
     async def unload(request: Request) -> Response:
-        name = runner.name_of((await _named(request))[0])
+        name = router.name_of((await _named(request))[0])
         log.info("unloading %s once its requests end (POST /models/unload)", name)
-        await runner.until(asyncio.wrap_future(runner.unload(name)))
-        return JSONResponse({"model": name, **runner.facts(name)})
+        await router.until(asyncio.wrap_future(router.unload(name)))
+        return JSONResponse({"model": name, **router.facts(name)})
 
     return [
         ("/health", health, ["GET"]),
@@ -345,7 +345,7 @@ class _Cors(CORSMiddleware):
         return JSONResponse(error.body(), status_code=error.status, headers=kept)
 
 
-async def _unless_stopping(awaitable: Awaitable[bytes], runner: Pairs) -> bytes:
+async def _unless_stopping(awaitable: Awaitable[bytes], router: Pairs) -> bytes:
     """`awaitable`'s result (a body arriving); 503 `server_stopping` as soon as the server stops instead.
 
     Raises:
@@ -354,7 +354,7 @@ async def _unless_stopping(awaitable: Awaitable[bytes], runner: Pairs) -> bytes:
     task = asyncio.ensure_future(awaitable)
     try:
         while not (await asyncio.wait({task}, timeout=STOP_POLL_S))[0]:
-            if runner.stopping:
+            if router.stopping:
                 raise stopping_error()
         return task.result()
     finally:
@@ -410,13 +410,13 @@ class _Server(uvicorn.Server):
     """uvicorn's server, which also cancels the running generations when told to stop (the waiting clients answered
     at once, open streams ended), and leaves the signals that stopped it for `serve` to raise again."""
 
-    def __init__(self, config: uvicorn.Config, runner: Pairs) -> None:
+    def __init__(self, config: uvicorn.Config, router: Pairs) -> None:
         super().__init__(config)
-        self.runner = runner
+        self.router = router
         self.signals: list[int] = []  # what stopped it, in order
 
     def handle_exit(self, sig, frame) -> None:
-        self.runner.cancel_all()
+        self.router.cancel_all()
         super().handle_exit(sig, frame)
 
     @contextlib.contextmanager
@@ -432,11 +432,11 @@ class _Server(uvicorn.Server):
                 self._captured_signals = []
 
 
-def serve(runner: Pairs, settings: ServerSettings, port: int) -> bool:
-    """Serve `runner` on settings.host:port until SIGINT / SIGTERM (or SIGHUP, taken as SIGTERM); False when it could
+def serve(router: Pairs, settings: ServerSettings, port: int) -> bool:
+    """Serve `router` on settings.host:port until SIGINT / SIGTERM (or SIGHUP, taken as SIGTERM); False when it could
     not listen."""
     config = uvicorn.Config(
-        make_app(runner, settings),
+        make_app(router, settings),
         host=settings.host,
         port=port,
         log_config=None,
@@ -445,7 +445,7 @@ def serve(runner: Pairs, settings: ServerSettings, port: int) -> bool:
         lifespan="off",
         http=functools.partial(_Http, head_timeout=settings.timeout),
     )
-    server = _Server(config, runner)
+    server = _Server(config, router)
 
     def hung_up(_signum: int, frame) -> None:  # the terminal closed: stop as SIGTERM does (streams end cancelled)
         log.info("hung up: stopping as on SIGTERM")

@@ -18,7 +18,7 @@ from .render import chat_body, chat_stream
 
 
 def routes(
-    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
+    router: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the two routes; `read_body` and `event_stream` are the app's, `images` reads a
     message's images."""
@@ -26,8 +26,8 @@ def routes(
     async def answer(http: HttpRequest, parsed: ChatBody | CompletionBody, kind: str) -> Response:
         request = await translated(images, parsed.to_request)
         if not parsed.stream:
-            return JSONResponse(chat_body(await flow.whole(http, runner, parsed.model, request), kind))
-        stream = await flow.streamed(http, runner, parsed.model, request)
+            return JSONResponse(chat_body(await flow.whole(http, router, parsed.model, request), kind))
+        stream = await flow.streamed(http, router, parsed.model, request)
         include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
         chunks = chat_stream(stream.answer, stream.events(), kind, parsed.n, include_usage)
         return event_stream(chunks, stream.job.cancel)

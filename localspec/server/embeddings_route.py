@@ -65,7 +65,7 @@ class EmbeddingsRequest(_Strict):
         return list(self.input)
 
 
-def routes(runner: Pairs, max_body: int, read_body, settings) -> list[tuple[str, object, list[str]]]:
+def routes(router: Pairs, max_body: int, read_body, settings) -> list[tuple[str, object, list[str]]]:
     own: dict[str, Any] = {}  # `--embedding-model`'s model and context, loaded on first use
 
     def embedder(served) -> tuple[str, EmbeddingContext]:
@@ -113,8 +113,8 @@ def routes(runner: Pairs, max_body: int, read_body, settings) -> list[tuple[str,
             return name, vectors, total
 
         model = None if settings.embedding_model is not None else parsed.model
-        job, future = runner.submit(await runner.ready(model), None, work=work)
-        name, vectors, total = await flow.watched(asyncio.wrap_future(future), http, job, runner)
+        job, future = router.submit(await router.ready(model), None, work=work)
+        name, vectors, total = await flow.watched(asyncio.wrap_future(future), http, job, router)
         data = [
             {"object": "embedding", "index": i, "embedding": _encoded(v, parsed.encoding_format)}
             for i, v in enumerate(vectors)

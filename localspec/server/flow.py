@@ -30,7 +30,7 @@ from .runner import stopping_error
 log = logging.getLogger(__name__)
 
 
-async def watched(awaitable, http: HttpRequest, job: request_mod.Job, runner: Pairs, every: float = 0.25):
+async def watched(awaitable, http: HttpRequest, job: request_mod.Job, router: Pairs, every: float = 0.25):
     """Await `awaitable` (the job's result, or its first event) while watching the client: one that leaves
     cancels the job — skipped if it still waits in the queue, stopped after the current step if it runs.
 
@@ -40,11 +40,11 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, runner: Pa
     task = asyncio.ensure_future(awaitable)
     try:
         while True:
-            if runner.stopping:  # before a result: the job may have ended cancelled because the server stops
+            if router.stopping:  # before a result: the job may have ended cancelled because the server stops
                 job.cancel()
                 raise stopping_error()
             done, _ = await asyncio.wait({task}, timeout=min(every, STOP_POLL_S))
-            if done and not runner.stopping:
+            if done and not router.stopping:
                 return task.result()
             if not job.cancelled and await http.is_disconnected():
                 log.info("%s %s: the client went away; its request is cancelled", http.method, http.url.path)
@@ -59,7 +59,7 @@ async def watched(awaitable, http: HttpRequest, job: request_mod.Job, runner: Pa
             task.cancel()
 
 
-async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: request_mod.Request) -> None:
+async def images_ready(http: HttpRequest, router: Pairs, name: str, request: request_mod.Request) -> None:
     """The request's images preprocessed on the server's images thread before its job (never on the engine thread),
     their positions counted before each is decoded: a request whose images cannot fit is refused before most are
     decoded, and a client that leaves (or the server stopping) ends it between two images.
@@ -72,16 +72,16 @@ async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: req
     if not images:
         return
     request_pixels(images)
-    served = runner.runner(name).served
+    served = router.runner(name).served
     media = served.engine.media if served is not None else None
     if served is None or media is None or not media.sees_images:
         return  # the job refuses them in its turn, naming the fix (request.py)
     stop = threading.Event()
     log.info("%s %s: reading %d images before its turn", http.method, http.url.path, len(images))
-    waited = asyncio.wrap_future(runner.images.submit(media.prepare, images, served.engine.n_ctx, stop.is_set))
+    waited = asyncio.wrap_future(router.images.submit(media.prepare, images, served.engine.n_ctx, stop.is_set))
     try:
         while not (await asyncio.wait({waited}, timeout=STOP_POLL_S))[0]:
-            if runner.stopping:  # answered at once; the reading stops at its next image
+            if router.stopping:  # answered at once; the reading stops at its next image
                 stop.set()
                 raise stopping_error()
             if not stop.is_set() and await http.is_disconnected():
@@ -95,19 +95,19 @@ async def images_ready(http: HttpRequest, runner: Pairs, name: str, request: req
         raise ApiError(400, why, param="messages", code="context_length_exceeded") from None
     except LocalspecError as e:  # a sound header over data libmtmd cannot decode
         raise ApiError(400, str(e), param="messages", code="invalid_image") from None
-    if not ready and runner.stopping:
+    if not ready and router.stopping:
         raise stopping_error()
     if not ready:
         log.info("%s %s: the client went away while its images were read", http.method, http.url.path)
         raise ApiError(499, "the request was cancelled", code="cancelled")
 
 
-async def whole(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Answer:
+async def whole(http: HttpRequest, router: Pairs, model: str | None, request: request_mod.Request) -> Answer:
     """The request's answer, once every choice has ended."""
-    name = await runner.ready(model)
-    await images_ready(http, runner, name, request)
-    job, future = runner.submit(name, request)
-    outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job, runner)
+    name = await router.ready(model)
+    await images_ready(http, router, name, request)
+    job, future = router.submit(name, request)
+    outcome: request_mod.Outcome = await watched(asyncio.wrap_future(future), http, job, router)
     served = outcome.served
     answer = Answer(served.name, outcome.prompt_tokens, outcome.tools, served.engine.target_model.token_bytes)
     for gen, split in zip(outcome.generations, outcome.splits or [None] * len(outcome.generations)):
@@ -169,11 +169,11 @@ def _as_api(error: BaseException) -> ApiError:
     return model_error(error) if isinstance(error, ModelFileError) else ApiError(500, str(error), "server_error")
 
 
-async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request: request_mod.Request) -> Stream:
+async def streamed(http: HttpRequest, router: Pairs, model: str | None, request: request_mod.Request) -> Stream:
     """The request running, once it has started (the prompt read, the pair known).
 
     Raises:
-        ApiError: refused before generating (a prompt too long, a failed switch), or cancelled while waiting.
+        ApiError: refused before generating (a prompt too long, a failed load), or cancelled while waiting.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[request_mod.Event] = asyncio.Queue()
@@ -184,14 +184,14 @@ async def streamed(http: HttpRequest, runner: Pairs, model: str | None, request:
         except RuntimeError:  # the event loop is gone (the server stopped): stop generating
             job.cancel()
 
-    name = await runner.ready(model)
-    await images_ready(http, runner, name, request)
-    job, future = runner.submit(name, request, emit)
+    name = await router.ready(model)
+    await images_ready(http, router, name, request)
+    job, future = router.submit(name, request, emit)
     future.add_done_callback(lambda f: emit(request_mod.Done(f)))
-    first = await watched(queue.get(), http, job, runner)
+    first = await watched(queue.get(), http, job, router)
     if isinstance(first, request_mod.Done):
         first.future.result()  # a plain error
         raise ApiError(499, "the request was cancelled", code="cancelled")
     assert isinstance(first, request_mod.Started)
     answer = Answer(first.model, first.prompt_tokens, first.tools, first.token_bytes)
-    return Stream(answer, job, queue, lambda: runner.stopping)
+    return Stream(answer, job, queue, lambda: router.stopping)

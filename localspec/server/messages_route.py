@@ -28,7 +28,7 @@ from .pairs import Pairs
 
 
 def routes(
-    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
+    router: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the Messages routes; `read_body` and `event_stream` are the app's, `images` reads
     a turn's images."""
@@ -37,13 +37,13 @@ def routes(
         parsed = parse_body(await read_body(http, max_body), MessagesRequest, unsupported={}, ignored=IGNORED)
         request = await translated(images, parsed.to_request)
         if not parsed.stream:
-            return JSONResponse(message(await flow.whole(http, runner, parsed.model, request), request.stop))
-        stream = await flow.streamed(http, runner, parsed.model, request)
+            return JSONResponse(message(await flow.whole(http, router, parsed.model, request), request.stop))
+        stream = await flow.streamed(http, router, parsed.model, request)
         return event_stream(message_stream(stream.answer, stream.events(), request.stop), stream.job.cancel)
 
     async def count_tokens(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), CountRequest, unsupported={}, ignored=IGNORED)
-        answer = await flow.whole(http, runner, parsed.model, await translated(images, parsed.to_request))
+        answer = await flow.whole(http, router, parsed.model, await translated(images, parsed.to_request))
         return JSONResponse({"input_tokens": answer.prompt_tokens})
 
     return [("/v1/messages", messages, ["POST"]), ("/v1/messages/count_tokens", count_tokens, ["POST"])]

@@ -161,7 +161,7 @@ class Pairs:
             return self.runners[name]
 
     def _new_runner(self, flags: RunFlags) -> Runner:
-        runner = Runner(flags, self.paths, pairs=(), max_queue=self.max_queue, parallel=self.parallel)
+        runner = Runner(flags, self.paths, max_queue=self.max_queue, parallel=self.parallel)
         runner.before_load = self._make_room
         return runner
 
@@ -243,7 +243,7 @@ class Pairs:
         if request is not None and request.keep_alive is not None:
             runner.keep_alive = request.keep_alive
         runner.last_used = time.monotonic()
-        return runner.submit(None, request, emit, work)
+        return runner.submit(request, emit, work)
 
     # --- loading and unloading ----------------------------------------------------------------------------------
 

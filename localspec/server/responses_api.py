@@ -19,15 +19,8 @@ from localspec.core.session import Message
 from localspec.core.tools import Function
 from localspec.llama.pictures import Image, read_image
 
-from .api import (
-    ApiError,
-    CacheRetention,
-    Extensions,
-    FunctionSpec,
-    ReasoningEffort,
-    Verbosity,
-    _Strict,
-)
+from .api import ApiError, CacheRetention, Extensions, ReasoningEffort, Verbosity, _Strict
+from .chat_api import FunctionSpec
 from .images import DATA_ONLY, ImageReader
 from .request import Effort, Request
 

@@ -43,11 +43,11 @@ def _id(prefix: str) -> str:
 
 
 def routes(
-    runner: Pairs, max_body: int, read_body, event_stream, images: ImageReader
+    router: Pairs, max_body: int, read_body, event_stream, images: ImageReader
 ) -> list[tuple[str, object, list[str]]]:
     """(path, handler, methods) of the Responses routes; `read_body` and `event_stream` are the app's, `images`
     reads an input's images."""
-    store = ResponseStore(runner.paths.data_dir / "responses.sqlite3")
+    store = ResponseStore(router.paths.data_dir / "responses.sqlite3")
 
     async def create(http: HttpRequest) -> Response:
         parsed = parse_body(await read_body(http, max_body), ResponsesRequest, unsupported=UNSUPPORTED, ignored=IGNORED)
@@ -69,11 +69,11 @@ def routes(
         if parsed.store:  # a store that cannot be used is said before the answer is generated, not after
             await store.check()
         if not parsed.stream:
-            answer = await flow.whole(http, runner, parsed.model, request)
+            answer = await flow.whole(http, router, parsed.model, request)
             if not answer.choices:
                 raise ApiError(499, "the request was cancelled", code="cancelled")
             return JSONResponse(await response.finish(answer, answer.choices[0]))
-        stream = await flow.streamed(http, runner, parsed.model, request)
+        stream = await flow.streamed(http, router, parsed.model, request)
         response.model = stream.answer.model
 
         def closed() -> None:

@@ -10,12 +10,12 @@ from . import chat_route, embeddings_route, messages_route, responses_route
 from .images import ImageReader
 
 
-def answer_routes(runner, max_body: int, read_body, event_stream, settings) -> list[tuple]:
+def answer_routes(router, max_body: int, read_body, event_stream, settings) -> list[tuple]:
     """(path, handler, methods) of every route beyond the app's own (health and models)."""
     images = ImageReader.serving(settings.allow_image_urls, settings.timeout)
     return [
-        *chat_route.routes(runner, max_body, read_body, event_stream, images),
-        *messages_route.routes(runner, max_body, read_body, event_stream, images),
-        *responses_route.routes(runner, max_body, read_body, event_stream, images),
-        *embeddings_route.routes(runner, max_body, read_body, settings),
+        *chat_route.routes(router, max_body, read_body, event_stream, images),
+        *messages_route.routes(router, max_body, read_body, event_stream, images),
+        *responses_route.routes(router, max_body, read_body, event_stream, images),
+        *embeddings_route.routes(router, max_body, read_body, settings),
     ]

@@ -2,16 +2,16 @@
 
 llama.cpp calls block and the caches are one state, so every request is a job on a single worker thread (a
 one-thread executor), which alone touches the `Engine`; its scheduler (server/scheduler.py) runs the jobs there, in
-slots — one, or several stepping in turn — in arrival order. Successive requests share the
-KV prefix the previous one left in both caches (`KVSequence.sync`), so a chat that grows by one turn decodes only
-that turn. At most `max_queue` jobs wait or run; past that a request is refused at once (503). A request for
-another configured pair loads it on the worker thread, in its turn, like Ollama; `no_swap` refuses instead.
-A job whose client went away is cancelled: its generation stops after the current step, caches consistent. When the
-server stops (`cancel_all`) every job is cancelled, new ones are refused and a load in progress is abandoned at its
-next tensor (`stopping_error`: what every waiting client is answered), so the engine thread ends within one step.
-The first load runs on that thread too (`start`): llama.cpp's OpenMP keeps a pool of threads per calling thread, and a
-pair loaded on the main thread and decoded on the worker ran at 0.57× `generate` on 2 cores, two pools fighting for
-the cores (DESIGN §7, threads).
+slots — one, or several stepping in turn — in arrival order. Successive requests share the KV prefix the previous one
+left in both caches (`KVSequence.sync`), so a chat that grows by one turn decodes only that turn. At most `max_queue`
+jobs wait or run; past that a request is refused at once (503). A runner serves one pair for its whole life: several
+pairs are the router's (server/pairs.py `Pairs`), a runner each; a pair unloaded since a job was queued (idle, or to
+make room) is loaded again in the job's turn. A job whose client went away is cancelled: its generation stops after
+the current step, caches consistent. When the server stops (`cancel_all`) every job is cancelled, new ones are refused
+and a load in progress is abandoned at its next tensor (`stopping_error`: what every waiting client is answered), so
+the engine thread ends within one step. The first load runs on that thread too (`start`): llama.cpp's OpenMP keeps a
+pool of threads per calling thread, and a pair loaded on the main thread and decoded on the worker ran at 0.57×
+`generate` on 2 cores, two pools fighting for the cores (DESIGN §7, threads).
 What one request does on the pair is server/request.py's; the pair itself (its drafters) is server/served.py's.
 """
 
@@ -21,14 +21,14 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from localspec.core.load import AUTO_SLOTS
 from localspec.errors import LocalspecError
 from localspec.models.flags import RunFlags
-from localspec.models.loading import PairLoad, load_engine, load_with_flags
+from localspec.models.loading import PairLoad, load_with_flags
 from localspec.paths import Paths
 
 from .api import ApiError
@@ -47,8 +47,6 @@ class Runner:
         flags: the checked command line (`models.flags.RunFlags`): the pair or files, load flags, and `overrides` /
             `max_tokens` / `stop` that apply to every request unless it says otherwise.
         paths: localspec's folders.
-        pairs: the names of the configured pairs (models.toml), which a request may switch to.
-        no_swap: refuse requests for another pair (400) instead of loading it.
         max_queue: most requests waiting or running; past it, 503.
         parallel: most requests generating at once, each in a slot of the target's context (server/scheduler.py);
             1: one at a time, the others queued; 0 (`--parallel auto`): as many as the loaded target can share
@@ -60,20 +58,16 @@ class Runner:
         flags: RunFlags,
         paths: Paths,
         *,
-        pairs: Sequence[str] = (),
-        no_swap: bool = False,
         max_queue: int = 8,
         parallel: int = 1,
     ) -> None:
         self.flags, self.paths = flags, paths
-        self.pairs = tuple(pairs)
-        self.no_swap = no_swap
         self.max_queue = max_queue
         self.auto = parallel == 0
         self.parallel = parallel or AUTO_SLOTS  # until a load says how many the target takes
         self.scheduler = Scheduler(self, self.parallel)  # one path for one slot and for several
         self.served: Served | None = None
-        self.loading: str | None = None  # the pair being loaded (a switch in progress), for /health
+        self.loading: str | None = None  # the pair being loaded, for /health
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="localspec-engine")
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # waiting or running
@@ -91,16 +85,15 @@ class Runner:
         """Load the flags' pair on the worker thread, the one that will decode it; blocking."""
         return self._executor.submit(self.load).result()
 
-    def load(self, pair: str | None = None) -> Served:
-        """Load the flags' pair (or `pair`, replacing the loaded one); blocking. On the worker thread: `start` at the
-        beginning, a job's swap later. The load is the chat's too (`models.loading.load_with_flags`)."""
-        old, need = self.served, 0
+    def load(self) -> Served:
+        """Load the flags' pair (none is loaded); blocking. On the worker thread: `start` at the beginning, later a
+        job whose pair was unloaded, or the router (server/pairs.py). The load is the chat's too
+        (`models.loading.load_with_flags`)."""
+        need = 0
 
-        def before(plan: PairLoad) -> None:  # resolved: the old pair freed, room made for this one
+        def before(plan: PairLoad) -> None:  # resolved: room made for it
             nonlocal need
-            self.served, self.loading = None, plan.name
-            if old is not None:
-                _free(old)
+            self.loading = plan.name
             need = _planned_bytes(plan.resolved, plan.params)
             if self.before_load is not None:
                 self.before_load(self, need)
@@ -108,16 +101,12 @@ class Runner:
 
         n_seq = 0 if self.auto else self.parallel
         try:
-            loaded = load_with_flags(
-                self.flags, self.paths, pair=pair, n_seq=n_seq, on_fraction=_log_progress(self), before=before
-            )
-        except BaseException as e:
-            if self.stopping and isinstance(e, Exception):  # abandoned (or failed) as the server stops: no reload
-                log.info("the load of %s ended: the server is stopping", pair or self.flags.pair or "the pair")
+            progress = _log_progress(self)
+            loaded = load_with_flags(self.flags, self.paths, n_seq=n_seq, on_fraction=progress, before=before)
+        except Exception:
+            if self.stopping:  # abandoned (or failed) as the server stops
+                log.info("the load of %s ended: the server is stopping", self.flags.pair or "the pair")
                 raise stopping_error() from None
-            if old is not None and self.served is None and pair is not None:  # freed for the switch that failed
-                log.info("reloading %s after the failed switch", old.name)
-                self.served = _reload(old)
             raise
         finally:
             self.loading = None
@@ -133,7 +122,7 @@ class Runner:
         )
         self.memory, self.last_used = need, time.monotonic()
         log.info("loaded %s: n_ctx %d, drafter %s", name, engine.n_ctx, engine.drafter.kind)
-        # The slots this target takes (a switch may change them; the scheduler serves one as well).
+        # The slots this target takes (the scheduler serves one as well).
         if self.auto:
             self.parallel = self.scheduler.n_slots = engine.target.ctx.n_seq
             log.info(
@@ -160,38 +149,6 @@ class Runner:
         if self.pending == 0:
             self.unload()
 
-    def model_ids(self) -> list[str]:
-        """The loaded pair first, then every configured pair."""
-        loaded = [self.served.name] if self.served is not None else []
-        return loaded + [p for p in self.pairs if p not in loaded]
-
-    def pair_for(self, model: str | None) -> str | None:
-        """The pair a request's `model` asks to switch to, or None for the loaded one.
-
-        Raises:
-            ApiError: 404 for a name neither loaded nor configured; 400 for another pair under --no-swap.
-        """
-        served = self.served
-        if model is None or (served is not None and model in (served.name, served.resolved.label)):
-            return None
-        if model not in self.pairs:
-            known = ", ".join(self.model_ids())
-            raise ApiError(
-                404,
-                f"the model '{model}' does not exist here: use one of {known}",
-                param="model",
-                code="model_not_found",
-            )
-        if self.no_swap:
-            loaded = served.name if served is not None else "none"
-            raise ApiError(
-                400,
-                f"this server serves '{loaded}' only (--no-swap): ask for that model",
-                param="model",
-                code="model_not_loaded",
-            )
-        return model
-
     # --- the queue --------------------------------------------------------------------------------------------
 
     @property
@@ -205,9 +162,9 @@ class Runner:
         return self.scheduler.busy
 
     def submit(
-        self, model: str | None, request: Request | None, emit: Emit | None = None, work: Callable | None = None
+        self, request: Request | None, emit: Emit | None = None, work: Callable | None = None
     ) -> tuple[Job, Future[Outcome]]:
-        """Queue `request` (for the pair `model` names); the future gives its `Outcome`.
+        """Queue `request` on the pair; the future gives its `Outcome`.
 
         `emit` (called on the worker thread) receives `Started`, then a `Token` for each token and an `Ended` for
         each choice (server/request.py). `work` instead of a request: `work(served)`, a generator, runs in the
@@ -216,10 +173,8 @@ class Runner:
         route's use of the pair).
 
         Raises:
-            ApiError: 404 / 400 for the model (see `pair_for`); 503 with Retry-After when the queue is full or the
-                server is stopping.
+            ApiError: 503 with Retry-After when the queue is full or the server is stopping.
         """
-        pair = self.pair_for(model)
         job = Job()
         with self._lock:
             if self.stopping:
@@ -234,7 +189,7 @@ class Runner:
                 )
             self._jobs.append(job)
         future: Future[Outcome] = Future()
-        self.scheduler.add(Entry(job, pair, request, emit or _ignore, work, future))
+        self.scheduler.add(Entry(job, request, emit or _ignore, work, future))
         return job, future
 
     def cancel_all(self) -> None:
@@ -266,15 +221,12 @@ class Runner:
             stop=request.stop or flags.stop,
         )
 
-    def prepare(self, job: Job, pair: str | None) -> Served:
-        """The pair a job runs on, switched to if it asks for another (engine thread); raises for a cancelled job."""
+    def prepare(self, job: Job) -> Served:
+        """The pair a job runs on, loaded again if it was unloaded (engine thread); raises for a cancelled job."""
         self._unless_cancelled(job, "before it began")
-        if pair is not None and (self.served is None or self.served.name != pair):
-            self.load(pair)
-            self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
         if self.served is None:  # unloaded (idle, or to make room) since the request was queued: load it again
             self.load()
-            self._unless_cancelled(job, "while its pair loaded")
+            self._unless_cancelled(job, "while its pair loaded")  # not an empty 200
         assert self.served is not None
         return self.served
 
@@ -332,15 +284,6 @@ def _planned_bytes(resolved, params) -> int:
     except LocalspecError:
         return 0
     return plan.gpu_bytes + plan.host_bytes
-
-
-def _reload(old: Served) -> Served | None:
-    try:
-        engine = load_engine(old.resolved.target, old.resolved.draft, old.params)
-    except LocalspecError as e:
-        log.error("could not reload %s: %s", old.name, e)
-        return None
-    return Served(old.name, old.resolved, engine, old.params, old.chat_template, think_flag=old.think_flag)
 
 
 def _log_progress(runner: Runner) -> Callable[[float], bool]:

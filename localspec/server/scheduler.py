@@ -7,7 +7,7 @@ for some of them (their n-gram copies, or the draft model's) where that is predi
 and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
 read a chunk per tick (`Generation.read_prompt`) while the others answer. A finished or cancelled
-request gives its slot back at once, in the tick it ends. A request for another pair waits until none runs.
+request gives its slot back at once, in the tick it ends.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ class Host(Protocol):
     def call_on_engine(self, fn: Callable[[], object]) -> Future:
         """Run `fn` on the engine thread, after what it runs now."""
 
-    def prepare(self, job: Job, pair: str | None) -> Served:
-        """The pair `job` runs on, switched to if it names another; raises for a cancelled job (engine thread)."""
+    def prepare(self, job: Job) -> Served:
+        """The pair `job` runs on, loaded again if it was unloaded; raises for a cancelled job (engine thread)."""
 
     def checked(self, job: Job, work: Generator[None, None, Any]) -> Generator[None, None, Any]:
         """`work` with the job's cancellation checked after each of its parts."""
@@ -62,7 +62,6 @@ class Entry:
     """One request in the scheduler: waiting (no `run`), then running in a slot."""
 
     job: Job
-    pair: str | None
     request: Request | None
     emit: Emit
     work: Callable | None
@@ -120,14 +119,13 @@ class Scheduler:
                 self._settle(entry, error=e)
 
     def _admit(self) -> None:
-        """Start the waiting requests that fit, in order: a free slot each; a pair switch once none runs."""
+        """Start the waiting requests that fit, in order: a free slot each (a job's work needs none)."""
         while True:
             with self._lock:
                 if not self._waiting:
                     return
-                entry, served = self._waiting[0], self.runner.served
-                switch = entry.pair is not None and (served is None or served.name != entry.pair)
-                if (switch and self._active) or (entry.work is None and self.busy >= self.n_slots):
+                entry = self._waiting[0]
+                if entry.work is None and self.busy >= self.n_slots:
                     return
                 self._waiting.popleft()
             self._start(entry)
@@ -137,7 +135,7 @@ class Scheduler:
             self._settle(entry)
             return
         try:
-            served = self.runner.prepare(entry.job, entry.pair)
+            served = self.runner.prepare(entry.job)
             if entry.work is not None:  # a part a tick, beside the streams
                 entry.run = self.runner.checked(entry.job, entry.work(served))
                 with self._lock:

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from localspec.core.grammar import GrammarVocab
-from localspec.server.api import UNSUPPORTED, ApiError, ChatRequest, CompletionRequest, parse_body
-from localspec.server.chat_api import ChatBody, CompletionBody
+from localspec.server.api import UNSUPPORTED, ApiError, parse_body
+from localspec.server.chat_api import ChatBody, ChatRequest, CompletionBody, CompletionRequest
 from localspec.server.messages_api import MessagesRequest
 from localspec.server.responses_api import IGNORED as RESPONSES_IGNORED
 from localspec.server.responses_api import UNSUPPORTED as RESPONSES_UNSUPPORTED

@@ -30,8 +30,8 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home)
         n_prompt = len(served.engine.tokenize(long_prompt))
         assert n_prompt > 3 * PROMPT_CHUNK
         # B first: it steps before A in arrival order, and A's row must still be taken before B's chunk is decoded
-        _, b = runner.submit(None, ServerRequest(None, long_prompt, max_tokens=4), recorder("B"))
-        _, a = runner.submit(None, ServerRequest(None, "water was the man", max_tokens=300), recorder("A"))
+        _, b = runner.submit(ServerRequest(None, long_prompt, max_tokens=4), recorder("B"))
+        _, a = runner.submit(ServerRequest(None, "water was the man", max_tokens=300), recorder("A"))
         a.result(120)
         b.result(120)
     finally:
@@ -55,7 +55,7 @@ def test_automatic_slots_are_four_where_the_target_shares_and_one_where_it_canno
     try:
         served = runner.start()
         assert runner.parallel == 4 and served.engine.target.ctx.n_seq == 4 and not served.engine.slots_note
-        futures = [runner.submit(None, ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(3)]
+        futures = [runner.submit(ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(3)]
         texts = {f.result(120).generations[0].text for f in futures}
         assert len(texts) == 1  # greedy, the same prompt: the same answer in every slot
     finally:
@@ -65,7 +65,7 @@ def test_automatic_slots_are_four_where_the_target_shares_and_one_where_it_canno
         served = runner.start()
         assert runner.parallel == 1 and served.engine.target.ctx.n_seq == 1
         assert "recurrent" in served.engine.slots_note
-        futures = [runner.submit(None, ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(2)]
+        futures = [runner.submit(ServerRequest(None, "the water was", max_tokens=8))[1] for _ in range(2)]
         outcomes = [f.result(120) for f in futures]
         assert all(o.generations[0].stats.emitted == 8 for o in outcomes)
     finally:

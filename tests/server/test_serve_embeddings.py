@@ -79,7 +79,7 @@ def test_a_cancelled_embeddings_job_stops_between_batches(chat_home):
         try:
             runner.start()
             parts: list[str] = []
-            job, future = runner.submit(None, None, work=_work(runner, parts))
+            job, future = runner.submit(None, work=_work(runner, parts))
             while not parts:
                 time.sleep(0.001)
             job.cancel()
@@ -101,10 +101,10 @@ def test_chats_step_between_the_batches_of_an_embeddings_job(chat_home):
             if isinstance(event, Token):
                 order.append("token")
 
-        _, chat = runner.submit(None, ServerRequest(None, "the water was", max_tokens=40), emit)
+        _, chat = runner.submit(ServerRequest(None, "the water was", max_tokens=40), emit)
         while "token" not in order:
             time.sleep(0.001)
-        _, embeddings = runner.submit(None, None, work=_work(runner, order, n_inputs=3000))
+        _, embeddings = runner.submit(None, work=_work(runner, order, n_inputs=3000))
         vectors = embeddings.result(120)
         chat.result(120)
     finally:

@@ -185,9 +185,9 @@ def test_a_request_waits_for_its_pair_to_load_while_others_answer(chat_home, mon
         slow = pairs.runner("tiny-same")
         real_load = slow.load
 
-        def held_load(pair=None):
+        def held_load():
             release.wait(30)
-            return real_load(pair)
+            return real_load()
 
         monkeypatch.setattr(slow, "load", held_load)
 

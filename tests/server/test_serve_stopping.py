@@ -1,10 +1,11 @@
-"""`serve` stopping. A stop during a pair switch (issue 44): what it cannot answer is 503 + Retry-After, never an
-empty 200 (a cancelled switch used to generate nothing and answer `"choices": []`) nor a 499 for requests whose client
-is still there — the real `Runner` on the tiny pairs, the stop being what uvicorn's SIGTERM handler calls
-(`Runner.cancel_all`). And the real server stopped (issue 67) by SIGTERM or SIGINT in the middle of each thing it
-does — a stream, a whole chat, a load waiting for room, an unload (the embeddings batch: test_serve_embeddings.py):
-it exits 130 / 143 within a generous bound, on one line, no traceback on the terminal nor in its log, and every client
-it leaves is answered its protocol's error object (503 `server_stopping`), a stream its error event."""
+"""`serve` stopping. A stop while the router loads a pair (issue 44): what it cannot answer is 503 + Retry-After, never
+an empty 200 (a cancelled load used to generate nothing and answer `"choices": []`) nor a 499 for requests whose
+client is still there — the real `Pairs` and `Runner` on the tiny pairs, the stop being what uvicorn's SIGTERM
+handler calls (`Pairs.cancel_all`). And the real server stopped (issue 67) by SIGTERM or SIGINT in the middle of each
+thing it does — a stream, a whole chat, a load waiting for room, an unload (the embeddings batch:
+test_serve_embeddings.py): it exits 130 / 143 within a generous bound, on one line, no traceback on the terminal nor in
+its log, and every client it leaves is answered its protocol's error object (503 `server_stopping`), a stream its
+error event."""
 
 from __future__ import annotations
 
@@ -21,33 +22,40 @@ from localspec.core.session import Message
 from localspec.models.flags import RunFlags
 from localspec.server import runner as runner_mod
 from localspec.server.api import ApiError
+from localspec.server.pairs import Pairs
 from localspec.server.request import Request
 from localspec.server.runner import Runner
 
 HI = Request(messages=(Message("user", "hi"),), prompt=None, max_tokens=4)
 
 
-def test_a_stop_during_a_pair_switch_answers_503_with_retry_after(chat_home):
-    runner = Runner(RunFlags(pair="tiny"), chat_home, pairs=("tiny", "tiny-same"))
+def test_a_stop_while_the_router_loads_a_pair_answers_503_with_retry_after(chat_home):
+    """The router (`Pairs`) loading "tiny-same" for two requests queued on it when the stop comes: the load cannot be
+    interrupted once the weights are in, and both requests are answered 503 `server_stopping` with Retry-After —
+    neither an empty 200 (a cancelled load used to generate nothing and answer `"choices": []`) nor a 499 for
+    requests whose client is still there."""
+    router = Pairs(RunFlags(pair="tiny"), chat_home, names=("tiny", "tiny-same"))
     try:
-        runner.start()
+        router.start()
+        runner = router.runner("tiny-same")
         real_load = runner.load
 
-        def load_then_stop(pair=None):
-            served = real_load(pair)
-            runner.cancel_all()  # SIGTERM while the switch loaded (it cannot be interrupted)
+        def load_then_stop():
+            served = real_load()
+            router.cancel_all()  # SIGTERM while the pair loaded (what uvicorn's handler calls)
             return served
 
         runner.load = load_then_stop
-        switching, first = runner.submit("tiny-same", HI)
-        queued, second = runner.submit("tiny-same", HI)
+        _, first = router.submit("tiny-same", HI)  # its turn loads the pair
+        _, second = router.submit("tiny-same", HI)  # queued behind it
         for future in (first, second):
             with pytest.raises(ApiError) as caught:  # before: an Outcome with no choice (200), then a 499
                 future.result(timeout=60)
             assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "1"}
             assert caught.value.code == "server_stopping"
+        assert router.runner("tiny").served is not None  # the default pair was never part of it
     finally:
-        runner.close()
+        router.close()
 
 
 def test_the_pair_is_loaded_on_the_thread_that_decodes_its_requests(chat_home, caplog):
@@ -56,11 +64,11 @@ def test_the_pair_is_loaded_on_the_thread_that_decodes_its_requests(chat_home, c
     import logging
     import threading
 
-    runner = Runner(RunFlags(pair="tiny"), chat_home, pairs=("tiny",))
+    runner = Runner(RunFlags(pair="tiny"), chat_home)
     try:
         with caplog.at_level(logging.WARNING, logger="localspec.llama.context"):
             runner.start()
-            job, future = runner.submit(None, HI)
+            job, future = runner.submit(HI)
             assert future.result(60).generations[0].tokens
         assert "another thread" not in caplog.text
         threads = {seq.ctx.decoding_thread for seq in runner.served.engine.caches}
@@ -73,7 +81,7 @@ def test_the_pair_is_loaded_on_the_thread_that_decodes_its_requests(chat_home, c
 def test_a_stop_while_a_pair_loads_abandons_the_load(chat_home, monkeypatch):
     """SIGTERM while the weights load: llama.cpp's load stops at its next tensor (not the whole file read first) and
     the request waiting for it is told the server stops."""
-    runner = Runner(RunFlags(pair="tiny"), chat_home, pairs=("tiny",))
+    runner = Runner(RunFlags(pair="tiny"), chat_home)
     told: list[float] = []
 
     def progress_then_stop(of):
@@ -100,7 +108,7 @@ def test_a_stop_while_a_pair_loads_abandons_the_load(chat_home, monkeypatch):
 def test_a_stop_after_the_weights_loaded_warms_no_slots(chat_home, monkeypatch):
     """SIGTERM once the pair's weights and contexts are in: its slots are not made and warmed (seconds on a real
     model) for a server that exits; the waiting request is told the server stops."""
-    runner = Runner(RunFlags(pair="tiny"), chat_home, pairs=("tiny",), parallel=2)
+    runner = Runner(RunFlags(pair="tiny"), chat_home, parallel=2)
     real = runner_mod.load_with_flags
 
     def load_then_stop(*args, **kwargs):
