@@ -6,7 +6,10 @@ with N slots, plainly and with the pair's draft. Each round, for each client cou
 rotating round by round), C clients send one chat request each at the same moment (greedy, `tokens` tokens, the
 prompts taken in turn) and the round records the aggregate tok/s — every completion token over the wall time from
 the first send to the last answer — and the clients' mean latency (send to whole answer). The report gives the
-medians over the rounds. DESIGN §8 says how the server batches the clients; docs/benchmarks.md has the figures.
+medians over the rounds. With `--structured` every request asks for a JSON schema's answer (`response_format`), and a
+second localspec server runs beside the first whose requests with a grammar draft only while they run alone
+(`LOCALSPEC_SHARED_DRAFTS=off`, as before issue 65): the yardstick of drafting in the shared batch. DESIGN §8 says
+how the server batches the clients; docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+from localspec.core.slots import SHARED_DRAFTS_ENV
 from localspec.errors import LocalspecError
 from localspec.models.flags import RunFlags
 from localspec.paths import Paths
 
 from .peer import LlamaServer, PeerError, _free_port, find_llama_server
 from .report import machine_line
+from .run import STRUCTURED_SCHEMA
 
 
 class ServeError(LocalspecError):
@@ -51,6 +56,7 @@ class ClientsPlan:
     peer: str | None  # llama-server's path or folder ("": on PATH; None: no peer)
     command: str
     serve: Callable  # runs localspec's server in the child process (`LocalServer`)
+    structured: bool = False  # every answer constrained to a JSON schema; beside it, a server drafting those alone
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +76,13 @@ class ClientsReport:
     parallel: int
     tokens: int
     rounds: int
+    structured: bool = False
     rows: list[ClientsRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 LOCAL = "localspec --parallel {n}"
+ALONE = "localspec --parallel {n}, grammar drafts alone"  # `--structured`'s yardstick (LOCALSPEC_SHARED_DRAFTS=off)
 STARTUP_SECONDS = 600.0  # a large pair on a slow disk: loading is what it waits for
 
 
@@ -89,11 +97,14 @@ class LocalServer:
         ServeError: the process ended before it answered /health, or it did not answer in time.
     """
 
-    def __init__(self, serve: Callable, flags: RunFlags, paths: Paths, parallel: int) -> None:
+    def __init__(
+        self, serve: Callable, flags: RunFlags, paths: Paths, parallel: int, env: dict[str, str] | None = None
+    ) -> None:
         self.port = _free_port()
         context = multiprocessing.get_context("spawn")  # no inherited threads or llama.cpp state
         flags = dataclasses.replace(flags, overrides=dict(flags.overrides))  # picklable (a read-only view is not)
-        self._process = context.Process(target=serve, args=(flags, paths, parallel, self.port), daemon=True)
+        args = (serve, env or {}, flags, paths, parallel, self.port)
+        self._process = context.Process(target=_serve_with_env, args=args, daemon=True)
 
     def __enter__(self) -> LocalServer:
         self._process.start()
@@ -123,6 +134,12 @@ class LocalServer:
                 self._process.join()
 
 
+def _serve_with_env(serve: Callable, env: dict[str, str], *args) -> None:  # pragma: no cover - a child process
+    """`serve(*args)` in the child, with `env` added to its environment first."""
+    os.environ.update(env)
+    serve(*args)
+
+
 def model_id(port: int) -> str:
     """The name the server gives its model (`/v1/models`), which its requests then name.
 
@@ -136,14 +153,17 @@ def model_id(port: int) -> str:
         raise PeerError(f"the server did not list its model: {e}") from e
 
 
-def ask(port: int, model: str, prompt: str, tokens: int) -> tuple[float, int]:
-    """One greedy chat request: (seconds from send to the whole answer, completion tokens).
+def ask(port: int, model: str, prompt: str, tokens: int, schema: dict | None = None) -> tuple[float, int]:
+    """One greedy chat request (its answer in `schema` where one is given): (seconds from send to the whole answer,
+    completion tokens).
 
     Raises:
         PeerError: no answer, or one without usage.
     """
-    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
+    body: dict = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens}
     body |= {"temperature": 0, "stream": False}
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
@@ -159,7 +179,9 @@ def ask(port: int, model: str, prompt: str, tokens: int) -> tuple[float, int]:
         raise PeerError("the server's answer has no usage.completion_tokens") from None
 
 
-def together(port: int, model: str, prompts: Sequence[str], tokens: int) -> tuple[float, float]:
+def together(
+    port: int, model: str, prompts: Sequence[str], tokens: int, schema: dict | None = None
+) -> tuple[float, float]:
     """Every prompt sent at the same moment, one client each: (aggregate tok/s, the clients' mean latency).
 
     Raises:
@@ -169,7 +191,7 @@ def together(port: int, model: str, prompts: Sequence[str], tokens: int) -> tupl
 
     def client(i: int) -> None:
         try:
-            out[i] = ask(port, model, prompts[i], tokens)
+            out[i] = ask(port, model, prompts[i], tokens, schema)
         except BaseException as e:  # said by the caller, not lost in the thread
             out[i] = e
 
@@ -194,19 +216,24 @@ def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None)
         LocalspecError: localspec's server did not start (llama-server's failures are notes in the report).
     """
     n = plan.parallel
-    report = ClientsReport(plan.command, machine(plan.flags), now(), parallel=n, tokens=plan.tokens, rounds=plan.rounds)
+    report = ClientsReport(
+        plan.command, machine(plan.flags), now(), n, plan.tokens, plan.rounds, structured=plan.structured
+    )
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    with started_servers(plan.serve, plan.flags, plan.paths, n, plan.peer, report.notes, show) as servers:
+    schema = STRUCTURED_SCHEMA if plan.structured else None
+    with started_servers(
+        plan.serve, plan.flags, plan.paths, n, plan.peer, report.notes, show, yardstick=plan.structured
+    ) as servers:
         names = list(servers)
         for name, server in servers.items():  # warm-up: every slot used once, not measured
             show(f"warming {name}")
-            together(server.port, server.model, _prompts(plan.prompts, n, 0), 8)
+            together(server.port, server.model, _prompts(plan.prompts, n, 0), 8, schema)
         for r in range(plan.rounds):
             for clients in plan.clients:
                 for name in rotated(names, r):
                     show(f"round {r + 1}/{plan.rounds}: {clients} client{'s' * (clients > 1)} on {name}")
                     prompts = _prompts(plan.prompts, clients, r)
-                    rate = together(servers[name].port, servers[name].model, prompts, plan.tokens)
+                    rate = together(servers[name].port, servers[name].model, prompts, plan.tokens, schema)
                     results.setdefault((name, clients), []).append(rate)
     for clients in plan.clients:
         ours = statistics.median(rate for rate, _ in results[(LOCAL.format(n=n), clients)])
@@ -236,6 +263,8 @@ def started_servers(
     peer: str | None,
     notes: list[str],
     show: Callable[[str], None],
+    *,
+    yardstick: bool = False,
 ) -> Iterator[dict[str, Served]]:
     """localspec's server (`LOCAL`) and, with a peer, llama-server with as many slots, plainly and with the pair's
     draft where it has one: name → `Served`, localspec's first; every one stopped on leaving. `bench --clients` and
@@ -245,6 +274,7 @@ def started_servers(
         serve: runs localspec's server in the child process (see `LocalServer`).
         peer: llama-server's path or folder ("": on PATH; None: no peer).
         notes: told why a llama-server did not run (the bench goes on without it).
+        yardstick: also localspec's server with grammar drafts alone (`ALONE`, `--structured`).
 
     Raises:
         LocalspecError: localspec's server did not start.
@@ -256,6 +286,9 @@ def started_servers(
     try:
         show("starting localspec serve")
         running[LOCAL.format(n=parallel)] = LocalServer(serve, flags, paths, parallel).__enter__()
+        if yardstick:
+            off = {SHARED_DRAFTS_ENV: "off"}
+            running[ALONE.format(n=parallel)] = LocalServer(serve, flags, paths, parallel, off).__enter__()
         if peer is not None:
             params = load_params(flags, resolved.defaults, has_draft=True)
             _start_peers(peer, parallel, flags, resolved, params, running, notes)
@@ -320,7 +353,8 @@ def render_clients(report: ClientsReport) -> list[str]:
     lines = [
         f"localspec bench --clients — {report.date} — {report.machine}",
         f"{report.command}",
-        f"each client: one greedy chat request of up to {report.tokens} tokens, all sent at once; "
+        f"each client: one greedy chat request of up to {report.tokens} tokens"
+        f"{', its answer in a JSON schema' if report.structured else ''}, all sent at once; "
         f"median of {report.rounds} round{'s' * (report.rounds > 1)}, servers interleaved",
         "",
         f"{'server':<28} {'clients':>7} {'tok/s':>8} {'localspec ×':>12} {'latency s':>10}",

@@ -74,18 +74,17 @@ class Setting:
 
 
 # The structured workload (`bench --structured`): a JSON schema every built-in prompt can be answered in.
-STRUCTURED = Grammar.json_schema(
-    {
-        "type": "object",
-        "properties": {
-            "title": {"type": "string", "maxLength": 80},
-            "points": {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1, "maxItems": 8},
-            "difficulty": {"enum": ["easy", "medium", "hard"]},
-        },
-        "required": ["title", "points", "difficulty"],
-        "additionalProperties": False,
-    }
-)
+STRUCTURED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 80},
+        "points": {"type": "array", "items": {"type": "string", "maxLength": 160}, "minItems": 1, "maxItems": 8},
+        "difficulty": {"enum": ["easy", "medium", "hard"]},
+    },
+    "required": ["title", "points", "difficulty"],
+    "additionalProperties": False,
+}
+STRUCTURED = Grammar.json_schema(STRUCTURED_SCHEMA)
 
 
 def settings_for(

@@ -147,6 +147,7 @@ def _bench_clients(args: argparse.Namespace, paths: Paths) -> int:
         peer=args.peer,
         command="localspec " + " ".join(sys.argv[1:]),
         serve=serve_in_child,
+        structured=args.structured,
     )
     rounds = plan.rounds * len(plan.clients)
     print(f"localspec: note: bench --clients: {rounds} workloads per server, {parallel} slots", file=sys.stderr)

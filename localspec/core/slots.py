@@ -54,6 +54,9 @@ PROBE_DRAFTS = 4  # drafts per stream in a probe
 PROBE_EVIDENCE = 8.0  # verified tokens' worth of evidence past which the model's acceptance is judged, not probed
 RECHECK_EVERY = 8  # ticks between drafting ticks while drafting measures slower (and plain ones while plain is unknown)
 RATES_ENOUGH = 4  # recent ticks of a kind whose median is trusted
+# "off" (read by the server): a request with a grammar, a seed at T > 0 or a bridged draft drafts only while it runs
+# alone, as before issue 65 — what `bench --clients --structured` measures the default against; not a user's setting.
+SHARED_DRAFTS_ENV = "LOCALSPEC_SHARED_DRAFTS"
 REMAINING_CAP = 256  # most tokens a stream is counted on to emit still (max_tokens is often far above its answer)
 
 
@@ -108,14 +111,15 @@ class SharedTick:
 
 
 class SlotPool:
-    """The engine's target context as `n` slots; `acquire` / `release` on the engine's thread only.
+    """The engine's target context as `n` slots; `acquire` / `release` on the engine's thread only. `shared_drafts`
+    off: streams with a grammar, a seed at T > 0 or a bridged draft draft only while alone (a yardstick).
 
     Raises:
         InvalidParamsError: the engine's target context was made with fewer sequences, its memory cannot drop a
             tail (recurrent or hybrid models), or its drafter reads the target's rows (an MTP head).
     """
 
-    def __init__(self, engine: Engine, n: int) -> None:
+    def __init__(self, engine: Engine, n: int, *, shared_drafts: bool = True) -> None:
         parent = engine.target.ctx
         if getattr(parent, "n_seq", 1) < n:
             raise InvalidParamsError(f"the target's context holds {getattr(parent, 'n_seq', 1)} sequences, not {n}")
@@ -141,6 +145,9 @@ class SlotPool:
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
         self._engine, self._parent = engine, parent
+        # False: a stream with a grammar, a seed at T > 0 or a bridged draft drafts only while alone, as before issue 65
+        # (the yardstick `bench --clients --structured` runs beside the default: LOCALSPEC_SHARED_DRAFTS=off).
+        self.shared_drafts = shared_drafts
         # By drafter kind, what the pair's streams learned of drafting (the last released): each stream's start (the
         # engine's own policy for its drafter's kind, until a stream of that kind is released).
         self._policies: dict[str, DraftPolicy] = {}
@@ -288,6 +295,10 @@ class SlotPool:
                 continue
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
+            if not self.shared_drafts and (gen.drafts_alone or gen.constraint is not None):
+                tick.streams[gen] = TickStream(slot, None, 0, 0, False, before)
+                rows.append((slot.view, ahead, slot.target.n_past))
+                continue
             if gen.drafts_alone:
                 own = gen.draft_own()
                 tick.streams[gen] = TickStream(slot, own, len(own.tokens) if own else 0, 0, False, before, own=True)

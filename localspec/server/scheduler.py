@@ -13,6 +13,7 @@ request gives its slot back at once, in the tick it ends.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
@@ -20,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from localspec.core.slots import Slot, SlotPool
+from localspec.core.slots import SHARED_DRAFTS_ENV, Slot, SlotPool
 from localspec.models.flags import RunFlags
 
 from .request import Emit, Job, Outcome, Request, steps
@@ -175,7 +176,8 @@ class Scheduler:
             self._pool, self._pool_of = None, served
             return None
         if self._pool is None or self._pool_of is not served:
-            self._pool, self._pool_of = SlotPool(served.engine, self.n_slots), served
+            shared = os.environ.get(SHARED_DRAFTS_ENV, "on") != "off"  # the yardstick's switch (bench --clients)
+            self._pool, self._pool_of = SlotPool(served.engine, self.n_slots, shared_drafts=shared), served
             self._pool.warm()
         return self._pool
 

@@ -77,3 +77,22 @@ def test_a_server_that_refuses_the_slots_is_one_line(tiny_models, capfd, localsp
     assert code != 0 and "Traceback" not in err, err
     assert "localspec serve: error: --parallel above 1 needs a model whose cache can drop a tail" in err
     assert "localspec serve exited at start (code 2)" in err
+
+
+@pytest.mark.slow
+def test_structured_clients_run_beside_a_server_whose_grammar_streams_draft_alone(smollm2_path, capsys, localspec_home):
+    """`--structured`: every request asks for a JSON schema's answer, and the yardstick — the same server with requests
+    under a grammar drafting only alone (LOCALSPEC_SHARED_DRAFTS=off) — runs beside, its ratio in the table."""
+    code = main(["bench", "--target", str(smollm2_path), "--draft", str(smollm2_path), "--clients", "2", "--structured",
+                 "--tokens", "12", "--rounds", "1", "--threads", "1", "--json"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["structured"] is True
+    rows = {row["server"]: row for row in report["rows"]}
+    assert set(rows) == {"localspec --parallel 2", "localspec --parallel 2, grammar drafts alone"}
+    ours = rows["localspec --parallel 2"]["tokens_per_second"]
+    yardstick = rows["localspec --parallel 2, grammar drafts alone"]
+    assert yardstick["tokens_per_second"] > 0 and yardstick["ratio"] == pytest.approx(
+        ours / yardstick["tokens_per_second"]
+    )

@@ -173,3 +173,15 @@ def test_streams_under_a_schema_draft_beside_each_other_with_their_text_alone(sm
         for gen in gens:
             assert gen.stats.accepted > 0, gen.stats
             assert set(json.loads(gen.text)) == {"name", "age"}
+
+
+def test_with_shared_drafts_off_seeded_streams_draft_only_alone(same_engine):
+    """The yardstick of `bench --clients --structured` (`shared_drafts` off, LOCALSPEC_SHARED_DRAFTS=off): streams
+    that draft alone in the shared batch by default — here seeded at T > 0 — decode plainly beside others."""
+    engine = same_engine
+    pool = SlotPool(engine, 3, shared_drafts=False)
+    options = [{"sampling": SamplingParams(temperature=0.8, seed=s), "max_tokens": 12} for s in (1, 2, 3)]
+    slots = [pool.acquire(p) for p in PROMPTS]
+    gens = [generate(engine, pool, s, p, "model", **o) for s, p, o in zip(slots, PROMPTS, options, strict=True)]
+    together(engine, pool, gens, slots)
+    assert [g.stats.drafted for g in gens] == [0, 0, 0]
