@@ -439,8 +439,8 @@ class Generation:
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
-            if chosen and (self._tick() is not None or not self.target.ctx.row_shared):
-                self.policy.observe(step)  # a shared batch's plan says nothing of this stream's policy
+            if chosen:  # the plan's drafts in a shared batch say nothing of this stream's policy
+                self.policy.observe(step, timed=not self.target.ctx.row_shared)
             for i, (token, from_draft) in enumerate(step.tokens):
                 self.pending = len(step.tokens) - i - 1
                 if step.logprobs is not None:

@@ -272,17 +272,20 @@ class DraftPolicy:
             - expected_tokens(self.alpha, k)
         )
 
-    def observe(self, step: Step) -> None:
-        """Learn from the step just run (call it with what `speculative_step` returned)."""
+    def observe(self, step: Step, *, timed: bool = True) -> None:
+        """Learn from the step just run (call it with what `speculative_step` returned). `timed` off: its verify
+        rows came from a shared batch (`serve --parallel`), which cost it no decode of its own — its acceptance is
+        learned, its seconds are not (counted as a lone step's they made verifying look free)."""
         last, self._last = self._last, DraftLength(0)
         timing = step.timing
-        self.costs.observe(
-            step.drafted, timing.seconds_verify + timing.seconds_sampling, timing.seconds_draft, step.draft_decoded
-        )
+        if timed:
+            self.costs.observe(
+                step.drafted, timing.seconds_verify + timing.seconds_sampling, timing.seconds_draft, step.draft_decoded
+            )
         self.verified += step.drafted
         if step.drafted:
             self.acceptance.learn(0, step.accepted, step.rejected)
-        if timing.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up step says nothing of speed
+        if timed and timing.seconds > 0 and step.draft_decoded <= step.drafted + 2:  # a catch-up says nothing of speed
             (self._spec_rate if step.drafted else self._plain_rate).add(step.emitted / timing.seconds)
         self.lag = 0 if last.k else self.lag + step.emitted
         self._probed = self._probed or step.drafted > 0  # the next choice weighs what the drafts showed
