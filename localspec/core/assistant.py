@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from localspec.llama.assistant import AssistantContext
+from localspec.llama.assistant import AssistantContext, output_hidden
+from localspec.llama.slots import FedSeqContext
 
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
@@ -42,7 +43,12 @@ class AssistantDrafter:
     caches: tuple[KVSequence, ...] = ()  # it has none: the target's cache is the engine's already
 
     def __init__(
-        self, target: KVSequence, ctx: AssistantContext, output_rows: Callable[[], np.ndarray], *, size_ratio: float
+        self,
+        target: KVSequence,
+        ctx: AssistantContext | FedSeqContext,
+        output_rows: Callable[[], np.ndarray],
+        *,
+        size_ratio: float,
     ) -> None:
         self.target, self.ctx = target, ctx
         self.meter = CostMeter((), contexts=(ctx,))
@@ -52,6 +58,13 @@ class AssistantDrafter:
         self._rows = (0, np.zeros((0, target.ctx.model.info.n_embd), np.float32))  # (first position, rows)
         self._marks = self._target_marks()  # the rows are stale once the target's positions moved or were restored
         self.after_target_decode = self._observe
+
+    def for_slot(self, target: KVSequence, seq: int) -> AssistantDrafter:
+        """The assistant's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this assistant's
+        context (made with the target's sequences), reading `target`, the slot's sequence of the target's context,
+        and the hidden rows of that sequence's own rows (of a shared batch too)."""
+        view = FedSeqContext(self.ctx, seq)
+        return AssistantDrafter(target, view, lambda: output_hidden(target.ctx), size_ratio=self.size_ratio)
 
     @property
     def n_ctx(self) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from localspec.llama.slots import FedSeqContext
+
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
 from .sampling import penalty_window
@@ -50,6 +52,14 @@ class MtpDrafter:
         self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
         self._pending: tuple[list[int], list[np.ndarray]] = ([], [])  # positions head.n_past.. and their rows
         self.after_target_decode = self._observe  # installed on the target's context by `Engine.use_drafter`
+
+    def for_slot(self, target: KVSequence, seq: int) -> MtpDrafter:
+        """The head's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this head's context
+        (made with a sequence per slot) following `target`, the slot's sequence of the target's context. It follows
+        the target's decodes once the slot routes them to it (`SeqContext.after_decode`)."""
+        view = FedSeqContext(self.head.ctx, seq)
+        view.clear()
+        return MtpDrafter(target, KVSequence(view, rollback="seq_rm"), self._hidden_rows, size_ratio=self.size_ratio)
 
     @property
     def n_ctx(self) -> int:
