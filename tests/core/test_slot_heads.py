@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from core.test_slot_drafters import alone, generate, together
+from support.tinyglm import write_glm_mtp_model
 
 from localspec.core.engine import Engine
 from localspec.core.slots import SlotPool
@@ -75,3 +76,32 @@ def test_assistant_streams_draft_beside_each_other_with_their_text_alone(gemma4_
     assert all(g.stats.drafter == "assistant" and g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
     drafters = {id(pool.drafting(s, "assistant")[0]) for s in slots}
     assert len(drafters) == 3 and id(engine.drafter) not in drafters
+
+
+@pytest.fixture(scope="module")
+def mtp_slots(tmp_path_factory):
+    """A tiny all-attention target with one MTP block (support.tinyglm), three sequences."""
+    path = write_glm_mtp_model(tmp_path_factory.mktemp("glm") / "tiny-glm-mtp.gguf", seed=1, output_scale=0.4)
+    with Engine.load(path, None, drafter="mtp", n_ctx=256, n_seq=3, n_threads=1) as engine:
+        yield engine
+
+
+def test_mtp_streams_draft_beside_each_other_with_their_text_alone(mtp_slots):
+    """Three streams drafting with the target's MTP head in one shared batch, each over its own sequence of the
+    head's one context and fed its own rows of the batch: the texts of each alone, drafts accepted for each, every
+    cache consistent (the heads' too)."""
+    engine = mtp_slots
+    assert engine.drafter.kind == "mtp" and engine.target.mode == "seq_rm"
+    pool = SlotPool(engine, 3)
+    prompts = [engine.tokenize(text) for text in TEXTS]
+    expected = [alone(engine, pool, p, "mtp", max_tokens=40) for p in prompts]
+    # Fresh slots: a prompt that reuses a slot's prefix finds the head without the target's row before it, and the
+    # head re-derives it with a target decode of its own (as with one slot): not the tick's one decode.
+    pool = SlotPool(engine, 3)
+    slots = [pool.acquire(p) for p in prompts]
+    gens = [generate(engine, pool, s, p, "mtp", max_tokens=40) for s, p in zip(slots, prompts, strict=True)]
+    assert together(engine, pool, gens, slots) == expected
+    assert all(g.stats.drafter == "mtp" and g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
+    heads = [pool.drafting(s, "mtp")[0] for s in slots]
+    assert len({id(h) for h in heads}) == 3 and engine.drafter not in heads
+    assert len({h.head.ctx.parent for h in heads}) == 1  # one head context, a sequence per slot
