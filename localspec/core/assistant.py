@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from localspec.llama.assistant import AssistantContext, output_hidden
-from localspec.llama.slots import FedSeqContext
+from localspec.llama.slots import FedSeqContext, SeqContext
 
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
@@ -63,8 +63,10 @@ class AssistantDrafter:
         """The assistant's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this assistant's
         context (made with the target's sequences), reading `target`, the slot's sequence of the target's context,
         and the hidden rows of that sequence's own rows (of a shared batch too)."""
-        view = FedSeqContext(self.ctx, seq)
-        return AssistantDrafter(target, view, lambda: output_hidden(target.ctx), size_ratio=self.size_ratio)
+        ctx, target_ctx = self.ctx, target.ctx
+        assert isinstance(ctx, AssistantContext) and isinstance(target_ctx, SeqContext), "the pair's, then a slot's"
+        view = FedSeqContext(ctx, seq)
+        return AssistantDrafter(target, view, lambda: output_hidden(target_ctx), size_ratio=self.size_ratio)
 
     @property
     def n_ctx(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from localspec.llama.mtp import FedContext
 from localspec.llama.slots import FedSeqContext
 
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
@@ -57,7 +58,9 @@ class MtpDrafter:
         """The head's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this head's context
         (made with a sequence per slot) following `target`, the slot's sequence of the target's context. It follows
         the target's decodes once the slot routes them to it (`SeqContext.after_decode`)."""
-        view = FedSeqContext(self.head.ctx, seq)
+        head = self.head.ctx
+        assert isinstance(head, FedContext), "a slot's head is a sequence of the pair's head context"
+        view = FedSeqContext(head, seq)
         view.clear()
         return MtpDrafter(target, KVSequence(view, rollback="seq_rm"), self._hidden_rows, size_ratio=self.size_ratio)
 

@@ -131,7 +131,7 @@ class SlotPool:
         for view in views:
             view.clear()  # what a previous pool left: the new slots' token lists start empty
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
-        _follow_heads(engine.drafter, parent, self.slots)
+        _follow_heads(engine.drafter, self.slots)
         for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
             slot.target.use_cache(engine.prompt_cache, "target")
             slot.target.media = engine.target.media  # the engine's images (core/media.py)
@@ -457,7 +457,7 @@ class SlotPool:
                     self.model_alpha.learn(0, taken, rejected)
 
 
-def _follow_heads(drafter: Drafter, parent: Context, slots: list[Slot]) -> None:
+def _follow_heads(drafter: Drafter, slots: list[Slot]) -> None:
     """Where the pair's drafter is a draft head that reads the target's rows (its MTP head, a Gemma 4 assistant): a
     drafter of it for each slot, over the slot's sequence of the head's one context (a sequence per slot, as
     llama-server keeps one draft context for all slots), told of that sequence's decodes alone, its rows of a
@@ -470,7 +470,7 @@ def _follow_heads(drafter: Drafter, parent: Context, slots: list[Slot]) -> None:
             f"the draft head's context holds {getattr(context, 'n_seq', 1)} sequences, not {len(slots)}: load the "
             "pair with as many slots as --parallel"
         )
-    route_decodes(parent, [slot.view for slot in slots])  # the pair's own drafter no longer follows sequence 0
+    route_decodes(slots[0].view.parent, [slot.view for slot in slots])  # the pair's drafter no longer follows seq 0
     for slot in slots:
         head = slot.drafters[drafter.kind] = drafter.for_slot(slot.target, slot.index)
         slot.view.after_decode = head.after_target_decode

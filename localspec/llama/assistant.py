@@ -20,6 +20,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from .context import Context
 from .model import Model
 from .mtp import FedContext, staging, staging_missing
+from .slots import SeqContext
 
 ASSISTANT_ARCHES = frozenset({"gemma4-assistant"})  # sidecar drafters this llama.cpp runs beside a target
 TARGET_ARCH = {"gemma4-assistant": "gemma4"}  # the target architecture each reads
@@ -65,7 +66,7 @@ def emit_output_hidden(ctx: Context) -> None:
     staging().llama_set_embeddings_nextn(ctx.handle, True, True)
 
 
-def output_hidden(ctx: Context) -> np.ndarray:
+def output_hidden(ctx: Context | SeqContext) -> np.ndarray:
     """The last decode's hidden rows of its output rows, in batch order (a context set up by `emit_output_hidden`):
     an (n_outputs, n_embd) float32 copy; (0, n_embd) when it computed no outputs."""
     (first, n), width = ctx.output_span(), ctx.model.info.n_embd  # a sequence of a shared batch: its own rows

@@ -12,13 +12,14 @@ Pending rows no step took are removed (`discard`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from localspec.errors import ContextError
 
 from .context import Context
+from .mtp import FedContext
 
 
 class SeqContext:
@@ -33,7 +34,7 @@ class SeqContext:
         self.parent, self.seq = parent, seq
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
-        self.after_decode = None
+        self.after_decode: Callable[[list[int], int], None] | None = None  # told of this sequence's decodes alone
         # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded in a shared batch
         self._pending: tuple[tuple[int, ...], int, int, int, int] | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
@@ -151,8 +152,9 @@ class FedSeqContext(SeqContext):
     draft head of the slot whose target is the same sequence of the target's context. It counts its own decodes
     and their seconds (each slot's drafter meters its own costs, not the other slots')."""
 
-    def __init__(self, parent, seq: int) -> None:
+    def __init__(self, parent: FedContext, seq: int) -> None:
         super().__init__(parent, seq)
+        self.fed = parent
         self.width = parent.width
         self.decodes, self._seconds = 0, 0.0
 
@@ -171,13 +173,15 @@ class FedSeqContext(SeqContext):
         self._seconds += self.parent.seconds_decoding - before
 
     def stage(self, rows: np.ndarray, n_past: int) -> None:
-        self.parent.stage(rows, n_past)
+        self.fed.stage(rows, n_past)
 
     def hidden(self, i: int) -> np.ndarray:
-        return self.parent.hidden(i)
+        return self.fed.hidden(i)
 
     def follow_threads(self) -> None:
-        self.parent.follow_threads()
+        follow = getattr(self.fed, "follow_threads", None)  # an assistant's: the target's thread count
+        if follow is not None:
+            follow()
 
 
 def route_decodes(parent: Context, views: Sequence[SeqContext]) -> None:
