@@ -474,6 +474,8 @@ def _follow_heads(drafter: Drafter, slots: list[Slot]) -> None:
     for slot in slots:
         head = slot.drafters[drafter.kind] = drafter.for_slot(slot.target, slot.index)
         slot.view.after_decode = head.after_target_decode
+        for cache in head.caches:
+            cache.warm()  # llama.cpp allocates a sequence's buffers on its first decode (`SlotPool.warm`)
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:
