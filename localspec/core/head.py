@@ -53,6 +53,7 @@ class MtpDrafter:
         self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
         self._pending: tuple[list[int], list[np.ndarray]] = ([], [])  # positions head.n_past.. and their rows
         self.after_target_decode = self._observe  # installed on the target's context by `Engine.use_drafter`
+        target.read_start = self._read_start
 
     def for_slot(self, target: KVSequence, seq: int) -> MtpDrafter:
         """The head's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this head's context
@@ -102,6 +103,13 @@ class MtpDrafter:
         else:
             self._pending = ([], [])
             self.head.rollback_to(n)
+
+    def _read_start(self, n: int) -> int:
+        """Where the target's read of new tokens starts when it holds n of them: one earlier where the head holds
+        position n - 1 but not the target's row there, which its position n reads; the read then brings that row,
+        where the whole tail was read a second time (`_rederive`: a new prompt on a slot that shares its first
+        token with the last one doubled the prompt's read)."""
+        return n - 1 if 0 < n <= self.n_fed and self._row(n - 1) is None else n
 
     def _observe(self, tokens: list[int], n_past: int) -> None:
         """After each target decode of `tokens` at n_past..: queue for the head the positions whose rows are now

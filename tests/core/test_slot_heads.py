@@ -11,6 +11,7 @@ from core.test_slot_drafters import alone, generate, together
 from support.tinyglm import write_glm_mtp_model
 
 from localspec.core.engine import Engine
+from localspec.core.kv import common_prefix
 from localspec.core.slots import SlotPool
 from localspec.llama import assistant
 from localspec.llama.context import Context
@@ -95,9 +96,8 @@ def test_mtp_streams_draft_beside_each_other_with_their_text_alone(mtp_slots):
     pool = SlotPool(engine, 3)
     prompts = [engine.tokenize(text) for text in TEXTS]
     expected = [alone(engine, pool, p, "mtp", max_tokens=40) for p in prompts]
-    # Fresh slots: a prompt that reuses a slot's prefix finds the head without the target's row before it, and the
-    # head re-derives it with a target decode of its own (as with one slot): not the tick's one decode.
-    pool = SlotPool(engine, 3)
+    # The slots are reused: each prompt shares its first token with what its slot held, where the head lacks the
+    # target's row; the prompt's read starts one token earlier and brings it (no decode of the head's own in a tick).
     slots = [pool.acquire(p) for p in prompts]
     gens = [generate(engine, pool, s, p, "mtp", max_tokens=40) for s, p in zip(slots, prompts, strict=True)]
     assert together(engine, pool, gens, slots) == expected
@@ -105,3 +105,25 @@ def test_mtp_streams_draft_beside_each_other_with_their_text_alone(mtp_slots):
     heads = [pool.drafting(s, "mtp")[0] for s in slots]
     assert len({id(h) for h in heads}) == 3 and engine.drafter not in heads
     assert len({h.head.ctx.parent for h in heads}) == 1  # one head context, a sequence per slot
+
+
+def test_a_prompt_on_a_reused_slot_is_read_once(mtp_slots):
+    """A new prompt on a slot whose last prompt shared only its first token: the head lacks the target's row there,
+    so the read starts one token earlier and brings it — one more token than on an empty slot, where the head used
+    to have the whole prompt read again."""
+    engine = mtp_slots
+    prompts = [engine.tokenize(text) for text in TEXTS[:2]]
+    decoded = []
+    for reused in (False, True):
+        pool = SlotPool(engine, 3)  # empty slots
+        if reused:
+            alone(engine, pool, prompts[0], "mtp", max_tokens=8)
+        slot = pool.acquire(prompts[1])
+        assert common_prefix(slot.target.tokens, prompts[1]) == (1 if reused else 0)
+        before = slot.target.n_decoded
+        gen = generate(engine, pool, slot, prompts[1], "mtp", max_tokens=8)
+        list(gen)
+        assert gen.stats.drafted > 0
+        decoded.append(slot.target.n_decoded - before)
+        pool.release(slot)
+    assert decoded[1] == decoded[0]  # the first token held, one read again: as many as on an empty slot
