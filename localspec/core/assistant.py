@@ -8,6 +8,8 @@ target decode (`after_target_decode`, installed by `Engine.use_drafter`); where 
 prompt read without outputs, a prompt-cache restore, a context shift — the target decodes its last token again
 (`_rederive`), never a guess. Rollback is the target's alone. The draft's law is built from the assistant's full
 logit row exactly as a draft model's (`draft_token`), so p/q, grammars, the adaptive length and auto-off apply.
+For `serve --parallel`, each slot has a drafter of its own over its sequence of the assistant's one context
+(`for_slot`).
 """
 
 from __future__ import annotations

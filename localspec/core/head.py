@@ -6,7 +6,9 @@ a refill — through `after_target_decode` (which `Engine.use_drafter` installs)
 positions with the rows just computed for the head, fed in one batch before the next draft (or every FEED_BATCH
 positions), so a plain step costs a row copy. While drafting, each position is fed the head's own hidden row
 from the one before; those positions are dropped again before the verify pass, which re-feeds them with the target's.
-Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
+Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess;
+a read of new tokens starts one token earlier where the head lacks the row before them (`KVSequence.read_start`).
+For `serve --parallel`, each slot has a drafter of its own over its sequence of the head's one context (`for_slot`).
 The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLawBuilder`,
 `greedy_token`).
 """

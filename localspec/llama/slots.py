@@ -7,7 +7,9 @@ A stream's step decodes [its last token] (and the drafts it verifies, if any) at
 `decode_shared` decodes them for every stream ahead of their steps and keeps them as pending; the step's `decode`
 finds its tokens decoded and reads the shared batch's rows instead of decoding. A step that decodes something else
 (a grammar's forced tokens, a speculative pass of its own) first removes the pending cells and decodes alone.
-Pending rows no step took are removed (`discard`).
+Pending rows no step took are removed (`discard`). A draft head that reads the target's rows has one context with a
+sequence per slot (`FedSeqContext`), each told of its own sequence's decodes (`route_decodes`, `after_decode`), its
+rows of a shared batch among them.
 """
 
 from __future__ import annotations
