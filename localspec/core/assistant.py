@@ -8,6 +8,8 @@ target decode (`after_target_decode`, installed by `Engine.use_drafter`); where 
 prompt read without outputs, a prompt-cache restore, a context shift — the target decodes its last token again
 (`_rederive`), never a guess. Rollback is the target's alone. The draft's law is built from the assistant's full
 logit row exactly as a draft model's (`draft_token`), so p/q, grammars, the adaptive length and auto-off apply.
+For `serve --parallel`, each slot has a drafter of its own over its sequence of the assistant's one context
+(`for_slot`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from localspec.llama.assistant import AssistantContext
+from localspec.llama.assistant import AssistantContext, output_hidden
+from localspec.llama.slots import FedSeqContext, SeqContext
 
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
@@ -42,7 +45,12 @@ class AssistantDrafter:
     caches: tuple[KVSequence, ...] = ()  # it has none: the target's cache is the engine's already
 
     def __init__(
-        self, target: KVSequence, ctx: AssistantContext, output_rows: Callable[[], np.ndarray], *, size_ratio: float
+        self,
+        target: KVSequence,
+        ctx: AssistantContext | FedSeqContext,
+        output_rows: Callable[[], np.ndarray],
+        *,
+        size_ratio: float,
     ) -> None:
         self.target, self.ctx = target, ctx
         self.meter = CostMeter((), contexts=(ctx,))
@@ -52,6 +60,15 @@ class AssistantDrafter:
         self._rows = (0, np.zeros((0, target.ctx.model.info.n_embd), np.float32))  # (first position, rows)
         self._marks = self._target_marks()  # the rows are stale once the target's positions moved or were restored
         self.after_target_decode = self._observe
+
+    def for_slot(self, target: KVSequence, seq: int) -> AssistantDrafter:
+        """The assistant's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this assistant's
+        context (made with the target's sequences), reading `target`, the slot's sequence of the target's context,
+        and the hidden rows of that sequence's own rows (of a shared batch too)."""
+        ctx, target_ctx = self.ctx, target.ctx
+        assert isinstance(ctx, AssistantContext) and isinstance(target_ctx, SeqContext), "the pair's, then a slot's"
+        view = FedSeqContext(ctx, seq)
+        return AssistantDrafter(target, view, lambda: output_hidden(target_ctx), size_ratio=self.size_ratio)
 
     @property
     def n_ctx(self) -> int:

@@ -22,13 +22,21 @@ class Context(Protocol):
     n_ctx: int
     n_batch: int  # most tokens per llama_decode (longer inputs are split)
     swa_full: bool  # a full-size sliding-window cache (it keeps every cell a rollback needs)
-    seconds_decoding: float  # time spent inside decode so far
     device_greedy: bool  # each output row's argmax is taken in the graph (`sampled_token`)
     device_topk: bool  # a draft at T > 0 may take its law from the graph (`device_law`, `sampled_candidates`)
     n_rs_seq: int  # recurrent-state rollback snapshots llama.cpp keeps per sequence (0: none)
-    # The last decode's row came from a batch shared with other sequences (`serve --parallel`): it cost no time of its
-    # own, so the step that read it says nothing of what a step costs.
-    row_shared: bool
+
+    @property
+    def seconds_decoding(self) -> float:
+        """Time spent inside decode so far."""
+        ...
+
+    @property
+    def row_shared(self) -> bool:
+        """The last decode's row came from a batch shared with other sequences (`serve --parallel`): it cost no time
+        of its own, so the step that read it says nothing of what a step costs."""
+        ...
+
     # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
     after_decode: Callable[[list[int], int], None] | None
 

@@ -60,8 +60,15 @@ class Proposal:
 class Decoding(Protocol):
     """A context a drafter decodes in without a `KVSequence` (a Gemma 4 assistant's): what its `CostMeter` reads."""
 
-    decodes: int  # llama_decode calls so far (one row each)
-    seconds_decoding: float  # time spent inside them
+    @property
+    def decodes(self) -> int:
+        """llama_decode calls so far (one row each)."""
+        ...
+
+    @property
+    def seconds_decoding(self) -> float:
+        """Time spent inside them."""
+        ...
 
 
 class CostMeter:

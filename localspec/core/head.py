@@ -6,7 +6,9 @@ a refill — through `after_target_decode` (which `Engine.use_drafter` installs)
 positions with the rows just computed for the head, fed in one batch before the next draft (or every FEED_BATCH
 positions), so a plain step costs a row copy. While drafting, each position is fed the head's own hidden row
 from the one before; those positions are dropped again before the verify pass, which re-feeds them with the target's.
-Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess.
+Where the head lacks a row the target no longer has, the target re-decodes from there (`_rederive`), never a guess;
+a read of new tokens starts one token earlier where the head lacks the row before them (`KVSequence.read_start`).
+For `serve --parallel`, each slot has a drafter of its own over its sequence of the head's one context (`for_slot`).
 The draft's law is built from the head's full logit row exactly as a draft model's (`DraftLawBuilder`,
 `greedy_token`).
 """
@@ -14,6 +16,9 @@ The draft's law is built from the head's full logit row exactly as a draft model
 from __future__ import annotations
 
 import numpy as np
+
+from localspec.llama.mtp import FedContext
+from localspec.llama.slots import FedSeqContext
 
 from .drafters import CostMeter, DraftLawBuilder, DraftRequest, Pick, Proposal, draft_loop, draft_token, drive_alone
 from .kv import KVSequence, Progress
@@ -50,6 +55,17 @@ class MtpDrafter:
         self._dropped = target.n_dropped  # a context shift moves the target's positions: the rows are stale then
         self._pending: tuple[list[int], list[np.ndarray]] = ([], [])  # positions head.n_past.. and their rows
         self.after_target_decode = self._observe  # installed on the target's context by `Engine.use_drafter`
+        target.read_start = self._read_start
+
+    def for_slot(self, target: KVSequence, seq: int) -> MtpDrafter:
+        """The head's drafter for a slot (`serve --parallel`, core/slots.py): sequence `seq` of this head's context
+        (made with a sequence per slot) following `target`, the slot's sequence of the target's context. It follows
+        the target's decodes once the slot routes them to it (`SeqContext.after_decode`)."""
+        head = self.head.ctx
+        assert isinstance(head, FedContext), "a slot's head is a sequence of the pair's head context"
+        view = FedSeqContext(head, seq)
+        view.clear()
+        return MtpDrafter(target, KVSequence(view, rollback="seq_rm"), self._hidden_rows, size_ratio=self.size_ratio)
 
     @property
     def n_ctx(self) -> int:
@@ -89,6 +105,13 @@ class MtpDrafter:
         else:
             self._pending = ([], [])
             self.head.rollback_to(n)
+
+    def _read_start(self, n: int) -> int:
+        """Where the target's read of new tokens starts when it holds n of them: one earlier where the head holds
+        position n - 1 but not the target's row there, which its position n reads; the read then brings that row,
+        where the whole tail was read a second time (`_rederive`: a new prompt on a slot that shares its first
+        token with the last one doubled the prompt's read)."""
+        return n - 1 if 0 < n <= self.n_fed and self._row(n - 1) is None else n
 
     def _observe(self, tokens: list[int], n_past: int) -> None:
         """After each target decode of `tokens` at n_past..: queue for the head the positions whose rows are now

@@ -69,6 +69,9 @@ class KVSequence:
         self.media: Media | None = None  # how it reads the images in its history (None: it holds none)
         self.cache_namespace = ""
         self.n_restored = 0  # tokens restored from the prompt cache instead of decoded
+        # Where a read of new tokens starts when n are held (`reuse`): one earlier for a draft head that lacks the
+        # hidden row before the first new token, so the read brings it (core/head.py). None: at n.
+        self.read_start: Callable[[int], int] | None = None
 
     def use_cache(self, cache: StateCache | None, namespace: str) -> None:
         """Save the states `sync` drops into `cache`, and restore from it, under `namespace` (the states of one
@@ -340,6 +343,8 @@ class KVSequence:
         common = min(common_prefix(self.tokens, tokens), limit)
         if self.prompt_cache is not None:
             common = self._through_cache(tokens, common, limit)
+        if self.read_start is not None:
+            common = self.read_start(common)
         self.rollback_to(common)  # (fewer where `common` would cut an image)
         return self.n_past
 

@@ -172,17 +172,13 @@ AUTO_KV_SHARE = 4  # the slots' extra KV may take at most this part of the memor
 
 def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) -> tuple[int, str]:
     """(sequences, why fewer than `AUTO_SLOTS`) for automatic slots. One where a slot could not share the target's
-    context — a recurrent or hybrid memory cannot drop a tail in a shared batch, an MTP head reads the target's own
-    rows — else as many of `AUTO_SLOTS` as the KV cache of each (n_ctx cells a slot: llama.cpp's one shared pool
-    misplaces cells in this build, DESIGN §8) fits in a quarter of the memory free now: the GPU's where the target
-    is on one, else RAM."""
+    context (a recurrent or hybrid memory cannot drop a tail in a shared batch), else as many of `AUTO_SLOTS` as the
+    KV cache of each (n_ctx cells a slot: llama.cpp's one shared pool misplaces cells in this build, DESIGN §8) fits
+    in a quarter of the memory free now: the GPU's where the target is on one, else RAM. A draft head drafts for
+    every slot (core/slots.py), so `drafter_kind` takes no slot away."""
     info = target.info
     if info.is_recurrent or info.is_hybrid:
         return 1, f"{target.path.name} is a {'hybrid' if info.is_hybrid else 'recurrent'} model: one slot"
-    if drafter_kind == "mtp":
-        return 1, "the target's MTP head drafts: one slot (it reads the target's rows, one stream's)"
-    if drafter_kind == "assistant":
-        return 1, "the Gemma 4 assistant drafts: one slot (it reads the target's rows, one stream's)"
     gpu = local_gpu(params.gpu_memory) if target.on_local_gpu else None
     free = gpu.free if gpu is not None else memory_bytes()
     kv = max(1, kv_bytes_estimate(info, n_ctx))
@@ -311,7 +307,8 @@ def _model_drafter(draft: KVSequence, target: Model, bridge: VocabBridge | None)
 def _head_drafter(owned: list, model: Model, target: KVSequence, n_ctx: int, params: LoadParams) -> MtpDrafter:
     """The target's own MTP head: a second context on its model, fed the target's hidden rows."""
     mtp.emit_hidden(target.ctx)
-    head_ctx = _own(owned, mtp.HeadContext(model, n_ctx=n_ctx, n_threads=params.n_threads))
+    n_seq = getattr(target.ctx, "n_seq", 1)  # a sequence of the head for each slot's (core/slots.py)
+    head_ctx = _own(owned, mtp.HeadContext(model, n_ctx=n_ctx, n_threads=params.n_threads, n_seq=n_seq))
     head = KVSequence(head_ctx, rollback="seq_rm")
     head.warm()
     info = model.info

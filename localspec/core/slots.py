@@ -7,7 +7,8 @@ A stream that runs alone drafts as with one slot (server/scheduler.py), with the
 cache. In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
 own n-gram copy (each slot keeps the index of its history), or the draft model's, which then drafts for all the
 streams it was chosen for together — a second context of the draft model with a sequence per slot, each slot's
-draft cache kept as its history, one batch per drafted token (`SlotPool.draft_shared`).
+draft cache kept as its history, one batch per drafted token (`SlotPool.draft_shared`). A draft head (the target's
+MTP head, a Gemma 4 assistant) drafts for each slot over the slot's sequence of its one context (`_follow_heads`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from functools import partial
 
 from localspec.errors import InvalidParamsError, LocalspecError
 from localspec.llama.context import Context
-from localspec.llama.slots import SeqContext, decode_shared, passes
+from localspec.llama.slots import SeqContext, decode_shared, passes, route_decodes
 
+from .assistant import AssistantDrafter
 from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
 from .bridge import BridgedDrafter
 from .drafters import (
@@ -41,6 +43,7 @@ from .drafters import (
     make_drafter,
 )
 from .engine import Engine, Generation
+from .head import MtpDrafter
 from .kv import KVSequence, common_prefix
 from .ngram import HistoryIndex
 from .params import needs_draft_model
@@ -115,8 +118,8 @@ class SlotPool:
     off: streams with a grammar, a seed at T > 0 or a bridged draft draft only while alone (a yardstick).
 
     Raises:
-        InvalidParamsError: the engine's target context was made with fewer sequences, its memory cannot drop a
-            tail (recurrent or hybrid models), or its drafter reads the target's rows (an MTP head).
+        InvalidParamsError: the engine's target context (or its draft head's) was made with fewer sequences, or its
+            memory cannot drop a tail (recurrent or hybrid models).
     """
 
     def __init__(self, engine: Engine, n: int, *, shared_drafts: bool = True) -> None:
@@ -128,14 +131,11 @@ class SlotPool:
                 f"--parallel above 1 needs a model whose cache can drop a tail; {parent.model.path.name} cannot "
                 "(recurrent or hybrid): use --parallel 1"
             )
-        if engine.drafter.after_target_decode is not None:
-            raise InvalidParamsError(
-                f"--parallel above 1 does not work with a draft head ({engine.drafter.kind}) yet: use --parallel 1"
-            )
         views = [SeqContext(parent, i) for i in range(n)]
         for view in views:
             view.clear()  # what a previous pool left: the new slots' token lists start empty
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
+        _follow_heads(engine.drafter, self.slots)
         for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
             slot.target.use_cache(engine.prompt_cache, "target")
             slot.target.media = engine.target.media  # the engine's images (core/media.py)
@@ -240,8 +240,10 @@ class SlotPool:
         """
         drafter = slot.drafters.get(kind)
         if drafter is None:
-            if kind in ("mtp", "assistant"):
-                raise InvalidParamsError(f"the drafter '{kind}' drafts for one stream at a time: use --parallel 1")
+            if kind in ("mtp", "assistant"):  # made for every slot with the pool, where the pair loaded it
+                raise InvalidParamsError(
+                    f"the drafter '{kind}' was not loaded with this pair: start with --drafter {kind}"
+                )
             drafter = make_drafter(kind, self._model(slot) if needs_draft_model(kind) else None)
             if isinstance(drafter, NgramDrafter | NgramFirst):
                 drafter.history = slot.ngrams  # one index of the slot's history, alone and in a shared batch
@@ -464,6 +466,27 @@ class SlotPool:
                 learner.learn(0 if stream.model else stream.match, taken, rejected)
                 if stream.model:
                     self.model_alpha.learn(0, taken, rejected)
+
+
+def _follow_heads(drafter: Drafter, slots: list[Slot]) -> None:
+    """Where the pair's drafter is a draft head that reads the target's rows (its MTP head, a Gemma 4 assistant): a
+    drafter of it for each slot, over the slot's sequence of the head's one context (a sequence per slot, as
+    llama-server keeps one draft context for all slots), told of that sequence's decodes alone, its rows of a
+    shared batch among them (`SeqContext.after_decode`)."""
+    if not isinstance(drafter, MtpDrafter | AssistantDrafter):
+        return
+    context = drafter.head.ctx if isinstance(drafter, MtpDrafter) else drafter.ctx
+    if getattr(context, "n_seq", 1) < len(slots):
+        raise InvalidParamsError(
+            f"the draft head's context holds {getattr(context, 'n_seq', 1)} sequences, not {len(slots)}: load the "
+            "pair with as many slots as --parallel"
+        )
+    route_decodes(slots[0].view.parent, [slot.view for slot in slots])  # the pair's drafter no longer follows seq 0
+    for slot in slots:
+        head = slot.drafters[drafter.kind] = drafter.for_slot(slot.target, slot.index)
+        slot.view.after_decode = head.after_target_decode
+        for cache in head.caches:
+            cache.warm()  # llama.cpp allocates a sequence's buffers on its first decode (`SlotPool.warm`)
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:

@@ -20,6 +20,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from .context import Context
 from .model import Model
 from .mtp import FedContext, staging, staging_missing
+from .slots import SeqContext
 
 ASSISTANT_ARCHES = frozenset({"gemma4-assistant"})  # sidecar drafters this llama.cpp runs beside a target
 TARGET_ARCH = {"gemma4-assistant": "gemma4"}  # the target architecture each reads
@@ -65,16 +66,16 @@ def emit_output_hidden(ctx: Context) -> None:
     staging().llama_set_embeddings_nextn(ctx.handle, True, True)
 
 
-def output_hidden(ctx: Context) -> np.ndarray:
+def output_hidden(ctx: Context | SeqContext) -> np.ndarray:
     """The last decode's hidden rows of its output rows, in batch order (a context set up by `emit_output_hidden`):
     an (n_outputs, n_embd) float32 copy; (0, n_embd) when it computed no outputs."""
-    n, width = ctx.outputs_last(), ctx.model.info.n_embd
+    (first, n), width = ctx.output_span(), ctx.model.info.n_embd  # a sequence of a shared batch: its own rows
     if n == 0:
         return np.zeros((0, width), np.float32)
     address = staging().llama_get_embeddings_nextn(ctx.handle)
     if not address:
         raise ContextError(f"llama.cpp kept no hidden rows of {ctx.model.path.name} for the assistant")
-    return np.ctypeslib.as_array(address, shape=(n, width)).copy()
+    return np.ctypeslib.as_array(address, shape=(first + n, width))[first:].copy()
 
 
 class AssistantContext(FedContext):
@@ -90,8 +91,17 @@ class AssistantContext(FedContext):
             raise ContextError(f"{model.path.name} is not an assistant sidecar ({model.info.arch})")
         self._other = target
         width = int(llama_cpp.llama_model_n_embd_out(model.handle))
+        # As many sequences as the target's (a context with fewer would take the target's other sequences' cells
+        # from it: measured, its decodes then fail), and a batch that holds one output row per sequence.
+        n_seq = getattr(target, "n_seq", 1)
         super().__init__(
-            model, width=width, n_ctx=target.n_ctx, n_batch=1, n_threads=n_threads, swa_full=target.swa_full
+            model,
+            width=width,
+            n_ctx=target.n_ctx,
+            n_batch=n_seq,
+            n_threads=n_threads,
+            swa_full=target.swa_full,
+            n_seq=n_seq,
         )
 
     def _configure(self, params) -> None:

@@ -357,6 +357,20 @@ class Context:
         rows): the rows whose logits, and hidden rows where asked for, can be read."""
         return int(np.count_nonzero(self._out[: self._batch.n_tokens]))
 
+    @property
+    def seq_decoding(self) -> int:
+        """The sequence the decode in progress (or the last one-sequence decode) was for: whom `after_decode` tells."""
+        return self._seq
+
+    def rows_start(self, n: int) -> int:
+        """Where the last n rows of the last decode start among its batch rows (a sequence of a shared batch:
+        llama/slots.py): here 0, the batch being the last decode's own rows."""
+        return 0
+
+    def output_span(self) -> tuple[int, int]:
+        """(first, count) of the last decode's output rows that are this context's (all of them here)."""
+        return 0, self.outputs_last()
+
     def logits(self, i: int) -> np.ndarray:
         """Row `i` of the last decode's logits as a float32 view of shape (n_vocab,).
 

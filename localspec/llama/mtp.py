@@ -70,11 +70,13 @@ def emit_hidden(ctx: Context) -> None:
 
 
 def hidden_rows(ctx: Context, n: int) -> np.ndarray:
-    """The last decode's n hidden rows (a context set up by `emit_hidden`): a (n, n_embd) float32 copy."""
+    """The last decode's n hidden rows (a context set up by `emit_hidden`, or one of its sequences: its own rows of a
+    shared batch): a (n, n_embd) float32 copy."""
     address = staging().llama_get_embeddings_nextn(ctx.handle)
     if not address:
         raise ContextError("llama.cpp kept no hidden rows for the MTP head")
-    return np.ctypeslib.as_array(address, shape=(n, ctx.model.info.n_embd)).copy()
+    start = ctx.rows_start(n)  # a sequence of a shared batch: its own rows (llama/slots.py)
+    return np.ctypeslib.as_array(address, shape=(start + n, ctx.model.info.n_embd))[start:].copy()
 
 
 class FedContext(Context):

@@ -7,18 +7,21 @@ A stream's step decodes [its last token] (and the drafts it verifies, if any) at
 `decode_shared` decodes them for every stream ahead of their steps and keeps them as pending; the step's `decode`
 finds its tokens decoded and reads the shared batch's rows instead of decoding. A step that decodes something else
 (a grammar's forced tokens, a speculative pass of its own) first removes the pending cells and decodes alone.
-Pending rows no step took are removed (`discard`).
+Pending rows no step took are removed (`discard`). A draft head that reads the target's rows has one context with a
+sequence per slot (`FedSeqContext`), each told of its own sequence's decodes (`route_decodes`, `after_decode`), its
+rows of a shared batch among them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from localspec.errors import ContextError
 
 from .context import Context
+from .mtp import FedContext
 
 
 class SeqContext:
@@ -33,7 +36,7 @@ class SeqContext:
         self.parent, self.seq = parent, seq
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
-        self.after_decode = None
+        self.after_decode: Callable[[list[int], int], None] | None = None  # told of this sequence's decodes alone
         # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded in a shared batch
         self._pending: tuple[tuple[int, ...], int, int, int, int] | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
@@ -65,6 +68,8 @@ class SeqContext:
             ahead, at, row, output, stamp = pending
             if tuple(tokens) == ahead and n_past == at and outputs <= output and stamp == self.parent.decodes:
                 self._row, self._n_rows = row + len(ahead) - outputs, outputs  # this decode's output rows: its last
+                if self.after_decode is not None:  # a draft head reads this sequence's rows of the shared batch
+                    self.after_decode(list(tokens), n_past)
                 return
             self.parent.remove_from(at, self.seq)  # not this step's decode, or its logits are gone: undo it
         self._row = None
@@ -75,6 +80,18 @@ class SeqContext:
         if self._pending is not None:
             self.parent.remove_from(self._pending[1], self.seq)
             self._pending = None
+
+    def rows_start(self, n: int) -> int:
+        """Where the last n rows of this sequence's last decode start among the parent's batch rows (a shared batch's
+        rows are all outputs, so the same index among its output rows)."""
+        return self._row + self._n_rows - n if self._row is not None else 0
+
+    def output_span(self) -> tuple[int, int]:
+        """(first, count) of the parent's last output rows that this sequence's last decode took."""
+        return (self._row, self._n_rows) if self._row is not None else (0, self.parent.outputs_last())
+
+    def outputs_last(self) -> int:
+        return self.output_span()[1]
 
     def _shared_row(self, i: int) -> int:
         """The shared batch's row for this sequence's output row i (negative: counted from its last)."""
@@ -130,6 +147,56 @@ class SeqContext:
 
     def load_state(self, state: bytes, *, partial: bool = False) -> None:
         self.parent.load_state(state, partial=partial, seq=self.seq)
+
+
+class FedSeqContext(SeqContext):
+    """Sequence `seq` of a several-sequence `FedContext` (an MTP head's, a Gemma 4 assistant's: llama/mtp.py), the
+    draft head of the slot whose target is the same sequence of the target's context. It counts its own decodes
+    and their seconds (each slot's drafter meters its own costs, not the other slots')."""
+
+    def __init__(self, parent: FedContext, seq: int) -> None:
+        super().__init__(parent, seq)
+        self.fed = parent
+        self.width = parent.width
+        self.decodes, self._seconds = 0, 0.0
+
+    @property
+    def seconds_decoding(self) -> float:
+        return self._seconds
+
+    @property
+    def n_threads(self) -> int:
+        return self.parent.n_threads
+
+    def decode(self, tokens: list[int], n_past: int, *, outputs: int = 1) -> None:
+        before = self.parent.seconds_decoding
+        super().decode(tokens, n_past, outputs=outputs)
+        self.decodes += 1
+        self._seconds += self.parent.seconds_decoding - before
+
+    def stage(self, rows: np.ndarray, n_past: int) -> None:
+        self.fed.stage(rows, n_past)
+
+    def hidden(self, i: int) -> np.ndarray:
+        return self.fed.hidden(i)
+
+    def follow_threads(self) -> None:
+        follow = getattr(self.fed, "follow_threads", None)  # an assistant's: the target's thread count
+        if follow is not None:
+            follow()
+
+
+def route_decodes(parent: Context, views: Sequence[SeqContext]) -> None:
+    """Tell each of `views` of its own decodes on `parent` (`after_decode`: a slot's draft head follows its sequence
+    alone) instead of telling `parent`'s one hook of every sequence's."""
+    by_seq = {view.seq: view for view in views}
+
+    def told(tokens: list[int], n_past: int) -> None:
+        view = by_seq.get(parent.seq_decoding)
+        if view is not None and view.after_decode is not None:
+            view.after_decode(tokens, n_past)
+
+    parent.after_decode = told
 
 
 def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last_only: bool = False) -> None:

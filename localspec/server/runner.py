@@ -50,7 +50,7 @@ class Runner:
         max_queue: most requests waiting or running; past it, 503.
         parallel: most requests generating at once, each in a slot of the target's context (server/scheduler.py);
             1: one at a time, the others queued; 0 (`--parallel auto`): as many as the loaded target can share
-            (`core.load.slots_for`: 4, or 1 for a recurrent or hybrid target or an MTP head), decided at each load.
+            (`core.load.slots_for`: 4, or 1 for a recurrent or hybrid target), decided at each load.
     """
 
     def __init__(

@@ -256,16 +256,12 @@ def test_the_sidecar_is_recognised_and_mismatches_are_refused_in_one_line(tiny_g
         Engine.load(tiny_gemma4.target, wide.assistant, n_ctx=N_CTX)
 
 
-def test_several_streams_are_refused_in_one_line(tiny_gemma4):
-    from localspec.core.slots import SlotPool
-
-    with load(tiny_gemma4, n_seq=0) as engine:  # automatic slots: one, since the assistant reads one stream's rows
-        assert engine.target.ctx.n_seq == 1
-    with (
-        load(tiny_gemma4, n_seq=2) as engine,
-        pytest.raises(InvalidParamsError, match=r"^--parallel above 1 does not work with a draft head \(assistant"),
-    ):
-        SlotPool(engine, 2)
+def test_automatic_slots_give_the_assistant_a_sequence_each(tiny_gemma4):
+    """The assistant drafts for every slot (tests/core/test_slot_heads.py): automatic slots are four, and its one
+    context holds as many sequences as the target's (with fewer, it would take the target's other cells)."""
+    with load(tiny_gemma4, n_seq=0) as engine:
+        assert engine.target.ctx.n_seq == 4 and not engine.slots_note
+        assert engine.drafter.ctx.n_seq == 4
 
 
 def test_after_a_picture_the_assistant_drafts_as_after_text_and_greedy_is_the_targets(tiny_gemma4, tiny_vision):

@@ -2,8 +2,9 @@
 
 Batched and one-at-a-time logits may differ in the last bits (docs/DESIGN.md §7), so two greedy runs may part
 only at a near-tie of the reference model (top-2 logit gap < NEAR_TIE); `divergence` asserts exactly that.
-Bigger fakes and fixtures live beside this file: `tinymodels` (GGUF writers), `fakellm` (table models),
-`fakehub` (a local Hub), `lawcheck` (statistics), `sampling_reference` (the full-sort sampler), `tui` (Pilot).
+Bigger fakes and fixtures live beside this file: `tinymodels` (GGUF writers; `tinyglm`: an MTP target for slots),
+`fakellm` (table models), `fakehub` (a local Hub), `lawcheck` (statistics), `sampling_reference` (the full-sort
+sampler), `tui` (Pilot).
 """
 
 from __future__ import annotations
