@@ -68,6 +68,14 @@ class Context(Protocol):
         """Drop positions pos.. ; False when the memory cannot drop a partial tail."""
         ...
 
+    def room(self, n_past: int, *, need: int = 1) -> int:
+        """Rows a decode at n_past can place now: the positions left, within a shared pool's free cells."""
+        ...
+
+    def full_message(self) -> str:
+        """What the user is told when no cell is left: one line, with what to change."""
+        ...
+
     def remove_span(self, start: int, end: int) -> bool:
         """Drop positions start..end-1; False when the memory cannot."""
         ...

@@ -16,7 +16,7 @@ from typing import Protocol, TypedDict
 
 import numpy as np
 
-from localspec.errors import ContextError, InvalidParamsError, NonFiniteLogitsError
+from localspec.errors import ContextError, InvalidParamsError, NonFiniteLogitsError, NoRoomError
 from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.threads import ThreadTuner
@@ -243,7 +243,8 @@ class Generation:
             return 0
         forced = self._forced or []
         remaining = self.max_tokens - len(self.tokens) - len(forced)
-        return self.engine.draft_limit(self.spec, remaining, len(history) + len(forced), self.drafter)
+        limit = self.engine.draft_limit(self.spec, remaining, len(history) + len(forced), self.drafter)
+        return max(0, min(limit, self.target.room() - 1 - len(forced)))  # a shared pool's free cells
 
     def draft_own(self) -> Proposal | None:
         """This stream's drafts for its next step in a shared batch, drafted now by its own drafter with the k its own
@@ -377,7 +378,7 @@ class Generation:
         if self._forced is None:
             forced: list[int] = []
             if self.constraint is not None:
-                room = min(self.max_tokens - len(self.tokens), self.engine.n_ctx - len(history)) - 1
+                room = min(self.max_tokens - len(self.tokens), self.target.room() - 1) - 1
                 forced = self.constraint.forced(room, self.engine.eog)
             self._forced = forced
         return self._forced
@@ -387,7 +388,7 @@ class Generation:
         prompt, none after forced tokens for a head that reads the target's rows (it has none for them yet)."""
         if self._draft_unread or (forced and self.drafter.after_target_decode is not None):
             return 0
-        return self.engine.draft_length(
+        k = self.engine.draft_length(
             self.spec,
             self.max_tokens - len(self.tokens) - len(forced),
             len(history) + len(forced),
@@ -395,6 +396,7 @@ class Generation:
             (self.drafter, self.policy),
             timed=self.sampling.seed is None,  # with a fixed seed, k must not depend on the clock: the text would too
         )
+        return max(0, min(k, self.target.room() - 1 - len(forced)))  # a shared pool's free cells (--parallel)
 
     def _step_drafter(self, history: list[int], forced: list[int]) -> tuple[Drafter, int, bool]:
         """The drafter of the next step, its k, and whether this stream's own policy chose k: alone, the stream's
@@ -435,7 +437,11 @@ class Generation:
             self._forced = None  # this step takes them
             if engine.threads is not None:
                 engine.threads.check()
-            step = speculative_step(self.target, drafter, self.request(k, forced))
+            try:
+                step = speculative_step(self.target, drafter, self.request(k, forced))
+            except NoRoomError as e:  # nothing decoded: the slots' shared pool had no cell left (`serve --parallel`)
+                yield self._out_of_room(str(e))
+                return
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
@@ -480,7 +486,17 @@ class Generation:
                 "raise --n-ctx or shorten the prompt"
             )
             return "length"
+        if self.target.room() < 1:  # the pool the slots of `serve --parallel` share has no free cell left
+            self.notices.append(f"the answer was cut short: {self.target.ctx.full_message()}")
+            return "length"
         return None
+
+    def _out_of_room(self, why: str) -> TokenEvent:
+        """The close of a generation whose step found no free cell (nothing decoded), the user told why."""
+        for seq in self.caches:
+            seq.repair()
+        self.notices.append(f"the answer was cut short: {why}")
+        return self._finish(None, "length")
 
     def _finish(self, token: int | None, reason: str, from_draft: bool = False, text: str = "") -> TokenEvent:
         self.finish_reason = reason

@@ -84,6 +84,12 @@ class KVSequence:
     def n_past(self) -> int:
         return len(self.tokens)
 
+    def room(self, *, need: int = 1) -> int:
+        """How many tokens a decode after these can place now: the positions left to n_ctx, and where the context is
+        one pool shared by several sequences (`serve --parallel`) its free cells — fewer than `need` free: idle
+        slots' cells are freed first (`llama.context.Context.room`)."""
+        return self.ctx.room(self.n_past, need=need)
+
     def needs_checkpoint(self, k: int, *, one_batch: bool = True) -> bool:
         """True when k tokens about to be decoded, and perhaps rolled back, must be preceded by `checkpoint()`:
         always for "checkpoint" memory; for "snapshot" memory unless they go in one batch (a verify pass: the
@@ -369,6 +375,7 @@ class KVSequence:
         entry, n = found
         self._checkpoint = self._anchor = None
         self._tail = 0
+        self.ctx.room(0, need=len(entry.tokens))  # a pool the slots share: room for the state (idle slots' freed)
         try:
             self.ctx.load_state(entry.state)
         except ContextError as e:  # the sequence's cells are in doubt: empty them, read the prompt

@@ -1,7 +1,9 @@
 """Slots: the target's context split into sequences (`serve --parallel N`), one per stream generating at once.
 
-Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVSequence`, so it keeps the prompt
-and answer it last held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
+Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVSequence`; the slots share one pool
+of n_ctx cells, each growing into the free room (a stream that finds none ends, told why; idle slots' cells are freed,
+saved to the prompt cache, when a decode needs them: `SlotPool._reclaim`). A slot keeps the prompt and answer it last
+held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
 chat that grows by one turn decodes only that turn, as with one slot), the one used least recently among equals.
 A stream that runs alone drafts as with one slot (server/scheduler.py), with the engine's drafter and its one draft
 cache. In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
@@ -21,8 +23,9 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
-from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.errors import InvalidParamsError, LocalspecError, NoRoomError
 from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_shared, passes, route_decodes
 
@@ -144,7 +147,8 @@ class SlotPool:
         # The draft model's acceptance in a shared batch over every stream (a property of the pair more than of one
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
-        self._engine, self._parent = engine, parent
+        self._engine, self._parent = engine, cast(Context, parent)  # a llama.cpp context of n sequences
+        self._parent.reclaim = partial(self._reclaim, lambda slot: slot.target)  # the pool full: idle slots' cells go
         # False: a stream with a grammar, a seed at T > 0 or a bridged draft drafts only while alone, as before issue 65
         # (the yardstick `bench --clients --structured` runs beside the default: LOCALSPEC_SHARED_DRAFTS=off).
         self.shared_drafts = shared_drafts
@@ -167,7 +171,25 @@ class SlotPool:
                 slot.draft = KVSequence(view, rollback="seq_rm")
                 slot.draft.media = drafter.seq.media
                 slot.draft.use_cache(engine.prompt_cache, f"draft:{drafter.seq.ctx.model.path}")
+            self._drafts.reclaim = partial(self._reclaim, lambda slot: slot.draft)
         self._clock = 0
+
+    def _reclaim(self, cache, n: int) -> int:
+        """Free at least n cells of a pool the slots share, for a decode that found too few: the caches (`cache` of a
+        slot) of idle slots, the least recently used first, each saved to the prompt cache as it goes (the prompt
+        coming back is restored, not read). Returns the cells freed."""
+        freed = 0
+        for slot in sorted((slot for slot in self.slots if not slot.busy), key=lambda slot: slot.used):
+            seq = cache(slot)
+            if freed >= n:
+                break
+            if seq is not None and seq.tokens:
+                held = seq.n_past
+                seq.reuse([])  # `sync`'s first half: what it drops is saved first
+                freed += held - seq.n_past
+        if freed:
+            log.info("the slots' shared KV pool was full: %d cells of idle slots freed", freed)
+        return freed
 
     def warm(self) -> None:
         """Decode on every slot alone and on all together, then empty them: llama.cpp allocates each sequence's
@@ -290,24 +312,32 @@ class SlotPool:
         tick (`tick`). Returns how many rows it decoded."""
         tick = self.tick = SharedTick(self._decoding(), sum(len(gen.tokens) for _, gen in streams))
         self._ticks += 1
+        ready = [(slot, gen, ahead) for slot, gen in streams if (ahead := self._next_rows(slot, gen)) is not None]
+        free = self._parent.free_cells(sum(len(ahead) for _, _, ahead in ready))  # idle slots' freed where too few
+        # Too few cells: the longest answers (then the most cells) are left out, they grew into the room; each finds
+        # none in its own step and ends in one line.
+        ready.sort(key=lambda one: (len(one[1].tokens), one[0].target.n_past))
+        kept, used = [], 0
+        for one in ready:
+            if used + len(one[2]) > free:
+                break
+            kept.append(one)
+            used += len(one[2])
         live, candidates, rows = [], [], []
-        for slot, gen in streams:
-            ahead = gen.next_rows() if gen.target is slot.target else None
-            if ahead is None:
-                continue
+        for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
-            if not self.shared_drafts and (gen.drafts_alone or gen.constraint is not None):
-                tick.streams[gen] = TickStream(slot, None, 0, 0, False, before)
-                rows.append((slot.view, ahead, slot.target.n_past))
-                continue
-            if gen.drafts_alone:
-                own = gen.draft_own()
-                tick.streams[gen] = TickStream(slot, own, len(own.tokens) if own else 0, 0, False, before, own=True)
-                rows.append((slot.view, [*ahead, *(own.tokens if own else ())], slot.target.n_past))
+            if gen.drafts_alone or (not self.shared_drafts and gen.constraint is not None):
+                own = gen.draft_own() if self.shared_drafts else None  # as alone: its own drafter, its own k
+                if own is not None and used + len(own.tokens) > free:  # past the pool's free cells: the first ones
+                    own = Proposal(own.tokens[: free - used], own.laws[: free - used], own.cost)
+                n = len(own.tokens) if own is not None else 0
+                used += n
+                tick.streams[gen] = TickStream(slot, own if n else None, n, 0, False, before, own=True)
+                rows.append((slot.view, [*ahead, *(own.tokens if n and own else ())], slot.target.n_past))
                 continue
             request = gen.request(0, ahead[1:])
-            history, room, copy, match = request.history, min(gen.draft_room(), MAX_DRAFT), [], 0
+            history, room, copy, match = request.history, min(gen.draft_room(), MAX_DRAFT, free - used), [], 0
             if room:
                 copy, match = slot.ngrams.follow(history).continuation(room)
             drafts, catch_up, remaining = None, 1, 0  # what the draft model needs to draft for it (None: it may not)
@@ -323,17 +353,23 @@ class SlotPool:
             live.append((slot, gen, ahead, before))
             candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
-        choices = plan(
-            candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
-        )
+        # The plan's rows: one a stream and its drafts; the rows the others take and a grammar's forced ones are not its
+        forced = sum(len(ahead) - 1 for _, _, ahead, _ in live)
+        rows_max = min(self._parent.n_batch, free) - sum(len(tokens) for _, tokens, _ in rows) - forced
+        choices = plan(candidates, self.costs, max_rows=rows_max, draft_costs=self.draft_costs, overhead=overhead)
         choices = self._checked(len(choices), self._probe(candidates, choices))
-        drafted = self.draft_shared(
-            [
-                (slot, gen.request(c.d, ahead[1:]), cand.catch_up)
-                for (slot, gen, ahead, _), c, cand in zip(live, choices, candidates)
-                if c.model
-            ]
-        )
+        if len(live) + sum(choice.d for choice in choices) > rows_max:  # a probe past the pool's free cells
+            choices = [NONE] * len(choices)
+        try:
+            drafted = self.draft_shared(
+                [
+                    (slot, gen.request(c.d, ahead[1:]), cand.catch_up)
+                    for (slot, gen, ahead, _), c, cand in zip(live, choices, candidates)
+                    if c.model
+                ]
+            )
+        except NoRoomError:  # the draft's pool is full: its caches hold what they decoded, the streams go plain
+            drafted = {}
         for (slot, gen, ahead, before), candidate, choice in zip(live, candidates, choices, strict=True):
             proposal = drafted.get(slot.index) if choice.model else None
             if choice.d and not choice.model:
@@ -352,6 +388,11 @@ class SlotPool:
             sizes = [len(tokens) for _, tokens, _ in rows]
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
         return sum(len(tokens) for _, tokens, _ in rows)
+
+    @staticmethod
+    def _next_rows(slot: Slot, gen: Generation) -> list[int] | None:
+        """What `gen` decodes next in `slot` (`Generation.next_rows`), where it steps in that slot."""
+        return gen.next_rows() if gen.target is slot.target else None
 
     def _checked(self, n: int, choices: list[StreamDraft]) -> list[StreamDraft]:
         """The plan, unless this machine's own ticks of n streams say drafting in a shared batch loses: the median
@@ -490,7 +531,8 @@ def _follow_heads(drafter: Drafter, slots: list[Slot]) -> None:
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:
-    """A second context of the engine's draft model with `n` sequences, where the draft model may draft for several
+    """A second context of the engine's draft model with `n` sequences over one pool of its n_ctx cells (as the
+    target's slots share theirs; an idle slot's cells freed for another), where the draft model may draft for several
     streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
     recurrent draft, no draft model, no memory for it): then only copies draft in a shared batch. The engine frees
     it."""

@@ -11,11 +11,9 @@ device: a shift is applied by the next decode, which does go through the placeme
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,11 +21,11 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from localspec.errors import ContextError, ModelFileError
+from localspec.errors import ContextError, NoRoomError
 
-from .footprint import read_footprint
 from .log import llama_error
-from .model import Model, ModelInfo
+from .memory import kv_bytes_estimate, memory_bytes
+from .model import Model
 from .threads import physical_cores
 
 log = logging.getLogger(__name__)
@@ -37,35 +35,6 @@ log = logging.getLogger(__name__)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ctypes.cast(llama_cpp.llama_get_logits_ith, ctypes.c_void_p).value
 )
-
-
-def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
-    """Rough size of an F16 KV cache of `n_ctx` cells (for a friendly error before llama.cpp aborts)."""
-    if info.is_recurrent or info.n_head == 0:
-        return 0
-    if info.is_hybrid:  # a KV cache on its attention layers only: the header says which
-        with contextlib.suppress(ModelFileError):
-            return read_footprint(info.path).kv_bytes(n_ctx)
-    head_dim = info.n_embd // info.n_head
-    return 2 * 2 * info.n_layer * n_ctx * info.n_head_kv * head_dim
-
-
-def memory_bytes() -> int:
-    """Memory the process may use: available RAM on Linux (MemAvailable, reclaimable page cache included), physical
-    RAM elsewhere."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
-        try:
-            return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            continue
-    return 1 << 62
 
 
 class Context:
@@ -105,8 +74,9 @@ class Context:
                 swaps in a top-k chain instead (only k candidates leave the graph).
             device_topk: drafting at T > 0 may use `device_law` (set by `--device-sampling on` only: measured
                 slower than the host on a CPU and on an H100, docs/benchmarks.md "Where sampling runs").
-            n_seq: sequences kept apart, each with n_ctx cells of its own (`serve --parallel`, llama/slots.py); the
-                methods act on sequence 0 unless given `seq`.
+            n_seq: sequences sharing one pool of n_ctx cells (`kv_unified`; `serve --parallel`, llama/slots.py), each
+                at positions up to n_ctx while cells are free (`room`); the methods act on sequence 0 unless given
+                `seq`.
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -121,7 +91,7 @@ class Context:
             )
         if n_seq > 1 and device_greedy:
             raise ContextError("device sampling keeps one sampler for sequence 0: turn it off for several sequences")
-        need, have = kv_bytes_estimate(info, n_ctx) * n_seq, memory_bytes()
+        need, have = kv_bytes_estimate(info, n_ctx), memory_bytes()  # one pool, however many sequences
         if need > have and model.placement is None:  # a placed model's cache lives on its remote devices
             raise ContextError(
                 f"n_ctx {n_ctx} needs about {need / 2**30:.1f} GiB of KV cache for {model.path.name} but only "
@@ -132,11 +102,14 @@ class Context:
         self.swa_full = swa_full
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx * n_seq
+        params.n_ctx = n_ctx
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
         params.n_seq_max = n_seq
-        params.kv_unified = False  # each sequence its own n_ctx cells: a long answer cannot take another's room
+        # Several sequences share one pool of cells (llama-server's default): four slots in the memory of one n_ctx.
+        # Flash attention stays llama.cpp's `auto`: off it would change which placement of a sequence's cells rounds
+        # its logits, not whether, and cost 1.1-1.9x a shared decode (DESIGN §8, "One pool").
+        params.kv_unified = n_seq > 1
         threads = n_threads or physical_cores()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -173,7 +146,10 @@ class Context:
         self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
         self.decoding_thread: int | None = None  # the thread that decoded last (DESIGN §7: one per process)
         self.n_seq = n_seq
-        self.n_ctx = int(llama_cpp.llama_n_ctx(handle)) // n_seq  # per sequence
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))  # cells, and the positions any one sequence may reach
+        # Asked to free at least n cells of the pool for a decode that found too few (`serve --parallel`: the slots
+        # evict idle slots' caches, core/slots.py); answers how many it freed.
+        self.reclaim: Callable[[int], int] | None = None
         self._seq = 0  # the sequence the decode in progress is for
         self._row_seqs = [0] * self.n_batch  # the sequence each batch row is written for (several: llama/slots.py)
         self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
@@ -275,6 +251,7 @@ class Context:
         with `logits(i)`, i counted from the start of that last chunk, or negative from its end.
 
         Raises:
+            NoRoomError: too few free cells (nothing of `tokens` was kept).
             ContextError: the context is full, or llama.cpp failed.
         """
         n = len(tokens)
@@ -289,7 +266,11 @@ class Context:
             chunk = tokens[start : start + self.n_batch]
             first_out = n - outputs - start  # rows of this chunk from which logits are wanted
             assert start + len(chunk) == n or first_out >= len(chunk), "output rows must fit in one batch"
-            self._submit(chunk, n_past + start, first_out)
+            try:
+                self._submit(chunk, n_past + start, first_out)
+            except NoRoomError:
+                self.remove_from(n_past, seq)  # the chunks before: a decode with no room leaves nothing behind
+                raise
 
     def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
         """One `llama_decode` of at most n_batch tokens (for sequence `_seq`); logits for rows first_out.. of them."""
@@ -339,6 +320,8 @@ class Context:
             self.decoding_thread = thread
         t0 = time.perf_counter()
         rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
+        if rc == 1 and self.reclaim is not None and self.reclaim(n - self._free_cells()) > 0:
+            rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)  # idle slots' cells were freed
         if rc == 0:
             # GPU and RPC backends return before the work is done; wait here so the time is the decode's
             # (stats, the policy's costs, bench) and not the first logits read's.
@@ -346,11 +329,42 @@ class Context:
         self.seconds_decoding += time.perf_counter() - t0
         self.decodes += 1
         if rc != 0:
-            if rc == 1:
-                raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+            if rc == 1:  # llama.cpp found too few free cells before decoding anything: the cache is unchanged
+                raise NoRoomError(self.full_message())
             raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
         if self.after_decode is not None and tokens is not None:  # a draft head reads the hidden rows (llama/mtp.py)
             self.after_decode(tokens, n_past)
+
+    def full_message(self) -> str:
+        """What a user is told when this context has no free cell left: one line, with what to change."""
+        if self.n_seq > 1:
+            return (
+                f"the slots' shared KV pool is full ({self.n_ctx} cells for {self.n_seq} slots): "
+                "raise --n-ctx or lower --parallel"
+            )
+        return f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
+
+    def free_cells(self, need: int = 0) -> int:
+        """Cells no sequence holds (a sequence holds positions 0..its largest, as `core.kv.KVSequence` keeps it);
+        fewer than `need`: `reclaim` is asked to free cells first."""
+        free = self._free_cells()
+        if free < need and self.reclaim is not None and self.reclaim(need - free):
+            free = self._free_cells()
+        return free
+
+    def _free_cells(self) -> int:
+        used = sum(int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq)) + 1 for seq in range(self.n_seq))
+        return max(0, self.n_ctx - used)
+
+    def room(self, n_past: int, seq: int = 0, *, need: int = 1) -> int:
+        """How many rows a decode for `seq` at n_past can place now: positions up to n_ctx, and in a pool of several
+        sequences the free cells and those `seq` holds from n_past on (which the decode replaces). Where fewer than
+        `need` are left, `reclaim` is asked to free cells first."""
+        room = self.n_ctx - n_past
+        if self.n_seq == 1 or room <= 0:
+            return max(0, room)
+        held = max(0, int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq)) + 1 - n_past)
+        return min(room, held + self.free_cells(min(need, room) - held))
 
     def outputs_last(self) -> int:
         """How many rows of the last batch decoded had their outputs computed (in a one-sequence decode, its last
