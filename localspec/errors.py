@@ -43,6 +43,11 @@ class ContextError(LocalspecError):
     """A context cannot be created (n_ctx too large) or has run out of room."""
 
 
+class NoRoomError(ContextError):
+    """A decode found too few free cells for its rows (llama_decode's 1): the context, or the one pool the slots of
+    `serve --parallel` share, is full. Nothing was decoded: the caches are as before."""
+
+
 class InvalidParamsError(LocalspecError):
     """A sampling or speculation setting is out of range."""
 

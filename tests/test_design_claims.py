@@ -158,7 +158,6 @@ CLAIMS = [  # (what DESIGN says, where the code says it, the value both mean)
     ("overruled but for one tick in 8", "core/slots.py", "RECHECK_EVERY", 8),
     ("the default `--parallel auto` is four slots", "core/load.py", "AUTO_SLOTS", 4),
     ("up to four generate at once", "core/load.py", "AUTO_SLOTS", 4),
-    ("fit in a quarter of the memory left", "core/load.py", "AUTO_KV_SHARE", 4),
 ]
 
 

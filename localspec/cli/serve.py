@@ -277,7 +277,8 @@ def _serve(runner, settings, args: argparse.Namespace) -> None:
     for note in (served.resolved.defaults.notice, served.engine.drafting_note, served.engine.slots_note):
         if note:
             print(f"localspec: note: {note}", file=sys.stderr)
-    slots = f"{default.parallel} slot{'s' * (default.parallel > 1)} of {served.engine.n_ctx} tokens"
+    n, n_ctx = default.parallel, served.engine.n_ctx
+    slots = f"{n} slots sharing one --n-ctx of {n_ctx} tokens" if n > 1 else f"1 slot of {n_ctx} tokens"
     others = len(runner.served_names()) - 1
     more = f"; {others} more pair{'s' * (others > 1)} on request" if others else ""
     print(

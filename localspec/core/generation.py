@@ -16,7 +16,7 @@ from typing import Protocol, TypedDict
 
 import numpy as np
 
-from localspec.errors import ContextError, InvalidParamsError
+from localspec.errors import ContextError, InvalidParamsError, NoRoomError
 from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.threads import ThreadTuner
@@ -341,7 +341,7 @@ class Generation:
                     stats.seconds_prefill += time.perf_counter() - t0
             remaining, forced = self.max_tokens - len(self.tokens), []
             if self.constraint is not None:  # tokens the grammar forces: emitted without asking the model
-                room = min(remaining, engine.n_ctx - len(history)) - 1
+                room = min(remaining, self.target.room() - 1) - 1
                 forced = self.constraint.forced(room, engine.eog)
             tick = self._tick()
             ahead = tick.drafts_for(self) if tick is not None else None
@@ -356,12 +356,17 @@ class Generation:
                     stats,
                     timed=self.sampling.seed is None,
                 )
+                k = max(0, min(k, self.target.room() - 1 - len(forced)))  # a shared pool's free cells (--parallel)
             if forced and engine.drafter.after_target_decode is not None:
                 k = 0  # a head that reads the target's rows has none yet for the forced tokens: it drafts next step
             if engine.threads is not None:
                 engine.threads.check()
             drafter = SharedDrafts(ahead) if k and ahead is not None else engine.drafter
-            step = speculative_step(self.target, drafter, self.request(k, forced))
+            try:
+                step = speculative_step(self.target, drafter, self.request(k, forced))
+            except NoRoomError as e:  # nothing decoded: the slots' shared pool had no cell left (`serve --parallel`)
+                yield self._out_of_room(str(e))
+                return
             for seq in self.caches:
                 seq.check()
             stats.record_step(step)
@@ -406,7 +411,17 @@ class Generation:
                 "raise --n-ctx or shorten the prompt"
             )
             return "length"
+        if self.target.room() < 1:  # the pool the slots of `serve --parallel` share has no free cell left
+            self.notices.append(f"the answer was cut short: {self.target.ctx.full_message()}")
+            return "length"
         return None
+
+    def _out_of_room(self, why: str) -> TokenEvent:
+        """The close of a generation whose step found no free cell (nothing decoded), the user told why."""
+        for seq in self.caches:
+            seq.repair()
+        self.notices.append(f"the answer was cut short: {why}")
+        return self._finish(None, "length")
 
     def _finish(self, token: int | None, reason: str, from_draft: bool = False, text: str = "") -> TokenEvent:
         self.finish_reason = reason

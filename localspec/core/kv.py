@@ -80,6 +80,14 @@ class Context(Protocol):
         """Drop positions pos.. ; False when the memory cannot drop a partial tail."""
         ...
 
+    def room(self, n_past: int, *, need: int = 1) -> int:
+        """Rows a decode at n_past can place now: the positions left, within a shared pool's free cells."""
+        ...
+
+    def full_message(self) -> str:
+        """What the user is told when no cell is left: one line, with what to change."""
+        ...
+
     def remove_span(self, start: int, end: int) -> bool:
         """Drop positions start..end-1; False when the memory cannot."""
         ...
@@ -226,6 +234,12 @@ class KVSequence:
     @property
     def n_past(self) -> int:
         return len(self.tokens)
+
+    def room(self, *, need: int = 1) -> int:
+        """How many tokens a decode after these can place now: the positions left to n_ctx, and where the context is
+        one pool shared by several sequences (`serve --parallel`) its free cells — fewer than `need` free: idle
+        slots' cells are freed first (`llama.context.Context.room`)."""
+        return self.ctx.room(self.n_past, need=need)
 
     def needs_checkpoint(self, k: int, *, one_batch: bool = True) -> bool:
         """True when k tokens about to be decoded, and perhaps rolled back, must be preceded by `checkpoint()`:

@@ -18,7 +18,7 @@ from localspec.errors import ContextError, InvalidParamsError
 from localspec.llama import assistant, mtp, rpc
 from localspec.llama.compat import check_pair, check_target
 from localspec.llama.context import Context as LlamaContext
-from localspec.llama.context import kv_bytes_estimate, memory_bytes
+from localspec.llama.context import memory_bytes
 from localspec.llama.devices import devices
 from localspec.llama.footprint import Footprint, read_footprint, read_header
 from localspec.llama.model import Model, check_gguf_file
@@ -116,7 +116,7 @@ def load_models(
             assistant.check_assistant(sidecar_model, target_model)
         speculating = drafts(kind)
         n_ctx = plan.n_ctx
-        n_seq, slots_note = (params.n_seq, "") if params.n_seq else slots_for(target_model, kind, n_ctx, params)
+        n_seq, slots_note = (params.n_seq, "") if params.n_seq else slots_for(target_model, kind)
         target = _sequence(owned, target_model, n_ctx, params, speculating, snapshots=RS_SNAPSHOTS, n_seq=n_seq)
         draft = None
         if draft_model is not None:
@@ -167,15 +167,13 @@ def filler_token(model: Model) -> int:
 
 
 AUTO_SLOTS = 4  # slots where the target can take several streams (llama-server's automatic `-np`)
-AUTO_KV_SHARE = 4  # the slots' extra KV may take at most this part of the memory free after loading (1/4)
 
 
-def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) -> tuple[int, str]:
+def slots_for(target: Model, drafter_kind: str) -> tuple[int, str]:
     """(sequences, why fewer than `AUTO_SLOTS`) for automatic slots. One where a slot could not share the target's
     context — a recurrent or hybrid memory cannot drop a tail in a shared batch, an MTP head reads the target's own
-    rows — else as many of `AUTO_SLOTS` as the KV cache of each (n_ctx cells a slot: llama.cpp's one shared pool
-    misplaces cells in this build, DESIGN §8) fits in a quarter of the memory free now: the GPU's where the target
-    is on one, else RAM."""
+    rows — else `AUTO_SLOTS`: the slots share one pool of n_ctx cells (`Context(n_seq=…)`), so more slots take no
+    more KV memory."""
     info = target.info
     if info.is_recurrent or info.is_hybrid:
         return 1, f"{target.path.name} is a {'hybrid' if info.is_hybrid else 'recurrent'} model: one slot"
@@ -183,14 +181,7 @@ def slots_for(target: Model, drafter_kind: str, n_ctx: int, params: LoadParams) 
         return 1, "the target's MTP head drafts: one slot (it reads the target's rows, one stream's)"
     if drafter_kind == "assistant":
         return 1, "the Gemma 4 assistant drafts: one slot (it reads the target's rows, one stream's)"
-    gpu = local_gpu(params.gpu_memory) if target.on_local_gpu else None
-    free = gpu.free if gpu is not None else memory_bytes()
-    kv = max(1, kv_bytes_estimate(info, n_ctx))
-    n = max(1, min(AUTO_SLOTS, 1 + free // AUTO_KV_SHARE // kv))
-    if n < AUTO_SLOTS:
-        where = "GPU memory" if gpu is not None else "memory"
-        return n, f"{n} slot{'s' * (n > 1)}: the KV cache of another {n_ctx} tokens would not fit in the {where} left"
-    return n, ""
+    return AUTO_SLOTS, ""
 
 
 def local_gpu(gpu_memory: int | None = None) -> Gpu | None:

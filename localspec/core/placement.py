@@ -1,13 +1,13 @@
 """Where a pair goes before it loads: `plan_pair` and the one `GpuPlan` it returns (what goes where, and why).
 
-The budget is the GPU's free memory (measured, or `--gpu-memory`) less a margin. The draft goes first and whole (it
-runs k times a step, so on the CPU it costs the most), then the target's output layer and as many of its last layers
-as fit, each with its KV cache — llama.cpp offloads from the top, and its `n_gpu_layers` counts the output as one
-layer. A MoE target keeps its experts on the CPU (`--cpu-moe`) before dense layers leave the GPU. The context is
-shortened only when host memory cannot hold the rest, only when the user did not ask for one, and the plan says so.
-Explicit layer counts win; counts that do not fit are one line saying what would. Pure arithmetic: the footprints
-(sizes from the files' headers, `llama.footprint`), the GPU and the RAM are given — core/load.py reads them from this
-machine (`plan_load`) — so tests can play any laptop.
+The budget is the GPU's free memory (measured, or `--gpu-memory`) less a margin. The draft goes first and whole (it runs
+k times a step, so on the CPU it costs the most), then the target's output layer and as many of its last layers as fit,
+each with its KV cache (n_ctx cells, however many slots `serve --parallel` keeps: they share one pool) — llama.cpp
+offloads from the top, and its `n_gpu_layers` counts the output as one layer. A MoE target keeps its experts on the CPU
+(`--cpu-moe`) before dense layers leave the GPU. The context is shortened only when host memory cannot hold the rest,
+only when the user did not ask for one, and the plan says so. Explicit layer counts win; counts that do not fit are one
+line saying what would. Pure arithmetic: the footprints (sizes from the files' headers, `llama.footprint`), the GPU and
+the RAM are given — core/load.py reads them from this machine (`plan_load`) — so tests can play any laptop.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from localspec.errors import InvalidParamsError, LocalspecError
+from localspec.errors import InvalidParamsError, LocalspecError, NoRoomError
 from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_shared, passes
 
@@ -119,6 +119,7 @@ class SlotPool:
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
         self._engine, self._parent = engine, parent
+        parent.reclaim = partial(self._reclaim, lambda slot: slot.target)  # the pool full: idle slots' cells go
         self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
@@ -134,7 +135,25 @@ class SlotPool:
                 view.clear()
                 slot.draft = KVSequence(view, rollback="seq_rm")
                 slot.draft.media = drafter.seq.media
+            self._drafts.reclaim = partial(self._reclaim, lambda slot: slot.draft)
         self._clock = 0
+
+    def _reclaim(self, cache, n: int) -> int:
+        """Free at least n cells of a pool the slots share, for a decode that found too few: the caches (`cache` of a
+        slot) of idle slots, the least recently used first, each saved to the prompt cache as it goes (the prompt
+        coming back is restored, not read). Returns the cells freed."""
+        freed = 0
+        for slot in sorted((slot for slot in self.slots if not slot.busy), key=lambda slot: slot.used):
+            seq = cache(slot)
+            if freed >= n:
+                break
+            if seq is not None and seq.tokens:
+                held = seq.n_past
+                seq.reuse([])  # `sync`'s first half: what it drops is saved first
+                freed += held - seq.n_past
+        if freed:
+            log.info("the slots' shared KV pool was full: %d cells of idle slots freed", freed)
+        return freed
 
     def warm(self) -> None:
         """Decode on every slot alone and on all together, then empty them: llama.cpp allocates each sequence's
@@ -208,11 +227,12 @@ class SlotPool:
         self._ticks += 1
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
-        for slot, gen in streams:
-            token = gen.upcoming() if gen.target is slot.target else None
-            if token is None:
-                continue
-            history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT), [], 0
+        ready = [(slot, gen) for slot, gen in streams if gen.target is slot.target and gen.upcoming() is not None]
+        free = self._parent.free_cells(len(ready))  # the pool's free cells (idle slots' freed where too few)
+        spare = max(0, free - len(ready))  # past one row a stream: a stream left out finds none in its step
+        for slot, gen in ready[:free]:
+            token = gen.upcoming()
+            history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT, spare), [], 0
             if room:
                 copy, match = slot.ngrams.follow(history).continuation(room)
             drafts, catch_up, remaining = None, 1, 0  # what the draft model needs to draft for it (None: it may not)
@@ -223,13 +243,16 @@ class SlotPool:
             live.append((slot, gen, token))
             candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
-        choices = plan(
-            candidates, self.costs, max_rows=self._parent.n_batch, draft_costs=self.draft_costs, overhead=overhead
-        )
+        rows_max = min(self._parent.n_batch, free)
+        choices = plan(candidates, self.costs, max_rows=rows_max, draft_costs=self.draft_costs, overhead=overhead)
         choices = self._checked(len(choices), self._probe(candidates, choices))
-        drafted = self.draft_shared(
-            [(slot, gen, c.d, cand.catch_up) for (slot, gen, _), c, cand in zip(live, choices, candidates) if c.model]
-        )
+        if len(live) + sum(choice.d for choice in choices) > rows_max:  # a probe past the pool's free cells
+            choices = [NONE] * len(choices)
+        try:
+            chosen = [(slot, gen, c.d, cand.catch_up) for (slot, gen, _), c, cand in zip(live, choices, candidates)]
+            drafted = self.draft_shared([one for one, c in zip(chosen, choices) if c.model])
+        except NoRoomError:  # the draft's pool is full: its caches hold what they decoded, the streams go plain
+            drafted = {}
         rows = []
         for (slot, gen, token), candidate, choice in zip(live, candidates, choices, strict=True):
             proposal = drafted.get(slot.index) if choice.model else None

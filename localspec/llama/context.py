@@ -23,7 +23,7 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from localspec.errors import ContextError, ModelFileError
+from localspec.errors import ContextError, ModelFileError, NoRoomError
 
 from .footprint import read_footprint
 from .log import llama_error
@@ -105,8 +105,9 @@ class Context:
                 swaps in a top-k chain instead (only k candidates leave the graph).
             device_topk: drafting at T > 0 may use `device_law` (set by `--device-sampling on` only: measured
                 slower than the host on a CPU and on an H100, docs/benchmarks.md "Where sampling runs").
-            n_seq: sequences kept apart, each with n_ctx cells of its own (`serve --parallel`, llama/slots.py); the
-                methods act on sequence 0 unless given `seq`.
+            n_seq: sequences sharing one pool of n_ctx cells (`kv_unified`; `serve --parallel`, llama/slots.py), each
+                at positions up to n_ctx while cells are free (`room`); the methods act on sequence 0 unless given
+                `seq`.
 
         Raises:
             ContextError: n_ctx out of range or too large for memory.
@@ -121,7 +122,7 @@ class Context:
             )
         if n_seq > 1 and device_greedy:
             raise ContextError("device sampling keeps one sampler for sequence 0: turn it off for several sequences")
-        need, have = kv_bytes_estimate(info, n_ctx) * n_seq, memory_bytes()
+        need, have = kv_bytes_estimate(info, n_ctx), memory_bytes()  # one pool, however many sequences
         if need > have and model.placement is None:  # a placed model's cache lives on its remote devices
             raise ContextError(
                 f"n_ctx {n_ctx} needs about {need / 2**30:.1f} GiB of KV cache for {model.path.name} but only "
@@ -132,11 +133,12 @@ class Context:
         self.swa_full = swa_full
         self.n_batch = min(n_batch, n_ctx)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx * n_seq
+        params.n_ctx = n_ctx
         params.n_batch = self.n_batch
         params.n_ubatch = self.n_batch
         params.n_seq_max = n_seq
-        params.kv_unified = False  # each sequence its own n_ctx cells: a long answer cannot take another's room
+        # Several sequences share one pool of cells (llama-server's default): four slots in the memory of one n_ctx.
+        params.kv_unified = n_seq > 1
         threads = n_threads or physical_cores()
         params.n_threads = threads
         params.n_threads_batch = threads
@@ -173,7 +175,10 @@ class Context:
         self.decodes = 0  # llama_decode calls (benchmarks: round trips per decode over RPC)
         self.decoding_thread: int | None = None  # the thread that decoded last (DESIGN §7: one per process)
         self.n_seq = n_seq
-        self.n_ctx = int(llama_cpp.llama_n_ctx(handle)) // n_seq  # per sequence
+        self.n_ctx = int(llama_cpp.llama_n_ctx(handle))  # cells, and the positions any one sequence may reach
+        # Asked to free at least n cells of the pool for a decode that found too few (`serve --parallel`: the slots
+        # evict idle slots' caches, core/slots.py); answers how many it freed.
+        self.reclaim: Callable[[int], int] | None = None
         self._seq = 0  # the sequence the decode in progress is for
         self._row_seqs = [0] * self.n_batch  # the sequence each batch row is written for (several: llama/slots.py)
         self.n_rs_seq = int(self._call(llama_cpp.llama_n_rs_seq, handle))  # 0 where the model has no such rollback
@@ -339,6 +344,8 @@ class Context:
             self.decoding_thread = thread
         t0 = time.perf_counter()
         rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)
+        if rc == 1 and self.reclaim is not None and self.reclaim(n - self._free_cells()) > 0:
+            rc = self._call(llama_cpp.llama_decode, self.handle, self._batch)  # idle slots' cells were freed
         if rc == 0:
             # GPU and RPC backends return before the work is done; wait here so the time is the decode's
             # (stats, the policy's costs, bench) and not the first logits read's.
@@ -346,11 +353,42 @@ class Context:
         self.seconds_decoding += time.perf_counter() - t0
         self.decodes += 1
         if rc != 0:
-            if rc == 1:
-                raise ContextError(f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx")
+            if rc == 1:  # llama.cpp found too few free cells before decoding anything: the cache is unchanged
+                raise NoRoomError(self.full_message())
             raise ContextError(f"llama_decode failed with code {rc}{llama_error()}")
         if self.after_decode is not None and tokens is not None:  # a draft head reads the hidden rows (llama/mtp.py)
             self.after_decode(tokens, n_past)
+
+    def full_message(self) -> str:
+        """What a user is told when this context has no free cell left: one line, with what to change."""
+        if self.n_seq > 1:
+            return (
+                f"the slots' shared KV pool is full ({self.n_ctx} cells for {self.n_seq} slots): "
+                "raise --n-ctx or lower --parallel"
+            )
+        return f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
+
+    def free_cells(self, need: int = 0) -> int:
+        """Cells no sequence holds (a sequence holds positions 0..its largest, as `core.kv.KVSequence` keeps it);
+        fewer than `need`: `reclaim` is asked to free cells first."""
+        free = self._free_cells()
+        if free < need and self.reclaim is not None and self.reclaim(need - free):
+            free = self._free_cells()
+        return free
+
+    def _free_cells(self) -> int:
+        used = sum(int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq)) + 1 for seq in range(self.n_seq))
+        return max(0, self.n_ctx - used)
+
+    def room(self, n_past: int, seq: int = 0, *, need: int = 1) -> int:
+        """How many rows a decode for `seq` at n_past can place now: positions up to n_ctx, and in a pool of several
+        sequences the free cells and those `seq` holds from n_past on (which the decode replaces). Where fewer than
+        `need` are left, `reclaim` is asked to free cells first."""
+        room = self.n_ctx - n_past
+        if self.n_seq == 1 or room <= 0:
+            return max(0, room)
+        held = max(0, int(llama_cpp.llama_memory_seq_pos_max(self._mem, seq)) + 1 - n_past)
+        return min(room, held + self.free_cells(min(need, room) - held))
 
     def outputs_last(self) -> int:
         """How many rows of the last batch decoded had their outputs computed (in a one-sequence decode, its last

@@ -109,6 +109,14 @@ class SeqContext:
         self._row = None
         return self.parent.remove_from(pos, self.seq)
 
+    def room(self, n_past: int, *, need: int = 1) -> int:
+        """How many rows a decode of this sequence at n_past can place now (`Context.room`: within n_ctx positions
+        and the cells of the pool the sequences share; its own rows pending from the shared batch count as its)."""
+        return self.parent.room(n_past, self.seq, need=need)
+
+    def full_message(self) -> str:
+        return self.parent.full_message()
+
     def remove_span(self, start: int, end: int) -> bool:
         return self.parent.remove_span(start, end, self.seq)
 
@@ -137,9 +145,11 @@ def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last
     next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `last_only`: only
     each sequence's last row is output (a draft catching up: the rows before are not read).
 
-    The rows go to llama.cpp in sequence order: with each sequence's cells kept apart it splits a batch at every
-    sequence id out of ascending order, and slots 2, 0, 3, 1 then cost two passes over the weights (3, 2, 1, 0:
-    four) where one serves them all — four clients' steps took up to 2.2× as long."""
+    The rows go to llama.cpp in sequence order (a pool of cells kept apart per sequence split a batch at every
+    sequence id out of ascending order; the one shared pool takes any order in one pass, the order stays harmless).
+
+    Raises:
+        NoRoomError: the pool has too few free cells for the rows (nothing was decoded, nothing is pending)."""
     if not rows:
         return
     parent = rows[0][0].parent
@@ -155,9 +165,8 @@ def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last
 
 
 def passes(lengths: Sequence[int]) -> int:
-    """How many passes over the weights llama.cpp makes of one batch that brings each sequence `lengths[i]` rows
-    (sequences in ascending order, each kept apart in the cache as `Context` makes them for n_seq > 1): it splits such
-    a batch into parts that take the same number of rows from every sequence in them, so one part per distinct
-    length. Counted from its graph (tests/core/test_slots.py): rows [1, 1, 1, 1] and [5, 5, 5, 5] one pass each,
-    [5, 1, 1, 1] two, [5, 3, 1, 1] three."""
-    return len({n for n in lengths if n > 0})
+    """How many passes over the weights llama.cpp makes of one batch that brings each sequence `lengths[i]` rows (at
+    most n_batch in all): one, whatever the lengths, over the one pool of cells `Context` makes for n_seq > 1 (its
+    batches are split by n_ubatch rows alone; cells kept apart per sequence cost one pass per distinct length).
+    Counted from its graph (tests/core/test_slots.py)."""
+    return 1 if any(n > 0 for n in lengths) else 0

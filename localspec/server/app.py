@@ -37,10 +37,11 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from localspec.errors import LocalspecError, ModelFileError, RpcError
+from localspec.errors import LocalspecError, ModelFileError, NoRoomError, RpcError
 
 from . import messages_api
 from .api import ApiError, model_error
+from .flow import pool_full
 from .pairs import STOP_POLL_S, Pairs
 from .routes import answer_routes
 from .runner import stopping_error
@@ -225,7 +226,9 @@ def _pair_routes(runner: Pairs) -> list[tuple[str, Callable[[Request], Awaitable
             "status": status,
             "model": runner.default,
             "queue": sum(p["queue"] for p in pairs.values()),
-            "slots": {"busy": default.slots_busy, "total": default.parallel} if default else None,
+            "slots": {"busy": default.slots_busy, "total": default.parallel, "shared_ctx": default.n_ctx}
+            if default
+            else None,
             "pairs": pairs,
         }
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
@@ -308,6 +311,8 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
             return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
         except ModelFileError as e:  # the pair's weights compute NaN: the server's trouble, not the request's
             return error_response(model_error(e), request.scope)
+        except NoRoomError as e:  # the slots' shared pool held by the running requests: try again later
+            return error_response(pool_full(e), request.scope)
         except LocalspecError as e:
             return error_response(ApiError(400, str(e)), request.scope)
         except ClientDisconnect:

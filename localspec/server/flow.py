@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request as HttpRequest
 
-from localspec.errors import ContextError, LocalspecError, ModelFileError
+from localspec.errors import ContextError, LocalspecError, ModelFileError, NoRoomError
 
 from . import request as request_mod
 from .answer import Answer, Delta, Event, Failure
@@ -162,10 +162,18 @@ class Stream:
         return None
 
 
+def pool_full(error: NoRoomError) -> ApiError:
+    """A prompt the pool the slots share had no room for (the running requests hold it): 503, try again later."""
+    why = f"the prompt does not fit beside the running requests: {error}"
+    return ApiError(503, why, "server_error", code="kv_full")
+
+
 def _as_api(error: BaseException) -> ApiError:
     """What a stream's run raised as the error object: the server's (500) unless it is an `ApiError` already."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, NoRoomError):
+        return pool_full(error)
     return model_error(error) if isinstance(error, ModelFileError) else ApiError(500, str(error), "server_error")
 
 

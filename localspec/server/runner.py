@@ -137,7 +137,7 @@ class Runner:
         if self.auto:
             self.parallel = self.scheduler.n_slots = engine.target.ctx.n_seq
             log.info(
-                "%d slots of %d tokens each%s",
+                "%d slots sharing one pool of %d tokens%s",
                 self.parallel,
                 engine.n_ctx,
                 f": {engine.slots_note}" * bool(engine.slots_note),
@@ -198,6 +198,12 @@ class Runner:
     def pending(self) -> int:
         with self._lock:
             return len(self._jobs)
+
+    @property
+    def n_ctx(self) -> int | None:
+        """The positions each slot may reach, and the cells of the one pool they share (None: not loaded)."""
+        served = self.served
+        return served.engine.n_ctx if served is not None else None
 
     @property
     def slots_busy(self) -> int:

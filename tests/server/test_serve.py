@@ -485,8 +485,9 @@ def test_the_default_server_runs_four_slots_and_says_so(tiny_models, tmp_path):
     home = write_home(tmp_path / "home", tiny_models.target, tiny_models.draft_noisy, tiny_models.draft_same)
     running = start_server(home, "--pair", "tiny")
     try:
-        assert "4 slots of" in running.stderr()
-        assert json.loads(raw(running.port, "GET", "/health")[2])["slots"]["total"] == 4
+        assert "4 slots sharing one --n-ctx of 2048 tokens" in running.stderr()  # one pool: four in one's memory
+        slots = json.loads(raw(running.port, "GET", "/health")[2])["slots"]
+        assert slots["total"] == 4 and slots["shared_ctx"] == 2048
         answers: list[str] = []
         threads = [
             threading.Thread(

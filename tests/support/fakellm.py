@@ -107,6 +107,12 @@ class TableContext:
         del self.tokens[pos:]
         return True
 
+    def room(self, n_past: int, *, need: int = 1) -> int:
+        return max(0, self.n_ctx - n_past)
+
+    def full_message(self) -> str:
+        return f"the context is full ({self.n_ctx} tokens)"
+
     def clear(self) -> None:
         self.tokens.clear()
 
