@@ -37,12 +37,17 @@ def pool(model: Model, flash: bool, n_ctx: int) -> Context:
     return _Pool(model, n_ctx=n_ctx, n_seq=4)
 
 
-def timed(ctx: Context, fill: int, reps: int) -> dict[tuple[int, int], float]:
-    """Median seconds of a shared decode of each shape, every sequence holding `fill` tokens."""
+def filled(model: Model, flash: bool, fill: int) -> list[SeqContext]:
+    """The 4 sequences of a pool of 4096 cells, each holding `fill` tokens of its own."""
+    ctx = pool(model, flash, 4096)
     views = [SeqContext(ctx, s) for s in range(4)]
     for s, view in enumerate(views):
-        view.clear()
         view.decode([5 + (s * 31 + 7 * i) % 400 for i in range(fill)], 0, outputs=0)
+    return views
+
+
+def timed(views: list[SeqContext], fill: int, reps: int) -> dict[tuple[int, int], float]:
+    """Median seconds of a shared decode of each shape, every sequence holding `fill` tokens."""
     out = {}
     for streams, rows in SHAPES:
         seconds = []
@@ -86,13 +91,13 @@ def main() -> None:
                 f"{alone_beside(model, flash):.4g}"
             )
         results: dict[tuple[bool, int], list[dict]] = {}
-        contexts = {flash: pool(model, flash, 4096) for flash in (False, True)}
+        pools = {(flash, fill): filled(model, flash, fill) for fill in args.fill for flash in (False, True)}
         for _ in range(args.rounds):
             for fill in args.fill:
                 for flash in (False, True):  # interleaved: each round times both
-                    results.setdefault((flash, fill), []).append(timed(contexts[flash], fill, args.reps))
-        for ctx in contexts.values():
-            ctx.close()
+                    results.setdefault((flash, fill), []).append(timed(pools[(flash, fill)], fill, args.reps))
+        for views in pools.values():
+            views[0].parent.close()
     print("fill  streams×rows  FA off ms  FA on ms  off/on")
     for fill in args.fill:
         for shape in SHAPES:

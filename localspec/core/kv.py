@@ -524,6 +524,7 @@ class KVSequence:
         entry, n = found
         self._checkpoint = self._anchor = None
         self._tail = 0
+        self.ctx.room(0, need=len(entry.tokens))  # a pool the slots share: room for the state (idle slots' freed)
         try:
             self.ctx.load_state(entry.state)
         except ContextError as e:  # the sequence's cells are in doubt: empty them, read the prompt

@@ -1,7 +1,9 @@
 """Slots: the target's context split into sequences (`serve --parallel N`), one per stream generating at once.
 
-Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVSequence`, so it keeps the prompt
-and answer it last held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
+Each slot is one llama.cpp sequence (`llama.slots.SeqContext`) with its own `KVSequence`; the slots share one pool
+of n_ctx cells, each growing into the free room (a stream that finds none ends, told why; idle slots' cells are freed,
+saved to the prompt cache, when a decode needs them: `SlotPool._reclaim`). A slot keeps the prompt and answer it last
+held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
 chat that grows by one turn decodes only that turn, as with one slot), the one used least recently among equals.
 A stream that runs alone drafts as with one slot (server/scheduler.py), with the engine's drafter and its one draft
 cache. In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
@@ -230,6 +232,8 @@ class SlotPool:
         ready = [(slot, gen) for slot, gen in streams if gen.target is slot.target and gen.upcoming() is not None]
         free = self._parent.free_cells(len(ready))  # the pool's free cells (idle slots' freed where too few)
         spare = max(0, free - len(ready))  # past one row a stream: a stream left out finds none in its step
+        ready.sort(key=lambda one: (len(one[1].tokens), one[0].target.n_past))  # too few cells: the longest answers
+        # (then the most cells) are left out: they grew into the room
         for slot, gen in ready[:free]:
             token = gen.upcoming()
             history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT, spare), [], 0
@@ -385,8 +389,9 @@ class SlotPool:
 
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:
-    """A second context of the engine's draft model with `n` sequences, where the draft model may draft for several
-    streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
+    """A second context of the engine's draft model with `n` sequences over one pool of its n_ctx cells (as the
+    target's slots share theirs; a slot's cells freed for another where it is idle), where the draft model may draft
+    for several streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
     recurrent draft, no draft model, no memory for it): then only copies draft in a shared batch. The engine frees
     it."""
     drafter = engine.model_drafter

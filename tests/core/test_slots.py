@@ -16,7 +16,7 @@ from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.slots import SlotPool
-from localspec.errors import InvalidParamsError
+from localspec.errors import InvalidParamsError, NoRoomError
 from localspec.llama.context import Context
 from localspec.llama.model import Model
 from localspec.llama.slots import SeqContext, decode_shared, passes
@@ -194,10 +194,9 @@ def counted_views(tiny_models, n: int = 4):
 
 
 def test_streams_in_any_order_are_one_batch_of_the_model(tiny_models):
-    """llama.cpp splits a batch of several sequences at every sequence id out of ascending order (its cache keeps
-    each sequence's cells apart): rows for slots 2, 0, 3, 1 went through the model as four passes, not one, and
-    four clients' steps cost up to 2.2× what they should (serve --parallel 4 on the demo pair, 2026-11-27: the order
-    is the order requests took their slots). `decode_shared` hands llama.cpp its rows by sequence."""
+    """Rows for slots 2, 0, 3, 1 go through the model in one pass, as 0, 1, 2, 3 do (a cache keeping each
+    sequence's cells apart split a batch at every sequence id out of ascending order: four passes, and four clients'
+    steps cost up to 2.2× what they should, demo pair, 2026-11-27), and each sequence reads its own row."""
     with counted_views(tiny_models) as (ctx, views):
         nodes = []
         for order in ([0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0]):
@@ -246,10 +245,10 @@ def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
         pool.release(slot)
 
 
-def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(tiny_models):
-    """What `core/batchdraft.py` prices drafts in a shared batch by: llama.cpp splits a batch whose sequences bring
-    different numbers of rows into one pass over the weights per distinct count (`passes`), counted here from the
-    graph nodes it computes."""
+def test_a_batch_of_several_rows_per_sequence_takes_one_pass_whatever_the_counts(tiny_models):
+    """What `core/batchdraft.py` prices drafts in a shared batch by (`passes`): over the one pool the slots share,
+    llama.cpp takes a batch whose sequences bring different numbers of rows in one pass over the weights (cells kept
+    apart per sequence took one pass per distinct count), counted here from the graph nodes it computes."""
     with counted_views(tiny_models) as (ctx, views):
         per_pass = None
         for lengths in ([1, 1, 1, 1], [5, 1, 1, 1], [5, 5, 1, 1], [5, 3, 1, 1], [1, 5, 1, 3], [5, 5, 5, 5], [3]):
@@ -261,7 +260,7 @@ def test_a_batch_of_several_rows_per_sequence_takes_one_pass_per_distinct_count(
             assert ctx.nodes - before == passes(lengths) * per_pass, lengths
             for view in views:
                 view.discard()
-        assert passes([1, 1, 1, 1]) == 1 and passes([5, 3, 1, 1]) == 3
+        assert passes([1, 1, 1, 1]) == 1 and passes([5, 3, 1, 1]) == 1
 
 
 def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
@@ -334,13 +333,30 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
         slots = [pool.acquire(p) for p in prompts]
         gens = [start(p, s) for p, s in zip(prompts, slots, strict=True)]
         together, ticks = _run_together(pool, engine, gens, slots)
-        assert together == alone
+        for prompt, mine, its in zip(prompts, together, alone, strict=True):
+            _same_but_at_a_near_tie(engine.target_model, prompt, mine, its)
         assert sum(g.stats.drafted for g in gens) > 0 and sum(g.stats.accepted for g in gens) > 0
-        assert ticks < sum(len(t) for t in together) / 3  # fewer ticks than tokens per stream
+        assert ticks < max(len(t) for t in together)  # fewer ticks than the longest stream has tokens
         for slot, gen in zip(slots, gens, strict=True):
             slot.target.check()
             assert slot.target.n_past == len(gen.prompt) + len(gen.tokens) - 1
             pool.release(slot)
+
+
+NEAR_TIE = 1.0  # logits: a cell's order in the pool moves SmolLM2 Q4_1's by up to 0.55 (tests/llama/test_unified_cache.py)
+
+
+def _same_but_at_a_near_tie(model, prompt, together, alone) -> None:
+    """`together` is `alone`, or leaves it where the two tokens' logits alone are closer than NEAR_TIE: the order of a
+    stream's cells in the pool the slots share rounds its logits (DESIGN §8, "One pool"), as llama-server's do."""
+    n = next((i for i, (a, b) in enumerate(zip(together, alone)) if a != b), None)
+    if n is None:
+        assert len(together) == len(alone)
+        return
+    with Context(model, n_ctx=512) as ctx:
+        ctx.decode(prompt + alone[:n], 0)
+        row = ctx.logits(-1)
+        assert abs(row[alone[n]] - row[together[n]]) < NEAR_TIE, f"token {n}: {together[n]} beside others"
 
 
 def _run_together(pool, engine, gens, slots) -> tuple[list[list[int | None]], int]:
@@ -488,3 +504,96 @@ def test_drafting_beside_others_stops_where_its_ticks_measure_slower_than_plain_
     pool._rates[(2, True)] = deque([140.0] * 4)
     assert pool._checked(2, drafts) == drafts
     assert pool._checked(3, drafts) == drafts  # three streams: nothing measured of them
+
+
+def _until_all_end(pool, gens, slots, events):
+    """Step `gens` (each in its slot, `events` their iterators) in shared ticks until all end, each slot given back as
+    its stream ends, as the scheduler does. Returns each stream's tokens from here on."""
+    live = set(range(len(gens)))
+    tokens: list[list[int]] = [[] for _ in gens]
+    while live:
+        streams = [(slots[i], gens[i]) for i in sorted(live)]
+        pool.begin(streams)
+        for i in sorted(live, key=lambda i: not slots[i].view.pending):
+            event = next(events[i])
+            if event.token is not None:
+                tokens[i].append(event.token)
+            if event.finish_reason is not None:
+                assert next(events[i], None) is None  # the generation is over (its caches checked)
+                live.discard(i)
+                pool.release(slots[i])
+        pool.end(streams)
+    return tokens
+
+
+def test_a_stream_that_runs_out_of_the_shared_pool_ends_and_the_other_goes_on(tiny_models):
+    """Two slots share one pool of 256 cells: the long answer grows into the free room until none is left, then ends
+    ("length", one line saying the slots' pool is full and what to change), its cache consistent; the other, beside
+    it, gets the cells it frees and answers exactly as alone."""
+    with Engine.load(tiny_models.target, None, n_ctx=256, n_seq=2, drafter="none") as engine:
+        pool = SlotPool(engine, 2)
+        greedy = SamplingParams(temperature=0)
+        long_prompt, short_prompt = [1, 5, 9, 13, 2, 7, 3, 4, 8, 6], [1, *(7 + i % 60 for i in range(149))]
+        alone = _alone(engine, pool, short_prompt, 60)
+        for slot in pool.slots:
+            slot.target.rollback_to(0)
+        slots = [pool.acquire(long_prompt), pool.acquire(short_prompt)]
+        gens = [
+            engine.generate(long_prompt, sampling=greedy, max_tokens=400, target=slots[0].target),
+            engine.generate(short_prompt, sampling=greedy, max_tokens=60, target=slots[1].target),
+        ]
+        events = [iter(gen) for gen in gens]
+        head_start = [next(events[0]).token for _ in range(20)]  # the long answer alone first
+        for gen in gens:
+            gen.shared = pool
+        tokens = _until_all_end(pool, gens, slots, events)
+        long, short = gens
+        assert long.finish_reason == "length" and len(long.tokens) < 400 and long.tokens == head_start + tokens[0]
+        assert long.notices == [
+            "the answer was cut short: the slots' shared KV pool is full (256 cells for 2 slots): raise --n-ctx or "
+            "lower --parallel"
+        ]
+        assert short.finish_reason == "length" and tokens[1] == alone
+        for slot in slots:
+            slot.target.check()
+
+
+def test_a_prompt_that_does_not_fit_beside_the_running_streams_is_refused(tiny_models):
+    """A prompt longer than the room the busy slots leave: one line, nothing decoded, the other slot untouched."""
+    with Engine.load(tiny_models.target, None, n_ctx=256, n_seq=2, drafter="none") as engine:
+        pool = SlotPool(engine, 2)
+        busy = pool.acquire([1, 2])
+        busy.target.sync([3 + i % 50 for i in range(200)])
+        slot = pool.acquire([1])
+        prompt = [4 + i % 50 for i in range(80)]
+        gen = engine.generate(prompt, sampling=SamplingParams(temperature=0), max_tokens=4, target=slot.target)
+        with pytest.raises(NoRoomError, match=r"the slots' shared KV pool is full \(256 cells for 2 slots\)"):
+            list(gen)
+        assert busy.target.n_past == 200 and slot.target.n_past == 0
+        busy.target.check()
+        slot.target.check()
+
+
+def test_idle_slots_give_their_cells_to_the_prompt_cache_and_a_prompt_coming_back_is_restored(tiny_models):
+    """A pool of 256 cells and two slots: a prompt too long for the cells left frees the idle slot's (its state kept
+    in the prompt cache), and when the first prompt comes back its state is restored — making room the same way —
+    and answers as it did."""
+    with Engine.load(tiny_models.target, None, n_ctx=256, n_seq=2, drafter="none", cache_ram=2**30) as engine:
+        pool = SlotPool(engine, 2)
+        prompt_a, prompt_b = [1, *(5 + i % 40 for i in range(99))], [1, *(50 + i % 30 for i in range(199))]
+
+        def answer(prompt):
+            slot = pool.acquire(prompt)
+            restored = slot.target.n_restored
+            gen = engine.generate(prompt, sampling=SamplingParams(temperature=0), max_tokens=8, target=slot.target)
+            tokens = [event.token for event in gen]
+            pool.release(slot)
+            return tokens, slot.target.n_restored - restored
+
+        first, _ = answer(prompt_a)
+        answer(prompt_b)  # 199 cells to read, 149 free: the idle slot's 107 go to the prompt cache
+        assert sum(slot.target.n_past for slot in pool.slots) <= 256
+        again, restored = answer(prompt_a)
+        assert restored == len(prompt_a) - 1 and again == first
+        for slot in pool.slots:
+            slot.target.check()
