@@ -580,7 +580,7 @@ def test_idle_slots_give_their_cells_to_the_prompt_cache_and_a_prompt_coming_bac
     and answers as it did."""
     with Engine.load(tiny_models.target, None, n_ctx=256, n_seq=2, drafter="none", cache_ram=2**30) as engine:
         pool = SlotPool(engine, 2)
-        prompt_a, prompt_b = [1, *(5 + i % 40 for i in range(99))], [1, *(50 + i % 30 for i in range(199))]
+        prompt_a, prompt_b = [1, *(5 + i % 40 for i in range(99))], [3, *(50 + i % 30 for i in range(199))]
 
         def answer(prompt):
             slot = pool.acquire(prompt)
