@@ -228,6 +228,8 @@ def steps(
             log.info("choice %d: a tool call repeated an earlier one, which ends the list", index)
         if gen.finish_reason == "cancelled":  # the caches are consistent: Generation checked the invariant
             log.info("choice %d cancelled after %d tokens (client gone or server stopping)", index, len(gen.tokens))
+        for note in gen.notices:  # what the user of a terminal is shown (a full pool, a full context): the log's
+            log.warning("choice %d: %s", index, note)
         generations.append(gen)
         splits.append(split)
         emit(Ended(index, gen, split))
