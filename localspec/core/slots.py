@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import cast
 
 from localspec.errors import InvalidParamsError, LocalspecError, NoRoomError
 from localspec.llama.context import Context
@@ -120,8 +121,8 @@ class SlotPool:
         # The draft model's acceptance in a shared batch over every stream (a property of the pair more than of one
         # answer): the next requests' prior, and the probes' evidence.
         self.model_alpha = Acceptance(forget=0.02)
-        self._engine, self._parent = engine, parent
-        parent.reclaim = partial(self._reclaim, lambda slot: slot.target)  # the pool full: idle slots' cells go
+        self._engine, self._parent = engine, cast(Context, parent)  # a llama.cpp context of n sequences
+        self._parent.reclaim = partial(self._reclaim, lambda slot: slot.target)  # the pool full: idle slots' cells go
         self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
@@ -390,8 +391,8 @@ class SlotPool:
 
 def _draft_slots(engine: Engine, n: int) -> Context | None:
     """A second context of the engine's draft model with `n` sequences over one pool of its n_ctx cells (as the
-    target's slots share theirs; a slot's cells freed for another where it is idle), where the draft model may draft
-    for several streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
+    target's slots share theirs; an idle slot's cells freed for another), where the draft model may draft for several
+    streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
     recurrent draft, no draft model, no memory for it): then only copies draft in a shared batch. The engine frees
     it."""
     drafter = engine.model_drafter

@@ -343,7 +343,7 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
             pool.release(slot)
 
 
-NEAR_TIE = 1.0  # logits: a cell's order in the pool moves SmolLM2 Q4_1's by up to 0.55 (tests/llama/test_unified_cache.py)
+NEAR_TIE = 1.0  # logits: the order of cells in the pool moves SmolLM2 Q4_1's by up to 0.55 (test_unified_cache.py)
 
 
 def _same_but_at_a_near_tie(model, prompt, together, alone) -> None:

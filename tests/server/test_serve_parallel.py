@@ -72,7 +72,7 @@ def wait_for(predicate, seconds: float = WAIT) -> bool:
 
 
 def test_health_shows_the_slots(server):
-    assert health(server)["slots"] == {"busy": 0, "total": 3}
+    assert health(server)["slots"] == {"busy": 0, "total": 3, "shared_ctx": 2048}  # one pool of --n-ctx cells
 
 
 def test_greedy_answers_are_the_same_alone_and_beside_others(server):
