@@ -138,6 +138,8 @@ class Context:
         params.n_ubatch = self.n_batch
         params.n_seq_max = n_seq
         # Several sequences share one pool of cells (llama-server's default): four slots in the memory of one n_ctx.
+        # Flash attention stays llama.cpp's `auto`: off it would change which placement of a sequence's cells rounds
+        # its logits, not whether, and cost 1.1-1.9x a shared decode (DESIGN §8, "One pool").
         params.kv_unified = n_seq > 1
         threads = n_threads or physical_cores()
         params.n_threads = threads
