@@ -128,8 +128,8 @@ class LoadParams:
     # A draft whose vocabulary differs: "auto" picks by the share of tokens the two vocabularies have in common,
     # "text" re-tokenises its text, "shared" drafts on the shared tokens only.
     bridge: str = "auto"
-    # Sequences in the target's context, n_ctx cells each (`serve --parallel`); 0: up to 4 where the target can take
-    # several streams and their KV cache fits, else 1 (core/load.py `slots_for`).
+    # Sequences in the target's context, sharing its n_ctx cells (`serve --parallel`); 0: 4 where the target can take
+    # several streams, else 1 (core/load.py `slots_for`).
     n_seq: int = 1
     # Bytes of earlier prompts' KV states kept in RAM and restored when a prompt comes back (core/promptcache.py);
     # None: an eighth of the memory free after loading, at most 8 GiB; 0: none.

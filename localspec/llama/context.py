@@ -11,11 +11,9 @@ device: a shift is applied by the next decode, which does go through the placeme
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,11 +21,11 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from localspec.errors import ContextError, ModelFileError, NoRoomError
+from localspec.errors import ContextError, NoRoomError
 
-from .footprint import read_footprint
 from .log import llama_error
-from .model import Model, ModelInfo
+from .memory import kv_bytes_estimate, memory_bytes
+from .model import Model
 from .threads import physical_cores
 
 log = logging.getLogger(__name__)
@@ -37,35 +35,6 @@ log = logging.getLogger(__name__)
 _logits_address = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
     ctypes.cast(llama_cpp.llama_get_logits_ith, ctypes.c_void_p).value
 )
-
-
-def kv_bytes_estimate(info: ModelInfo, n_ctx: int) -> int:
-    """Rough size of an F16 KV cache of `n_ctx` cells (for a friendly error before llama.cpp aborts)."""
-    if info.is_recurrent or info.n_head == 0:
-        return 0
-    if info.is_hybrid:  # a KV cache on its attention layers only: the header says which
-        with contextlib.suppress(ModelFileError):
-            return read_footprint(info.path).kv_bytes(n_ctx)
-    head_dim = info.n_embd // info.n_head
-    return 2 * 2 * info.n_layer * n_ctx * info.n_head_kv * head_dim
-
-
-def memory_bytes() -> int:
-    """Memory the process may use: available RAM on Linux (MemAvailable, reclaimable page cache included), physical
-    RAM elsewhere."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
-        try:
-            return os.sysconf(name) * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            continue
-    return 1 << 62
 
 
 class Context:
@@ -282,6 +251,7 @@ class Context:
         with `logits(i)`, i counted from the start of that last chunk, or negative from its end.
 
         Raises:
+            NoRoomError: too few free cells (nothing of `tokens` was kept).
             ContextError: the context is full, or llama.cpp failed.
         """
         n = len(tokens)
@@ -296,7 +266,11 @@ class Context:
             chunk = tokens[start : start + self.n_batch]
             first_out = n - outputs - start  # rows of this chunk from which logits are wanted
             assert start + len(chunk) == n or first_out >= len(chunk), "output rows must fit in one batch"
-            self._submit(chunk, n_past + start, first_out)
+            try:
+                self._submit(chunk, n_past + start, first_out)
+            except NoRoomError:
+                self.remove_from(n_past, seq)  # the chunks before: a decode with no room leaves nothing behind
+                raise
 
     def _submit(self, tokens: list[int], n_past: int, first_out: int) -> None:
         """One `llama_decode` of at most n_batch tokens (for sequence `_seq`); logits for rows first_out.. of them."""

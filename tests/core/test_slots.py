@@ -9,10 +9,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import llama_cpp
+import numpy as np
 import pytest
 
 from localspec.core.batchdraft import DecodeCosts
 from localspec.core.engine import Engine
+from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 from localspec.core.slots import SlotPool
@@ -597,3 +599,29 @@ def test_idle_slots_give_their_cells_to_the_prompt_cache_and_a_prompt_coming_bac
         assert restored == len(prompt_a) - 1 and again == first
         for slot in pool.slots:
             slot.target.check()
+
+
+def test_the_chat_window_drops_a_span_on_a_slot_and_leaves_the_other_slots_cells(tiny_models):
+    """Context shifting (`KVSequence.drop`, the chat's long-chat window) on a slot of the pool: its tokens and next
+    logits are those of the same drop on a context of its own (within the pool's rounding, DESIGN §8), and the other
+    slot's cells stay as they were."""
+    with Engine.load(tiny_models.target, None, n_ctx=256, n_seq=2, drafter="none") as engine:
+        pool = SlotPool(engine, 2)
+        mine, other = pool.acquire([1]), pool.acquire([3])
+        tokens = [1, *(5 + i % 40 for i in range(99))]
+        other.target.sync([3, *(7 + i % 30 for i in range(59))])
+        mine.target.sync(tokens)
+        with Context(engine.target_model, n_ctx=256) as ctx:
+            alone = KVSequence(ctx, rollback="seq_rm")
+            alone.sync(tokens)
+            assert alone.drop(10, 30)
+            alone.append([9])
+            expected = ctx.logits(-1).copy()
+        assert mine.target.drop(10, 30)
+        mine.target.append([9])
+        assert mine.target.tokens == alone.tokens
+        assert np.abs(mine.view.logits(-1) - expected).max() < 0.01
+        assert other.target.n_past == 60 and other.view.pos_range() == (0, 59)
+        for slot in (mine, other):
+            slot.target.check()
+            pool.release(slot)
