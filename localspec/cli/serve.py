@@ -100,10 +100,10 @@ def register(sub) -> None:
         "--parallel",
         default=DEFAULT_PARALLEL,
         metavar="N",
-        help="most requests generating at once (a count, or auto), decoded together in one batch, each in --n-ctx "
-        "tokens of its own; a request alone still speculates (default auto: 4 where their KV cache fits in a "
-        "quarter of the memory left, 1 where the target cannot take several streams — a recurrent or hybrid "
-        "model, an MTP head)",
+        help="most requests generating at once (a count, or auto), decoded together in one batch, sharing one pool "
+        "of --n-ctx KV cells (each up to --n-ctx tokens while cells are free); a request alone still speculates "
+        "(default auto: 4, 1 where the target cannot take several streams — a recurrent or hybrid model, an MTP "
+        "head)",
     )
     p.add_argument(
         "--timeout",
