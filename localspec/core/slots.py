@@ -230,12 +230,9 @@ class SlotPool:
         self._ticks += 1
         live, candidates = [], []
         model = self._drafts is not None and self._engine.drafter.needs_model
-        ready = [(slot, gen) for slot, gen in streams if gen.target is slot.target and gen.upcoming() is not None]
-        free = self._parent.free_cells(len(ready))  # the pool's free cells (idle slots' freed where too few)
-        spare = max(0, free - len(ready))  # past one row a stream: a stream left out finds none in its step
-        ready.sort(key=lambda one: (len(one[1].tokens), one[0].target.n_past))  # too few cells: the longest answers
-        # (then the most cells) are left out: they grew into the room
-        for slot, gen in ready[:free]:
+        ready, free = self._fitting(streams)
+        spare = free - len(ready)  # cells past one row a stream: its drafts' room
+        for slot, gen in ready:
             token = gen.upcoming()
             history, room, copy, match = gen.history, min(gen.draft_room(), MAX_DRAFT, spare), [], 0
             if room:
@@ -277,6 +274,15 @@ class SlotPool:
             sizes = [len(tokens) for _, tokens, _ in rows]
             self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
         return sum(len(tokens) for _, tokens, _ in rows)
+
+    def _fitting(self, streams: Sequence[tuple[Slot, Generation]]) -> tuple[list[tuple[Slot, Generation]], int]:
+        """(the streams whose next step is a plain one that the pool's free cells take a row of, the free cells):
+        idle slots' cells freed where too few; then the longest answers (then the most cells) are left out — they
+        grew into the room, and each finds none in its step."""
+        ready = [(slot, gen) for slot, gen in streams if gen.target is slot.target and gen.upcoming() is not None]
+        free = self._parent.free_cells(len(ready))
+        ready.sort(key=lambda one: (len(one[1].tokens), one[0].target.n_past))
+        return ready[:free], free
 
     def _checked(self, n: int, choices: list[StreamDraft]) -> list[StreamDraft]:
         """The plan, unless this machine's own ticks of n streams say drafting in a shared batch loses: the median
