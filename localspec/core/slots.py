@@ -5,12 +5,13 @@ of n_ctx cells, each growing into the free room (a stream that finds none ends, 
 saved to the prompt cache, when a decode needs them: `SlotPool._reclaim`). A slot keeps the prompt and answer it last
 held: a request takes the free slot whose tokens share the longest prefix with its prompt (a
 chat that grows by one turn decodes only that turn, as with one slot), the one used least recently among equals.
-A stream that runs alone drafts as with one slot (server/scheduler.py), with the engine's drafter and its one draft
-cache. In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts they pay: a stream's
-own n-gram copy (each slot keeps the index of its history), or the draft model's, which then drafts for all the
-streams it was chosen for together — a second context of the draft model with a sequence per slot, each slot's
-draft cache kept as its history, one batch per drafted token (`SlotPool.draft_shared`). A draft head (the target's
-MTP head, a Gemma 4 assistant) drafts for each slot over the slot's sequence of its one context (`_follow_heads`).
+Each stream drafts with its own drafter over its slot's one draft state, alone and in a shared batch
+(`SlotPool.drafting`). In a shared batch the drafts go into the shared batch where `core/batchdraft.py` predicts
+they pay: a stream's own n-gram copy (each slot keeps the index of its history), or the draft model's, which then
+drafts for all the streams it was chosen for together — a second context of the draft model with a sequence per
+slot, each slot's draft cache kept as its history, one batch per drafted token (`SlotPool.draft_shared`). A draft
+head (the target's MTP head, a Gemma 4 assistant) drafts for each slot over the slot's sequence of its one context
+(`follow_heads`). A slot and a tick as data, and the contexts a slot's drafters draft in: core/slotstate.py.
 """
 
 from __future__ import annotations
@@ -21,15 +22,13 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import cast
 
-from localspec.errors import InvalidParamsError, LocalspecError, NoRoomError
+from localspec.errors import InvalidParamsError, NoRoomError
 from localspec.llama.context import Context
-from localspec.llama.slots import SeqContext, decode_shared, passes, route_decodes
+from localspec.llama.slots import SeqContext, decode_shared, passes
 
-from .assistant import AssistantDrafter
 from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
 from .bridge import BridgedDrafter
 from .drafters import (
@@ -46,13 +45,14 @@ from .drafters import (
     make_drafter,
 )
 from .engine import Engine, Generation
-from .head import MtpDrafter
 from .kv import KVSequence, common_prefix
-from .ngram import HistoryIndex
 from .params import needs_draft_model
 from .policy import DraftPolicy
 from .sampling import penalty_window
+from .slotstate import SharedTick, Slot, TickStream, draft_slots, follow_heads
 from .step import admitted
+
+__all__ = ["SHARED_DRAFTS_ENV", "Slot", "SlotPool"]  # `Slot` is core/slotstate.py's, found here by the server
 
 log = logging.getLogger(__name__)
 PROBE_EVERY = 32  # shared ticks between probes of the draft model in a shared batch (`SlotPool._probe`)
@@ -64,56 +64,6 @@ RATES_ENOUGH = 4  # recent ticks of a kind whose median is trusted
 # alone, as before issue 65 — what `bench --clients --structured` measures the default against; not a user's setting.
 SHARED_DRAFTS_ENV = "LOCALSPEC_SHARED_DRAFTS"
 REMAINING_CAP = 256  # most tokens a stream is counted on to emit still (max_tokens is often far above its answer)
-
-
-@dataclass(eq=False, slots=True)
-class Slot:
-    """One sequence of the shared target context and the tokens it holds."""
-
-    index: int
-    view: SeqContext
-    target: KVSequence
-    busy: bool = False
-    used: int = 0  # when it was last taken (a counter): the least recently used is reused first
-    ngrams: HistoryIndex = field(default_factory=HistoryIndex)  # its history's n-grams: its drafts in a shared batch
-    acceptance: Acceptance = field(default_factory=Acceptance)  # of those drafts, for the request it holds
-    draft: KVSequence | None = None  # its sequence of the draft model's slots context (None: no model drafts shared)
-    model_acceptance: Acceptance = field(default_factory=Acceptance)  # of the draft model's drafts in a shared batch
-    # Its drafters by kind (`SlotPool.drafting`): the stream it holds drafts with one, alone and in a shared batch,
-    # over the slot's one draft state (`draft`, `ngrams`); and that stream's kind and draft-length policy.
-    drafters: dict[str, Drafter] = field(default_factory=dict)
-    stream: tuple[str, DraftPolicy] | None = None
-
-
-@dataclass(eq=False, slots=True)
-class TickStream:
-    """What one stream verifies in a shared tick: the drafts decoded for it, and what its stats held before its step
-    (so the tick learns, after, whether and how far it took them)."""
-
-    slot: Slot
-    drafts: Proposal | None  # None: its plain row; handed to its step once (`SharedTick.drafts_for`)
-    n: int  # how many drafts were decoded for it
-    match: int  # the length of the match its copy follows
-    model: bool  # drafted by the draft model (else copied)
-    before: tuple[int, int, int]  # its stats' drafted, accepted and rejections before its step
-    own: bool = False  # drafted by the stream's own drafter, as alone (`Generation.draft_own`): the plan learns nothing
-
-
-class SharedTick:
-    """One tick of the shared batch, from its one decode to what its steps taught (the tick's one owner): when it
-    began, the decoding seconds and the tokens emitted by then, and each stream's drafts decoded in it."""
-
-    def __init__(self, decoding: float, emitted: int) -> None:
-        self.began, self.decoding, self.emitted = time.perf_counter(), decoding, emitted
-        self.streams: dict[Generation, TickStream] = {}
-
-    def drafts_for(self, generation: Generation) -> Proposal | None:
-        """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""
-        stream = self.streams.get(generation)
-        if stream is None:
-            return None
-        drafts, stream.drafts = stream.drafts, None
-        return drafts
 
 
 class SlotPool:
@@ -138,7 +88,7 @@ class SlotPool:
         for view in views:
             view.clear()  # what a previous pool left: the new slots' token lists start empty
         self.slots = [Slot(i, view, KVSequence(view, rollback="seq_rm")) for i, view in enumerate(views)]
-        _follow_heads(engine.drafter, self.slots)
+        follow_heads(engine.drafter, self.slots)
         for slot in self.slots:  # a slot taken over keeps its prompt in the engine's cache; any slot restores it
             slot.target.use_cache(engine.prompt_cache, "target")
             slot.target.media = engine.target.media  # the engine's images (core/media.py)
@@ -155,7 +105,7 @@ class SlotPool:
         # By drafter kind, what the pair's streams learned of drafting (the last released): each stream's start (the
         # engine's own policy for its drafter's kind, until a stream of that kind is released).
         self._policies: dict[str, DraftPolicy] = {}
-        self._drafts = _draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
+        self._drafts = draft_slots(engine, n)  # the draft model's context with a sequence per slot, or None
         self._laws = DraftLawBuilder()
         self._overheads: deque[float] = deque(maxlen=12)  # recent ticks' seconds outside the decodes
         self._ticks = 0  # shared ticks so far (`_probe`, `_checked`)
@@ -164,7 +114,7 @@ class SlotPool:
         self.tick: SharedTick | None = None  # the tick in progress (`begin` … `end`): the streams step in its batch
         if self._drafts is not None:
             drafter = engine.model_drafter
-            assert isinstance(drafter, ModelDrafter)  # `_draft_slots` made the context for one
+            assert isinstance(drafter, ModelDrafter)  # `draft_slots` made the context for one
             for slot in self.slots:
                 view = SeqContext(self._drafts, slot.index)
                 view.clear()
@@ -507,45 +457,3 @@ class SlotPool:
                 learner.learn(0 if stream.model else stream.match, taken, rejected)
                 if stream.model:
                     self.model_alpha.learn(0, taken, rejected)
-
-
-def _follow_heads(drafter: Drafter, slots: list[Slot]) -> None:
-    """Where the pair's drafter is a draft head that reads the target's rows (its MTP head, a Gemma 4 assistant): a
-    drafter of it for each slot, over the slot's sequence of the head's one context (a sequence per slot, as
-    llama-server keeps one draft context for all slots), told of that sequence's decodes alone, its rows of a
-    shared batch among them (`SeqContext.after_decode`)."""
-    if not isinstance(drafter, MtpDrafter | AssistantDrafter):
-        return
-    context = drafter.head.ctx if isinstance(drafter, MtpDrafter) else drafter.ctx
-    if getattr(context, "n_seq", 1) < len(slots):
-        raise InvalidParamsError(
-            f"the draft head's context holds {getattr(context, 'n_seq', 1)} sequences, not {len(slots)}: load the "
-            "pair with as many slots as --parallel"
-        )
-    route_decodes(slots[0].view.parent, [slot.view for slot in slots])  # the pair's drafter no longer follows seq 0
-    for slot in slots:
-        head = slot.drafters[drafter.kind] = drafter.for_slot(slot.target, slot.index)
-        slot.view.after_decode = head.after_target_decode
-        for cache in head.caches:
-            cache.warm()  # llama.cpp allocates a sequence's buffers on its first decode (`SlotPool.warm`)
-
-
-def _draft_slots(engine: Engine, n: int) -> Context | None:
-    """A second context of the engine's draft model with `n` sequences over one pool of its n_ctx cells (as the
-    target's slots share theirs; an idle slot's cells freed for another), where the draft model may draft for several
-    streams at once: a draft with the target's vocabulary whose cache can drop a tail. None elsewhere (a bridged or
-    recurrent draft, no draft model, no memory for it): then only copies draft in a shared batch. The engine frees
-    it."""
-    drafter = engine.model_drafter
-    if not isinstance(drafter, ModelDrafter) or drafter.seq.mode != "seq_rm":
-        return None
-    own = drafter.seq.ctx
-    try:
-        ctx = Context(own.model, n_ctx=own.n_ctx, n_threads=own.n_threads, swa_full=own.swa_full, n_seq=n)
-    except LocalspecError as e:
-        log.info("the draft model drafts for a stream alone only: %s", e)
-        return None
-    engine.own(ctx)
-    if engine.threads is not None:
-        engine.threads.contexts.append(ctx)  # its threads follow the free cores with the others'
-    return ctx
