@@ -22,8 +22,9 @@ from localspec.llama.sampler import ChainLawBuilder
 from localspec.llama.threads import ThreadTuner
 
 from .drafters import Drafter, DraftRequest, Proposal, SharedDrafts
+from .draftread import DraftRead
 from .grammar import CompiledGrammar, Grammar
-from .kv import KVSequence, PrefillStopped, common_prefix, whole_images
+from .kv import KVSequence, PrefillStopped, whole_images
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .policy import DraftPolicy
 from .sampling import SamplingParams
@@ -73,9 +74,6 @@ class Engine(Protocol):
 
 
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
-# A draft that must read more of the prompt than this reads it after the first token, not before: the first step is
-# plain, so the first token waits for the target's read alone (issue 56; llama-server's drafter does the same).
-DRAFT_READ_FIRST_MAX = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,14 +294,13 @@ class Generation:
                 self._chain = None
 
     def _draft_reads_later(self) -> bool:
-        """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
-        of it to read (a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
+        """Whether the draft reads the prompt after the first token, and then only once that pays (core/draftread.py:
+        its window, and when; a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
         drafter = self.engine.drafter
+        self._draft_read = DraftRead(drafter, self.engine.policy, self.prompt)
         if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
             return False
-        held = self.prompt[:-1]
-        unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
-        return unread > DRAFT_READ_FIRST_MAX
+        return self._draft_read.later
 
     def _draft_wanted(self, history: list[int]) -> bool:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
@@ -318,9 +315,7 @@ class Generation:
             PrefillStopped: the generation was cancelled while a long history was read.
         """
         if self._draft_wanted(history):
-            self.stats.draft_prefill_decoded += self.engine.drafter.prefill(
-                history, progress=self._prefill_progress("draft")
-            )
+            self.stats.draft_prefill_decoded += self._draft_read.read(history, self._prefill_progress("draft"))
 
     def _steps(self, history: list[int], *, draft_unread: bool = False) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
@@ -329,7 +324,7 @@ class Generation:
             if reason:
                 yield self._finish(None, reason)
                 return
-            if draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
+            if draft_unread and self.tokens and self._draft_read.pays(self):  # the draft reads what it had not
                 draft_unread = False
                 t0 = time.perf_counter()
                 try:
@@ -347,7 +342,9 @@ class Generation:
             ahead = tick.drafts_for(self) if tick is not None else None
             k = len(ahead.tokens) if ahead is not None else 0
             if draft_unread:
-                k = 0  # the first step, before the draft has read the prompt
+                k = 0  # before the draft has read the prompt: the first step, and all of an answer too short to pay
+                if self.tokens:
+                    stats.speculation_off = "too few tokens to come to pay for the draft's read of the prompt"
             elif tick is None:  # with a fixed seed, k must not depend on the clock: the sampled text would too
                 k = engine.draft_length(
                     self.spec,

@@ -176,6 +176,10 @@ class StateCache(Protocol):
         """(an entry with `.tokens` and `.state`, how many of `tokens` it gives), or None."""
         ...
 
+    def peek(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> int:
+        """How many of `tokens` `best` would give (`held` where none), changing nothing."""
+        ...
+
 
 class PrefillStopped(Exception):
     """A progress callback asked to stop; the cache holds the tokens decoded so far (still consistent)."""
@@ -488,6 +492,14 @@ class KVSequence:
             common = self._through_cache(tokens, common, limit)
         self.rollback_to(common)  # (fewer where `common` would cut an image)
         return self.n_past
+
+    def reusable(self, tokens: list[int]) -> int:
+        """How many of `tokens` `reuse` would hold without reading them (the common prefix, or a prompt cache's state),
+        found without changing anything: what a read of `tokens` would spare."""
+        common = common_prefix(self.tokens, tokens)
+        if self.prompt_cache is not None and len(tokens) - common >= RESTORE_MIN:
+            common = self.prompt_cache.peek(self.cache_namespace, tokens, common, trims=self._trims)
+        return common
 
     @property
     def _trims(self) -> bool:

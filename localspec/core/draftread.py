@@ -1,0 +1,199 @@
+"""When the draft model reads a long prompt, and how much of it (issue 65): agents send long prompts and often want a
+few tokens back. The draft holds a window of the target's history, not all of it (`DraftWindow`: its first `SINK`
+tokens and about its last `WIDTH`, so a read costs the same whatever the prompt's length), and reads it only once
+drafting is about to pay the read back (`DraftRead.pays`: the read's seconds at this draft's measured speed against
+what drafting saves on the tokens still to come, which max_tokens bounds): a short answer never reads it.
+A draft conditioned on less context is still exact — verification decides (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .costs import RecentMedian
+from .kv import KVSequence, Progress, common_prefix, inside_image, whole_images
+
+if TYPE_CHECKING:  # core/drafters.py imports this module: its `ModelDrafter` keeps a `DraftReads`
+    from .drafters import Drafter
+    from .params import SpeculativeParams
+    from .policy import DraftPolicy
+    from .sampling import SamplingParams
+    from .stats import Stats
+
+# The draft's window: the history's last WIDTH tokens, its start rounded down to a multiple of ALIGN (so one system
+# prompt with different short messages after it keeps one window: the prompt cache restores it), after the SINK first
+# tokens (the template's opening: a model reads a text cut mid-sentence better after its usual first tokens). Chosen
+# by scripts/draft_window.py's acceptance on the demo pair (docs/benchmarks.md "The draft's window").
+WIDTH = 256
+ALIGN = 64
+SINK = 4
+SPAN_MAX = 4 * WIDTH  # a window kept from the last generation (a chat that grew) may span this much before it moves
+READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
+HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
+SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
+READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
+
+
+@dataclass(frozen=True, slots=True)
+class DraftWindow:
+    """What the draft holds of the target's history, at positions 0.. of its own cache: the first `sink` tokens, then
+    everything from `start` on (start 0: all of it)."""
+
+    start: int = 0
+    sink: int = 0
+
+    @property
+    def skipped(self) -> int:
+        """The history's tokens the draft does not hold (its context holds that many more of the history)."""
+        return self.start - self.sink if self.start else 0
+
+    def view(self, history: Sequence[int]) -> list[int]:
+        """The draft's tokens for `history`."""
+        if not self.start:
+            return list(history)
+        return [*history[: self.sink], *history[self.start :]]
+
+    def held(self, n: int) -> int:
+        """How many of the draft's tokens stand for the history's first n."""
+        if not self.start or n <= self.sink:
+            return n
+        return self.sink + max(0, n - self.start)
+
+
+def aligned(prompt: Sequence[int], width: int = WIDTH) -> DraftWindow:
+    """The window of `width` (and less than `ALIGN` more) at the end of `prompt`: all of it when that is short."""
+    start = max(0, len(prompt) - width) // ALIGN * ALIGN
+    if start <= 2 * SINK:
+        return DraftWindow()
+    start = whole_images(prompt, start)  # never inside an image
+    if start >= len(prompt) - 1:
+        return DraftWindow()
+    return DraftWindow(start, 0 if inside_image(prompt, SINK) else SINK)
+
+
+class DraftReads:
+    """A draft model's reads of the target's history, kept with its cache across generations: the window this
+    generation reads (`window`, aimed by `aim`), the one its cache's tokens are under (`held`), and the seconds a token
+    read costs here (`seconds`, learnt from its reads).
+
+    Args:
+        seq: the draft model's sequence.
+        width: the window's width (None: the whole history, as before issue 65).
+    """
+
+    def __init__(self, seq: KVSequence, width: int | None = WIDTH) -> None:
+        self.seq, self.width = seq, width
+        self.window = self.held = DraftWindow()
+        self.synced = False  # its cache was synced under `window` since `aim` (its drafts then follow the history)
+        self.seconds = RecentMedian(8)  # seconds per token of its recent reads
+
+    def aim(self, prompt: Sequence[int]) -> None:
+        """Choose the window for a generation continuing `prompt`: the aligned one, or the one the cache holds where
+        it reads less (a chat that grew by a turn reads the turn alone) and spans at most `SPAN_MAX`."""
+        fresh = DraftWindow() if self.width is None else aligned(prompt, self.width)
+        kept = self.held
+        candidates = [fresh]
+        if kept != fresh and kept.start < len(prompt) - 1 and len(prompt) - kept.skipped <= SPAN_MAX:
+            candidates.append(kept)
+        self.window = min(candidates, key=lambda window: self.unread(prompt, window))
+        self.synced = False
+
+    def unread(self, prompt: Sequence[int], window: DraftWindow | None = None) -> int:
+        """Tokens the draft must read to draft after `prompt` (all but its last: the first proposal decodes that)."""
+        view = (window or self.window).view(prompt[:-1])
+        return len(view) - self.seq.reusable(view)
+
+    def view(self, history: Sequence[int]) -> list[int]:
+        """The draft's tokens for `history` under this generation's window, which its cache then holds."""
+        self.held, self.synced = self.window, True
+        return self.window.view(history)
+
+    def kept(self, n: int) -> int:
+        """How many of its cache's tokens stay once the history's first n are final: those standing for them, or all
+        where the cache was not synced this generation (the draft has not read: what it holds may be restored later,
+        and it drafted nothing to forget)."""
+        return self.window.held(n) if self.synced else self.seq.n_past
+
+
+def reads_of(drafter: Drafter) -> DraftReads | None:
+    """The draft model's reads behind `drafter` (a `ModelDrafter`'s, or the one a wrapper drafts with); None where the
+    drafter has no window (a bridged draft, which spells the history anew, a head, n-grams)."""
+    while drafter is not None:
+        reads = getattr(drafter, "reads", None)
+        if isinstance(reads, DraftReads):
+            return reads
+        drafter = getattr(drafter, "inner", None)
+    return None
+
+
+class Asking(Protocol):
+    """What a `DraftRead` reads of its generation (core/generation.py's `Generation`)."""
+
+    stats: Stats
+    tokens: list[int]
+    max_tokens: int
+    spec: SpeculativeParams
+    sampling: SamplingParams
+
+
+class DraftRead:
+    """One generation's read of its prompt by the draft: how much (the window, aimed at the start) and when — before
+    the first token where it is short, else once drafting pays for it (`pays`), else never.
+
+    Args:
+        drafter: the generation's drafter.
+        policy: its draft-length policy (the speed-up it predicts).
+        prompt: the generation's prompt.
+    """
+
+    def __init__(self, drafter: Drafter, policy: DraftPolicy, prompt: Sequence[int]) -> None:
+        self.drafter, self.policy = drafter, policy
+        self.reads = reads_of(drafter)
+        if self.reads is not None:
+            self.reads.aim(prompt)
+            self.unread = self.reads.unread(prompt)
+        else:  # no window: all of the prompt past what a cache holds (a bridged draft's tokens count as unread)
+            held = list(prompt[:-1])
+            self.unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
+
+    @property
+    def later(self) -> bool:
+        """Whether the draft reads after the first token (the first step is plain), not before it."""
+        return self.unread > READ_FIRST_MAX
+
+    def pays(self, generation: Asking) -> bool:
+        """Whether reading now pays: the read's seconds against speculation's saving on the tokens still to come
+        (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed at
+        T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
+        if not generation.spec.adaptive:
+            return True  # a fixed draft length drafts every step it can: the draft reads after the first token
+        stats = generation.stats
+        horizon = min(generation.max_tokens - len(generation.tokens), HORIZON_MAX)
+        timed = generation.sampling.seed is None or generation.sampling.greedy
+        plain = (stats.seconds_verify + stats.seconds_sampling) / max(stats.target_passes, 1)
+        read = READ_PRIOR
+        if timed and self.reads is not None and self.reads.seconds.n and plain > 0:
+            read = self.reads.seconds.value / plain
+        speedup = SPEEDUP_PRIOR
+        costs = self.policy.costs if timed else self.policy.estimate
+        if timed and costs.missing() is None:
+            speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
+        saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
+        return self.unread * read <= saving * horizon
+
+    def read(self, history: list[int], progress: Progress | None = None) -> int:
+        """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed
+        learnt.
+
+        Raises:
+            PrefillStopped: `progress` asked to stop.
+        """
+        t0 = time.perf_counter()
+        decoded = self.drafter.prefill(history, progress=progress)
+        if self.reads is not None and decoded >= 32:
+            self.reads.seconds.add((time.perf_counter() - t0) / decoded)
+        self.unread = 0
+        return decoded
