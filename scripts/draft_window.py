@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """How often the draft is accepted when it holds only a window of a long prompt (issue 65, core/draftread.py): greedy
 answers to long prompts (excerpts of this repository's docs with a question after them, and `bench --agents`' system
-prompts), the draft reading the prompt's last W tokens after its first SINK (W = all: the whole prompt), at a fixed
-draft length. Prints accepted / drafted, tokens a step and the draft's read per W (docs/benchmarks.md "The draft's
-window"). Counts, and the read's seconds as they came (check `uptime` before trusting those).
+prompts), the draft reading the prompt's last W tokens (W = all: the whole prompt), at a fixed draft length (so the
+draft always reads its window). Prints accepted / drafted, tokens a step and the tokens the draft read per W, and its
+read speed (docs/benchmarks.md "The draft's window"). Counts; the speed as it came (check `uptime` first).
 
-Usage: LOCALSPEC_HOME=... scripts/draft_window.py [--widths 64,128,256,512,all] [--sinks 4,0] [--tokens 96] [--k 4]
+Usage: LOCALSPEC_HOME=... scripts/draft_window.py [--widths 64,128,256,512,all] [--tokens 96] [--k 4]
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import argparse
 from pathlib import Path
 
 from localspec.bench.agents import conversation
-from localspec.core import draftread
-from localspec.core.draftread import DraftRead
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
@@ -47,44 +45,34 @@ def prompts() -> list[tuple[str, str]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", default="64,128,256,512,all")
-    parser.add_argument("--sinks", default="4,0")
     parser.add_argument("--tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4)
     args = parser.parse_args()
     paths = get_paths()
     target, draft = demo.builtin_path(demo.TARGET, paths), demo.builtin_path(demo.DRAFT, paths)
     engine = Engine.load(target, draft, drafter="model", n_ctx=4096)
-    DraftRead.pays = lambda self, generation: True  # always read: this measures acceptance, not when to read
     spec = SpeculativeParams(draft_max=args.k, adaptive=False)
     texts = [
         (name, engine.target_model.tokenize(text, add_special=True, parse_special=True)) for name, text in prompts()
     ]
     print(f"prompts: {', '.join(f'{name} ({len(tokens)} tokens)' for name, tokens in texts)}; k {args.k}, greedy")
-    print(f"{'W':>5} {'sink':>4} {'accepted/drafted':>17} {'tokens/step':>11} {'draft read':>10}  per prompt")
+    print(f"{'W':>5} {'accepted/drafted':>17} {'tokens/step':>11} {'draft read':>10}  per prompt")
     try:
-        for sink in (int(s) for s in args.sinks.split(",")):
-            draftread.SINK = sink
-            for width in args.widths.split(","):
-                engine.drafter.reads.width = None if width == "all" else int(width)
-                accepted = drafted = steps = emitted = read = 0
-                each = []
-                for _, tokens in texts:
-                    engine.drafter.reads.seq.rollback_to(0)  # each prompt read afresh
-                    gen = engine.generate(tokens, sampling=SamplingParams(temperature=0), spec=spec,
-                                          max_tokens=args.tokens)  # fmt: skip
-                    for _ in gen:
-                        pass
-                    s = gen.stats
-                    accepted, drafted, steps, emitted = (
-                        accepted + s.accepted,
-                        drafted + s.drafted,
-                        steps + s.target_passes,
-                        emitted + s.emitted,
-                    )
-                    read += s.draft_prefill_decoded
-                    each.append(f"{100 * s.accepted / max(s.drafted, 1):.0f}%")
-                rate = f"{100 * accepted / max(drafted, 1):.1f}% ({accepted}/{drafted})"
-                print(f"{width:>5} {sink:>4} {rate:>17} {emitted / max(steps, 1):>11.2f} {read:>10}  {' '.join(each)}")
+        for width in args.widths.split(","):
+            engine.drafter.reads.width = None if width == "all" else int(width)
+            accepted = drafted = steps = emitted = read = 0
+            each = []
+            for _, tokens in texts:
+                engine.drafter.reads.seq.rollback_to(0)  # each prompt read afresh
+                gen = engine.generate(tokens, sampling=SamplingParams(temperature=0), spec=spec, max_tokens=args.tokens)
+                for _ in gen:
+                    pass
+                s = gen.stats
+                accepted, drafted, steps = accepted + s.accepted, drafted + s.drafted, steps + s.target_passes
+                emitted, read = emitted + s.emitted, read + s.draft_prefill_decoded
+                each.append(f"{100 * s.accepted / max(s.drafted, 1):.0f}%")
+            rate = f"{100 * accepted / max(drafted, 1):.1f}% ({accepted}/{drafted})"
+            print(f"{width:>5} {rate:>17} {emitted / max(steps, 1):>11.2f} {read:>10}  {' '.join(each)}")
         per_token = engine.drafter.reads.seconds.value
         print(f"the draft's reads: {1000 * per_token:.2f} ms a token (median of its last reads)")
     finally:

@@ -1,8 +1,8 @@
 """When the draft model reads a long prompt, and how much of it (issue 65): agents send long prompts and often want a
-few tokens back. The draft holds a window of the target's history, not all of it (`DraftWindow`: its first `SINK`
-tokens and about its last `WIDTH`, so a read costs the same whatever the prompt's length), and reads it only once
-drafting is about to pay the read back (`DraftRead.pays`: the read's seconds at this draft's measured speed against
-what drafting saves on the tokens still to come, which max_tokens bounds): a short answer never reads it.
+few tokens back. The draft holds a window of the target's history, not all of it (`DraftWindow`: about its last
+`WIDTH` tokens, so a read costs the same whatever the prompt's length), and reads it only once drafting is about to
+pay the read back (`DraftRead.pays`: the read at this draft's measured speed against what drafting saves on the
+tokens still to come, which max_tokens bounds): a short answer never reads it.
 A draft conditioned on less context is still exact — verification decides (DESIGN §1).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from .costs import RecentMedian
-from .kv import KVSequence, Progress, common_prefix, inside_image, whole_images
+from .kv import KVSequence, Progress, common_prefix, whole_images
 
 if TYPE_CHECKING:  # core/drafters.py imports this module: its `ModelDrafter` keeps a `DraftReads`
     from .drafters import Drafter
@@ -24,13 +24,13 @@ if TYPE_CHECKING:  # core/drafters.py imports this module: its `ModelDrafter` ke
     from .stats import Stats
 
 # The draft's window: the history's last WIDTH tokens, its start rounded down to a multiple of ALIGN (so one system
-# prompt with different short messages after it keeps one window: the prompt cache restores it), after the SINK first
-# tokens (the template's opening: a model reads a text cut mid-sentence better after its usual first tokens). Chosen
-# by scripts/draft_window.py's acceptance on the demo pair (docs/benchmarks.md "The draft's window").
-WIDTH = 256
+# prompt with different short messages after it keeps one window: the prompt cache restores it). Chosen by
+# scripts/draft_window.py on the demo pair (docs/benchmarks.md "The draft's window"): 3.48 tokens a step at 128, 3.50
+# at 256, 3.61 at 512, 3.87 with the whole prompt, each token read costing the draft 3-8 ms on 2 cores; keeping the
+# template's first tokens before the window changed nothing (3.50 and 3.58 without them).
+WIDTH = 128
 ALIGN = 64
-SINK = 4
-SPAN_MAX = 4 * WIDTH  # a window kept from the last generation (a chat that grew) may span this much before it moves
+SPAN_MAX = 8 * WIDTH  # a window kept from the last generation (a chat that grew) may span this much before it moves
 READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
 HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
@@ -39,39 +39,29 @@ READ_PRIOR = 0.1  # one token read by the draft over one plain target step, befo
 
 @dataclass(frozen=True, slots=True)
 class DraftWindow:
-    """What the draft holds of the target's history, at positions 0.. of its own cache: the first `sink` tokens, then
-    everything from `start` on (start 0: all of it)."""
+    """What the draft holds of the target's history: everything from `start` on (0: all of it), at positions 0.. of
+    its own cache."""
 
     start: int = 0
-    sink: int = 0
 
     @property
     def skipped(self) -> int:
         """The history's tokens the draft does not hold (its context holds that many more of the history)."""
-        return self.start - self.sink if self.start else 0
+        return self.start
 
     def view(self, history: Sequence[int]) -> list[int]:
         """The draft's tokens for `history`."""
-        if not self.start:
-            return list(history)
-        return [*history[: self.sink], *history[self.start :]]
+        return list(history[self.start :]) if self.start else list(history)
 
     def held(self, n: int) -> int:
         """How many of the draft's tokens stand for the history's first n."""
-        if not self.start or n <= self.sink:
-            return n
-        return self.sink + max(0, n - self.start)
+        return max(0, n - self.start)
 
 
 def aligned(prompt: Sequence[int], width: int = WIDTH) -> DraftWindow:
     """The window of `width` (and less than `ALIGN` more) at the end of `prompt`: all of it when that is short."""
-    start = max(0, len(prompt) - width) // ALIGN * ALIGN
-    if start <= 2 * SINK:
-        return DraftWindow()
-    start = whole_images(prompt, start)  # never inside an image
-    if start >= len(prompt) - 1:
-        return DraftWindow()
-    return DraftWindow(start, 0 if inside_image(prompt, SINK) else SINK)
+    start = whole_images(prompt, max(0, len(prompt) - width) // ALIGN * ALIGN)  # never inside an image
+    return DraftWindow(start if start < len(prompt) - 1 else 0)
 
 
 class DraftReads:

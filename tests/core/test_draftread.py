@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from support import GREEDY, PROMPT, assert_identical, run_greedy, run_to_end
 
-from localspec.core.draftread import ALIGN, SINK, WIDTH, DraftWindow, aligned
+from localspec.core.draftread import ALIGN, WIDTH, DraftWindow, aligned
 from localspec.core.engine import Engine
 from localspec.core.kv import MEDIA_STRIDE
 from localspec.core.params import SpeculativeParams
@@ -26,19 +26,19 @@ def long_prompt(engine: Engine, text: str = PROMPT, times: int = 80) -> list[int
     return prompt
 
 
-def test_a_window_holds_the_first_tokens_and_the_last_part_of_the_history():
+def test_a_window_holds_the_last_part_of_the_history():
     history = list(range(1000))
     window = aligned(history)
     assert window.start % ALIGN == 0 and WIDTH <= len(history) - window.start < WIDTH + ALIGN
     view = window.view(history)
-    assert view == [*history[:SINK], *history[window.start :]]
-    assert window.held(len(history)) == len(view) and window.held(window.start) == SINK and window.held(2) == 2
+    assert view == history[window.start :]
+    assert window.held(len(history)) == len(view) and window.held(window.start) == 0 and window.held(2) == 0
     assert window.skipped == len(history) - len(view)
-    assert aligned(history[: WIDTH + 2 * SINK]) == DraftWindow()  # short: all of it
+    assert aligned(history[: WIDTH + ALIGN - 1]) == DraftWindow()  # short: all of it
     image = [-(MEDIA_STRIDE + i) - 1 for i in range(100)]  # an image's 100 positions across the aligned start
-    with_image = [*history[:650], *image, *history[:250]]
-    start = aligned(with_image).start
-    assert start == 750 and with_image[start] == 0  # moved past the image, never inside it
+    start = (len(history) - WIDTH) // ALIGN * ALIGN - 50
+    with_image = [*history[:start], *image, *history[: len(history) - start - 100]]
+    assert aligned(with_image).start == start + 100  # moved past the image, never inside it
 
 
 @pytest.mark.slow
@@ -60,7 +60,7 @@ def test_a_long_answer_reads_the_window_alone_and_stays_exact(tiny_models):
         draft = engine.drafter.caches[0]
         gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=120)
         window = aligned(prompt)
-        assert 0 < gen.stats.draft_prefill_decoded <= WIDTH + ALIGN + SINK
+        assert 0 < gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
         assert draft.tokens[: len(window.view(prompt)) - 1] == window.view(prompt)[:-1]
         assert gen.stats.accepted > 0  # the draft (the target's tensors) drafts from the window
         with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
@@ -82,5 +82,5 @@ def test_the_prompt_cache_restores_the_drafts_window(tiny_models):
         restored = draft.n_restored
         gen = run_to_end(engine, again, sampling=SEEDED, spec=FIXED4, max_tokens=120)
         assert draft.n_restored - restored >= WIDTH - 8  # the window, less the new ending
-        assert draft.n_restored - restored + gen.stats.draft_prefill_decoded <= WIDTH + ALIGN + SINK
+        assert draft.n_restored - restored + gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
         assert gen.stats.draft_prefill_decoded < 16
