@@ -1,9 +1,8 @@
-"""When the draft model reads a long prompt, and how much of it (issue 65): agents send long prompts and often want a
-few tokens back. The draft holds a window of the target's history, not all of it (`DraftWindow`: about its last
-`WIDTH` tokens, so a read costs the same whatever the prompt's length), and reads it only once drafting is about to
-pay the read back (`DraftRead.pays`: the read at this draft's measured speed against what drafting saves on the
-tokens still to come, which max_tokens bounds): a short answer never reads it.
-A draft conditioned on less context is still exact — verification decides (DESIGN §1).
+"""When the draft model reads a long prompt, and how much of it (issue 65): a window of its last tokens
+(`DraftWindow`), read only once drafting pays the read back (`DraftRead.pays`). Agents send long prompts and often
+want a few tokens back: the window makes a read cost the same whatever the prompt's length, and the break-even rule
+(the read at the draft's measured speed against what drafting saves on the tokens to come) keeps a short answer from
+reading at all. A draft that saw less is still exact: verification decides (DESIGN §1, §3).
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # core/drafters.py imports this module: its `ModelDrafter` ke
 # template's first tokens before the window changed nothing (3.50 and 3.58 without them).
 WIDTH = 128
 ALIGN = 64
-SPAN_MAX = 8 * WIDTH  # a window kept from the last generation (a chat that grew) may span this much before it moves
 READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
 HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
@@ -81,14 +79,20 @@ class DraftReads:
         self.seconds = RecentMedian(8)  # seconds per token of its recent reads
 
     def aim(self, prompt: Sequence[int]) -> None:
-        """Choose the window for a generation continuing `prompt`: the aligned one, or the one the cache holds where
-        it reads less (a chat that grew by a turn reads the turn alone) and spans at most `SPAN_MAX`."""
+        """Choose the window for a generation continuing `prompt`: of all of it, the window the cache holds and the
+        aligned one, the one with the most context among those whose read is within `READ_FIRST_MAX` tokens of the
+        cheapest — all of it where the cache holds it or the prompt cache restores it (a chat's next turn), the held
+        window where the chat grew by a turn, else the aligned window; each within the draft's context."""
         fresh = DraftWindow() if self.width is None else aligned(prompt, self.width)
-        kept = self.held
-        candidates = [fresh]
-        if kept != fresh and kept.start < len(prompt) - 1 and len(prompt) - kept.skipped <= SPAN_MAX:
-            candidates.append(kept)
-        self.window = min(candidates, key=lambda window: self.unread(prompt, window))
+        room = self.seq.ctx.n_ctx - 1
+        candidates = {fresh} | {
+            window
+            for window in (DraftWindow(), self.held)
+            if window.start < len(prompt) - 1 and len(prompt) - window.skipped <= room
+        }
+        unread = {window: self.unread(prompt, window) for window in candidates}
+        cheapest = min(unread.values())
+        self.window = min((w for w in candidates if unread[w] <= cheapest + READ_FIRST_MAX), key=lambda w: w.start)
         self.synced = False
 
     def unread(self, prompt: Sequence[int], window: DraftWindow | None = None) -> int:
