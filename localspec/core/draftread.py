@@ -33,6 +33,7 @@ READ_FIRST_MAX = 64  # a read this short goes before the first token (the first 
 HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
 READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
+READ_FIXED = 1.0  # what any read costs besides its tokens, in plain steps (a decode, a state restored, the first draft)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,17 +154,17 @@ class DraftRead:
             held = list(prompt[:-1])
             self.unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
 
-    @property
-    def later(self) -> bool:
-        """Whether the draft reads after the first token (the first step is plain), not before it."""
-        return self.unread > READ_FIRST_MAX
+    def later(self, generation: Asking) -> bool:
+        """Whether the draft reads after the first token (the first step is plain), if ever, not before it: where it
+        has more than `READ_FIRST_MAX` to read, or where reading it does not pay yet."""
+        return self.unread > READ_FIRST_MAX or not self.pays(generation)
 
     def pays(self, generation: Asking) -> bool:
         """Whether reading now pays: the read's seconds against speculation's saving on the tokens still to come
         (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed at
         T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
-        if not generation.spec.adaptive:
-            return True  # a fixed draft length drafts every step it can: the draft reads after the first token
+        if not generation.spec.adaptive or not self.unread:
+            return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
         stats = generation.stats
         horizon = min(generation.max_tokens - len(generation.tokens), HORIZON_MAX)
         timed = generation.sampling.seed is None or generation.sampling.greedy
@@ -176,7 +177,7 @@ class DraftRead:
         if timed and costs.missing() is None:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
         saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
-        return self.unread * read <= saving * horizon
+        return self.unread * read + READ_FIXED <= saving * horizon
 
     def read(self, history: list[int], progress: Progress | None = None) -> int:
         """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed

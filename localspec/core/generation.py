@@ -300,7 +300,7 @@ class Generation:
         self._draft_read = DraftRead(drafter, self.engine.policy, self.prompt)
         if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
             return False
-        return self._draft_read.later
+        return self._draft_read.later(self)
 
     def _draft_wanted(self, history: list[int]) -> bool:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
