@@ -147,6 +147,7 @@ class DraftRead:
     def __init__(self, drafter: Drafter, policy: DraftPolicy, prompt: Sequence[int]) -> None:
         self.drafter, self.policy = drafter, policy
         self.reads = reads_of(drafter)
+        self.declined = False  # `pays` said no after the first token: it will not say yes later
         if self.reads is not None:
             self.reads.aim(prompt)
             self.unread = self.reads.unread(prompt)
@@ -165,6 +166,8 @@ class DraftRead:
         T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
         if not generation.spec.adaptive or not self.unread:
             return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
+        if self.declined:
+            return False
         stats = generation.stats
         horizon = min(generation.max_tokens - len(generation.tokens), HORIZON_MAX)
         timed = generation.sampling.seed is None or generation.sampling.greedy
@@ -177,7 +180,10 @@ class DraftRead:
         if timed and costs.missing() is None:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
         saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
-        return self.unread * read + READ_FIXED <= saving * horizon
+        pays = self.unread * read + READ_FIXED <= saving * horizon
+        # Declined once the first token's step is timed, it stays declined: the horizon only shrinks.
+        self.declined = not pays and bool(generation.tokens)
+        return pays
 
     def read(self, history: list[int], progress: Progress | None = None) -> int:
         """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed
