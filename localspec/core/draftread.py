@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from .costs import RecentMedian
 from .kv import KVSequence, Progress, common_prefix, whole_images
 
-if TYPE_CHECKING:  # core/drafters.py imports this module: its `ModelDrafter` keeps a `DraftReads`
-    from .drafters import Drafter
+if TYPE_CHECKING:
     from .params import SpeculativeParams
     from .policy import DraftPolicy
     from .sampling import SamplingParams
@@ -113,14 +112,24 @@ class DraftReads:
         return self.window.held(n) if self.synced else self.seq.n_past
 
 
+class Drafter(Protocol):
+    """What a `DraftRead` asks of a drafter: core/drafters.py's `Drafter`, in part (that module imports this one: its
+    `ModelDrafter` keeps a `DraftReads`)."""
+
+    caches: tuple[KVSequence, ...]
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int: ...
+
+
 def reads_of(drafter: Drafter) -> DraftReads | None:
     """The draft model's reads behind `drafter` (a `ModelDrafter`'s, or the one a wrapper drafts with); None where the
     drafter has no window (a bridged draft, which spells the history anew, a head, n-grams)."""
-    while drafter is not None:
-        reads = getattr(drafter, "reads", None)
+    held: object = drafter
+    while held is not None:
+        reads = getattr(held, "reads", None)
         if isinstance(reads, DraftReads):
             return reads
-        drafter = getattr(drafter, "inner", None)
+        held = getattr(held, "inner", None)
     return None
 
 

@@ -111,8 +111,9 @@ class PromptCache:
         found = self._best_in_ram(namespace, tokens, held, trims=trims, touch=False)
         most = held if found is None else found[1]
         identity = self._identities.get(namespace)
-        if identity is not None and (hit := self.disk.lookup(identity, tokens, most, trims=trims)) is not None:
-            most = hit[1]
+        if identity is not None and self.disk is not None:
+            hit = self.disk.lookup(identity, tokens, most, trims=trims)
+            most = most if hit is None else hit[1]
         return most
 
     def flush(self) -> None:
