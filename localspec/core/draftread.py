@@ -33,8 +33,9 @@ HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_toke
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
 READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
 READ_FIXED = 1.0  # what any read costs besides its tokens, in plain steps (a decode, a state restored, the first draft)
-# A read must pay back this many times over: the speed-up is the policy's estimate from earlier answers, and a read
-# that only broke even on it lost whenever it was optimistic (cold prompts, 128-token answers: 0.79-0.93x plain).
+# A long read (over READ_FIRST_MAX tokens) must pay back this many times over: the speed-up is the policy's estimate
+# from earlier answers, and a read that only broke even on it lost whenever it was optimistic (cold prompts, 128-token
+# answers: 0.79-0.93x plain). A short one once: its cost is bounded, and a short prompt's draft then drafts at once.
 PAYBACK = 2.0
 
 
@@ -192,7 +193,8 @@ class DraftRead:
         if timed and costs.missing() is None:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
         saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
-        pays = PAYBACK * (self.unread * read + READ_FIXED) <= saving * horizon
+        payback = PAYBACK if self.unread > READ_FIRST_MAX else 1.0
+        pays = payback * (self.unread * read + READ_FIXED) <= saving * horizon
         # Declined once the first token's step is timed, it stays declined: the horizon only shrinks.
         self.declined = not pays and bool(generation.tokens)
         return pays
