@@ -171,3 +171,7 @@ class StateCache(Protocol):
     def best(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> tuple[Any, int] | None:
         """(an entry with `.tokens` and `.state`, how many of `tokens` it gives), or None."""
         ...
+
+    def peek(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> int:
+        """How many of `tokens` `best` would give (`held` where none), changing nothing."""
+        ...

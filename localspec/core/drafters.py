@@ -35,6 +35,7 @@ from .drafting import (
     drive,
     drive_alone,
 )
+from .draftread import DraftReads
 from .kv import KVSequence, Progress
 from .laws import ArrayLaw
 from .ngram import HistoryIndex
@@ -174,14 +175,15 @@ class ModelDrafter:
         self.size_ratio = size_ratio
         self.meter = CostMeter(self.caches)
         self.laws = DraftLawBuilder()
+        self.reads = DraftReads(seq)  # the window of the history it holds (core/draftread.py)
 
     def describe(self) -> str:
         return ""
 
     @property
     def n_ctx(self) -> int:
-        """Most tokens the draft can hold (its context may be shorter than the target's)."""
-        return self.seq.ctx.n_ctx
+        """Longest history it drafts after: its context (maybe shorter than the target's) and what its window skips."""
+        return self.seq.ctx.n_ctx + self.reads.window.skipped
 
     def propose(self, request: DraftRequest) -> Proposal:
         seq, sampling, p_min = self.seq, request.sampling, request.p_min
@@ -190,7 +192,7 @@ class ModelDrafter:
         device_law = seq.ctx.device_topk and sampled and not sampling.penalised and free
         if seq.ctx.device_greedy:  # the draft's law in the graph: top-k + temperature, or the greedy chain
             seq.ctx.device_law(draft_top_k(sampling) if device_law else 0, sampling.temperature)
-        seq.sync(request.history, outputs=1)
+        seq.sync(self.reads.view(request.history), outputs=1)
         if seq.needs_checkpoint(request.k, one_batch=False):  # drafted one by one
             seq.checkpoint()
         recent = penalty_window(request.history, sampling)
@@ -212,7 +214,7 @@ class ModelDrafter:
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int:
         # Like the target, hold all but the last token; the first `propose` decodes it with logits.
         try:
-            decoded = self.seq.sync(prompt[:-1], progress=progress)
+            decoded = self.seq.sync(self.reads.view(prompt[:-1]), progress=progress)
             if decoded:
                 self.seq.anchor()  # a recurrent/hybrid draft restores this next turn (`KVSequence.anchor`)
             return decoded
@@ -223,7 +225,7 @@ class ModelDrafter:
         # The draft never decoded its last proposal, so after a fully accepted step it lags the
         # target by that token (and the bonus token); the next `sync` decodes both. A rollback that
         # re-decodes (a restored checkpoint) is counted in the next proposal's cost.
-        self.seq.rollback_to(min(n, self.seq.n_past))
+        self.seq.rollback_to(min(self.reads.kept(n), self.seq.n_past))
 
 
 class NgramDrafter:

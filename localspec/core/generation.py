@@ -2,7 +2,8 @@
 
 `Generation` runs `speculative_step` (core/step.py) until a stop, with detokenisation, stop strings,
 cancellation and stats, yielding one `TokenEvent` per emitted token; it runs once. It runs on an engine
-(core/engine.py's `Engine`, which owns the models and their caches); `Engine` below is what it asks of one.
+(core/engine.py's `Engine`, which owns the models and their caches); core/loopface.py's `Engine` is what it asks of
+one, with what it yields and what starts it.
 """
 
 from __future__ import annotations
@@ -11,25 +12,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from typing import Protocol
 
 import numpy as np
 
 from localspec.errors import ContextError, InvalidParamsError, NonFiniteLogitsError, NoRoomError
-from localspec.llama.model import Model
 from localspec.llama.sampler import ChainLawBuilder
-from localspec.llama.threads import ThreadTuner
 
 from .drafters import Drafter, DraftRequest, Proposal, SharedDrafts
+from .draftread import DraftRead
 from .grammar import CompiledGrammar, Grammar
-from .kv import KVSequence, PrefillStopped, common_prefix, whole_images
+from .kv import KVSequence, PrefillStopped, whole_images
+from .loopface import Engine, GenerateOptions, TokenEvent
 from .params import DEFAULT_MAX_TOKENS, SpeculativeParams
 from .policy import DraftPolicy
 from .sampling import SamplingParams
 from .stats import Stats, TokenLogprob
 from .step import admitted, speculative_step, target_chain
 from .textstream import TextStream
+
+__all__ = ["Engine", "GenerateOptions", "Generation", "SharedBatch", "Tick", "TokenEvent"]  # some loopface's
 
 log = logging.getLogger(__name__)
 
@@ -52,67 +54,7 @@ class SharedBatch(Protocol):
         ...
 
 
-class Engine(Protocol):
-    """What a generation asks of the engine it runs on (core/engine.py's `Engine` is the one)."""
-
-    target: KVSequence
-    target_model: Model
-    drafter: Drafter
-    policy: DraftPolicy
-    threads: ThreadTuner | None
-    eog: frozenset[int]
-    n_ctx: int
-
-    def compile_grammar(self, grammar: Grammar | CompiledGrammar) -> CompiledGrammar: ...
-
-    def draft_limit(
-        self, spec: SpeculativeParams, remaining: int, n_history: int, drafter: Drafter | None = None
-    ) -> int: ...
-
-    def draft_length(
-        self,
-        spec: SpeculativeParams,
-        remaining: int,
-        n_history: int,
-        stats: Stats,
-        drafting: tuple[Drafter, DraftPolicy] | None = None,
-        *,
-        timed: bool = True,
-    ) -> int: ...
-
-
 PREFILL_REPORT_MIN = 300  # prompts to read longer than this report their progress (`Generation.on_prefill`)
-# A draft that must read more of the prompt than this reads it after the first token, not before: the first step is
-# plain, so the first token waits for the target's read alone (issue 56; llama-server's drafter does the same).
-DRAFT_READ_FIRST_MAX = 64
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One emitted token (or, with token None, the close of a generation ended between steps)."""
-
-    token: int | None
-    text: str  # text released with this token ("" while bytes or a possible stop string are held back)
-    from_draft: bool
-    finish_reason: str | None = None  # "stop", "length", "cancelled" on the last event
-
-
-class GenerateOptions(TypedDict, total=False):
-    """The keywords that start a generation, said once: `Engine.generate` takes them, and `ChatSession`'s `send`,
-    `reply`, `answer` and `regenerate` take them and `think`. Their defaults are `Generation`'s."""
-
-    sampling: SamplingParams  # how tokens are chosen (default: SamplingParams())
-    spec: SpeculativeParams  # how drafting and verification run (default: SpeculativeParams())
-    max_tokens: int  # most tokens in the answer (default: DEFAULT_MAX_TOKENS)
-    stop: Sequence[str]  # stop strings (default: none)
-    rng: np.random.Generator | None  # the one source of randomness (default: seeded from `sampling.seed`)
-    grammar: Grammar | CompiledGrammar | None  # what the answer must match (core/grammar.py; default: anything)
-    logprobs: int | None  # each token's log-probability and this many alternatives (core/step.py; default: none)
-    target: KVSequence | None  # the target's cache to generate in (a `serve --parallel` slot's; default: the engine's)
-    # The drafter this generation drafts with, and its draft-length policy (a server's request, a slot's own drafter;
-    # default: the engine's, or a new policy for a drafter given without one).
-    drafter: Drafter | None
-    policy: DraftPolicy | None
 
 
 class Generation:
@@ -349,14 +291,13 @@ class Generation:
                 self._chain = None
 
     def _draft_reads_later(self) -> bool:
-        """Whether the draft reads the prompt after the first token: where it has more than `DRAFT_READ_FIRST_MAX`
-        of it to read (a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
+        """Whether the draft reads the prompt after the first token, and then only once that pays (core/draftread.py:
+        its window, and when; a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
         drafter = self.drafter
+        self._draft_read = DraftRead(drafter, self.policy, self.prompt)
         if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
             return False
-        held = self.prompt[:-1]
-        unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
-        return unread > DRAFT_READ_FIRST_MAX
+        return self._draft_read.later(self)
 
     def _draft_wanted(self, history: list[int]) -> bool:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
@@ -370,7 +311,7 @@ class Generation:
             PrefillStopped: the generation was cancelled while a long history was read.
         """
         if self._draft_wanted(history):
-            self.stats.draft_prefill_decoded += self.drafter.prefill(history, progress=self._prefill_progress("draft"))
+            self.stats.draft_prefill_decoded += self._draft_read.read(history, self._prefill_progress("draft"))
 
     def _forced_now(self, history: list[int]) -> list[int]:
         """The tokens the grammar forces at the next step, emitted without asking the model: worked out (and pushed)
@@ -386,7 +327,11 @@ class Generation:
     def _draft_length(self, history: list[int], forced: list[int]) -> int:
         """k for a step this stream's own policy decides (alone, or `draft_own`): none before the draft has read the
         prompt, none after forced tokens for a head that reads the target's rows (it has none for them yet)."""
-        if self._draft_unread or (forced and self.drafter.after_target_decode is not None):
+        if self._draft_unread:  # before the draft has read the prompt: the first step, and an answer too short to pay
+            if self.tokens:
+                self.stats.speculation_off = "too few tokens to come to pay for the draft's read of the prompt"
+            return 0
+        if forced and self.drafter.after_target_decode is not None:
             return 0
         k = self.engine.draft_length(
             self.spec,
@@ -422,7 +367,7 @@ class Generation:
             if reason:
                 yield self._finish(None, reason)
                 return
-            if self._draft_unread and self.tokens:  # the first token is out: the draft reads what it had not
+            if self._draft_unread and self.tokens and self._draft_read.pays(self):  # it reads what it had not
                 self._draft_unread = False
                 t0 = time.perf_counter()
                 try:

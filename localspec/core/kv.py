@@ -354,6 +354,14 @@ class KVSequence:
         self.rollback_to(common)  # (fewer where `common` would cut an image)
         return self.n_past
 
+    def reusable(self, tokens: list[int]) -> int:
+        """How many of `tokens` `reuse` would hold without reading them (the common prefix, or a prompt cache's state),
+        found without changing anything: what a read of `tokens` would spare."""
+        common = common_prefix(self.tokens, tokens)
+        if self.prompt_cache is not None and len(tokens) - common >= RESTORE_MIN:
+            common = self.prompt_cache.peek(self.cache_namespace, tokens, common, trims=self._trims)
+        return common
+
     @property
     def _trims(self) -> bool:
         """Whether a restored state can be cut back to any prefix: plain KV alone. A sliding window's state holds the

@@ -105,6 +105,17 @@ class PromptCache:
             self.disk.touch(identity, found[0].tokens)  # its file, if any, stays as recent as its use
         return found
 
+    def peek(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> int:
+        """How many of `tokens` a sequence holding `held` of them would hold after `best`'s restore (`held` where
+        none), asking RAM and the files' headers: no state read, no entry touched."""
+        found = self._best_in_ram(namespace, tokens, held, trims=trims, touch=False)
+        most = held if found is None else found[1]
+        identity = self._identities.get(namespace)
+        if identity is not None and self.disk is not None:
+            hit = self.disk.lookup(identity, tokens, most, trims=trims)
+            most = most if hit is None else hit[1]
+        return most
+
     def flush(self) -> None:
         """Wait until the states saved so far are on disk (a no-op without a disk tier)."""
         if self.disk is not None:
@@ -125,7 +136,9 @@ class PromptCache:
         self._next += 1
         self.used += len(state)
 
-    def _best_in_ram(self, namespace: str, tokens: list[int], held: int, *, trims: bool) -> tuple[Entry, int] | None:
+    def _best_in_ram(
+        self, namespace: str, tokens: list[int], held: int, *, trims: bool, touch: bool = True
+    ) -> tuple[Entry, int] | None:
         found, most = None, held + GAIN_MIN - 1
         for key, entry in self._entries.items():
             if entry.namespace != namespace:
@@ -137,7 +150,8 @@ class PromptCache:
                 found, most = key, n
         if found is None:
             return None
-        self._entries.move_to_end(found)
+        if touch:
+            self._entries.move_to_end(found)
         return self._entries[found], most
 
     def _drop(self, key: int) -> None:

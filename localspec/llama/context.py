@@ -24,7 +24,7 @@ import numpy as np
 from localspec.errors import ContextError, NoRoomError
 
 from .log import llama_error
-from .memory import kv_bytes_estimate, memory_bytes
+from .memory import full_message, kv_bytes_estimate, memory_bytes
 from .model import Model
 from .threads import physical_cores
 
@@ -337,12 +337,7 @@ class Context:
 
     def full_message(self) -> str:
         """What a user is told when this context has no free cell left: one line, with what to change."""
-        if self.n_seq > 1:
-            return (
-                f"the slots' shared KV pool is full ({self.n_ctx} cells for {self.n_seq} slots): "
-                "raise --n-ctx or lower --parallel"
-            )
-        return f"no room in the KV cache ({self.n_ctx} tokens): start a new chat or raise --n-ctx"
+        return full_message(self.n_ctx, self.n_seq)
 
     def free_cells(self, need: int = 0) -> int:
         """Cells no sequence holds (a sequence holds positions 0..its largest, as `core.kv.KVSequence` keeps it);

@@ -1,5 +1,6 @@
 """What memory a context may take: the size of a KV cache of n cells, read from the model's facts (for a friendly
-error before llama.cpp aborts), and the memory this process may use."""
+error before llama.cpp aborts), the memory this process may use, and what a user is told when a context's cells run
+out."""
 
 from __future__ import annotations
 
@@ -39,3 +40,11 @@ def memory_bytes() -> int:
         except (ValueError, OSError, AttributeError):
             continue
     return 1 << 62
+
+
+def full_message(n_ctx: int, n_seq: int) -> str:
+    """What a user is told when a context of `n_ctx` cells over `n_seq` sequences has no free cell left: one line,
+    with what to change."""
+    if n_seq > 1:
+        return f"the slots' shared KV pool is full ({n_ctx} cells for {n_seq} slots): raise --n-ctx or lower --parallel"
+    return f"no room in the KV cache ({n_ctx} tokens): start a new chat or raise --n-ctx"

@@ -408,6 +408,7 @@ def test_the_chat_app_loop_reports_reading_a_long_prompt(tiny_models):
         stream_generation(engine.generate(prompt, sampling=GREEDY, spec=SPEC, max_tokens=4), items.append)
     readings = [item for item in items if isinstance(item, Reading)]
     assert isinstance(items[-1], Finished) and items[-1].finish_reason == "length"
-    assert {r.model for r in readings} == {"target", "draft"}
+    # The draft reads the prompt's window alone (core/draftread.py): a read that short has no progress line.
+    assert {r.model for r in readings} == {"target"}
     assert readings[0].done < readings[0].total and "reading the conversation into the target" in readings[0].status()
     assert readings[-1].done == readings[-1].total and readings[-1].status().startswith("generating")

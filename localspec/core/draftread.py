@@ -1,0 +1,215 @@
+"""When the draft model reads a long prompt, and how much of it (issue 65): a window of its last tokens
+(`DraftWindow`), read only once drafting pays the read back (`DraftRead.pays`). Agents send long prompts and often
+want a few tokens back: the window makes a read cost the same whatever the prompt's length, and the break-even rule
+(the read at the draft's measured speed against what drafting saves on the tokens to come) keeps a short answer from
+reading at all. A draft that saw less is still exact: verification decides (DESIGN §1, §3).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from .costs import RecentMedian
+from .kv import KVSequence, Progress, common_prefix, whole_images
+
+if TYPE_CHECKING:
+    from .params import SpeculativeParams
+    from .policy import DraftPolicy
+    from .sampling import SamplingParams
+    from .stats import Stats
+
+# The draft's window: the history's last WIDTH tokens, its start rounded down to a multiple of ALIGN (so one system
+# prompt with different short messages after it keeps one window: the prompt cache restores it). Chosen by
+# scripts/draft_window.py on the demo pair (docs/benchmarks.md "The draft's window"): 3.48 tokens a step at 128, 3.50
+# at 256, 3.61 at 512, 3.87 with the whole prompt, each token read costing the draft 3-8 ms on 2 cores; keeping the
+# template's first tokens before the window changed nothing (3.50 and 3.58 without them).
+WIDTH = 128
+ALIGN = 64
+READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
+HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
+SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
+READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
+READ_FIXED = 1.0  # what any read costs besides its tokens, in plain steps (a decode, a state restored, the first draft)
+# A long read (over READ_FIRST_MAX tokens) must pay back this many times over: the speed-up is the policy's estimate
+# from earlier answers, and a read that only broke even on it lost whenever it was optimistic (cold prompts, 128-token
+# answers: 0.79-0.93x plain). A short one once: its cost is bounded, and a short prompt's draft then drafts at once.
+PAYBACK = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class DraftWindow:
+    """What the draft holds of the target's history: everything from `start` on (0: all of it), at positions 0.. of
+    its own cache."""
+
+    start: int = 0
+
+    @property
+    def skipped(self) -> int:
+        """The history's tokens the draft does not hold (its context holds that many more of the history)."""
+        return self.start
+
+    def view(self, history: Sequence[int]) -> list[int]:
+        """The draft's tokens for `history`."""
+        return list(history[self.start :]) if self.start else list(history)
+
+    def held(self, n: int) -> int:
+        """How many of the draft's tokens stand for the history's first n."""
+        return max(0, n - self.start)
+
+
+def aligned(prompt: Sequence[int], width: int = WIDTH) -> DraftWindow:
+    """The window of `width` (and less than `ALIGN` more) at the end of `prompt`: all of it when that is short."""
+    start = whole_images(prompt, max(0, len(prompt) - width) // ALIGN * ALIGN)  # never inside an image
+    return DraftWindow(start if start < len(prompt) - 1 else 0)
+
+
+class DraftReads:
+    """A draft model's reads of the target's history, kept with its cache across generations: the window this
+    generation reads (`window`, aimed by `aim`), the one its cache's tokens are under (`held`), and the seconds a token
+    read costs here (`seconds`, learnt from its reads).
+
+    Args:
+        seq: the draft model's sequence.
+        width: the window's width (None: the whole history, as before issue 65).
+    """
+
+    def __init__(self, seq: KVSequence, width: int | None = WIDTH) -> None:
+        self.seq, self.width = seq, width
+        self.window = self.held = DraftWindow()
+        self.synced = False  # its cache was synced under `window` since `aim` (its drafts then follow the history)
+        self.seconds = RecentMedian(8)  # seconds per token of its recent reads
+
+    def aim(self, prompt: Sequence[int]) -> None:
+        """Choose the window for a generation continuing `prompt`: of all of it, the window the cache holds and the
+        aligned one, the one with the most context among those whose read is within `READ_FIRST_MAX` tokens of the
+        cheapest — all of it where the cache holds it or the prompt cache restores it (a chat's next turn), the held
+        window where the chat grew by a turn, else the aligned window; each within the draft's context."""
+        fresh = DraftWindow() if self.width is None else aligned(prompt, self.width)
+        room = self.seq.ctx.n_ctx - 1
+        candidates = {fresh} | {
+            window
+            for window in (DraftWindow(), self.held)
+            if window.start < len(prompt) - 1 and len(prompt) - window.skipped <= room
+        }
+        unread = {window: self.unread(prompt, window) for window in candidates}
+        cheapest = min(unread.values())
+        self.window = min((w for w in candidates if unread[w] <= cheapest + READ_FIRST_MAX), key=lambda w: w.start)
+        self.synced = False
+
+    def unread(self, prompt: Sequence[int], window: DraftWindow | None = None) -> int:
+        """Tokens the draft must read to draft after `prompt` (all but its last: the first proposal decodes that)."""
+        view = (window or self.window).view(prompt[:-1])
+        return len(view) - self.seq.reusable(view)
+
+    def view(self, history: Sequence[int]) -> list[int]:
+        """The draft's tokens for `history` under this generation's window, which its cache then holds."""
+        self.held, self.synced = self.window, True
+        return self.window.view(history)
+
+    def kept(self, n: int) -> int:
+        """How many of its cache's tokens stay once the history's first n are final: those standing for them, or all
+        where the cache was not synced this generation (the draft has not read: what it holds may be restored later,
+        and it drafted nothing to forget)."""
+        return self.window.held(n) if self.synced else self.seq.n_past
+
+
+class Drafter(Protocol):
+    """What a `DraftRead` asks of a drafter: core/drafters.py's `Drafter`, in part (that module imports this one: its
+    `ModelDrafter` keeps a `DraftReads`)."""
+
+    @property
+    def caches(self) -> tuple[KVSequence, ...]: ...
+
+    def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int: ...
+
+
+def reads_of(drafter: Drafter) -> DraftReads | None:
+    """The draft model's reads behind `drafter` (a `ModelDrafter`'s, or the one a wrapper drafts with); None where the
+    drafter has no window (a bridged draft, which spells the history anew, a head, n-grams)."""
+    held: object = drafter
+    while held is not None:
+        reads = getattr(held, "reads", None)
+        if isinstance(reads, DraftReads):
+            return reads
+        held = getattr(held, "inner", None)
+    return None
+
+
+class Asking(Protocol):
+    """What a `DraftRead` reads of its generation (core/generation.py's `Generation`)."""
+
+    stats: Stats
+    tokens: list[int]
+    max_tokens: int
+    spec: SpeculativeParams
+    sampling: SamplingParams
+
+
+class DraftRead:
+    """One generation's read of its prompt by the draft: how much (the window, aimed at the start) and when — before
+    the first token where it is short, else once drafting pays for it (`pays`), else never.
+
+    Args:
+        drafter: the generation's drafter.
+        policy: its draft-length policy (the speed-up it predicts).
+        prompt: the generation's prompt.
+    """
+
+    def __init__(self, drafter: Drafter, policy: DraftPolicy, prompt: Sequence[int]) -> None:
+        self.drafter, self.policy = drafter, policy
+        self.reads = reads_of(drafter)
+        self.declined = False  # `pays` said no after the first token: it will not say yes later
+        if self.reads is not None:
+            self.reads.aim(prompt)
+            self.unread = self.reads.unread(prompt)
+        else:  # no window: all of the prompt past what a cache holds (a bridged draft's tokens count as unread)
+            held = list(prompt[:-1])
+            self.unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
+
+    def later(self, generation: Asking) -> bool:
+        """Whether the draft reads after the first token (the first step is plain), if ever, not before it: where it
+        has more than `READ_FIRST_MAX` to read, or where reading it does not pay yet."""
+        return self.unread > READ_FIRST_MAX or not self.pays(generation)
+
+    def pays(self, generation: Asking) -> bool:
+        """Whether reading now pays: the read's seconds against speculation's saving on the tokens still to come
+        (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed at
+        T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
+        if not generation.spec.adaptive or not self.unread:
+            return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
+        if self.declined:
+            return False
+        stats = generation.stats
+        horizon = min(generation.max_tokens - len(generation.tokens), HORIZON_MAX)
+        timed = generation.sampling.seed is None or generation.sampling.greedy
+        plain = (stats.seconds_verify + stats.seconds_sampling) / max(stats.target_passes, 1)
+        read = READ_PRIOR
+        if timed and self.reads is not None and self.reads.seconds.n and plain > 0:
+            read = self.reads.seconds.value / plain
+        speedup = SPEEDUP_PRIOR
+        costs = self.policy.costs if timed else self.policy.estimate
+        if timed and costs.missing() is None:
+            speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
+        saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
+        payback = PAYBACK if self.unread > READ_FIRST_MAX else 1.0
+        pays = payback * (self.unread * read + READ_FIXED) <= saving * horizon
+        # Declined once the first token's step is timed, it stays declined: the horizon only shrinks.
+        self.declined = not pays and bool(generation.tokens)
+        return pays
+
+    def read(self, history: list[int], progress: Progress | None = None) -> int:
+        """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed
+        learnt.
+
+        Raises:
+            PrefillStopped: `progress` asked to stop.
+        """
+        t0 = time.perf_counter()
+        decoded = self.drafter.prefill(history, progress=progress)
+        if self.reads is not None and decoded >= 32:
+            self.reads.seconds.add((time.perf_counter() - t0) / decoded)
+        self.unread = 0
+        return decoded

@@ -1,0 +1,86 @@
+"""How much of a long prompt the draft reads, and when (issue 65, core/draftread.py), on the real llama.cpp with the
+tiny models: a short answer never reads it, a long one reads its window alone and stays exact, and the prompt cache
+restores the window. Each engine is fresh, so whether the draft reads is decided by the priors alone (nothing timed
+yet): the tests read no clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support import GREEDY, PROMPT, assert_identical, run_greedy, run_to_end
+
+from localspec.core.draftread import ALIGN, WIDTH, DraftWindow, aligned
+from localspec.core.engine import Engine
+from localspec.core.kv import MEDIA_STRIDE
+from localspec.core.params import SpeculativeParams
+from localspec.core.sampling import SamplingParams
+
+ADAPTIVE = SpeculativeParams(draft_max=4)  # the default: whether the draft reads weighs what it pays
+FIXED4 = SpeculativeParams(draft_max=4, adaptive=False)  # a fixed k drafts every step it can: the draft always reads
+SEEDED = SamplingParams(temperature=0.8, seed=7)  # T > 0 with a seed: whether the draft reads is never timed
+
+
+def long_prompt(engine: Engine, text: str = PROMPT, times: int = 80) -> list[int]:
+    prompt = engine.tokenize(text * times)
+    assert len(prompt) > 2 * (WIDTH + ALIGN)
+    return prompt
+
+
+def test_a_window_holds_the_last_part_of_the_history():
+    history = list(range(1000))
+    window = aligned(history)
+    assert window.start % ALIGN == 0 and WIDTH <= len(history) - window.start < WIDTH + ALIGN
+    view = window.view(history)
+    assert view == history[window.start :]
+    assert window.held(len(history)) == len(view) and window.held(window.start) == 0 and window.held(2) == 0
+    assert window.skipped == len(history) - len(view)
+    assert aligned(history[: WIDTH + ALIGN - 1]) == DraftWindow()  # short: all of it
+    image = [-(MEDIA_STRIDE + i) - 1 for i in range(100)]  # an image's 100 positions across the aligned start
+    start = (len(history) - WIDTH) // ALIGN * ALIGN - 50
+    with_image = [*history[:start], *image, *history[: len(history) - start - 100]]
+    assert aligned(with_image).start == start + 100  # moved past the image, never inside it
+
+
+@pytest.mark.slow
+def test_a_short_answer_after_a_long_prompt_never_reads_the_draft(tiny_models):
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        prompt = long_prompt(engine)
+        draft = engine.drafter.caches[0]
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=4)
+        assert gen.stats.draft_prefill_decoded == 0 and draft.n_past == 0
+        assert gen.stats.drafted == 0 and "too few tokens" in gen.stats.speculation_off
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
+            assert gen.tokens == run_greedy(plain, prompt, k=0, n=4).tokens
+
+
+@pytest.mark.slow
+def test_a_long_answer_reads_the_window_alone_and_stays_exact(tiny_models):
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        prompt = long_prompt(engine)
+        draft = engine.drafter.caches[0]
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=200)
+        window = aligned(prompt)
+        assert 0 < gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
+        assert draft.tokens[: len(window.view(prompt)) - 1] == window.view(prompt)[:-1]
+        assert gen.stats.accepted > 0  # the draft (the target's tensors) drafts from the window
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
+            assert_identical(tiny_models.target, prompt, run_greedy(plain, prompt, k=0, n=200).tokens, gen.tokens)
+
+
+@pytest.mark.slow
+def test_the_prompt_cache_restores_the_drafts_window(tiny_models):
+    """An agent's prompt, another's, then the first's again with a new ending: the draft's window comes back from the
+    prompt cache (only the window: what it restores and reads together stay within it)."""
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        first = long_prompt(engine)
+        other = long_prompt(engine, "a cat sat on the mat while it rained and ")
+        again = first[:-3] + engine.tokenize(" she said", add_special=False)[:3]
+        assert aligned(again) == aligned(first)
+        draft = engine.drafter.caches[0]
+        for prompt in (first, other):
+            assert run_to_end(engine, prompt, sampling=SEEDED, spec=FIXED4, max_tokens=120).stats.draft_prefill_decoded
+        restored = draft.n_restored
+        gen = run_to_end(engine, again, sampling=SEEDED, spec=FIXED4, max_tokens=120)
+        assert draft.n_restored - restored >= WIDTH - 8  # the window, less the new ending
+        assert draft.n_restored - restored + gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
+        assert gen.stats.draft_prefill_decoded < 16
