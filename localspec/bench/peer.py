@@ -132,7 +132,7 @@ class LlamaServer:
             drafting with exact-match verification; None for a build without the option (`has_draft_sampling`).
         spec: `--spec-type`: "draft-simple" (with a draft), "ngram-mod", or a chain ("ngram-mod,draft-simple").
         threads: CPU threads for both models.
-        n_ctx: context length (of each slot).
+        n_ctx: context length (with several slots, the one pool of cells they share: `--kv-unified`).
         parallel: slots (`-np`): requests decoded together (`bench --clients`).
         chat_template: a llama.cpp built-in template name for its chat route (None: the model's own).
         mmproj: the target's projector (`--mmproj`), for image turns (None: text only).
@@ -166,7 +166,7 @@ class LlamaServer:
             "--port",
             str(self.port),
             "-c",
-            str(n_ctx * parallel),
+            str(n_ctx),
             "-t",
             str(threads),
             "-tb",
@@ -175,6 +175,8 @@ class LlamaServer:
             str(parallel),
             "--no-webui",
         ]
+        if parallel > 1:  # one pool of n_ctx cells for the slots, as localspec's and llama-server's `-np auto`
+            args.append("--kv-unified")
         if chat_template:
             args += ["--chat-template", chat_template]
         self.env = None  # the environment it starts with (None: this process's)

@@ -41,6 +41,7 @@ def test_clients_at_once_against_llama_servers_slots_plain_and_with_its_draft(
     assert 0.5 * plain < rows[("llama-server -np 2", 1)]["tokens_per_second"] <= plain
     started = starts(log)
     assert len(started) == 2 and all(args[args.index("-np") + 1] == "2" for args in started)
+    assert all("--kv-unified" in args for args in started)  # one pool for the slots, as localspec's
     assert ["-md" in args for args in started] == [False, True]
     assert all(args[args.index("--chat-template") + 1] == "chatml" for args in started)
     assert report["parallel"] == 2 and report["tokens"] == 6
