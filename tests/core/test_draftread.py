@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from support import GREEDY, PROMPT, assert_identical, run_greedy, run_to_end
 
+from localspec.core.context import MEDIA_STRIDE
 from localspec.core.draftread import ALIGN, WIDTH, DraftWindow, aligned
 from localspec.core.engine import Engine
-from localspec.core.kv import MEDIA_STRIDE
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
 
