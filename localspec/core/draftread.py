@@ -174,9 +174,9 @@ class DraftRead:
         return self.unread > READ_FIRST_MAX or not self.pays(generation)
 
     def pays(self, generation: Asking) -> bool:
-        """Whether reading now pays: the read's seconds against speculation's saving on the tokens still to come
-        (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed at
-        T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
+        """Whether reading now pays (a long read twice over): the read against speculation's saving on the tokens to
+        come (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed
+        at T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
         if not generation.spec.adaptive or not self.unread:
             return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
         if self.declined:
