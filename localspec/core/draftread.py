@@ -31,7 +31,9 @@ ALIGN = 64
 READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
 HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
-READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
+# One token read by the draft over one plain target step, before a read was timed (then learnt): the demo pair's is
+# 0.15-0.3 on 2 cores, a GPU's far lower; 0.2 kept a 20-token prompt's draft from reading for a 12-token answer.
+READ_PRIOR = 0.1
 # A long read (over READ_FIRST_MAX tokens) must pay back this many times over: the speed-up is the policy's estimate
 # from earlier answers, and a read that only broke even on it lost whenever it was optimistic (cold prompts, 128-token
 # answers: 0.79-0.93x plain). A short one once: its cost is bounded, and a short prompt's draft then drafts at once.
