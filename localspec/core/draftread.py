@@ -31,8 +31,9 @@ ALIGN = 64
 READ_FIRST_MAX = 64  # a read this short goes before the first token (the first step then drafts)
 HORIZON_MAX = 256  # most tokens an answer is counted on still to give (max_tokens is often far above the answer)
 SPEEDUP_PRIOR = 1.5  # speculation's speed-up over plain decoding before the policy has timed it
-READ_PRIOR = 0.1  # one token read by the draft over one plain target step, before a read was timed
-READ_FIXED = 1.0  # what any read costs besides its tokens, in plain steps (a decode, a state restored, the first draft)
+# One token read by the draft over one plain target step, before a read was timed (then learnt): the demo pair's is
+# 0.15-0.3 on 2 cores, a GPU's far lower; 0.2 kept a 20-token prompt's draft from reading for a 12-token answer.
+READ_PRIOR = 0.1
 # A long read (over READ_FIRST_MAX tokens) must pay back this many times over: the speed-up is the policy's estimate
 # from earlier answers, and a read that only broke even on it lost whenever it was optimistic (cold prompts, 128-token
 # answers: 0.79-0.93x plain). A short one once: its cost is bounded, and a short prompt's draft then drafts at once.
@@ -175,9 +176,9 @@ class DraftRead:
         return self.unread > READ_FIRST_MAX or not self.pays(generation)
 
     def pays(self, generation: Asking) -> bool:
-        """Whether reading now pays: the read's seconds against speculation's saving on the tokens still to come
-        (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed at
-        T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
+        """Whether reading now pays (a long read twice over): the read against speculation's saving on the tokens to
+        come (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed
+        at T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
         if not generation.spec.adaptive or not self.unread:
             return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
         if self.declined:
@@ -190,12 +191,13 @@ class DraftRead:
         if timed and self.reads is not None and self.reads.seconds.n and plain > 0:
             read = self.reads.seconds.value / plain
         speedup = SPEEDUP_PRIOR
-        costs = self.policy.costs if timed else self.policy.estimate
-        if timed and costs.missing() is None:
+        costs = self.policy.costs if timed and self.policy.costs.missing() is None else self.policy.estimate
+        if costs is self.policy.costs:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
+        fixed = costs.draft_ratio()  # what any read costs besides its tokens: a draft decode
         saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
         payback = PAYBACK if self.unread > READ_FIRST_MAX else 1.0
-        pays = payback * (self.unread * read + READ_FIXED) <= saving * horizon
+        pays = payback * (self.unread * read + fixed) <= saving * horizon
         # Declined once the first token's step is timed, it stays declined: the horizon only shrinks.
         self.declined = not pays and bool(generation.tokens)
         return pays

@@ -58,13 +58,13 @@ def test_a_long_answer_reads_the_window_alone_and_stays_exact(tiny_models):
     with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
         prompt = long_prompt(engine)
         draft = engine.drafter.caches[0]
-        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=200)
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=256)
         window = aligned(prompt)
         assert 0 < gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
         assert draft.tokens[: len(window.view(prompt)) - 1] == window.view(prompt)[:-1]
         assert gen.stats.accepted > 0  # the draft (the target's tensors) drafts from the window
         with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
-            assert_identical(tiny_models.target, prompt, run_greedy(plain, prompt, k=0, n=200).tokens, gen.tokens)
+            assert_identical(tiny_models.target, prompt, run_greedy(plain, prompt, k=0, n=256).tokens, gen.tokens)
 
 
 @pytest.mark.slow
