@@ -201,7 +201,7 @@ def test_t2_where_top_k_keeps_no_allowed_token_the_masked_row_is_the_law(grammar
 @pytest.mark.slow
 def test_t2_a_draft_that_masks_its_draws_but_reports_its_unmasked_law_fails(law, grammar, monkeypatch):
     """Negative control: the draft samples from its masked law and tells verification its unmasked one."""
-    import localspec.core.drafters as drafters
+    import localspec.core.drafting as drafters
 
     real = drafters.masked
 

@@ -124,7 +124,7 @@ def test_generate_under_a_grammar_samples_the_masked_target_law(
 @pytest.mark.slow
 def test_a_draft_told_its_unmasked_law_fails(tiny_models, reference, capsys, localspec_home, tmp_path, monkeypatch):
     """Negative control: the draft draws from its masked law and tells verification the unmasked one."""
-    import localspec.core.drafters as drafters
+    import localspec.core.drafting as drafters
 
     real = drafters.masked
 
