@@ -357,12 +357,13 @@ def render_clients(report: ClientsReport) -> list[str]:
         f"{', its answer in a JSON schema' if report.structured else ''}, all sent at once; "
         f"median of {report.rounds} round{'s' * (report.rounds > 1)}, servers interleaved",
         "",
-        f"{'server':<28} {'clients':>7} {'tok/s':>8} {'localspec ×':>12} {'latency s':>10}",
     ]
+    width = max([28, *(len(row.server) for row in report.rows)])  # the yardstick's name is the longest
+    lines.append(f"{'server':<{width}} {'clients':>7} {'tok/s':>8} {'localspec ×':>12} {'latency s':>10}")
     for row in report.rows:
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
         rate, latency = f"{row.tokens_per_second:>8.1f}", f"{row.latency:>10.2f}"
-        lines.append(f"{row.server:<28} {row.clients:>7} {rate} {ratio:>12} {latency}")
+        lines.append(f"{row.server:<{width}} {row.clients:>7} {rate} {ratio:>12} {latency}")
     lines += [f"note: {note}" for note in report.notes]
     return lines
 
