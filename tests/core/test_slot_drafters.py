@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from support.fixedcosts import FixedCosts
 
-from localspec.core.batchdraft import DecodeCosts
 from localspec.core.engine import Engine
 from localspec.core.grammar import Grammar
 from localspec.core.params import SpeculativeParams
@@ -18,18 +18,6 @@ from localspec.core.slots import SlotPool
 PROMPTS = [[1, 5, 9, 13, 2], [1, 7, 7, 3], [1, 4, 8, 15, 16, 23, 42]]
 FIXED_K = SpeculativeParams(draft_max=4, adaptive=False)
 GREEDY = SamplingParams(temperature=0)
-
-
-class FixedCosts(DecodeCosts):
-    """GPU-like costs (a pass 10 ms, a row 0.2 ms) whatever this machine measures: the plan drafts where it may."""
-
-    def __init__(self, per_pass: float = 0.010, per_row: float = 0.0002) -> None:
-        super().__init__()
-        super().observe(1, 1, per_pass + per_row)
-        super().observe(1, 3, per_pass + 3 * per_row)
-
-    def observe(self, passes: int, rows: int, seconds: float) -> None:
-        pass
 
 
 def generate(engine, pool, slot, prompt, kind, **options):

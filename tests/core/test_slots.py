@@ -11,8 +11,8 @@ from contextlib import contextmanager
 import llama_cpp
 import numpy as np
 import pytest
+from support.fixedcosts import FixedCosts
 
-from localspec.core.batchdraft import DecodeCosts
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
@@ -293,19 +293,6 @@ def test_each_sequence_reads_its_own_rows_of_a_shared_batch(tiny_models):
         model.close()
 
 
-class _FixedCosts(DecodeCosts):
-    """GPU-like costs (by default a pass 10 ms, a row 0.2 ms), kept whatever this machine measures: the tests are
-    about what the steps do with drafts decoded in the shared batch, not about when they pay."""
-
-    def __init__(self, per_pass: float = 0.010, per_row: float = 0.0002) -> None:
-        super().__init__()
-        super().observe(1, 1, per_pass + per_row)
-        super().observe(1, 3, per_pass + 3 * per_row)
-
-    def observe(self, passes: int, rows: int, seconds: float) -> None:
-        pass
-
-
 REPEATING = [
     "Copy this list twice: apple, banana, cherry, date, elderberry, fig, grape. apple, banana, cherry,",
     "Say it again: one two three four five six seven eight nine ten. one two three four",
@@ -319,7 +306,7 @@ def test_streams_beside_others_verify_their_own_ngram_copies_and_keep_their_gree
     drafts were verified and accepted, and no stream decoded on its own."""
     with Engine.load(smollm2_path, drafter="ngram", n_ctx=512, n_seq=3) as engine:
         pool = SlotPool(engine, 3)
-        pool.costs = _FixedCosts()
+        pool.costs = FixedCosts()
         prompts = [engine.tokenize(text) for text in REPEATING]
         spec = SpeculativeParams(draft_max=8, adaptive=False)
         greedy = SamplingParams(temperature=0)
@@ -404,7 +391,7 @@ def test_the_draft_model_drafts_for_streams_beside_others_and_they_keep_their_gr
     batch: the greedy text is the stream's text alone, the drafts were accepted, the target decoded once a tick."""
     engine = same_engine
     pool = SlotPool(engine, 3)
-    pool.costs, pool.draft_costs = _FixedCosts(), _FixedCosts(0.001, 0.0001)
+    pool.costs, pool.draft_costs = FixedCosts(), FixedCosts(0.001, 0.0001)
     greedy, spec = SamplingParams(temperature=0), SpeculativeParams(draft_max=4, adaptive=False)
 
     def start(prompt, slot):
@@ -434,7 +421,7 @@ def test_sampled_drafts_beside_others_carry_the_law_they_were_drawn_from(same_en
     the stream drew it from: with an identical draft the laws agree and nearly every draft is accepted."""
     engine = same_engine
     pool = SlotPool(engine, 3)
-    pool.costs, pool.draft_costs = _FixedCosts(), _FixedCosts(0.001, 0.0001)
+    pool.costs, pool.draft_costs = FixedCosts(), FixedCosts(0.001, 0.0001)
     sampling, spec = SamplingParams(temperature=0.8), SpeculativeParams(draft_max=4, adaptive=False)
     slots = [pool.acquire(p) for p in PROMPTS[:3]]
     gens = [
@@ -459,7 +446,7 @@ def test_the_draft_model_is_probed_beside_others_while_its_acceptance_is_unknown
 
     engine = same_engine
     pool = SlotPool(engine, 2)
-    pool.costs, pool.draft_costs = _FixedCosts(0.004, 0.005), _FixedCosts(0.004, 0.005)  # the model does not pay
+    pool.costs, pool.draft_costs = FixedCosts(0.004, 0.005), FixedCosts(0.004, 0.005)  # the model does not pay
     greedy, spec = SamplingParams(temperature=0), SpeculativeParams(draft_max=4, adaptive=False)
     n = PROBE_EVERY + 6  # one probe (its drafts accepted: four tokens a stream in that tick)
 
