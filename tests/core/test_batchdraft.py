@@ -70,12 +70,33 @@ def sure(match: int = LONG_MATCH) -> Acceptance:
     return acceptance
 
 
-def test_where_rows_are_nearly_free_every_stream_with_a_copy_drafts_one_length():
+def test_where_rows_are_nearly_free_every_stream_with_a_copy_drafts_all_of_it():
     gpu = costs_of(0.010, 0.0002)
     copies = [list(range(12)), list(range(6)), [], list(range(12))]
     lengths = [c.d for c in plan([Candidate(c, LONG_MATCH, sure()) for c in copies], gpu, max_rows=512)]
-    assert lengths[2] == 0 and len({n for n in lengths if n}) == 1  # one length: one more pass, not one per length
-    assert lengths[0] == lengths[3] > 0
+    assert lengths == [12, 6, 0, 12]  # a length a stream: the short copy does not hold the long ones back
+
+
+def test_a_stream_whose_drafts_are_taken_drafts_further_than_one_whose_drafts_are_not():
+    """Each stream drafts as far as its own acceptance pays: two streams whose copies are all taken verify their whole
+    copies in the same pass as two whose copies are taken at α 0.74 verify short ones. (With one length for all, the
+    poorer two drafted nothing.)"""
+    rows_cheap = costs_of(0.010, 0.0003)
+    poor = Acceptance()
+    for _ in range(20):
+        poor.learn(LONG_MATCH, 3, True)
+    candidates = [Candidate(list(range(16)), LONG_MATCH, sure())] * 2 + [
+        Candidate(list(range(16)), LONG_MATCH, poor)
+    ] * 2
+    lengths = [c.d for c in plan(candidates, rows_cheap, max_rows=512)]
+    assert lengths[0] == lengths[1] == 16 > lengths[2] == lengths[3] > 0
+    uniform = max(4 / rows_cheap.seconds(1, 4), *(_rate(candidates, rows_cheap, [d] * 4) for d in range(1, 17)))
+    assert _rate(candidates, rows_cheap, lengths) > uniform  # faster than the best single length, as predicted
+
+
+def _rate(candidates, costs, lengths) -> float:
+    tokens = len(candidates) + sum(c.acceptance.expected(d, c.match) for c, d in zip(candidates, lengths) if d)
+    return tokens / costs.seconds(1, len(candidates) + sum(lengths))
 
 
 def test_where_every_row_costs_a_poor_copy_drafts_nothing():
@@ -122,18 +143,19 @@ def test_where_a_draft_pass_is_cheap_the_model_drafts_for_the_streams_without_a_
     assert all(c.model and c.d > 0 for c in choices) and choices[0].d == choices[1].d  # drafted in lockstep
 
 
-def test_a_long_sure_copy_goes_alone_where_the_model_would_cost_more_passes_than_it_gains():
-    """Over the slots' one pool a batch of any shape is one pass (llama/slots.py `passes`): a stream with a long sure
-    copy verifies it beside plain rows, where before its uneven rows cost a second pass unless all drafted. The plan
-    still gives every drafting stream one length, so the model, whose α here is 0.74, does not draft 8 (not yet:
-    a length per stream)."""
+def test_a_long_sure_copy_and_the_models_drafts_each_take_their_own_length():
+    """Over the slots' one pool a batch of any shape is one pass (llama/slots.py `passes`), so each stream drafts its
+    own length: the stream with a long sure copy verifies all of it, and the model drafts a shorter length for the two
+    without a copy, whose α here is 0.74. (With one length for all, as before, the model drafted nothing here.)"""
     gpu, draft = costs_of(0.010, 0.0002), costs_of(0.001, 0.0001)
     candidates = [
         Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=3),
         Candidate(list(range(8)), LONG_MATCH, sure(), room=8, model=model(), catch_up=2),  # its copy beats the model
         Candidate([], 0, Acceptance(), room=8, model=model(), catch_up=1),
     ]
-    assert plan(candidates, gpu, max_rows=512, draft_costs=draft) == [NONE, StreamDraft(8, False), NONE]
+    first, copied, last = plan(candidates, gpu, max_rows=512, draft_costs=draft)
+    assert copied == StreamDraft(8, False)
+    assert first.model and last.model and 0 < first.d == last.d < 8
 
 
 def test_a_stream_that_cannot_draft_costs_the_others_nothing_over_one_pool():
