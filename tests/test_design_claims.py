@@ -152,6 +152,8 @@ CLAIMS = [  # (what DESIGN says, where the code says it, the value both mean)
     ("up to 16 tokens, point laws", "core/batchdraft.py", "MAX_DRAFT", 16),
     ("recent decodes of its shape (passes, rows) where there are three", "core/costs.py", "TRUSTED", 3),
     ("unless it beats the plain tick by 5 %", "core/batchdraft.py", "MARGIN", 0.05),
+    ("(up to three sweeps; above 16 streams", "core/batchdraft.py", "SWEEPS", 3),
+    ("(up to three sweeps; above 16 streams", "core/batchdraft.py", "ASCENT_STREAMS_MAX", 16),
     ("8 verified tokens' worth of evidence", "core/slots.py", "PROBE_EVIDENCE", 8.0),
     ("then one in 32, drafts 4 tokens", "core/slots.py", "PROBE_EVERY", 32),
     ("then one in 32, drafts 4 tokens", "core/slots.py", "PROBE_DRAFTS", 4),

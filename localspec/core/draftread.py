@@ -1,13 +1,15 @@
 """When the draft model reads a long prompt, and how much of it (issue 65): a window of its last tokens
 (`DraftWindow`), read only once drafting pays the read back (`DraftRead.pays`). Agents send long prompts and often
 want a few tokens back: the window makes a read cost the same whatever the prompt's length, and the break-even rule
-(the read at the draft's measured speed against what drafting saves on the tokens to come) keeps a short answer from
-reading at all. A draft that saw less is still exact: verification decides (DESIGN §1, §3).
+(the read at the draft's measured speed against what drafting saves on the tokens to come, as many as the recent
+answers ran: `AnswerLengths`) keeps a short answer from reading at all. A draft that saw less is still exact:
+verification decides (DESIGN §1, §3).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -38,6 +40,8 @@ READ_PRIOR = 0.1
 # from earlier answers, and a read that only broke even on it lost whenever it was optimistic (cold prompts, 128-token
 # answers: 0.79-0.93x plain). A short one once: its cost is bounded, and a short prompt's draft then drafts at once.
 PAYBACK = 2.0
+LENGTHS_KEPT = 32  # recent answers whose lengths say how long the next one runs
+LENGTHS_ENOUGH = 3  # answers that ran past t needed to say how far an answer at t goes (else max_tokens says)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,37 @@ def aligned(prompt: Sequence[int], width: int = WIDTH) -> DraftWindow:
     return DraftWindow(start if start < len(prompt) - 1 else 0)
 
 
+class AnswerLengths:
+    """How long the recent answers ran (in tokens, and whether max_tokens cut them): how many more tokens an answer
+    that has given t is expected to give (`remaining`). A read counted on max_tokens was paid back only by the answers
+    that run that long: cold 1,350-token prompts with max_tokens 128, whose answers mostly end after 10-30 tokens, ran
+    0.83x `--drafter none` (docs/benchmarks.md)."""
+
+    def __init__(self, kept: int = LENGTHS_KEPT) -> None:
+        self._recent: deque[tuple[int, bool]] = deque(maxlen=kept)
+
+    def add(self, tokens: int, cut: bool) -> None:
+        """An answer ended after `tokens` tokens: by itself, or cut by its max_tokens (it would have run on)."""
+        self._recent.append((tokens, cut))
+
+    def remaining(self, given: int, limit: int) -> float | None:
+        """The tokens an answer that has given `given` is expected still to give, `limit` at most: the Kaplan-Meier
+        estimate over the recent answers that ran past `given` (a cut answer counts as running at least as long as it
+        ran), flat past the last ending seen; None while fewer than `LENGTHS_ENOUGH` ran past it."""
+        past = [(n, cut) for n, cut in self._recent if n > given]
+        if len(past) < LENGTHS_ENOUGH or limit <= 0:
+            return None
+        total, alive, start = 0.0, 1.0, given + 1  # alive: the chance the answer gives the token at `start`
+        for end in sorted({n for n, cut in past if not cut}):
+            if end >= given + limit:
+                break
+            total += alive * (end - start + 1)  # it gives every token up to `end` with that chance
+            at_risk = sum(n >= end for n, _ in past)
+            alive *= 1 - sum(n == end and not cut for n, cut in past) / at_risk
+            start = end + 1
+        return total + alive * (given + limit - start + 1)
+
+
 class DraftReads:
     """A draft model's reads of the target's history, kept with its cache across generations: the window this
     generation reads (`window`, aimed by `aim`), the one its cache's tokens are under (`held`), and the seconds a token
@@ -82,6 +117,7 @@ class DraftReads:
         self.window = self.held = DraftWindow()
         self.synced = False  # its cache was synced under `window` since `aim` (its drafts then follow the history)
         self.seconds = RecentMedian(8)  # seconds per token of its recent reads
+        self.lengths = AnswerLengths()  # how long the answers it drafted for (or did not) ran
 
     def aim(self, prompt: Sequence[int]) -> None:
         """Choose the window for a generation continuing `prompt`: of all of it, the window the cache holds and the
@@ -177,14 +213,16 @@ class DraftRead:
 
     def pays(self, generation: Asking) -> bool:
         """Whether reading now pays (a long read twice over): the read against speculation's saving on the tokens to
-        come (max_tokens bounds them, and `HORIZON_MAX`). In units of the plain steps this generation timed; with a seed
-        at T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
+        come — as many as the recent answers that ran this far went on to give (`AnswerLengths`), else all that
+        max_tokens allows, `HORIZON_MAX` at most. In units of the plain steps this generation timed; with a seed at
+        T > 0, estimates alone (whether the draft reads must not depend on the clock: the sampled text would too)."""
         if not generation.spec.adaptive or not self.unread:
             return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
         if self.declined:
             return False
-        stats = generation.stats
-        horizon = min(generation.max_tokens - len(generation.tokens), HORIZON_MAX)
+        stats, given = generation.stats, len(generation.tokens)
+        bound = min(generation.max_tokens - given, HORIZON_MAX)
+        expected = self.reads.lengths.remaining(given, bound) if self.reads is not None else None
         timed = generation.sampling.seed is None or generation.sampling.greedy
         plain = (stats.seconds_verify + stats.seconds_sampling) / max(stats.target_passes, 1)
         read = READ_PRIOR
@@ -196,11 +234,17 @@ class DraftRead:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
         fixed = costs.draft_ratio()  # what any read costs besides its tokens: a draft decode
         saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
-        payback = PAYBACK if self.unread > READ_FIRST_MAX else 1.0
-        pays = payback * (self.unread * read + fixed) <= saving * horizon
-        # Declined once the first token's step is timed, it stays declined: the horizon only shrinks.
-        self.declined = not pays and bool(generation.tokens)
-        return pays
+        cost = (PAYBACK if self.unread > READ_FIRST_MAX else 1.0) * (self.unread * read + fixed)
+        # Declined once the first token's step is timed and even max_tokens' horizon, which only shrinks, would not pay
+        # it back; declined on the recent answers' lengths, it is weighed again at the next token: an answer that runs
+        # on past the short ones is expected to run longer.
+        self.declined = cost > saving * bound and given > 0
+        return cost <= saving * (bound if expected is None else expected)
+
+    def finished(self, tokens: int, cut: bool) -> None:
+        """The generation ended after `tokens` tokens (`cut`: by its max_tokens): the next ones' horizon learns it."""
+        if self.reads is not None:
+            self.reads.lengths.add(tokens, cut)
 
     def read(self, history: list[int], progress: Progress | None = None) -> int:
         """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed

@@ -122,6 +122,7 @@ class Generation:
         self._cancel = threading.Event()
         self._started = False
         self._draft_unread = False  # the draft has not read the prompt: it reads it after the first token
+        self._draft_read: DraftRead | None = None  # when and how much of the prompt the draft reads (set by `_run`)
         self._forced: list[int] | None = None  # the grammar's forced tokens for the next step, once worked out
         self._own_drafts: Proposal | None = None  # drafted by `draft_own` for the next step's shared tick
         self._draft_error: NonFiniteLogitsError | None = None  # what `draft_own` met, said by the step
@@ -294,10 +295,10 @@ class Generation:
         """Whether the draft reads the prompt after the first token, and then only once that pays (core/draftread.py:
         its window, and when; a draft head reads the target's rows as they are decoded: it has nothing of its own)."""
         drafter = self.drafter
-        self._draft_read = DraftRead(drafter, self.policy, self.prompt)
+        read = self._draft_read = DraftRead(drafter, self.policy, self.prompt)
         if drafter.after_target_decode is not None or not self._draft_wanted(self.prompt):
             return False
-        return self._draft_read.later(self)
+        return read.later(self)
 
     def _draft_wanted(self, history: list[int]) -> bool:
         # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
@@ -310,7 +311,7 @@ class Generation:
         Raises:
             PrefillStopped: the generation was cancelled while a long history was read.
         """
-        if self._draft_wanted(history):
+        if self._draft_read is not None and self._draft_wanted(history):
             self.stats.draft_prefill_decoded += self._draft_read.read(history, self._prefill_progress("draft"))
 
     def _forced_now(self, history: list[int]) -> list[int]:
@@ -367,7 +368,8 @@ class Generation:
             if reason:
                 yield self._finish(None, reason)
                 return
-            if self._draft_unread and self.tokens and self._draft_read.pays(self):  # it reads what it had not
+            read = self._draft_read
+            if self._draft_unread and self.tokens and read is not None and read.pays(self):  # it reads what it had not
                 self._draft_unread = False
                 t0 = time.perf_counter()
                 try:
@@ -445,6 +447,8 @@ class Generation:
 
     def _finish(self, token: int | None, reason: str, from_draft: bool = False, text: str = "") -> TokenEvent:
         self.finish_reason = reason
+        if self._draft_read is not None and reason in ("stop", "length"):  # how long answers run (not a cancel)
+            self._draft_read.finished(len(self.tokens), cut=reason == "length")
         if token is not None:
             # Tokens past the end of the step were counted as emitted; the user sees only these.
             self.stats.emitted = len(self.tokens)

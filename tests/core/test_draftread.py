@@ -10,7 +10,7 @@ import pytest
 from support import GREEDY, PROMPT, assert_identical, run_greedy, run_to_end
 
 from localspec.core.context import MEDIA_STRIDE
-from localspec.core.draftread import ALIGN, WIDTH, DraftWindow, aligned
+from localspec.core.draftread import ALIGN, LENGTHS_ENOUGH, WIDTH, AnswerLengths, DraftWindow, aligned
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
 from localspec.core.sampling import SamplingParams
@@ -39,6 +39,20 @@ def test_a_window_holds_the_last_part_of_the_history():
     start = (len(history) - WIDTH) // ALIGN * ALIGN - 50
     with_image = [*history[:start], *image, *history[: len(history) - start - 100]]
     assert aligned(with_image).start == start + 100  # moved past the image, never inside it
+
+
+def test_the_recent_answers_say_how_far_an_answer_goes_on():
+    lengths = AnswerLengths()
+    for n in (10, 12, 14):
+        assert lengths.remaining(1, 100) is None  # too few answers yet: max_tokens says
+        lengths.add(n, cut=False)
+    assert lengths.remaining(1, 100) == pytest.approx(11.0)  # 9, 11 and 13 more, each a third of the time
+    assert lengths.remaining(1, 5) == pytest.approx(5.0)  # within the limit
+    assert lengths.remaining(12, 100) is None  # one answer ran past 12: too few to say
+    for _ in range(LENGTHS_ENOUGH):
+        lengths.add(128, cut=True)  # cut by max_tokens: they would have run on, how far is not known
+    assert lengths.remaining(20, 100) == pytest.approx(100.0)  # only the long ones ran past 20: flat to the limit
+    assert lengths.remaining(1, 100) == pytest.approx((9 + 11 + 13 + 3 * 100) / 6)
 
 
 @pytest.mark.slow
@@ -84,3 +98,23 @@ def test_the_prompt_cache_restores_the_drafts_window(tiny_models):
         assert draft.n_restored - restored >= WIDTH - 8  # the window, less the new ending
         assert draft.n_restored - restored + gen.stats.draft_prefill_decoded <= WIDTH + ALIGN
         assert gen.stats.draft_prefill_decoded < 16
+
+
+@pytest.mark.slow
+def test_an_answer_reads_the_draft_once_it_outlives_the_recent_answers_and_each_answer_is_counted(tiny_models):
+    """max_tokens is often far above the answer: where the recent answers ended after 40 tokens, a request allowed 256
+    decodes plainly while it is as short as they were (a fresh engine reads the window after its first token:
+    `test_a_long_answer_reads_the_window_alone_and_stays_exact`), and reads once it has run past them all; and each
+    answer's length is learnt."""
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        prompt = long_prompt(engine)
+        lengths = engine.drafter.reads.lengths
+        for _ in range(LENGTHS_ENOUGH):
+            run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=4)
+        assert lengths.remaining(1, 100) == pytest.approx(100.0)  # cut at 4: each counted, none says how far
+        for _ in range(LENGTHS_ENOUGH):
+            lengths.add(40, cut=False)  # answers that ended after 40 tokens (the tiny models never end theirs)
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=256)
+        assert not any(gen.from_draft[:40]) and gen.stats.draft_prefill_decoded > 0 and any(gen.from_draft[40:])
+        with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
+            assert_identical(tiny_models.target, prompt, run_greedy(plain, prompt, k=0, n=256).tokens, gen.tokens)
