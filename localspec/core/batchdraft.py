@@ -48,7 +48,6 @@ class StreamDraft:
 
 
 NONE = StreamDraft()
-CATCH_UP_MAX = 64  # a draft cache further behind catches up on its own first, in chunks (`SlotPool.draft_shared`)
 LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16)  # draft lengths the plan weighs for a stream
 ASCENT_STREAMS_MAX = 16  # more streams than this keep the best single length (the search grows as streams²)
 SWEEPS = 3  # passes of the per-stream search over the streams at most
@@ -134,10 +133,10 @@ class _Prices:
     """The predicted tokens per second of a tick's plan: the streams' tokens (one each, and each one's expected gain)
     over the target's pass of all their rows, the draft model's passes and the tick's `overhead`.
 
-    The draft model's passes for the streams it drafts for: one over their catch-ups, all made as long as the longest
-    (each priced as when the model drafts every tick: the tokens emitted since, at most d + 1 — a cache further behind
-    catches up once on its own, that cost spread over the ticks left to the stream), then one a further drafted token,
-    of the streams still drafting (a stream stops at its own length)."""
+    The draft model's passes for the streams it drafts for: one over their catch-ups, each its own length (each priced
+    as when the model drafts every tick: the tokens emitted since, at most d + 1 — the rest of a cache further behind
+    is paid once, that cost spread over the ticks left to the stream), then one a further drafted token, of the
+    streams still drafting (a stream stops at its own length)."""
 
     def __init__(
         self,
@@ -171,13 +170,13 @@ class _Prices:
         drafted = [(i, choice.d, gain) for i, (choice, gain) in enumerate(plan) if choice.model]
         if not drafted:
             return 0.0
-        catch_up = max(min(self.candidates[i].catch_up, d + 1) for i, d, _ in drafted)
-        seconds = self._draft_pass(len(drafted) * catch_up)
+        caught = [min(self.candidates[i].catch_up, d + 1) for i, d, _ in drafted]
+        seconds = self._draft_pass(sum(caught))
         for j in range(2, max(d for _, d, _ in drafted) + 1):
             seconds = _plus(seconds, self._draft_pass(sum(d >= j for _, d, _ in drafted)))
-        for i, _, gain in drafted:
+        for (i, _, gain), rows in zip(drafted, caught, strict=True):
             c = self.candidates[i]
-            if (behind := c.catch_up - catch_up) > 0:
+            if (behind := c.catch_up - rows) > 0:
                 once = self._draft_pass(behind) or 0.0
                 seconds = _plus(seconds, once * (1 + gain) / max(1, c.remaining))
         return seconds

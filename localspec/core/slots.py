@@ -29,7 +29,7 @@ from localspec.errors import InvalidParamsError, NoRoomError
 from localspec.llama.context import Context
 from localspec.llama.slots import SeqContext, decode_shared, passes
 
-from .batchdraft import CATCH_UP_MAX, MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
+from .batchdraft import MAX_DRAFT, NONE, Acceptance, Candidate, DecodeCosts, StreamDraft, plan
 from .bridge import BridgedDrafter
 from .drafters import (
     Drafter,
@@ -383,29 +383,29 @@ class SlotPool:
 
     def draft_shared(self, chosen: Sequence[tuple[Slot, DraftRequest, int]]) -> dict[int, Proposal]:
         """The draft model's drafts for each (slot, its stream's request, tokens its draft cache lags), by slot index:
-        each slot's draft cache caught up with the request's history in one batch (a cache far behind, a new
-        request's, first on its own), then one batch per drafted token; each token drawn from the stream's own law and
+        each slot's draft cache caught up with the request's history in one batch (each its own lag: over the slots'
+        one pool any shape is one pass; a cache far behind, a new request's, first on its own, in chunks, where all
+        would not fit one batch), then one batch per drafted token; each token drawn from the stream's own law and
         rng, under its grammar (`draft_token`, as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min)
         or whose grammar ends stopping early."""
         if not chosen:
             return {}
-        held = []
-        for slot, request, lag in chosen:
+        lags = [max(1, min(lag, len(request.history))) for _, request, lag in chosen]
+        alone, rows = set(), sum(lags)
+        for i in sorted(range(len(lags)), key=lambda i: -lags[i]):  # the longest catch-ups alone till the rest fit
+            if rows <= self._drafts.n_batch:
+                break
+            alone.add(i)
+            rows -= lags[i] - 1
+        catch_up = []
+        for i, ((slot, request, _), lag) in enumerate(zip(chosen, lags, strict=True)):
             history, draft = request.history, slot.draft
             n = len(history) - lag
-            if lag > CATCH_UP_MAX:
-                draft.rollback_to(n)
+            draft.rollback_to(n)
+            if i in alone:
                 draft.sync(history[:-1])  # a new request's prompt: decoded on its own, in chunks
                 n = len(history) - 1
-            held.append(n)
-        # Every cache catches up as many tokens as the furthest behind (re-decoding a few it held): rows of one
-        # length are one pass of the draft, where as many lengths as streams were as many passes.
-        longest = max(len(request.history) - n for (_, request, _), n in zip(chosen, held, strict=True))
-        catch_up = []
-        for (slot, request, _), n in zip(chosen, held, strict=True):
-            start = max(0, min(n, len(request.history) - longest))
-            slot.draft.rollback_to(start)
-            catch_up.append((slot.draft.ctx, request.history[start:], start))
+            catch_up.append((draft.ctx, history[n:], n))
         self._decode_drafts(catch_up, last_only=True)
         loops = {}
         for (slot, request, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
