@@ -44,6 +44,7 @@ from .drafters import (
     drive,
     make_drafter,
 )
+from .draftread import DraftReads, reads_of
 from .engine import Engine, Generation
 from .kv import KVSequence, common_prefix
 from .params import needs_draft_model
@@ -291,14 +292,11 @@ class SlotPool:
             if room:
                 copy, match = slot.ngrams.follow(history).continuation(room)
             drafts, catch_up, remaining = None, 1, 0  # what the draft model needs to draft for it (None: it may not)
-            if (
-                gen.drafter.needs_model
-                and slot.draft is not None
-                and room
-                and len(history) + room < slot.draft.ctx.n_ctx
-            ):
+            reads = reads_of(gen.drafter)  # the window of the history its draft cache holds, as alone
+            view = reads.window.view(history) if reads is not None else history
+            if gen.drafter.needs_model and slot.draft is not None and room and len(view) + room < slot.draft.ctx.n_ctx:
                 drafts = slot.model_acceptance
-                catch_up = len(history) - min(common_prefix(slot.draft.tokens, history), len(history) - 1)
+                catch_up = len(view) - min(common_prefix(slot.draft.tokens, view), len(view) - 1)
                 remaining = min(REMAINING_CAP, gen.max_tokens - len(gen.tokens))
             live.append((slot, gen, ahead, before))
             candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
@@ -313,7 +311,7 @@ class SlotPool:
         try:
             drafted = self.draft_shared(
                 [
-                    (slot, gen.request(c.d, ahead[1:]), cand.catch_up)
+                    (slot, gen.request(c.d, ahead[1:]), cand.catch_up, reads_of(gen.drafter))
                     for (slot, gen, ahead, _), c, cand in zip(live, choices, candidates)
                     if c.model
                 ]
@@ -381,16 +379,20 @@ class SlotPool:
         """The most evidence of the draft model's acceptance the pair's policies hold (its streams alone)."""
         return max([self._engine.policy.seen, *(policy.seen for policy in self._policies.values())])
 
-    def draft_shared(self, chosen: Sequence[tuple[Slot, DraftRequest, int]]) -> dict[int, Proposal]:
-        """The draft model's drafts for each (slot, its stream's request, tokens its draft cache lags), by slot index:
-        each slot's draft cache caught up with the request's history in one batch (each its own lag: over the slots'
-        one pool any shape is one pass; a cache far behind, a new request's, first on its own, in chunks, where all
-        would not fit one batch), then one batch per drafted token; each token drawn from the stream's own law and
-        rng, under its grammar (`draft_token`, as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min)
-        or whose grammar ends stopping early."""
+    def draft_shared(self, chosen: Sequence[tuple[Slot, DraftRequest, int, DraftReads | None]]) -> dict[int, Proposal]:
+        """The draft model's drafts for each (slot, its stream's request, tokens its draft cache lags, the window of the
+        history that cache holds: its drafter's, as alone), by slot index: each slot's draft cache caught up with the
+        request's history under its window in one batch (each its own lag: over the slots' one pool any shape is one
+        pass; a cache far behind, a new request's, first on its own, in chunks, where all would not fit one batch),
+        then one batch per drafted token; each token drawn from the stream's own law and rng, under its grammar
+        (`draft_token`, as a lone `ModelDrafter` draws), a stream whose draft is unsure (p_min) or whose grammar ends
+        stopping early."""
         if not chosen:
             return {}
-        lags = [max(1, min(lag, len(request.history))) for _, request, lag in chosen]
+        views = [
+            reads.view(request.history) if reads is not None else request.history for _, request, _, reads in chosen
+        ]
+        lags = [max(1, min(lag, len(view))) for (_, _, lag, _), view in zip(chosen, views, strict=True)]
         alone, rows = set(), sum(lags)
         for i in sorted(range(len(lags)), key=lambda i: -lags[i]):  # the longest catch-ups alone till the rest fit
             if rows <= self._drafts.n_batch:
@@ -398,17 +400,16 @@ class SlotPool:
             alone.add(i)
             rows -= lags[i] - 1
         catch_up = []
-        for i, ((slot, request, _), lag) in enumerate(zip(chosen, lags, strict=True)):
-            history, draft = request.history, slot.draft
-            n = len(history) - lag
+        for i, ((slot, _, _, _), view, lag) in enumerate(zip(chosen, views, lags, strict=True)):
+            draft, n = slot.draft, len(view) - lag
             draft.rollback_to(n)
             if i in alone:
-                draft.sync(history[:-1])  # a new request's prompt: decoded on its own, in chunks
-                n = len(history) - 1
-            catch_up.append((draft.ctx, history[n:], n))
+                draft.sync(view[:-1])  # a new request's prompt: decoded on its own, in chunks
+                n = len(view) - 1
+            catch_up.append((draft.ctx, view[n:], n))
         self._decode_drafts(catch_up, last_only=True)
         loops = {}
-        for (slot, request, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
+        for (slot, request, _, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
             slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
             recent = penalty_window(request.history, request.sampling)
             sampled = request.pq and not request.sampling.greedy
@@ -420,7 +421,7 @@ class SlotPool:
             for i, token in fed:
                 slots[i].draft.append([token], outputs=1)
 
-        slots = {slot.index: slot for slot, _, _ in chosen}
+        slots = {slot.index: slot for slot, _, _, _ in chosen}
         return drive(loops, decode)
 
     def _decode_drafts(self, rows: list, *, last_only: bool = False) -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import PROMPT, assert_identical
 from support.fixedcosts import FixedCosts
 
+from localspec.core.draftread import ALIGN, WIDTH, aligned
 from localspec.core.engine import Engine
 from localspec.core.grammar import Grammar
 from localspec.core.params import SpeculativeParams
@@ -173,3 +175,27 @@ def test_with_shared_drafts_off_seeded_streams_draft_only_alone(same_engine):
     gens = [generate(engine, pool, s, p, "model", **o) for s, p, o in zip(slots, PROMPTS, options, strict=True)]
     together(engine, pool, gens, slots)
     assert [g.stats.drafted for g in gens] == [0, 0, 0]
+
+
+@pytest.mark.slow
+def test_the_draft_model_reads_a_long_prompts_window_in_the_shared_batch_as_alone(tiny_models):
+    """Two streams after long prompts drafted by the model in the shared batch (answers long enough to pay for its
+    catch-up): each slot's draft cache catches up with its window of the prompt (core/draftread.py), as the stream's
+    drafter alone does, not with the whole prompt (before, the shared batch compared the cache with the whole history
+    and re-read all of it); texts as alone."""
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048, n_seq=2) as engine:
+        prompts = [engine.tokenize(PROMPT * 50), engine.tokenize("a cat sat on the mat while it rained and " * 50)]
+        assert min(len(p) for p in prompts) > 2 * (WIDTH + ALIGN)
+        pool = SlotPool(engine, 2)
+        pool.costs, pool.draft_costs = FixedCosts(), FixedCosts(0.001, 0.0001)
+        expected = [alone(engine, pool, p, "model", max_tokens=160) for p in prompts]
+        slots = [pool.acquire(p) for p in prompts]
+        gens = [generate(engine, pool, s, p, "model", max_tokens=160) for s, p in zip(slots, prompts, strict=True)]
+        drafts = [slot.draft for slot in slots]
+        for prompt, tokens, alone_tokens in zip(prompts, together(engine, pool, gens, slots), expected, strict=True):
+            assert_identical(tiny_models.target, prompt, alone_tokens, tokens)
+        assert all(g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
+        for draft, gen, prompt in zip(drafts, gens, prompts, strict=True):
+            window = aligned(prompt)
+            assert window.start > 0 and draft.n_past <= len(prompt) - window.start + len(gen.tokens)
+            assert draft.tokens[:WIDTH] == prompt[window.start :][:WIDTH]
