@@ -153,6 +153,8 @@ CLAIMS = [  # (what DESIGN says, where the code says it, the value both mean)
     ("recent decodes of its shape (passes, rows) where there are three", "core/costs.py", "TRUSTED", 3),
     ("unless it beats the plain tick by 5 %", "core/batchdraft.py", "MARGIN", 0.05),
     ("(up to three sweeps; above 16 streams", "core/batchdraft.py", "SWEEPS", 3),
+    ("over the drafter's last 32 answers", "core/draftread.py", "LENGTHS_KEPT", 32),
+    ("where fewer than 3 answers", "core/draftread.py", "LENGTHS_ENOUGH", 3),
     ("(up to three sweeps; above 16 streams", "core/batchdraft.py", "ASCENT_STREAMS_MAX", 16),
     ("8 verified tokens' worth of evidence", "core/slots.py", "PROBE_EVIDENCE", 8.0),
     ("then one in 32, drafts 4 tokens", "core/slots.py", "PROBE_EVERY", 32),
