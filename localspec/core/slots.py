@@ -393,6 +393,7 @@ class SlotPool:
             reads.view(request.history) if reads is not None else request.history for _, request, _, reads in chosen
         ]
         lags = [max(1, min(lag, len(view))) for (_, _, lag, _), view in zip(chosen, views, strict=True)]
+        assert self._drafts is not None  # the plan drafts with the model only where the pool has its context
         alone, rows = set(), sum(lags)
         for i in sorted(range(len(lags)), key=lambda i: -lags[i]):  # the longest catch-ups alone till the rest fit
             if rows <= self._drafts.n_batch:
