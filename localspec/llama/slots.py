@@ -15,6 +15,7 @@ rows of a shared batch among them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,6 +23,16 @@ from localspec.errors import ContextError
 
 from .context import Context
 from .mtp import FedContext
+
+
+class SharedRows(NamedTuple):
+    """A sequence's rows of a shared batch, waiting for its next decode (`decode_shared`)."""
+
+    tokens: tuple[int, ...]
+    n_past: int  # where they start in the sequence
+    first: int  # their first row in the batch
+    outputs: int  # rows output at their end
+    decode: int  # the parent's decodes when they were decoded (their logits are the parent's last while it holds)
 
 
 class SeqContext:
@@ -37,8 +48,7 @@ class SeqContext:
         self.model, self.n_ctx, self.n_batch = parent.model, parent.n_ctx, parent.n_batch
         self.n_vocab, self.swa_full, self.n_rs_seq = parent.n_vocab, parent.swa_full, parent.n_rs_seq
         self.after_decode: Callable[[list[int], int], None] | None = None  # told of this sequence's decodes alone
-        # (tokens, n_past, first row, rows output at their end, parent's decodes) decoded in a shared batch
-        self._pending: tuple[tuple[int, ...], int, int, int, int] | None = None
+        self._pending: SharedRows | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
         self._n_rows = 0
 
@@ -65,20 +75,24 @@ class SeqContext:
         when they are exactly this decode and their logits are still the parent's last."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            ahead, at, row, output, stamp = pending
-            if tuple(tokens) == ahead and n_past == at and outputs <= output and stamp == self.parent.decodes:
-                self._row, self._n_rows = row + len(ahead) - outputs, outputs  # this decode's output rows: its last
+            if (
+                tuple(tokens) == pending.tokens
+                and n_past == pending.n_past
+                and outputs <= pending.outputs
+                and pending.decode == self.parent.decodes
+            ):
+                self._row, self._n_rows = pending.first + len(tokens) - outputs, outputs  # its output rows: its last
                 if self.after_decode is not None:  # a draft head reads this sequence's rows of the shared batch
                     self.after_decode(list(tokens), n_past)
                 return
-            self.parent.remove_from(at, self.seq)  # not this step's decode, or its logits are gone: undo it
+            self.parent.remove_from(pending.n_past, self.seq)  # not this step's decode, or its logits are gone: undo it
         self._row = None
         self.parent.decode(tokens, n_past, outputs=outputs, seq=self.seq)
 
     def discard(self) -> None:
         """Remove rows decoded in the shared batch that no step took (the stream finished or was cancelled instead)."""
         if self._pending is not None:
-            self.parent.remove_from(self._pending[1], self.seq)
+            self.parent.remove_from(self._pending.n_past, self.seq)
             self._pending = None
 
     def rows_start(self, n: int) -> int:
@@ -227,7 +241,7 @@ def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last
     parent.decode_rows(flat, out)
     first = 0
     for view, tokens, n_past in rows:
-        view._pending = (tuple(tokens), n_past, first, 1 if last_only else len(tokens), parent.decodes)
+        view._pending = SharedRows(tuple(tokens), n_past, first, 1 if last_only else len(tokens), parent.decodes)
         first += len(tokens)
 
 
