@@ -220,6 +220,10 @@ class DraftRead:
             return True  # nothing to read, or a fixed draft length: it drafts every step it can, so it reads
         if self.declined:
             return False
+        if self.policy.off:  # plain decoding was faster at the policy's last verdict: the read is its probe's (the
+            # probe that opens a generation, priced by the policy); weighed here on a speed-up under 1 it was never
+            # made, the probe never ran and every answer after stayed plain
+            return self.policy.wants_draft(True)
         stats, given = generation.stats, len(generation.tokens)
         bound = min(generation.max_tokens - given, HORIZON_MAX)
         expected = self.reads.lengths.remaining(given, bound) if self.reads is not None else None

@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 from support import GREEDY, PROMPT, assert_identical, run_greedy, run_to_end
 
+from localspec.core.acceptance import Acceptance
 from localspec.core.context import MEDIA_STRIDE
 from localspec.core.draftread import ALIGN, LENGTHS_ENOUGH, WIDTH, AnswerLengths, DraftWindow, aligned
 from localspec.core.engine import Engine
 from localspec.core.params import SpeculativeParams
+from localspec.core.policy import DraftPolicy, EstimatedCosts
 from localspec.core.sampling import SamplingParams
 
 ADAPTIVE = SpeculativeParams(draft_max=4)  # the default: whether the draft reads weighs what it pays
@@ -118,3 +120,21 @@ def test_an_answer_reads_the_draft_once_it_outlives_the_recent_answers_and_each_
         assert not any(gen.from_draft[:40]) and gen.stats.draft_prefill_decoded > 0 and any(gen.from_draft[40:])
         with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
             assert_identical(tiny_models.target, prompt, run_greedy(plain, prompt, k=0, n=256).tokens, gen.tokens)
+
+
+@pytest.mark.slow
+def test_a_policy_gone_off_opens_the_next_answer_with_a_probe_the_draft_reads_for(tiny_models):
+    """Speculation off (the policy's last verdict: plain faster) re-checks at the next generation with a probe
+    (`DraftPolicy.start`); the draft reads the prompt for it. (Weighed on the policy's own speed-up, under 1 while
+    off, the read was declined, the probe never ran, and every answer after decoded plainly: "too few tokens to come
+    to pay for the draft's read", seen in `bench` at T 0.8.)"""
+    slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)  # a draft as slow as the target: plain is faster
+    policy = DraftPolicy(costs=slow)
+    policy.acceptance = Acceptance.measured(0.6, 1.0, forget=policy.tuning.forget)
+    policy.verified = 100
+    assert policy.choose(True, 4).k == 0 and policy.off
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        prompt = engine.tokenize(PROMPT * 3)
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=32, policy=policy)
+        assert gen.stats.drafted > 0 and gen.stats.probes > 0  # the probe ran: the draft had read the prompt
+        assert policy.off  # still slower by these costs: off again after it
