@@ -274,7 +274,7 @@ class SlotPool:
                 break
             kept.append(one)
             used += len(one[2])
-        live, candidates, rows = [], [], []
+        live, candidates, windows, rows = [], [], [], []
         for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
@@ -299,6 +299,7 @@ class SlotPool:
                 catch_up = len(view) - min(common_prefix(slot.draft.tokens, view), len(view) - 1)
                 remaining = min(REMAINING_CAP, gen.max_tokens - len(gen.tokens))
             live.append((slot, gen, ahead, before))
+            windows.append(reads)
             candidates.append(Candidate(copy, match, slot.acceptance, room, drafts, catch_up, remaining))
         overhead = statistics.median(self._overheads) if self._overheads else 0.0
         # The plan's rows: one a stream and its drafts; the rows the others take and a grammar's forced ones are not its
@@ -311,8 +312,8 @@ class SlotPool:
         try:
             drafted = self.draft_shared(
                 [
-                    (slot, gen.request(c.d, ahead[1:]), cand.catch_up, reads_of(gen.drafter))
-                    for (slot, gen, ahead, _), c, cand in zip(live, choices, candidates)
+                    (slot, gen.request(c.d, ahead[1:]), cand.catch_up, reads)
+                    for (slot, gen, ahead, _), c, cand, reads in zip(live, choices, candidates, windows)
                     if c.model
                 ]
             )

@@ -57,6 +57,19 @@ def test_the_assistant_reads_each_sequence_of_a_shared_target(tiny_gemma4):
             assert rows.shape == (2, target_model.info.n_embd) and not np.array_equal(rows[0], rows[1])
 
 
+def beside_each_other(engine: Engine, kind: str) -> tuple[SlotPool, list]:
+    """TEXTS alone, then as three streams drafting with `kind` in one shared batch: the same texts, each stream's
+    drafter reported and its drafts drafted and accepted. Returns the pool and its slots."""
+    pool = SlotPool(engine, 3)
+    prompts = [engine.tokenize(text) for text in TEXTS]
+    expected = [alone(engine, pool, p, kind, max_tokens=40) for p in prompts]
+    slots = [pool.acquire(p) for p in prompts]
+    gens = [generate(engine, pool, s, p, kind, max_tokens=40) for s, p in zip(slots, prompts, strict=True)]
+    assert together(engine, pool, gens, slots) == expected
+    assert all(g.stats.drafter == kind and g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
+    return pool, slots
+
+
 @pytest.fixture(scope="module")
 def gemma4_slots(tiny_gemma4):
     with Engine.load(tiny_gemma4.target, tiny_gemma4.assistant, n_ctx=256, n_seq=3, n_threads=1) as engine:
@@ -68,13 +81,7 @@ def test_assistant_streams_draft_beside_each_other_with_their_text_alone(gemma4_
     each alone (past the sliding window), drafts accepted for each, every cache consistent."""
     engine = gemma4_slots
     assert engine.drafter.kind == "assistant"
-    pool = SlotPool(engine, 3)
-    prompts = [engine.tokenize(text) for text in TEXTS]
-    expected = [alone(engine, pool, p, "assistant", max_tokens=40) for p in prompts]
-    slots = [pool.acquire(p) for p in prompts]
-    gens = [generate(engine, pool, s, p, "assistant", max_tokens=40) for s, p in zip(slots, prompts, strict=True)]
-    assert together(engine, pool, gens, slots) == expected
-    assert all(g.stats.drafter == "assistant" and g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
+    pool, slots = beside_each_other(engine, "assistant")
     drafters = {id(pool.drafting(s, "assistant")[0]) for s in slots}
     assert len(drafters) == 3 and id(engine.drafter) not in drafters
 
@@ -93,15 +100,9 @@ def test_mtp_streams_draft_beside_each_other_with_their_text_alone(mtp_slots):
     cache consistent (the heads' too)."""
     engine = mtp_slots
     assert engine.drafter.kind == "mtp" and engine.target.mode == "seq_rm"
-    pool = SlotPool(engine, 3)
-    prompts = [engine.tokenize(text) for text in TEXTS]
-    expected = [alone(engine, pool, p, "mtp", max_tokens=40) for p in prompts]
     # The slots are reused: each prompt shares its first token with what its slot held, where the head lacks the
     # target's row; the prompt's read starts one token earlier and brings it (no decode of the head's own in a tick).
-    slots = [pool.acquire(p) for p in prompts]
-    gens = [generate(engine, pool, s, p, "mtp", max_tokens=40) for s, p in zip(slots, prompts, strict=True)]
-    assert together(engine, pool, gens, slots) == expected
-    assert all(g.stats.drafter == "mtp" and g.stats.drafted > 0 and g.stats.accepted > 0 for g in gens)
+    pool, slots = beside_each_other(engine, "mtp")
     heads = [pool.drafting(s, "mtp")[0] for s in slots]
     assert len({id(h) for h in heads}) == 3 and engine.drafter not in heads
     assert len({h.head.ctx.parent for h in heads}) == 1  # one head context, a sequence per slot
