@@ -311,7 +311,7 @@ def _guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Req
             return error_response(ApiError(503, str(e), "server_error", code="rpc_error"), request.scope)
         except ModelFileError as e:  # the pair's weights compute NaN: the server's trouble, not the request's
             return error_response(model_error(e), request.scope)
-        except NoRoomError as e:  # the slots' shared pool held by the running requests: try again later
+        except NoRoomError as e:  # the slots' shared pool full with nothing running to free it
             return error_response(pool_full(e), request.scope)
         except LocalspecError as e:
             return error_response(ApiError(400, str(e)), request.scope)

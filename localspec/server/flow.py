@@ -163,8 +163,9 @@ class Stream:
 
 
 def pool_full(error: NoRoomError) -> ApiError:
-    """A prompt the pool the slots share had no room for (the running requests hold it): 503, try again later."""
-    why = f"the prompt does not fit beside the running requests: {error}"
+    """A prompt the pool the slots share had no room for, with no running request left to make room (one that
+    finds the pool held by running requests waits for them: server/scheduler.py): 503."""
+    why = f"the prompt finds no room in the slots' shared KV pool: {error}"
     return ApiError(503, why, "server_error", code="kv_full")
 
 

@@ -7,7 +7,9 @@ for some of them (their n-gram copies, or the draft model's) where that is predi
 and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
 read a chunk per tick (`Generation.read_prompt`) while the others answer. A finished or cancelled
-request gives its slot back at once, in the tick it ends.
+request gives its slot back at once, in the tick it ends. A prompt that finds no room in the slots' one pool beside
+the running requests (they hold its cells) waits at the head of the queue until one of them ends, then starts again;
+only a prompt that does not fit with nothing else running is refused.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from localspec.core.slots import SHARED_DRAFTS_ENV, Slot, SlotPool
+from localspec.errors import NoRoomError
 from localspec.models.flags import RunFlags
 
-from .request import Emit, Job, Outcome, Request, steps
+from .request import Emit, Event, Job, Outcome, Request, Token, steps
 from .served import Served
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,8 @@ class Entry:
     future: Future
     run: Generator[None, None, Outcome] | None = None
     slot: Slot | None = None
+    answered: bool = False  # a token of it was emitted: it can no longer start again
+    room_after: int | None = None  # waiting for room: started before, again once more requests than this have ended
 
 
 class Scheduler:
@@ -87,6 +92,7 @@ class Scheduler:
         self._looping = False
         self._pool: SlotPool | None = None
         self._pool_of: Served | None = None  # the pair the pool's slots belong to
+        self._ended = 0  # requests ended so far: a prompt waiting for room starts again when this grows
 
     @property
     def busy(self) -> int:
@@ -128,11 +134,17 @@ class Scheduler:
                 entry = self._waiting[0]
                 if entry.work is None and self.busy >= self.n_slots:
                     return
+                if entry.room_after == self._ended and self._active and not entry.job.cancelled:
+                    return  # its prompt waits for a running request to end (first in, first out)
                 self._waiting.popleft()
             self._start(entry)
 
     def _start(self, entry: Entry) -> None:
-        if not entry.future.set_running_or_notify_cancel():
+        if entry.room_after is not None:  # started before: it waited for room
+            if entry.job.cancelled:
+                self._settle(entry)
+                return
+        elif not entry.future.set_running_or_notify_cancel():
             self._settle(entry)
             return
         try:
@@ -153,11 +165,16 @@ class Scheduler:
             assert entry.request is not None  # an entry is a request or a job's work
             request = self.runner.with_flags(entry.request)
             max_tokens = self.runner.flags.max_tokens
+
+            def emit(event: Event) -> None:
+                entry.answered = entry.answered or isinstance(event, Token)
+                entry.emit(event)
+
             entry.run = steps(
                 served,
                 request,
                 entry.job,
-                entry.emit,
+                emit,
                 default_max_tokens=max_tokens,
                 slot=slot if pool is not None else None,
                 shared=pool,
@@ -207,6 +224,9 @@ class Scheduler:
                 next(entry.run)
             except StopIteration as end:
                 self._settle(entry, result=end.value)
+            except NoRoomError as e:
+                if not self._wait_for_room(entry, e):
+                    self._settle(entry, error=e)
             except BaseException as e:
                 self._settle(entry, error=e)
         if pool is not None:
@@ -215,11 +235,30 @@ class Scheduler:
             if entry.slot is not None:
                 entry.slot.view.discard()
 
+    def _wait_for_room(self, entry: Entry, error: NoRoomError) -> bool:
+        """`entry`'s prompt found no room in the pool beside the running requests: back to the head of the queue,
+        its slot given back (the cells it read stay an idle slot's, for the prompt cache), to start again once one of
+        them ends. False where it cannot wait: it answered already, or nothing else runs that would make room."""
+        with self._lock:
+            others = [other for other in self._active if other is not entry and other.work is None]
+            if entry.answered or not others:
+                return False
+            self._active.remove(entry)
+            entry.run, entry.room_after = None, self._ended
+            self._waiting.appendleft(entry)
+        if entry.slot is not None and self._pool is not None:
+            self._pool.release(entry.slot)
+            entry.slot = None
+        entry.job.generation = None
+        log.info("a prompt waits for room beside %d running request(s): %s", len(others), error)
+        return True
+
     def _settle(self, entry: Entry, *, result=None, error: BaseException | None = None) -> None:
         """End `entry`: its slot back, its place in the queue freed, its future settled."""
         with self._lock:
             if entry in self._active:
                 self._active.remove(entry)
+                self._ended += 1
         if entry.slot is not None and self._pool is not None:
             self._pool.release(entry.slot)
             entry.slot = None

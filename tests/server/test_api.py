@@ -244,13 +244,15 @@ def test_a_schemas_objects_that_do_not_say_additional_properties_are_closed():
     assert _allows_after(_grammars({})[0], "{", '"')  # an empty schema is any JSON still
 
 
-def test_a_prompt_with_no_room_beside_the_running_requests_is_a_503_in_one_line():
-    """The slots' shared pool held by the running requests (`NoRoomError` from a prompt's read): the server's state,
-    not the request's fault — 503 `kv_full`, saying what to change, streamed or not."""
+def test_a_prompt_with_no_room_in_the_pool_is_a_503_in_one_line():
+    """The slots' shared pool with no room for a prompt and nothing running to free it (`NoRoomError` from a prompt's
+    read; one beside running requests waits for them: tests/server/test_scheduler.py): the server's state, not the
+    request's fault — 503 `kv_full`, saying what to change, streamed or not."""
     from localspec.errors import NoRoomError
     from localspec.server.flow import _as_api
 
     why = "the slots' shared KV pool is full (4096 cells for 4 slots): raise --n-ctx or lower --parallel"
     error = _as_api(NoRoomError(why))
     assert (error.status, error.type, error.code) == (503, "server_error", "kv_full")
-    assert error.message == f"the prompt does not fit beside the running requests: {why}" and "\n" not in error.message
+    assert error.message == f"the prompt finds no room in the slots' shared KV pool: {why}"
+    assert "\n" not in error.message

@@ -4,6 +4,8 @@ batch — it steps before the chunk's decode replaces the context's logits, what
 
 from __future__ import annotations
 
+import threading
+
 from localspec.models.flags import RunFlags
 from localspec.server.request import PROMPT_CHUNK, Started, Token
 from localspec.server.request import Request as ServerRequest
@@ -70,3 +72,38 @@ def test_automatic_slots_are_four_where_the_target_shares_and_one_where_it_canno
         assert all(o.generations[0].stats.emitted == 8 for o in outcomes)
     finally:
         runner.close()
+
+
+def test_a_prompt_with_no_room_beside_a_running_request_waits_for_it_to_end(chat_home):
+    """One pool of 256 cells for two slots: B's prompt arrives while A's long prompt and answer hold the cells it
+    needs. B is not refused (it was a 503 `kv_full`): it waits at the head of the queue until A ends, then reads its
+    prompt and answers as it does alone; A answers whole."""
+    runner = Runner(RunFlags(pair="tiny", drafter="none", n_ctx=256), chat_home, parallel=2)
+    try:
+        served = runner.start()
+        words = "the man said that the water was hot and".split()
+        long_prompt, other_prompt = " ".join(words * 22), " ".join(reversed(words * 11))
+        n_long, n_other = len(served.engine.tokenize(long_prompt)), len(served.engine.tokenize(other_prompt))
+        assert n_long + 40 <= 256 < n_long + n_other  # each fits alone, not beside the other
+        alone = runner.submit(ServerRequest(None, other_prompt, max_tokens=8))[1].result(120)
+        order: list[str] = []
+        a_answers = threading.Event()
+
+        def emit_a(event) -> None:
+            if isinstance(event, Token):
+                order.append("A")
+                a_answers.set()
+
+        def emit_b(event) -> None:
+            if isinstance(event, Token):
+                order.append("B")
+
+        _, a = runner.submit(ServerRequest(None, long_prompt, max_tokens=40), emit_a)
+        assert a_answers.wait(120)
+        _, b = runner.submit(ServerRequest(None, other_prompt, max_tokens=8), emit_b)
+        first, second = a.result(120), b.result(120)
+    finally:
+        runner.close()
+    assert first.generations[0].stats.emitted == 40 and first.generations[0].finish_reason == "length"
+    assert second.generations[0].tokens == alone.generations[0].tokens  # as alone, once A ended
+    assert order == ["A"] * order.count("A") + ["B"] * order.count("B"), order  # B's first token after A's last
