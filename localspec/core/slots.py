@@ -437,6 +437,18 @@ class SlotPool:
         """Seconds inside llama_decode so far, of the target's context and the draft's slots context."""
         return self._parent.seconds_decoding + (self._drafts.seconds_decoding if self._drafts is not None else 0.0)
 
+    @staticmethod
+    def waits(slot: Slot) -> bool:
+        """Whether rows decoded for `slot` in this tick's shared batch wait for its step (which must then come before
+        any step that decodes on its own: that would replace the context's logits)."""
+        return slot.view.pending
+
+    @staticmethod
+    def discard(slots: Sequence[Slot]) -> None:
+        """Rows still pending on `slots` after a tick (a stream that ended or was cancelled before its step) removed."""
+        for slot in slots:
+            slot.view.discard()
+
     def end(self, streams: Sequence[tuple[Slot, Generation]]) -> None:
         """End the tick after its steps: each stream that verified drafts decoded in it teaches its acceptance, and
         the tick's time outside the decodes is the overhead the next plans count (a plain tick pays it as a drafting

@@ -217,7 +217,7 @@ class Scheduler:
             pool.begin(streams)
             # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
             # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
-            entries.sort(key=lambda e: not (e.slot is not None and e.slot.view.pending))
+            entries.sort(key=lambda e: not (e.slot is not None and pool.waits(e.slot)))
         for entry in entries:
             assert entry.run is not None  # set when it started
             try:
@@ -231,9 +231,8 @@ class Scheduler:
                 self._settle(entry, error=e)
         if pool is not None:
             pool.end(streams)
-        for entry in self._active:
-            if entry.slot is not None:
-                entry.slot.view.discard()
+        if self._pool is not None:
+            self._pool.discard([entry.slot for entry in self._active if entry.slot is not None])
 
     def _wait_for_room(self, entry: Entry, error: NoRoomError) -> bool:
         """`entry`'s prompt found no room in the pool beside the running requests: back to the head of the queue,
