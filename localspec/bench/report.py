@@ -49,6 +49,7 @@ class Row:
     best_peer_ratio: float | None = None  # tok/s / the fastest of llama-server's settings at this temperature
     drafter: str = ""  # the drafter of this row ("": the one the pair loaded)
     schema: bool = False  # the structured workload (the peer runs free text only: no peer figures on it)
+    per_prompt: tuple[float, ...] = ()  # tok/s on each prompt (its runs over the rounds), in the prompts' order
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,7 @@ def render(report: BenchReport) -> list[str]:
     lines.append("")
     lines += _table(report.rows) + peer_lines(report.peer, report.best_peer)
     lines += _divergences(report.rows, report.logit_noise)
+    lines += adaptive_by_prompt(report.rows)
     bridged = [r for r in report.rows if r.bridge_us_per_draft_token]
     if bridged:
         lines.append(
@@ -256,6 +258,31 @@ def _table(rows: list[Row]) -> list[str]:
                 line += f"{'–':>11}{'–':>7}"
             line += f"{r.best_peer_ratio:>11.2f}" if r.best_peer_ratio else f"{'–':>11}"
         lines.append(line)
+    return lines
+
+
+def adaptive_by_prompt(rows: list[Row]) -> list[str]:
+    """For each adaptive row, its tok/s on each prompt over the best fixed k's on that prompt (the fixed-k rows of the
+    same temperature, verification, workload and drafter), and the lowest: whether the policy keeps up with the best
+    draft length prompt by prompt, not only on the whole."""
+    lines = []
+    for a in rows:
+        if a.k is not None or not a.per_prompt:
+            continue
+        same = (a.temperature, a.verify, a.schema, a.drafter)
+        fixed = [r for r in rows if r.k and (r.temperature, r.verify, r.schema, r.drafter) == same]
+        fixed = [r for r in fixed if len(r.per_prompt) == len(a.per_prompt)]
+        if not fixed:
+            continue
+        parts = []
+        for i, rate in enumerate(a.per_prompt):
+            best = max(fixed, key=lambda r: r.per_prompt[i])
+            parts.append((rate / best.per_prompt[i] if best.per_prompt[i] else 0.0, best.k))
+        lines.append(
+            f"{a.setting} T{a.temperature:g} over the best fixed k, prompt by prompt: "
+            + ", ".join(f"{ratio:.2f} (k={k})" for ratio, k in parts)
+            + f"; lowest {min(ratio for ratio, _ in parts):.2f}"
+        )
     return lines
 
 

@@ -153,6 +153,7 @@ class Tally:
     tokens: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (round, prompt) -> output
     seconds_mask: float = 0.0  # the grammar's masks (the structured workload)
     masks: int = 0
+    prompts: dict[int, Stats] = field(default_factory=dict)  # each prompt's runs added up, by its index
 
 
 def _run_one(engine: Engine, prompt: list[int], setting: Setting, tokens: int) -> tuple[Generation, float]:
@@ -214,6 +215,7 @@ def _row(setting: Setting, tally: Tally, plain: Tally | None, divergences: tuple
         mask_us_per_row=1e6 * tally.seconds_mask / tally.masks if tally.masks else 0.0,
         drafter=setting.drafter,
         schema=setting.schema,
+        per_prompt=tuple(tally.prompts[p].tokens_per_second for p in sorted(tally.prompts)),
     )
 
 
@@ -284,6 +286,7 @@ def run_bench(
         gen, python = _run_one(engine, prompts[p], setting, tokens)
         tally = tallies[setting]
         tally.stats.merge(gen.stats)
+        tally.prompts.setdefault(p, Stats()).merge(gen.stats)
         tally.seconds_outside_decode += python
         tally.tokens[(round_, p)] = list(gen.tokens)
         if gen.constraint is not None:

@@ -4,6 +4,7 @@ rows still print."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import stat
@@ -77,6 +78,7 @@ def test_every_setting_runs_and_json_holds_finite_ratios(tiny_models, capsys, lo
         ):
             assert math.isfinite(r[key]), (name, key, r[key])
         assert r["tokens_per_second"] > 0 and r["ratio"] > 0
+        assert len(r["per_prompt"]) == 4 and all(rate > 0 for rate in r["per_prompt"])  # the four built-in prompts
         if name == "plain":
             assert r["ratio"] == pytest.approx(1.0) and r["acceptance"] == 0
         elif not name.startswith("adaptive"):
@@ -274,3 +276,28 @@ def test_the_structured_workload_runs_every_setting_under_the_schema(tiny_models
             assert r["divergences"] == [] or all(d["top2_gap"] >= 0 for d in r["divergences"])
     assert rows["plain schema"]["tokens_per_pass"] > 1  # forced tokens: more than one token per pass without drafts
     assert rows["plain schema"]["ratio"] == pytest.approx(1.0)
+
+
+def test_each_adaptive_row_is_set_against_the_best_fixed_k_prompt_by_prompt():
+    """Issue 66: the policy within 3 % of the best fixed k on every prompt — the report says it prompt by prompt
+    (the best of the same temperature, verification, workload and drafter), and the lowest."""
+    from localspec.bench.report import Row, adaptive_by_prompt
+
+    base = Row("k=4", 0.0, 4, "pq", 10.0, 1.0, 0.5, 0.5, 2.0, 0.3, 1.2, 4.0, 1.4, 1.0, 0.1, 50.0, 80.0, 20.0)
+
+    def row(setting, k, rates, **kw):
+        return dataclasses.replace(base, setting=setting, k=k, per_prompt=rates, **kw)
+
+    rows = [
+        row("plain", 0, (5.0, 5.0, 5.0)),
+        row("k=4", 4, (10.0, 20.0, 8.0)),
+        row("k=8", 8, (12.0, 16.0, 8.0)),
+        row("adaptive≤8", None, (12.0, 19.0, 8.8)),
+        row("k=8 pq", 8, (1.0, 1.0, 1.0), temperature=0.8),  # another temperature: not its yardstick
+        row("adaptive≤8 pq", None, (2.0, 1.0, 0.5), temperature=0.8, verify="pq"),
+    ]
+    assert adaptive_by_prompt(rows) == [
+        "adaptive≤8 T0 over the best fixed k, prompt by prompt: 1.00 (k=8), 0.95 (k=4), 1.10 (k=4); lowest 0.95",
+        "adaptive≤8 pq T0.8 over the best fixed k, prompt by prompt: 2.00 (k=8), 1.00 (k=8), 0.50 (k=8); lowest 0.50",
+    ]
+    assert adaptive_by_prompt([row("adaptive≤8", None, (1.0,))]) == []  # no fixed k to set it against
