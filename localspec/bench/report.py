@@ -279,7 +279,7 @@ def adaptive_by_prompt(rows: list[Row]) -> list[str]:
             best = max(fixed, key=lambda r: r.per_prompt[i])
             parts.append((rate / best.per_prompt[i] if best.per_prompt[i] else 0.0, best.k))
         lines.append(
-            f"{a.setting} T{a.temperature:g} over the best fixed k, prompt by prompt: "
+            f"prompt by prompt, {a.setting} T{a.temperature:g} over the best fixed k: "
             + ", ".join(f"{ratio:.2f} (k={k})" for ratio, k in parts)
             + f"; lowest {min(ratio for ratio, _ in parts):.2f}"
         )

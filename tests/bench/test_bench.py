@@ -297,7 +297,7 @@ def test_each_adaptive_row_is_set_against_the_best_fixed_k_prompt_by_prompt():
         row("adaptive≤8 pq", None, (2.0, 1.0, 0.5), temperature=0.8, verify="pq"),
     ]
     assert adaptive_by_prompt(rows) == [
-        "adaptive≤8 T0 over the best fixed k, prompt by prompt: 1.00 (k=8), 0.95 (k=4), 1.10 (k=4); lowest 0.95",
-        "adaptive≤8 pq T0.8 over the best fixed k, prompt by prompt: 2.00 (k=8), 1.00 (k=8), 0.50 (k=8); lowest 0.50",
+        "prompt by prompt, adaptive≤8 T0 over the best fixed k: 1.00 (k=8), 0.95 (k=4), 1.10 (k=4); lowest 0.95",
+        "prompt by prompt, adaptive≤8 pq T0.8 over the best fixed k: 2.00 (k=8), 1.00 (k=8), 0.50 (k=8); lowest 0.50",
     ]
     assert adaptive_by_prompt([row("adaptive≤8", None, (1.0,))]) == []  # no fixed k to set it against
