@@ -199,6 +199,7 @@ class DraftRead:
         self.drafter, self.policy = drafter, policy
         self.reads = reads_of(drafter)
         self.declined = False  # `pays` said no after the first token: it will not say yes later
+        self.why = ""  # why `pays` said no, last time it did (what the stats say of the plain steps)
         if self.reads is not None:
             self.reads.aim(prompt)
             self.unread = self.reads.unread(prompt)
@@ -243,6 +244,11 @@ class DraftRead:
         # it back; declined on the recent answers' lengths, it is weighed again at the next token: an answer that runs
         # on past the short ones is expected to run longer.
         self.declined = cost > saving * bound and given > 0
+        self.why = (
+            f"the draft's read would not pay: speculation is predicted at {speedup:.2f}× plain"
+            if saving <= 0
+            else "too few tokens to come to pay for the draft's read of the prompt"
+        )
         return cost <= saving * (bound if expected is None else expected)
 
     def finished(self, tokens: int, cut: bool) -> None:

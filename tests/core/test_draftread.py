@@ -138,3 +138,17 @@ def test_a_policy_gone_off_opens_the_next_answer_with_a_probe_the_draft_reads_fo
         gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=32, policy=policy)
         assert gen.stats.drafted > 0 and gen.stats.probes > 0  # the probe ran: the draft had read the prompt
         assert policy.off  # still slower by these costs: off again after it
+
+
+def test_an_answer_whose_draft_read_would_not_pay_says_why(tiny_models):
+    """A policy still on (too little evidence to turn it off) whose costs predict speculation slower than plain: the
+    draft's read saves nothing, so it is not made and the answer decodes plainly — and the stats say so, not "too few
+    tokens to come" (what they said of every declined read, seen at T 0.8 on the demo pair)."""
+    slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)
+    policy = DraftPolicy(costs=slow)
+    policy.acceptance = Acceptance.measured(0.6, 1.0, forget=policy.tuning.forget)
+    with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
+        prompt = engine.tokenize(PROMPT * 12)  # more than a read before the first token
+        gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=32, policy=policy)
+    assert not policy.off and gen.stats.drafted == 0 and gen.stats.draft_prefill_decoded == 0
+    assert gen.stats.speculation_off.startswith("the draft's read would not pay: speculation is predicted at 0.")
