@@ -18,6 +18,7 @@ import codecs
 import logging
 import math
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -222,11 +223,19 @@ class BridgedDrafter(ModelDrafter):
     for "model+ngram" as it does a `ModelDrafter`."""
 
     batched = False  # its cache holds the draft's own tokens: it drafts for its stream itself
+    windowed = False  # it reads all of its spelling of the history (no window: `reads_of` passes it by)
 
     def __init__(self, seq: KVSequence, bridge: VocabBridge) -> None:
         super().__init__(seq, size_ratio=bridge.draft.info.file_size / bridge.target.info.file_size)
         self.bridge = bridge
         self.mirror = HistoryMirror(bridge)
+
+    def unread_tokens(self, prompt: Sequence[int]) -> int:
+        """The draft tokens its cache lacks to draft after `prompt` (what `prefill` would decode): its spelling of the
+        prompt (kept incrementally, cheap) past the common prefix with what its cache holds."""
+        self.mirror.translate(list(prompt))
+        spelled = self.mirror.draft[:-1]
+        return len(spelled) - common_prefix(self.seq.tokens, spelled)
 
     def describe(self) -> str:
         return self.bridge.describe()

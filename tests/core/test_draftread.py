@@ -152,3 +152,20 @@ def test_an_answer_whose_draft_read_would_not_pay_says_why(tiny_models):
         gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=32, policy=policy)
     assert not policy.off and gen.stats.drafted == 0 and gen.stats.draft_prefill_decoded == 0
     assert gen.stats.speculation_off.startswith("the draft's read would not pay: speculation is predicted at 0.")
+
+
+def test_a_bridged_draft_counts_what_it_reads_in_its_own_spelling(tiny_models):
+    """A draft with another vocabulary holds its own spelling of the history, never the target's ids: what it has to
+    read for a chat's next turn is that turn's spelling, not the whole prompt (it was: compared with the target's
+    ids, a prompt it held looked unread — every turn's read deferred past the first token and weighed as a long one
+    — and a long prompt it had not read looked like a window of it, which it then read whole)."""
+    from localspec.core.draftread import DraftRead
+
+    with Engine.load(tiny_models.target, tiny_models.vocab_shuffled, n_ctx=2048) as engine:
+        assert engine.bridge is not None
+        first = engine.tokenize(PROMPT * 20)
+        run_to_end(engine, first, sampling=GREEDY, spec=FIXED4, max_tokens=8)  # a fixed k: the draft reads it all
+        cold = DraftRead(engine.drafter, engine.policy, engine.tokenize(" ".join(reversed(PROMPT.split())) * 40))
+        assert cold.unread > 300  # a long prompt it has not read: all of it (no window here), in its own tokens
+        turn = DraftRead(engine.drafter, engine.policy, [*first, *engine.tokenize(" water was hot", add_special=False)])
+        assert 0 < turn.unread <= 8  # the new words (and the token the last read held back)
