@@ -223,19 +223,17 @@ class BridgedDrafter(ModelDrafter):
     for "model+ngram" as it does a `ModelDrafter`."""
 
     batched = False  # its cache holds the draft's own tokens: it drafts for its stream itself
-    windowed = False  # it reads all of its spelling of the history (no window: `reads_of` passes it by)
 
     def __init__(self, seq: KVSequence, bridge: VocabBridge) -> None:
         super().__init__(seq, size_ratio=bridge.draft.info.file_size / bridge.target.info.file_size)
         self.bridge = bridge
         self.mirror = HistoryMirror(bridge)
 
-    def unread_tokens(self, prompt: Sequence[int]) -> int:
-        """The draft tokens its cache lacks to draft after `prompt` (what `prefill` would decode): its spelling of the
-        prompt (kept incrementally, cheap) past the common prefix with what its cache holds."""
-        self.mirror.translate(list(prompt))
-        spelled = self.mirror.draft[:-1]
-        return len(spelled) - common_prefix(self.seq.tokens, spelled)
+    def spell(self, history: Sequence[int]) -> list[int]:
+        """Its own tokens for `history` (the mirror kept incrementally: a few tokens of work a step): what it reads,
+        and what its window (`reads`, core/draftread.py) and its read are counted in."""
+        self.mirror.translate(list(history))
+        return self.mirror.draft
 
     def describe(self) -> str:
         return self.bridge.describe()
@@ -253,11 +251,12 @@ class BridgedDrafter(ModelDrafter):
             return Proposal()  # the target is inside a character: draft after it, next step
         k = request.k
         n_draft = k if self.bridge.mode == "shared" else self._text_budget(k)
-        if len(self.mirror.draft) + n_draft >= self.n_ctx:
+        view = self.reads.view(self.mirror.draft)  # its spelling under this generation's window
+        if len(view) + n_draft >= self.seq.ctx.n_ctx:
             return Proposal()  # the draft's spelling of the history fills its context
         if self.seq.ctx.device_greedy:
             self.seq.ctx.device_law(0)  # the greedy chain: its logits reach the host (the shared mode maps them)
-        self.seq.sync(self.mirror.draft, outputs=1)
+        self.seq.sync(view, outputs=1)
         if self.seq.needs_checkpoint(request.k, one_batch=False):  # drafted one by one
             self.seq.checkpoint()
         if self.bridge.mode == "shared":
@@ -266,11 +265,11 @@ class BridgedDrafter(ModelDrafter):
 
     def prefill(self, prompt: list[int], *, progress=None) -> int:
         self.mirror.translate(prompt)
-        draft = self.mirror.draft
-        if len(draft) >= self.n_ctx:
+        view = self.reads.view(self.mirror.draft[:-1])  # its spelling under the window the generation aimed
+        if len(view) + 1 >= self.seq.ctx.n_ctx:
             return 0
         try:
-            return self.seq.sync(draft[:-1], progress=progress)
+            return self.seq.sync(view, progress=progress)
         finally:
             self.meter.take()  # the prompt's cost is the prefill's, not the first proposal's
 

@@ -163,31 +163,28 @@ class Drafter(Protocol):
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int: ...
 
 
-def reads_of(drafter: Drafter, *, window: bool = True) -> DraftReads | None:
-    """The draft model's reads behind `drafter` (a `ModelDrafter`'s, or the one a wrapper drafts with); None where the
-    drafter has none (a head, n-grams) or, with `window`, reads no window (a bridged draft, which spells the history
-    in its own tokens: `windowed` False; its reads still keep the answers' lengths and its speed of reading)."""
+def reads_of(drafter: Drafter) -> DraftReads | None:
+    """The draft model's reads behind `drafter` (a `ModelDrafter`'s or a `BridgedDrafter`'s, or the one a wrapper
+    drafts with); None where the drafter has none (a head, n-grams)."""
     held: object = drafter
     while held is not None:
         reads = getattr(held, "reads", None)
-        if isinstance(reads, DraftReads) and (getattr(held, "windowed", True) or not window):
+        if isinstance(reads, DraftReads):
             return reads
         held = getattr(held, "inner", None)
     return None
 
 
-def unread_of(drafter: Drafter, prompt: Sequence[int]) -> int:
-    """How many tokens `drafter`'s cache lacks to draft after `prompt` (all of it but its last token), where it has no
-    window: in the draft's own tokens for a draft that spells the history in its own vocabulary (`unread_tokens`: a
-    bridged draft, whose cache never holds the target's ids), else the prompt's past what its caches hold."""
+def spelled(drafter: Drafter, prompt: Sequence[int]) -> list[int]:
+    """`prompt` in the tokens the draft behind `drafter` reads: its own spelling for a draft with another vocabulary
+    (a `BridgedDrafter`'s `spell`), else the prompt itself. Its window and what it has read are counted in these."""
     held: object = drafter
     while held is not None:
-        spelled = getattr(held, "unread_tokens", None)
-        if callable(spelled):
-            return int(spelled(prompt))
+        spell = getattr(held, "spell", None)
+        if callable(spell):
+            return list(spell(prompt))
         held = getattr(held, "inner", None)
-    before = list(prompt[:-1])
-    return max((len(before) - common_prefix(seq.tokens, before) for seq in drafter.caches), default=0)
+    return list(prompt)
 
 
 class Asking(Protocol):
@@ -212,15 +209,16 @@ class DraftRead:
 
     def __init__(self, drafter: Drafter, policy: DraftPolicy, prompt: Sequence[int]) -> None:
         self.drafter, self.policy = drafter, policy
-        self.reads = reads_of(drafter)  # its window's (None: it has none)
-        self.kept = reads_of(drafter, window=False)  # what it learnt of reading: the answers' lengths, its speed
+        self.reads = reads_of(drafter)
         self.declined = False  # `pays` said no after the first token: it will not say yes later
         self.why = ""  # why `pays` said no, last time it did (what the stats say of the plain steps)
-        if self.reads is not None:
-            self.reads.aim(prompt)
-            self.unread = self.reads.unread(prompt)
-        else:  # no window: what its cache lacks (a bridged draft's: of its own spelling of the prompt)
-            self.unread = unread_of(drafter, prompt)
+        if self.reads is not None:  # in the tokens it reads (a bridged draft's own spelling)
+            words = spelled(drafter, prompt)
+            self.reads.aim(words)
+            self.unread = self.reads.unread(words)
+        else:  # no window: all of the prompt past what a cache holds
+            held = list(prompt[:-1])
+            self.unread = max((len(held) - common_prefix(seq.tokens, held) for seq in drafter.caches), default=0)
 
     def later(self, generation: Asking) -> bool:
         """Whether the draft reads after the first token (the first step is plain), if ever, not before it: where it
@@ -242,12 +240,12 @@ class DraftRead:
             return self.policy.wants_draft(True)
         stats, given = generation.stats, len(generation.tokens)
         bound = min(generation.max_tokens - given, HORIZON_MAX)
-        expected = self.kept.lengths.remaining(given, bound) if self.kept is not None else None
+        expected = self.reads.lengths.remaining(given, bound) if self.reads is not None else None
         timed = generation.sampling.seed is None or generation.sampling.greedy
         plain = (stats.seconds_verify + stats.seconds_sampling) / max(stats.target_passes, 1)
         read = READ_PRIOR
-        if timed and self.kept is not None and self.kept.seconds.n and plain > 0:
-            read = self.kept.seconds.value / plain
+        if timed and self.reads is not None and self.reads.seconds.n and plain > 0:
+            read = self.reads.seconds.value / plain
         speedup = SPEEDUP_PRIOR
         costs = self.policy.costs if timed and self.policy.costs.missing() is None else self.policy.estimate
         if costs is self.policy.costs:
@@ -268,8 +266,8 @@ class DraftRead:
 
     def finished(self, tokens: int, cut: bool) -> None:
         """The generation ended after `tokens` tokens (`cut`: by its max_tokens): the next ones' horizon learns it."""
-        if self.kept is not None:
-            self.kept.lengths.add(tokens, cut)
+        if self.reads is not None:
+            self.reads.lengths.add(tokens, cut)
 
     def read(self, history: list[int], progress: Progress | None = None) -> int:
         """The drafter reads `history` (but its last token) under the window; returns the tokens it decoded, its speed
@@ -280,7 +278,7 @@ class DraftRead:
         """
         t0 = time.perf_counter()
         decoded = self.drafter.prefill(history, progress=progress)
-        if self.kept is not None and decoded >= 32:
-            self.kept.seconds.add((time.perf_counter() - t0) / decoded)
+        if self.reads is not None and decoded >= 32:
+            self.reads.seconds.add((time.perf_counter() - t0) / decoded)
         self.unread = 0
         return decoded

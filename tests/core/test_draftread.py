@@ -154,18 +154,23 @@ def test_an_answer_whose_draft_read_would_not_pay_says_why(tiny_models):
     assert gen.stats.speculation_off.startswith("the draft's read would not pay: speculation is predicted at 0.")
 
 
-def test_a_bridged_draft_counts_what_it_reads_in_its_own_spelling(tiny_models):
-    """A draft with another vocabulary holds its own spelling of the history, never the target's ids: what it has to
-    read for a chat's next turn is that turn's spelling, not the whole prompt (it was: compared with the target's
-    ids, a prompt it held looked unread — every turn's read deferred past the first token and weighed as a long one
-    — and a long prompt it had not read looked like a window of it, which it then read whole)."""
+def test_a_bridged_draft_reads_a_window_of_its_own_spelling(tiny_models):
+    """A draft with another vocabulary holds its own spelling of the history, never the target's ids: its window and
+    what it has to read are counted in that spelling. A long cold prompt: it reads the window's width of it (it read
+    its whole spelling), and greedy stays the target's; a chat's next turn: that turn (compared with the target's ids,
+    a prompt it held looked unread, and every turn's read was deferred past the first token)."""
     from localspec.core.draftread import DraftRead
 
     with Engine.load(tiny_models.target, tiny_models.vocab_shuffled, n_ctx=2048) as engine:
         assert engine.bridge is not None
+        cold = engine.tokenize(" ".join(reversed(PROMPT.split())) * 40)
+        read = DraftRead(engine.drafter, engine.policy, cold)
+        assert WIDTH <= read.unread < WIDTH + ALIGN  # the window, in its own tokens (of 300 and more)
+        gen = run_to_end(engine, cold, sampling=GREEDY, spec=FIXED4, max_tokens=24)  # a fixed k: the draft reads
+        assert WIDTH <= gen.stats.draft_prefill_decoded < WIDTH + ALIGN and gen.stats.drafted > 0
         first = engine.tokenize(PROMPT * 20)
-        run_to_end(engine, first, sampling=GREEDY, spec=FIXED4, max_tokens=8)  # a fixed k: the draft reads it all
-        cold = DraftRead(engine.drafter, engine.policy, engine.tokenize(" ".join(reversed(PROMPT.split())) * 40))
-        assert cold.unread > 300  # a long prompt it has not read: all of it (no window here), in its own tokens
+        run_to_end(engine, first, sampling=GREEDY, spec=FIXED4, max_tokens=8)
         turn = DraftRead(engine.drafter, engine.policy, [*first, *engine.tokenize(" water was hot", add_special=False)])
         assert 0 < turn.unread <= 8  # the new words (and the token the last read held back)
+    with Engine.load(tiny_models.target, drafter="none", n_ctx=2048) as plain:
+        assert_identical(tiny_models.target, cold, run_greedy(plain, cold, k=0, n=24).tokens, gen.tokens)
