@@ -120,6 +120,7 @@ class Generation:
         self._chain: ChainLawBuilder | None = None  # llama.cpp's chain for the target's law, while it runs
         self._text = TextStream(stop)
         self._cancel = threading.Event()
+        self._chunk = 0  # `read_prompt` waits between parts of this many tokens (0: it does not)
         self._started = False
         self._draft_unread = False  # the draft has not read the prompt: it reads it after the first token
         self._draft_read: DraftRead | None = None  # when and how much of the prompt the draft reads (set by `_run`)
@@ -220,12 +221,30 @@ class Generation:
         self.stats.prefill_decoded += target.n_decoded - decoded
         self.stats.prefill_restored += target.n_restored - restored
         self.stats.seconds_prefill += time.perf_counter() - t0
-        while len(prompt) - done > chunk and not self._cancel.is_set():
-            done = whole_images(prompt, done + chunk)
-            t0 = time.perf_counter()
-            self.stats.prefill_decoded += target.sync(prompt[:done])
-            self.stats.seconds_prefill += time.perf_counter() - t0
-            yield
+        try:
+            while len(prompt) - done > chunk and not self._cancel.is_set():
+                part = prompt[done : whole_images(prompt, done + chunk)]
+                t0 = time.perf_counter()
+                target.append(part, outputs=0)  # rows a shared batch decoded for it are taken (`prompt_rows`)
+                done += len(part)
+                self.stats.prefill_decoded += len(part)
+                self.stats.seconds_prefill += time.perf_counter() - t0
+                self._chunk = chunk
+                yield
+        finally:
+            self._chunk = 0
+
+    def prompt_rows(self) -> list[int] | None:
+        """The part of the prompt `read_prompt` reads when it resumes — where it waits between parts, and the part
+        holds no image — for a shared batch to decode beside the other streams' rows (`serve --parallel`: one pass
+        for all, no logits for them); None otherwise."""
+        if not self._chunk or self._cancel.is_set():
+            return None
+        prompt, done = self.prompt[:-1], self.target.n_past
+        if len(prompt) - done <= self._chunk:
+            return None
+        part = prompt[done : whole_images(prompt, done + self._chunk)]
+        return part if part and min(part) >= 0 else None
 
     @property
     def caches(self) -> tuple[KVSequence, ...]:

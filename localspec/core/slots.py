@@ -64,6 +64,7 @@ RATES_ENOUGH = 4  # recent ticks of a kind whose median is trusted
 # "off" (read by the server): a request with a grammar, a seed at T > 0 or a bridged draft drafts only while it runs
 # alone, as before issue 65 — what `bench --clients --structured` measures the default against; not a user's setting.
 SHARED_DRAFTS_ENV = "LOCALSPEC_SHARED_DRAFTS"
+READ_BESIDE_SPARE = MAX_DRAFT  # rows a stream's drafts keep of a batch that also reads a prompt's part
 REMAINING_CAP = 256  # most tokens a stream is counted on to emit still (max_tokens is often far above its answer)
 
 
@@ -264,6 +265,7 @@ class SlotPool:
         tick = self.tick = SharedTick(self._decoding(), sum(len(gen.tokens) for _, gen in streams))
         self._ticks += 1
         ready = [(slot, gen, ahead) for slot, gen in streams if (ahead := self._next_rows(slot, gen)) is not None]
+        reading = [(slot, part) for slot, gen in streams if (part := self._prompt_rows(slot, gen)) is not None]
         free = self._parent.free_cells(sum(len(ahead) for _, _, ahead in ready))  # idle slots' freed where too few
         # Too few cells: the longest answers (then the most cells) are left out, they grew into the room; each finds
         # none in its own step and ends in one line.
@@ -275,6 +277,15 @@ class SlotPool:
             kept.append(one)
             used += len(one[2])
         live, candidates, windows, rows = [], [], [], []
+        # Parts of prompts being read go into the batch too (one pass with the steps' rows, no logits), where they fit
+        # beside the steps' rows and a few drafts; else each is read by a decode of its own, at its stream's turn.
+        room = min(self._parent.n_batch, free) - used - READ_BESIDE_SPARE * len(kept)
+        for slot, part in reading:
+            if len(part) <= room:
+                rows.append((slot.view, part, slot.target.n_past))
+                room -= len(part)
+                used += len(part)
+                tick.reads += len(part)
         for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
@@ -333,10 +344,20 @@ class SlotPool:
             rows.append((slot.view, [*ahead, *(proposal.tokens if proposal is not None else ())], slot.target.n_past))
         if rows:
             before_decoding = self._parent.seconds_decoding
-            decode_shared(rows)
+            parts = {id(slot.view) for slot, _ in reading}  # a prompt's part: no logits
+            decode_shared(rows, outputs=[0 if id(view) in parts else len(tokens) for view, tokens, _ in rows])
             sizes = [len(tokens) for _, tokens, _ in rows]
-            self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
+            if not tick.reads:  # a prompt's rows in it: its seconds are no step's shape
+                self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
         return sum(len(tokens) for _, tokens, _ in rows)
+
+    @staticmethod
+    def _prompt_rows(slot: Slot, gen: Generation) -> list[int] | None:
+        """The part of its prompt `gen` reads next in `slot` (`Generation.prompt_rows`), where a shared batch may read
+        it: not for a target whose draft head follows its decodes (the head reads the rows' hidden states)."""
+        if gen.target is not slot.target or slot.view.after_decode is not None:
+            return None
+        return gen.prompt_rows()
 
     @staticmethod
     def _next_rows(slot: Slot, gen: Generation) -> list[int] | None:
@@ -458,10 +479,11 @@ class SlotPool:
         if tick is None:
             return
         seconds = time.perf_counter() - tick.began
-        self._overheads.append(max(0.0, seconds - (self._decoding() - tick.decoding)))
-        emitted = sum(len(gen.tokens) for _, gen in streams) - tick.emitted
-        drafted = any(stream.n and not stream.own for stream in tick.streams.values())
-        self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
+        if not tick.reads:  # a tick that read a prompt's part says nothing of the steps' own pace
+            self._overheads.append(max(0.0, seconds - (self._decoding() - tick.decoding)))
+            emitted = sum(len(gen.tokens) for _, gen in streams) - tick.emitted
+            drafted = any(stream.n and not stream.own for stream in tick.streams.values())
+            self._rates.setdefault((len(streams), drafted), deque(maxlen=16)).append(emitted / seconds)
         for gen, stream in tick.streams.items():
             if not stream.n or stream.own:
                 continue

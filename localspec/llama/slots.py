@@ -79,7 +79,7 @@ class SeqContext:
                 tuple(tokens) == pending.tokens
                 and n_past == pending.n_past
                 and outputs <= pending.outputs
-                and pending.decode == self.parent.decodes
+                and (pending.decode == self.parent.decodes or outputs == 0)  # no logits read: its cells are enough
             ):
                 self._row, self._n_rows = pending.first + len(tokens) - outputs, outputs  # its output rows: its last
                 if self.after_decode is not None:  # a draft head reads this sequence's rows of the shared batch
@@ -221,10 +221,16 @@ def route_decodes(parent: Context, views: Sequence[SeqContext]) -> None:
     parent.after_decode = told
 
 
-def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last_only: bool = False) -> None:
+def decode_shared(
+    rows: Sequence[tuple[SeqContext, Sequence[int], int]],
+    *,
+    last_only: bool = False,
+    outputs: Sequence[int] | None = None,
+) -> None:
     """Decode each (sequence, tokens, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
     next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `last_only`: only
-    each sequence's last row is output (a draft catching up: the rows before are not read).
+    each sequence's last row is output (a draft catching up: the rows before are not read); `outputs`: how many rows
+    at the end of each are output (0: none, a part of a prompt read beside the others' steps); default all of them.
 
     The rows go to llama.cpp in sequence order (a pool of cells kept apart per sequence split a batch at every
     sequence id out of ascending order; the one shared pool takes any order in one pass, the order stays harmless).
@@ -235,13 +241,16 @@ def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], *, last
         return
     parent = rows[0][0].parent
     assert all(view.parent is parent and not view.pending and tokens for view, tokens, _ in rows)
-    rows = sorted(rows, key=lambda row: row[0].seq)
+    counts = list(outputs) if outputs is not None else [1 if last_only else len(tokens) for _, tokens, _ in rows]
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0].seq)
+    rows, counts = [rows[i] for i in order], [counts[i] for i in order]
     flat = [(view.seq, token, n_past + j) for view, tokens, n_past in rows for j, token in enumerate(tokens)]
-    out = [j == len(tokens) - 1 for _, tokens, _ in rows for j in range(len(tokens))] if last_only else None
+    every = all(n == len(tokens) for (_, tokens, _), n in zip(rows, counts, strict=True))
+    out = None if every else [j >= len(t) - n for (_, t, _), n in zip(rows, counts, strict=True) for j in range(len(t))]
     parent.decode_rows(flat, out)
     first = 0
-    for view, tokens, n_past in rows:
-        view._pending = SharedRows(tuple(tokens), n_past, first, 1 if last_only else len(tokens), parent.decodes)
+    for (view, tokens, n_past), n in zip(rows, counts, strict=True):
+        view._pending = SharedRows(tuple(tokens), n_past, first, n, parent.decodes)
         first += len(tokens)
 
 

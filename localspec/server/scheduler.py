@@ -6,10 +6,10 @@ when two or more run, the next token of every stream is decoded in ONE batch (`S
 for some of them (their n-gram copies, or the draft model's) where that is predicted to pay (core/batchdraft.py),
 and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
-read a chunk per tick (`Generation.read_prompt`) while the others answer. A finished or cancelled
-request gives its slot back at once, in the tick it ends. A prompt that finds no room in the slots' one pool beside
-the running requests (they hold its cells) waits at the head of the queue until one of them ends, then starts again;
-only a prompt that does not fit with nothing else running is refused.
+read a chunk per tick (`Generation.read_prompt`) while the others answer, in their batch where it fits. A finished
+or cancelled request gives its slot back at once, in the tick it ends. A prompt that finds no room in the slots'
+one pool beside the running requests (they hold its cells) waits at the head of the queue until one of them ends,
+then starts again; only a prompt that does not fit with nothing else running is refused.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ from localspec.server.runner import Runner
 
 
 def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home):
+    """Each part of B's prompt is read in the same batch as A's next row (one decode a tick, no logits for the
+    prompt's rows; it was two: A's row, then B's part by a decode of its own), and both answer as they do alone."""
     runner = Runner(RunFlags(pair="tiny", drafter="none"), chat_home, parallel=2)
     try:
         served = runner.start()
@@ -34,19 +36,28 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home)
         # B first: it steps before A in arrival order, and A's row must still be taken before B's chunk is decoded
         _, b = runner.submit(ServerRequest(None, long_prompt, max_tokens=4), recorder("B"))
         _, a = runner.submit(ServerRequest(None, "water was the man", max_tokens=300), recorder("A"))
-        a.result(120)
-        b.result(120)
+        beside = [a.result(120).generations[0].tokens, b.result(120).generations[0].tokens]
     finally:
         runner.close()
+    runner = Runner(RunFlags(pair="tiny", drafter="none"), chat_home, parallel=1)
+    try:
+        runner.start()
+        alone = [
+            runner.submit(ServerRequest(None, prompt, max_tokens=n))[1].result(120).generations[0].tokens
+            for prompt, n in (("water was the man", 300), (long_prompt, 4))
+        ]
+    finally:
+        runner.close()
+    assert beside == alone
     who = [w for w, _ in events]
     start, first = who.index("B started"), who.index("B")
     between = [decodes for w, decodes in events[start:first] if w == "A"]
     chunks = (n_prompt - 1) // PROMPT_CHUNK - (1 if (n_prompt - 1) % PROMPT_CHUNK == 0 else 0)
     assert len(between) >= chunks - 1, who[start : first + 1]  # A answered while B's prompt was read
-    # each tick after A's first (its prompt read alone): A's row in the shared batch, then B's chunk — two decodes,
-    # not A's own decode as well (three, when B stepped first)
+    # each tick after A's first (its prompt read alone): A's row and B's part of its prompt in ONE decode — not A's
+    # row, then B's part on its own (two), nor A's own decode as well (three, when B stepped first)
     steps = [later - earlier for earlier, later in zip(between, between[1:], strict=False)]
-    assert steps[1:] and set(steps[1:]) == {2}, steps
+    assert steps[1:] and set(steps[1:]) == {1}, steps
     assert who.count("A") == 300 and who.count("B") == 4
 
 
