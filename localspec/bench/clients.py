@@ -66,6 +66,7 @@ class ClientsRow:
     tokens_per_second: float  # aggregate, the median over the rounds
     latency: float  # seconds from send to whole answer, the clients' mean, the median over the rounds
     ratio: float | None  # localspec's tok/s over this server's at the same client count (None: localspec's row)
+    per_round: tuple[float, ...] = ()  # its aggregate tok/s in each round, in order
 
 
 @dataclass(slots=True)
@@ -242,7 +243,7 @@ def run_clients(plan: ClientsPlan, show: Callable[[str], None] = lambda _: None)
             rate = statistics.median(x for x, _ in runs)
             latency = statistics.median(y for _, y in runs)
             ratio = None if name == LOCAL.format(n=n) else ours / rate
-            report.rows.append(ClientsRow(name, clients, rate, latency, ratio))
+            report.rows.append(ClientsRow(name, clients, rate, latency, ratio, tuple(x for x, _ in runs)))
     return report
 
 
@@ -364,7 +365,22 @@ def render_clients(report: ClientsReport) -> list[str]:
         ratio = "" if row.ratio is None else f"{row.ratio:.2f}"
         rate, latency = f"{row.tokens_per_second:>8.1f}", f"{row.latency:>10.2f}"
         lines.append(f"{row.server:<{width}} {row.clients:>7} {rate} {ratio:>12} {latency}")
+    lines += rounds_lines(report.rows)
     lines += [f"note: {note}" for note in report.notes]
+    return lines
+
+
+def rounds_lines(rows: Sequence[ClientsRow]) -> list[str]:
+    """localspec's ratio to each server round by round (the servers take turns within a round, so a round's ratio
+    is measured in the same minutes): how far the median's rounds scatter."""
+    ours = {row.clients: row.per_round for row in rows if row.ratio is None}
+    lines = []
+    for row in rows:
+        mine = ours.get(row.clients, ())
+        if row.ratio is None or len(row.per_round) < 2 or len(mine) != len(row.per_round):
+            continue
+        ratios = ", ".join(f"{a / b:.2f}" if b else "–" for a, b in zip(mine, row.per_round, strict=True))
+        lines.append(f"localspec × {row.server}, {row.clients} client{'s' * (row.clients > 1)}, by round: {ratios}")
     return lines
 
 

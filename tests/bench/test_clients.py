@@ -97,3 +97,19 @@ def test_structured_clients_run_beside_a_server_whose_grammar_streams_draft_alon
     assert yardstick["tokens_per_second"] > 0 and yardstick["ratio"] == pytest.approx(
         ours / yardstick["tokens_per_second"]
     )
+
+
+def test_the_ratio_to_each_server_is_also_given_round_by_round():
+    """A median over rounds hides their scatter (four structured clients gave 1.14–1.27× the yardstick from run to
+    run): the report gives localspec's ratio to each server in each round, where the servers took turns."""
+    from localspec.bench.clients import ClientsRow, rounds_lines
+
+    rows = [
+        ClientsRow("localspec --parallel 4", 4, 150.0, 1.8, None, (150.0, 180.0, 140.0)),
+        ClientsRow("localspec --parallel 4, grammar drafts alone", 4, 130.0, 2.7, 150.0 / 130.0, (120.0, 150.0, 0.0)),
+        ClientsRow("llama-server -np 4", 4, 100.0, 3.5, 1.5, (100.0,)),  # one round: nothing to scatter
+        ClientsRow("localspec --parallel 4", 1, 100.0, 0.9, None, (100.0, 90.0, 95.0)),
+    ]
+    assert rounds_lines(rows) == [
+        "localspec × localspec --parallel 4, grammar drafts alone, 4 clients, by round: 1.25, 1.20, –"
+    ]
