@@ -211,7 +211,6 @@ class DraftRead:
         self.drafter, self.policy = drafter, policy
         self.reads = reads_of(drafter)
         self.declined = False  # `pays` said no after the first token: it will not say yes later
-        self.why = ""  # why `pays` said no, last time it did (what the stats say of the plain steps)
         if self.reads is not None:  # in the tokens it reads (a bridged draft's own spelling)
             words = spelled(drafter, prompt)
             self.reads.aim(words)
@@ -250,18 +249,17 @@ class DraftRead:
         costs = self.policy.costs if timed and self.policy.costs.missing() is None else self.policy.estimate
         if costs is self.policy.costs:
             speedup = self.policy.best(max(generation.spec.draft_max, 1), costs)[1]
+        if speedup <= 1.0:  # the policy is on (its keep rule: an optimistic α̂ still predicts a gain) while α̂ does not:
+            # the read is its to judge by the drafts it verifies next. Declined here, no step ever asked the policy
+            # again — the answer stayed plain, so did every answer after it ("too few tokens to come", seen at T 0.8)
+            return True
         fixed = costs.draft_ratio()  # what any read costs besides its tokens: a draft decode
-        saving = max(0.0, 1.0 - 1.0 / speedup)  # plain steps saved per token
+        saving = 1.0 - 1.0 / speedup  # plain steps saved per token
         cost = (PAYBACK if self.unread > READ_FIRST_MAX else 1.0) * (self.unread * read + fixed)
         # Declined once the first token's step is timed and even max_tokens' horizon, which only shrinks, would not pay
         # it back; declined on the recent answers' lengths, it is weighed again at the next token: an answer that runs
         # on past the short ones is expected to run longer.
         self.declined = cost > saving * bound and given > 0
-        self.why = (
-            f"the draft's read would not pay: speculation is predicted at {speedup:.2f}× plain"
-            if saving <= 0
-            else "too few tokens to come to pay for the draft's read of the prompt"
-        )
         return cost <= saving * (bound if expected is None else expected)
 
     def finished(self, tokens: int, cut: bool) -> None:

@@ -348,8 +348,8 @@ class Generation:
         """k for a step this stream's own policy decides (alone, or `draft_own`): none before the draft has read the
         prompt, none after forced tokens for a head that reads the target's rows (it has none for them yet)."""
         if self._draft_unread:  # before the draft has read the prompt: the first step, and an answer too short to pay
-            if self.tokens and self._draft_read is not None:
-                self.stats.speculation_off = self._draft_read.why or "the draft has not read the prompt"
+            if self.tokens:
+                self.stats.speculation_off = "too few tokens to come to pay for the draft's read of the prompt"
             return 0
         if forced and self.drafter.after_target_decode is not None:
             return 0

@@ -140,18 +140,19 @@ def test_a_policy_gone_off_opens_the_next_answer_with_a_probe_the_draft_reads_fo
         assert policy.off  # still slower by these costs: off again after it
 
 
-def test_an_answer_whose_draft_read_would_not_pay_says_why(tiny_models):
-    """A policy still on (too little evidence to turn it off) whose costs predict speculation slower than plain: the
-    draft's read saves nothing, so it is not made and the answer decodes plainly — and the stats say so, not "too few
-    tokens to come" (what they said of every declined read, seen at T 0.8 on the demo pair)."""
+def test_a_policy_on_whose_estimate_predicts_no_gain_still_gets_the_read_and_judges_it(tiny_models):
+    """A policy still on (its keep rule: too little evidence, an optimistic α̂) while its α̂ predicts speculation slower
+    than plain: the read is made and the policy judges by the drafts it verifies — here it turns off. Declined (as it
+    was, "too few tokens to come"), no step asked the policy again: the answer and every one after it stayed plain."""
     slow = EstimatedCosts(draft_ratio=0.9, batch_slope=0.3)
     policy = DraftPolicy(costs=slow)
     policy.acceptance = Acceptance.measured(0.6, 1.0, forget=policy.tuning.forget)
+    assert policy.best(4, slow)[1] < 1 and not policy.off
     with Engine.load(tiny_models.target, tiny_models.draft_same, n_ctx=2048) as engine:
         prompt = engine.tokenize(PROMPT * 12)  # more than a read before the first token
         gen = run_to_end(engine, prompt, sampling=GREEDY, spec=ADAPTIVE, max_tokens=32, policy=policy)
-    assert not policy.off and gen.stats.drafted == 0 and gen.stats.draft_prefill_decoded == 0
-    assert gen.stats.speculation_off.startswith("the draft's read would not pay: speculation is predicted at 0.")
+    assert gen.stats.draft_prefill_decoded > 0 and gen.stats.drafted > 0
+    assert policy.off  # its own verdict, from what it verified
 
 
 def test_a_bridged_draft_reads_a_window_of_its_own_spelling(tiny_models):
