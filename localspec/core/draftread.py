@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -163,28 +163,28 @@ class Drafter(Protocol):
     def prefill(self, prompt: list[int], *, progress: Progress | None = None) -> int: ...
 
 
+def _behind(drafter: Drafter, found: Callable[[object], object]) -> object:
+    """The first non-None `found(d)` for `drafter` and the drafters it wraps (`inner`), outermost first."""
+    held: object = drafter
+    while held is not None:
+        if (it := found(held)) is not None:
+            return it
+        held = getattr(held, "inner", None)
+    return None
+
+
 def reads_of(drafter: Drafter) -> DraftReads | None:
     """The draft model's reads behind `drafter` (a `ModelDrafter`'s or a `BridgedDrafter`'s, or the one a wrapper
     drafts with); None where the drafter has none (a head, n-grams)."""
-    held: object = drafter
-    while held is not None:
-        reads = getattr(held, "reads", None)
-        if isinstance(reads, DraftReads):
-            return reads
-        held = getattr(held, "inner", None)
-    return None
+    reads = _behind(drafter, lambda held: r if isinstance(r := getattr(held, "reads", None), DraftReads) else None)
+    return reads if isinstance(reads, DraftReads) else None
 
 
 def spelled(drafter: Drafter, prompt: Sequence[int]) -> list[int]:
     """`prompt` in the tokens the draft behind `drafter` reads: its own spelling for a draft with another vocabulary
     (a `BridgedDrafter`'s `spell`), else the prompt itself. Its window and what it has read are counted in these."""
-    held: object = drafter
-    while held is not None:
-        spell = getattr(held, "spell", None)
-        if callable(spell):
-            return list(spell(prompt))
-        held = getattr(held, "inner", None)
-    return list(prompt)
+    spell = _behind(drafter, lambda held: f if callable(f := getattr(held, "spell", None)) else None)
+    return list(spell(prompt)) if callable(spell) else list(prompt)
 
 
 class Asking(Protocol):

@@ -222,8 +222,7 @@ class Generation:
         self.stats.prefill_restored += target.n_restored - restored
         self.stats.seconds_prefill += time.perf_counter() - t0
         try:
-            while len(prompt) - done > chunk and not self._cancel.is_set():
-                part = prompt[done : whole_images(prompt, done + chunk)]
+            while (part := self._next_part(done, chunk)) and not self._cancel.is_set():
                 t0 = time.perf_counter()
                 target.append(part, outputs=0)  # rows a shared batch decoded for it are taken (`prompt_rows`)
                 done += len(part)
@@ -240,11 +239,14 @@ class Generation:
         for all, no logits for them); None otherwise."""
         if not self._chunk or self._cancel.is_set():
             return None
-        prompt, done = self.prompt[:-1], self.target.n_past
-        if len(prompt) - done <= self._chunk:
-            return None
-        part = prompt[done : whole_images(prompt, done + self._chunk)]
+        part = self._next_part(self.target.n_past, self._chunk)
         return part if part and min(part) >= 0 else None
+
+    def _next_part(self, done: int, chunk: int) -> list[int]:
+        """The part of the prompt `read_prompt` reads after its first `done` tokens (empty: what is left, at most
+        `chunk`, is read when the generation starts)."""
+        prompt = self.prompt[:-1]
+        return prompt[done : whole_images(prompt, done + chunk)] if len(prompt) - done > chunk else []
 
     @property
     def caches(self) -> tuple[KVSequence, ...]:

@@ -285,7 +285,7 @@ class SlotPool:
                 rows.append((slot.view, part, slot.target.n_past))
                 room -= len(part)
                 used += len(part)
-                tick.reads += len(part)
+        tick.reads = len(rows)  # its first rows: parts of prompts, no logits
         for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
@@ -344,8 +344,7 @@ class SlotPool:
             rows.append((slot.view, [*ahead, *(proposal.tokens if proposal is not None else ())], slot.target.n_past))
         if rows:
             before_decoding = self._parent.seconds_decoding
-            parts = {id(slot.view) for slot, _ in reading}  # a prompt's part: no logits
-            decode_shared(rows, outputs=[0 if id(view) in parts else len(tokens) for view, tokens, _ in rows])
+            decode_shared(rows, [0 if i < tick.reads else len(tokens) for i, (_, tokens, _) in enumerate(rows)])
             sizes = [len(tokens) for _, tokens, _ in rows]
             if not tick.reads:  # a prompt's rows in it: its seconds are no step's shape
                 self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
@@ -430,7 +429,7 @@ class SlotPool:
                 draft.sync(view[:-1])  # a new request's prompt: decoded on its own, in chunks
                 n = len(view) - 1
             catch_up.append((draft.ctx, view[n:], n))
-        self._decode_drafts(catch_up, last_only=True)
+        self._decode_drafts(catch_up, outputs=[1] * len(catch_up))  # each cache's last row: the rest is not read
         loops = {}
         for (slot, request, _, _), (_, tokens, _) in zip(chosen, catch_up, strict=True):
             slot.draft.append(list(tokens), outputs=1)  # takes its rows of the batch
@@ -447,10 +446,10 @@ class SlotPool:
         slots = {slot.index: slot for slot, _, _, _ in chosen}
         return drive(loops, decode)
 
-    def _decode_drafts(self, rows: list, *, last_only: bool = False) -> None:
+    def _decode_drafts(self, rows: list, outputs: list[int] | None = None) -> None:
         """`decode_shared` on the draft's slots context, timed into `draft_costs`."""
         before = self._drafts.seconds_decoding
-        decode_shared(rows, last_only=last_only)
+        decode_shared(rows, outputs)
         sizes = [len(tokens) for _, tokens, _ in rows]
         self.draft_costs.observe(passes(sizes), sum(sizes), self._drafts.seconds_decoding - before)
 

@@ -66,7 +66,7 @@ class SharedTick:
     def __init__(self, decoding: float, emitted: int) -> None:
         self.began, self.decoding, self.emitted = time.perf_counter(), decoding, emitted
         self.streams: dict[Generation, TickStream] = {}
-        self.reads = 0  # rows of prompts read in its batch (`Generation.prompt_rows`): its time is not a step's
+        self.reads = 0  # parts of prompts read in its batch (`Generation.prompt_rows`): its time is not a step's
 
     def drafts_for(self, generation: Generation) -> Proposal | None:
         """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""

@@ -221,16 +221,11 @@ def route_decodes(parent: Context, views: Sequence[SeqContext]) -> None:
     parent.after_decode = told
 
 
-def decode_shared(
-    rows: Sequence[tuple[SeqContext, Sequence[int], int]],
-    *,
-    last_only: bool = False,
-    outputs: Sequence[int] | None = None,
-) -> None:
+def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], outputs: Sequence[int] | None = None) -> None:
     """Decode each (sequence, tokens, n_past) of `rows` in ONE `llama_decode` of their shared parent; each sequence's
-    next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `last_only`: only
-    each sequence's last row is output (a draft catching up: the rows before are not read); `outputs`: how many rows
-    at the end of each are output (0: none, a part of a prompt read beside the others' steps); default all of them.
+    next `decode` of exactly those tokens at n_past takes its rows from it (`SeqContext.decode`). `outputs`: how many
+    rows at the end of each are output (1: a draft catching up, the rows before not read; 0: a part of a prompt read
+    beside the others' steps); default all of them.
 
     The rows go to llama.cpp in sequence order (a pool of cells kept apart per sequence split a batch at every
     sequence id out of ascending order; the one shared pool takes any order in one pass, the order stays harmless).
@@ -241,7 +236,7 @@ def decode_shared(
         return
     parent = rows[0][0].parent
     assert all(view.parent is parent and not view.pending and tokens for view, tokens, _ in rows)
-    counts = list(outputs) if outputs is not None else [1 if last_only else len(tokens) for _, tokens, _ in rows]
+    counts = list(outputs) if outputs is not None else [len(tokens) for _, tokens, _ in rows]
     order = sorted(range(len(rows)), key=lambda i: rows[i][0].seq)
     rows, counts = [rows[i] for i in order], [counts[i] for i in order]
     flat = [(view.seq, token, n_past + j) for view, tokens, n_past in rows for j, token in enumerate(tokens)]

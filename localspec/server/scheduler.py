@@ -245,12 +245,16 @@ class Scheduler:
             self._active.remove(entry)
             entry.run, entry.room_after = None, self._ended
             self._waiting.appendleft(entry)
-        if entry.slot is not None and self._pool is not None:
-            self._pool.release(entry.slot)
-            entry.slot = None
+        self._release(entry)
         entry.job.generation = None
         log.info("a prompt waits for room beside %d running request(s): %s", len(others), error)
         return True
+
+    def _release(self, entry: Entry) -> None:
+        """`entry`'s slot back to the pool, if it holds one."""
+        if entry.slot is not None and self._pool is not None:
+            self._pool.release(entry.slot)
+            entry.slot = None
 
     def _settle(self, entry: Entry, *, result=None, error: BaseException | None = None) -> None:
         """End `entry`: its slot back, its place in the queue freed, its future settled."""
@@ -258,9 +262,7 @@ class Scheduler:
             if entry in self._active:
                 self._active.remove(entry)
                 self._ended += 1
-        if entry.slot is not None and self._pool is not None:
-            self._pool.release(entry.slot)
-            entry.slot = None
+        self._release(entry)
         self.runner.forget(entry.job)
         if entry.future.done():
             return
