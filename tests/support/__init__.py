@@ -39,7 +39,7 @@ def run_greedy(engine: Engine, prompt: list[int], k: int, n: int = 48) -> Genera
 
 def top2_gap(path, tokens: list[int]) -> float:
     """Top-2 logit gap of the model after `tokens`, computed in a fresh context."""
-    with Model(path) as model, Context(model, n_ctx=512) as ctx:
+    with Model(path) as model, Context(model, n_ctx=max(512, len(tokens) + 1)) as ctx:
         ctx.decode(tokens, 0, outputs=1)
         top = np.sort(ctx.logits(-1))[-2:]
         return float(top[1] - top[0])
