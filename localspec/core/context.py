@@ -37,6 +37,12 @@ class Context(Protocol):
         of its own, so the step that read it says nothing of what a step costs."""
         ...
 
+    @property
+    def seconds_ahead(self) -> float:
+        """Seconds of the last decode where it was made ahead of the step that took its rows, alone in its batch (a
+        shared tick of one stream, `serve --parallel`): the step's own decode, timed early; 0.0 otherwise."""
+        ...
+
     # Told (tokens, n_past) after each decode: a draft head that reads the rows (installed by `Engine.use_drafter`).
     after_decode: Callable[[list[int], int], None] | None
 

@@ -46,6 +46,7 @@ class DraftCost:
     decoded: int = 0  # tokens its model decoded: the drafts and any catch-up
     seconds_decode: float = 0.0  # of the drafting time, inside llama_decode (the rest is Python)
     seconds_bridging: float = 0.0  # of the drafting time, moving between two vocabularies (a bridged draft)
+    seconds_ahead: float = 0.0  # drafted ahead of its step (a shared tick: `Generation.draft_own`): the wall seconds
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ one, with what it yields and what starts it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -42,6 +43,11 @@ class Tick(Protocol):
 
     def drafts_for(self, generation: Generation) -> Proposal | None:
         """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""
+        ...
+
+    def alone(self, generation: Generation) -> bool:
+        """Whether `generation` steps as it would alone (its own drafter and policy, its draft's read of its prompt,
+        its step's own timing): no other stream's rows are in this tick's batch."""
         ...
 
 
@@ -126,6 +132,7 @@ class Generation:
         self._draft_read: DraftRead | None = None  # when and how much of the prompt the draft reads (set by `_run`)
         self._forced: list[int] | None = None  # the grammar's forced tokens for the next step, once worked out
         self._own_drafts: Proposal | None = None  # drafted by `draft_own` for the next step's shared tick
+        self._chose = False  # `draft_own` asked this stream's policy for the next step's k (the step teaches it)
         self._draft_error: NonFiniteLogitsError | None = None  # what `draft_own` met, said by the step
 
     @property
@@ -190,17 +197,22 @@ class Generation:
         limit = self.engine.draft_limit(self.spec, remaining, len(history) + len(forced), self.drafter)
         return max(0, min(limit, self.target.room() - 1 - len(forced)))  # a shared pool's free cells
 
-    def draft_own(self) -> Proposal | None:
+    def draft_own(self, *, alone: bool = False) -> Proposal | None:
         """This stream's drafts for its next step in a shared batch, drafted now by its own drafter with the k its own
-        policy chooses, exactly as its step alone would (`drafts_alone`: a seeded or bridged stream); None: none.
-        The step then verifies them from the batch's rows and its drafter keeps its cache (`Drafted`)."""
+        policy chooses, exactly as its step alone would (`drafts_alone`: a seeded or bridged stream; `alone`: the
+        tick's only stream, which first lets its draft read the prompt where that pays, as a step alone does); None:
+        none. The step then verifies them from the batch's rows and its drafter keeps its cache (`SharedDrafts`)."""
         history = self._history
         if history is None or self._forced is None:
             return None
+        if alone and not self._catch_up_draft(history):
+            return None  # cancelled while the draft read: its step ends it
         forced = self._forced
+        self._chose = True
         k = self._draft_length(history, forced)
         if not k:
             return None
+        t0 = time.perf_counter()
         try:
             drafts = self.drafter.propose(self.request(k, forced))
         except NonFiniteLogitsError as e:  # said by its step, as alone (`speculative_step` names the model)
@@ -208,6 +220,7 @@ class Generation:
             return None
         if self.constraint is not None:
             drafts = admitted(drafts, self.constraint, len(forced))
+        drafts.cost = dataclasses.replace(drafts.cost, seconds_ahead=time.perf_counter() - t0)  # its step's draft time
         self._own_drafts = drafts
         return drafts
 
@@ -322,9 +335,27 @@ class Generation:
         return read.later(self)
 
     def _draft_wanted(self, history: list[int]) -> bool:
-        # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0).
+        # A prompt longer than a shorter draft context: no drafting (the room check keeps k at 0). Beside other streams
+        # in a tick, the plan's drafts catch the draft up.
         fits = len(history) < self.drafter.n_ctx
-        return fits and self._tick() is None and self.policy.wants_draft(self.spec.adaptive)
+        tick = self._tick()
+        return fits and (tick is None or tick.alone(self)) and self.policy.wants_draft(self.spec.adaptive)
+
+    def _catch_up_draft(self, history: list[int]) -> bool:
+        """The draft reads what it has not of the prompt, once that pays (core/draftread.py `DraftRead.pays`); False:
+        the generation was cancelled while it read."""
+        read = self._draft_read
+        if not (self._draft_unread and self.tokens and read is not None and read.pays(self)):
+            return True
+        self._draft_unread = False
+        t0 = time.perf_counter()
+        try:
+            self._read_draft(history)
+        except PrefillStopped:
+            return False
+        finally:
+            self.stats.seconds_prefill += time.perf_counter() - t0
+        return True
 
     def _read_draft(self, history: list[int]) -> None:
         """The drafter reads `history` (but its last token) to draft after it.
@@ -366,21 +397,22 @@ class Generation:
         return max(0, min(k, self.target.room() - 1 - len(forced)))  # a shared pool's free cells (--parallel)
 
     def _step_drafter(self, history: list[int], forced: list[int]) -> tuple[Drafter, int, bool]:
-        """The drafter of the next step, its k, and whether this stream's own policy chose k: alone, the stream's
-        drafter; in a shared tick, the drafts decoded for it in the batch (its own, drafted ahead by `draft_own`, or
-        the plan's) or none."""
+        """The drafter of the next step, its k, and whether this stream's own policy chose k: alone (no tick, or one
+        that decoded nothing for it nor for any other stream: its first step), the stream's drafter; in a shared tick,
+        the drafts decoded for it in the batch (its own, drafted ahead by `draft_own`, or the plan's) or none."""
         tick = self._tick()
-        if tick is None:
+        if tick is None or not self._chose and tick.alone(self):
             return self.drafter, self._draft_length(history, forced), True
         ahead = tick.drafts_for(self)
         own, self._own_drafts = self._own_drafts, None
+        chose, self._chose = self._chose, False
         if self._draft_error is not None:
             error, self._draft_error = self._draft_error, None
             raise error
         if ahead is None or not ahead.tokens:
-            return self.drafter, 0, own is not None
+            return self.drafter, 0, chose
         keeper = self.drafter if own is not None else None
-        return SharedDrafts(ahead, keeper), len(ahead.tokens), own is not None
+        return SharedDrafts(ahead, keeper), len(ahead.tokens), chose
 
     def _steps(self, history: list[int]) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats
@@ -389,17 +421,9 @@ class Generation:
             if reason:
                 yield self._finish(None, reason)
                 return
-            read = self._draft_read
-            if self._draft_unread and self.tokens and read is not None and read.pays(self):  # it reads what it had not
-                self._draft_unread = False
-                t0 = time.perf_counter()
-                try:
-                    self._read_draft(history)
-                except PrefillStopped:
-                    yield self._finish(None, "cancelled")
-                    return
-                finally:
-                    stats.seconds_prefill += time.perf_counter() - t0
+            if not self._catch_up_draft(history):
+                yield self._finish(None, "cancelled")
+                return
             forced = self._forced_now(history)
             drafter, k, chosen = self._step_drafter(history, forced)
             self._forced = None  # this step takes them

@@ -50,7 +50,7 @@ from .kv import KVSequence, common_prefix
 from .params import needs_draft_model
 from .policy import DraftPolicy
 from .sampling import penalty_window
-from .slotstate import SharedTick, Slot, TickStream, draft_slots, follow_heads
+from .slotstate import SharedTick, Slot, TickStream, draft_slots, follow_heads, next_rows, prompt_rows
 from .step import admitted
 
 __all__ = ["SHARED_DRAFTS_ENV", "Slot", "SlotPool"]  # `Slot` is core/slotstate.py's, found here by the server
@@ -255,17 +255,18 @@ class SlotPool:
         if self.tick is not None:
             self.tick.streams = {gen: stream for gen, stream in self.tick.streams.items() if stream.slot is not slot}
 
-    def begin(self, streams: Sequence[tuple[Slot, Generation]]) -> int:
+    def begin(self, streams: Sequence[tuple[Slot, Generation]], running: int | None = None) -> int:
         """Start a tick: decode the next rows of every stream whose next step is a plain one in ONE batch (their
         steps then read their rows from it) — its last token and the tokens its grammar forces, then its drafts: the
         ones `plan` chose for it (its n-gram copy, or the draft model's: `draft_shared`), or, for a stream that drafts
         alone (`Generation.drafts_alone`: a seed at T > 0, another vocabulary), its own drafter's, with the k its own
-        policy chooses. Its step then verifies them (`SharedTick.drafts_for`). Until `end`, the streams step in this
-        tick (`tick`). Returns how many rows it decoded."""
-        tick = self.tick = SharedTick(self._decoding(), sum(len(gen.tokens) for _, gen in streams))
-        self._ticks += 1
-        ready = [(slot, gen, ahead) for slot, gen in streams if (ahead := self._next_rows(slot, gen)) is not None]
-        reading = [(slot, part) for slot, gen in streams if (part := self._prompt_rows(slot, gen)) is not None]
+        policy chooses, as does a tick's one stream (a lone step is a tick of one stream: `running`, the requests
+        running, their prompts read or not; default the streams). Its step then verifies them (`SharedTick.drafts_for`).
+        Until `end`, the streams step in this tick (`tick`). Returns how many rows it decoded."""
+        emitted = sum(len(gen.tokens) for _, gen in streams)
+        tick = self.tick = SharedTick(self._decoding(), emitted, len(streams) if running is None else running)
+        ready = [(slot, gen, ahead) for slot, gen in streams if (ahead := next_rows(slot, gen)) is not None]
+        reading = [(slot, part) for slot, gen in streams if (part := prompt_rows(slot, gen)) is not None]
         free = self._parent.free_cells(sum(len(ahead) for _, _, ahead in ready))  # idle slots' freed where too few
         # Too few cells: the longest answers (then the most cells) are left out, they grew into the room; each finds
         # none in its own step and ends in one line.
@@ -276,6 +277,10 @@ class SlotPool:
                 break
             kept.append(one)
             used += len(one[2])
+        if len(kept) == 1:  # a lone step is a tick of one stream: its own drafter, policy and timing, as alone
+            tick.solo = kept[0][1]
+        else:
+            self._ticks += 1  # the plan's ticks (`_probe`, `_checked`)
         live, candidates, windows, rows = [], [], [], []
         # Parts of prompts being read go into the batch too (one pass with the steps' rows, no logits), where they fit
         # beside the steps' rows and a few drafts; else each is read by a decode of its own, at its stream's turn.
@@ -289,8 +294,10 @@ class SlotPool:
         for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
-            if gen.drafts_alone or (not self.shared_drafts and gen.constraint is not None):
-                own = gen.draft_own() if self.shared_drafts else None  # as alone: its own drafter, its own k
+            solo = tick.solo is not None
+            if solo or gen.drafts_alone or (not self.shared_drafts and gen.constraint is not None):
+                # as alone: its own drafter, its own k (beside others, the yardstick's grammar streams decode plainly)
+                own = gen.draft_own(alone=solo) if solo or self.shared_drafts else None
                 if own is not None and used + len(own.tokens) > free:  # past the pool's free cells: the first ones
                     own = Proposal(own.tokens[: free - used], own.laws[: free - used], own.cost)
                 n = len(own.tokens) if own is not None else 0
@@ -349,19 +356,6 @@ class SlotPool:
             if not tick.reads:  # a prompt's rows in it: its seconds are no step's shape
                 self.costs.observe(passes(sizes), sum(sizes), self._parent.seconds_decoding - before_decoding)
         return sum(len(tokens) for _, tokens, _ in rows)
-
-    @staticmethod
-    def _prompt_rows(slot: Slot, gen: Generation) -> list[int] | None:
-        """The part of its prompt `gen` reads next in `slot` (`Generation.prompt_rows`), where a shared batch may read
-        it: not for a target whose draft head follows its decodes (the head reads the rows' hidden states)."""
-        if gen.target is not slot.target or slot.view.after_decode is not None:
-            return None
-        return gen.prompt_rows()
-
-    @staticmethod
-    def _next_rows(slot: Slot, gen: Generation) -> list[int] | None:
-        """What `gen` decodes next in `slot` (`Generation.next_rows`), where it steps in that slot."""
-        return gen.next_rows() if gen.target is slot.target else None
 
     def _checked(self, n: int, choices: list[StreamDraft]) -> list[StreamDraft]:
         """The plan, unless this machine's own ticks of n streams say drafting in a shared batch loses: the median
@@ -478,7 +472,7 @@ class SlotPool:
         if tick is None:
             return
         seconds = time.perf_counter() - tick.began
-        if not tick.reads:  # a tick that read a prompt's part says nothing of the steps' own pace
+        if not tick.reads and tick.solo is None:  # the plan's pace: a tick of several streams, reading no prompt
             self._overheads.append(max(0.0, seconds - (self._decoding() - tick.decoding)))
             emitted = sum(len(gen.tokens) for _, gen in streams) - tick.emitted
             drafted = any(stream.n and not stream.own for stream in tick.streams.values())

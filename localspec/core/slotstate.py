@@ -1,7 +1,8 @@
 """A slot and a shared tick, as data (`serve --parallel`, core/slots.py): the sequence, caches and drafters a slot
 holds for the stream it serves (`Slot`) and the contexts its drafters draft in (`draft_slots`: the draft model's, a
 sequence per slot; `follow_heads`: a draft head's sequence per slot), and what one tick of the shared batch decoded
-for each stream and what its step then taught (`TickStream`, `SharedTick`).
+for each stream and what its step then taught (`TickStream`, `SharedTick`), and which rows a stream's slot decodes
+next (`next_rows`, `prompt_rows`).
 """
 
 from __future__ import annotations
@@ -63,10 +64,12 @@ class SharedTick:
     """One tick of the shared batch, from its one decode to what its steps taught (the tick's one owner): when it
     began, the decoding seconds and the tokens emitted by then, and each stream's drafts decoded in it."""
 
-    def __init__(self, decoding: float, emitted: int) -> None:
+    def __init__(self, decoding: float, emitted: int, running: int) -> None:
         self.began, self.decoding, self.emitted = time.perf_counter(), decoding, emitted
+        self.running = running  # requests running when it began (their prompts read or not)
         self.streams: dict[Generation, TickStream] = {}
         self.reads = 0  # parts of prompts read in its batch (`Generation.prompt_rows`): its time is not a step's
+        self.solo: Generation | None = None  # its one stream, where it decodes one: it steps as alone (`alone`)
 
     def drafts_for(self, generation: Generation) -> Proposal | None:
         """The drafts decoded for `generation`'s step in this tick, handed over once (None: its plain row only)."""
@@ -75,6 +78,24 @@ class SharedTick:
             return None
         drafts, stream.drafts = stream.drafts, None
         return drafts
+
+    def alone(self, generation: Generation) -> bool:
+        """Whether `generation` steps alone in this tick: the one stream it decodes (a lone step is a tick of one
+        stream), or a request's first step where no other runs."""
+        return self.solo is generation or not self.streams and self.running <= 1
+
+
+def prompt_rows(slot: Slot, gen: Generation) -> list[int] | None:
+    """The part of its prompt `gen` reads next in `slot` (`Generation.prompt_rows`), where a shared batch may read
+    it: not for a target whose draft head follows its decodes (the head reads the rows' hidden states)."""
+    if gen.target is not slot.target or slot.view.after_decode is not None:
+        return None
+    return gen.prompt_rows()
+
+
+def next_rows(slot: Slot, gen: Generation) -> list[int] | None:
+    """What `gen` decodes next in `slot` (`Generation.next_rows`), where it steps in that slot."""
+    return gen.next_rows() if gen.target is slot.target else None
 
 
 def follow_heads(drafter: Drafter, slots: list[Slot]) -> None:

@@ -153,13 +153,13 @@ def speculative_step(target: KVSequence, drafter: Drafter, request: DraftRequest
         raise e.naming(f"the draft ({_model_name(drafter.caches)})", len(history)) from None
     if request.constraint is not None and drafts.tokens:
         drafts = admitted(drafts, request.constraint, forced)
-    clock.lap("draft")
+    clock.lap("draft", ahead=drafts.cost.seconds_ahead)
     if drafts.tokens and target.needs_checkpoint(len(drafts.tokens)):
         target.checkpoint()  # a cache that cannot drop this tail restores this instead
     # 2. ONE pass: k+1 target rows (after the tokens a grammar forced, decoded in the same batch, rows unread)
     batch = [*history[len(history) - 1 - forced :], *drafts.tokens]
     target.append(batch, outputs=len(batch) if request.logprobs is not None else len(drafts.tokens) + 1)
-    clock.lap("verify")
+    clock.lap("verify", ahead=target.ctx.seconds_ahead)  # a tick of this stream alone decoded the batch before
     try:
         n_accepted, token = accept_or_reject(drafts, target.ctx, request)  # 3. keep x_i w.p. min(1, target/draft), +1
     except NonFiniteLogitsError as e:
@@ -261,12 +261,16 @@ class StepClock:
         self._target, self._decoding = target, target.seconds_decoding
         self._seconds = {"draft": 0.0, "verify": 0.0, "sampling": 0.0}
         self._last = time.perf_counter()
+        self._ahead = 0.0  # the target's decode made ahead of the step (a tick of one stream), counted in `verify`
 
-    def lap(self, phase: str) -> None:
-        """The time since the previous lap was spent on `phase`."""
+    def lap(self, phase: str, *, ahead: float = 0.0) -> None:
+        """The time since the previous lap was spent on `phase`, and `ahead` seconds of it before the step began (its
+        drafting or its decode, made in a shared tick of this stream alone: `serve --parallel`)."""
         now = time.perf_counter()
-        self._seconds[phase] += now - self._last
+        self._seconds[phase] += now - self._last + ahead
         self._last = now
+        if phase == "verify":
+            self._ahead += ahead
 
     def timing(self, draft: DraftCost) -> StepTiming:
         """The step's timing: the phases, the target's decode time, and the drafter's own."""
@@ -276,6 +280,6 @@ class StepClock:
             seconds_verify=seconds["verify"],
             seconds_sampling=seconds["sampling"],
             seconds_draft_decode=draft.seconds_decode,
-            seconds_verify_decode=self._target.seconds_decoding - self._decoding,
+            seconds_verify_decode=self._target.seconds_decoding - self._decoding + self._ahead,
             seconds_bridging=draft.seconds_bridging,
         )

@@ -44,6 +44,7 @@ class Context:
     """
 
     row_shared = False  # its decodes are its own (a shared batch's rows: llama/slots.py)
+    seconds_ahead = 0.0  # none of its decodes was made ahead of the step that takes it (llama/slots.py)
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ rows of a shared batch among them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -33,6 +34,7 @@ class SharedRows(NamedTuple):
     first: int  # their first row in the batch
     outputs: int  # rows output at their end
     decode: int  # the parent's decodes when they were decoded (their logits are the parent's last while it holds)
+    alone: float | None = None  # the batch's seconds where these were its only rows (a tick of one stream), else None
 
 
 class SeqContext:
@@ -51,6 +53,7 @@ class SeqContext:
         self._pending: SharedRows | None = None
         self._row: int | None = None  # the last decode was the shared batch's rows _row.._row + _n_rows - 1
         self._n_rows = 0
+        self._alone: float | None = None  # that batch's seconds, where they were its only rows
 
     @property
     def seconds_decoding(self) -> float:
@@ -62,8 +65,14 @@ class SeqContext:
 
     @property
     def row_shared(self) -> bool:
-        """Whether the last decode was a row of a shared batch (`decode_shared`), not a decode of its own."""
-        return self._row is not None
+        """Whether the last decode's rows came from a batch that held other sequences' rows too (`decode_shared`)."""
+        return self._row is not None and self._alone is None
+
+    @property
+    def seconds_ahead(self) -> float:
+        """Seconds of the batch `decode_shared` decoded ahead whose rows the last decode took, where they were its only
+        rows (a tick of one stream: that decode was this step's own, made early); 0.0 otherwise."""
+        return self._alone if self._row is not None and self._alone is not None else 0.0
 
     @property
     def pending(self) -> bool:
@@ -82,6 +91,7 @@ class SeqContext:
                 and (pending.decode == self.parent.decodes or outputs == 0)  # no logits read: its cells are enough
             ):
                 self._row, self._n_rows = pending.first + len(tokens) - outputs, outputs  # its output rows: its last
+                self._alone = pending.alone
                 if self.after_decode is not None:  # a draft head reads this sequence's rows of the shared batch
                     self.after_decode(list(tokens), n_past)
                 return
@@ -242,10 +252,12 @@ def decode_shared(rows: Sequence[tuple[SeqContext, Sequence[int], int]], outputs
     flat = [(view.seq, token, n_past + j) for view, tokens, n_past in rows for j, token in enumerate(tokens)]
     every = all(n == len(tokens) for (_, tokens, _), n in zip(rows, counts, strict=True))
     out = None if every else [j >= len(t) - n for (_, t, _), n in zip(rows, counts, strict=True) for j in range(len(t))]
+    t0 = time.perf_counter()
     parent.decode_rows(flat, out)
+    alone = time.perf_counter() - t0 if len(rows) == 1 else None
     first = 0
     for (view, tokens, n_past), n in zip(rows, counts, strict=True):
-        view._pending = SharedRows(tuple(tokens), n_past, first, n, parent.decodes)
+        view._pending = SharedRows(tuple(tokens), n_past, first, n, parent.decodes, alone)
         first += len(tokens)
 
 

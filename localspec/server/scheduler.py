@@ -2,9 +2,9 @@
 
 Up to N requests hold a slot each (core/slots.py: a sequence of the target's context); the rest wait in arrival
 order, within the runner's bound. Each tick, on the engine thread: requests that fit join (continuous batching);
-when two or more run, the next token of every stream is decoded in ONE batch (`SlotPool.begin`), with drafts
-for some of them (their n-gram copies, or the draft model's) where that is predicted to pay (core/batchdraft.py),
-and each stream takes one step from it; a stream that runs alone takes one speculative step exactly as with one slot.
+the next rows of every stream are decoded in ONE batch (`SlotPool.begin`), with drafts for some of them (their
+n-gram copies, or the draft model's) where that is predicted to pay (core/batchdraft.py), and each stream takes one
+step from it; a stream that runs alone is a tick of one stream, its step exactly as with one slot.
 Every running stream steps once per tick, so a long answer never holds the others back, and a long prompt is
 read a chunk per tick (`Generation.read_prompt`) while the others answer, in their batch where it fits. A finished
 or cancelled request gives its slot back at once, in the tick it ends. A prompt that finds no room in the slots'
@@ -208,13 +208,13 @@ class Scheduler:
         self._slots(served)
 
     def _tick(self) -> None:
-        """One step of every running request: their next rows decoded together first, when several run."""
+        """One step of every running request: their next rows decoded together first (one stream's alone)."""
         entries, streams = list(self._active), []
-        pool = self._pool if sum(e.work is None for e in entries) > 1 else None
-        if pool is not None:  # a shared tick: fixed until its end, so a stream left alone by one that ended earlier
-            # in it still takes the row decoded for it (a speculative step would redo that decode)
+        pool = self._pool
+        if pool is not None:  # a tick of the streams (a lone step is a tick of one): fixed until its end, so a stream
+            # left alone by one that ended earlier in it still takes the row decoded for it
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
-            pool.begin(streams)
+            pool.begin(streams, running=len(entries))
             # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
             # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
             entries.sort(key=lambda e: not (e.slot is not None and pool.waits(e.slot)))

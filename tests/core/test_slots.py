@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from support.fixedcosts import FixedCosts
 
+from localspec.core.costs import MeasuredCosts
 from localspec.core.engine import Engine
 from localspec.core.kv import KVSequence
 from localspec.core.params import SpeculativeParams
+from localspec.core.policy import DraftPolicy
 from localspec.core.sampling import SamplingParams
 from localspec.core.slots import SlotPool
 from localspec.errors import InvalidParamsError, NoRoomError
@@ -102,23 +104,33 @@ def test_streams_stepped_together_decode_once_per_step_and_match_their_texts_alo
     together: list[list[int | None]] = [[next(e).token] for e in events]  # each prompt read, first step taken
     pool.end(streams)
     parent = engine.target.ctx
-    live = set(range(3))
+    live, lone = set(range(3)), set()
     while live:
         before = parent.decodes
         streams = [(slots[i], gens[i]) for i in sorted(live)]
         decoded = pool.begin(streams)
-        assert decoded == len(live) and parent.decodes == before + 1  # ONE llama_decode for every live stream
+        assert parent.decodes == before + 1  # ONE llama_decode for every live stream
+        if len(live) > 1:
+            assert decoded == len(live)  # one row each: the plan drafts nothing for this noisy draft
+        else:  # the last one left: a tick of one stream, which drafts as alone (its fixed k, its own drafter)
+            lone.update(live)
+            assert pool.tick is not None and pool.tick.solo is gens[min(live)]
         for i in sorted(live):
-            event = next(events[i])
-            together[i].append(event.token)
-            if event.finish_reason is not None:
-                live.discard(i)
-                with pytest.raises(StopIteration):
-                    next(events[i])
+            while True:  # its step's tokens (one each while several run, its accepted drafts too when alone)
+                event = next(events[i])
+                together[i].append(event.token)
+                if event.finish_reason is not None:
+                    live.discard(i)
+                    with pytest.raises(StopIteration):
+                        next(events[i])
+                    break
+                if not gens[i].pending:
+                    break
         assert parent.decodes == before + 1  # no stream decoded on its own
         pool.end(streams)
     assert together == alone[:3]
-    assert all(g.stats.drafted == 0 for g in gens)
+    assert lone and all(g.stats.drafted == 0 for i, g in enumerate(gens) if i not in lone)
+    assert all((gens[i].stats.drafted > 0) == (temperature == 0) for i in lone)  # draft_max 0 at T > 0
     for slot, gen in zip(slots, gens, strict=True):
         slot.target.check()
         assert slot.target.n_past == len(gen.prompt) + len(gen.tokens) - 1
@@ -245,6 +257,52 @@ def test_a_step_that_took_a_shared_row_teaches_the_draft_policy_nothing(engine):
     for gen, slot in zip(gens, slots, strict=True):
         gen.cancel()
         pool.release(slot)
+
+
+def test_a_lone_step_is_a_tick_of_one_stream(engine):
+    """One stream in a tick (`serve --parallel`, the only request running) steps as it would alone: its own drafter
+    and policy draft its k before the tick's one decode, which holds its rows and its drafts; its step decodes
+    nothing more; the policy is taught the seconds of that decode and of the drafting (before, a row of a shared
+    batch taught it nothing: a lone stream's policy never timed a step); its greedy text is the text alone."""
+    pool = SlotPool(engine, 3)
+    alone = _alone(engine, pool, PROMPTS[2], 24)
+    slot = pool.acquire(PROMPTS[2])
+    policy = DraftPolicy(costs=MeasuredCosts())
+    gen = engine.generate(
+        PROMPTS[2],
+        sampling=SamplingParams(temperature=0),
+        spec=FIXED_K,
+        max_tokens=24,
+        target=slot.target,
+        policy=policy,
+    )
+    gen.shared = pool
+    events, parent, ticks = iter(gen), engine.target.ctx, []
+    pool.begin([(slot, gen)], running=1)
+    text = [next(events).token]  # a first step where no other runs: alone, before any tick decoded for it
+    while gen.pending:
+        text.append(next(events).token)
+    pool.end([(slot, gen)])
+    verify, decoding = gen.stats.seconds_verify, 0.0  # the steps' verify time, and the ticks' decodes'
+    while gen.finish_reason is None:
+        before, seconds = parent.decodes, parent.seconds_decoding
+        rows = pool.begin([(slot, gen)], running=1)
+        decoding += parent.seconds_decoding - seconds
+        assert pool.tick is not None and pool.tick.solo is gen
+        while True:
+            text.append(next(events).token)
+            if gen.finish_reason is not None or not gen.pending:
+                break
+        assert parent.decodes == before + 1 and not slot.view.row_shared  # its one decode: the tick's, its own
+        ticks.append(rows)
+        pool.end([(slot, gen)])
+    assert text == alone
+    assert max(ticks) == 1 + FIXED_K.draft_max  # its drafts were in the tick's batch
+    drafted = [rows for rows in ticks if rows > 1]
+    assert drafted and policy.costs.verify.seen(1, 1 + FIXED_K.draft_max) >= len(drafted) - 1  # timed, as alone
+    assert gen.stats.seconds_verify - verify >= decoding > 0  # each step counts its decode, made in its tick
+    assert policy.costs.draft.value > 0
+    pool.release(slot)
 
 
 def test_a_batch_of_several_rows_per_sequence_takes_one_pass_whatever_the_counts(tiny_models):

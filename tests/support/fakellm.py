@@ -63,6 +63,7 @@ class TableContext:
         self.table, self.model, self.n_ctx, self.device_greedy = table, model, n_ctx, device_greedy
         self.device_topk = False
         self.row_shared = False  # no top-k chain: a sampled draft reads the table's logits
+        self.seconds_ahead = 0.0  # no decode is made ahead of the step that takes it
         self.n_batch, self.n_rs_seq = n_ctx, 0  # one batch holds anything; no recurrent snapshots
         self.seconds_decoding = 0.0  # a table lookup is not timed
         self.after_decode = None  # no draft head reads a table
