@@ -214,7 +214,7 @@ class Scheduler:
         if pool is not None:  # a tick of the streams (a lone step is a tick of one): fixed until its end, so a stream
             # left alone by one that ended earlier in it still takes the row decoded for it
             streams = [(e.slot, gen) for e in entries if e.slot is not None and (gen := e.job.generation) is not None]
-            pool.begin(streams, running=len(entries))
+            pool.begin(streams, running=sum(e.work is None for e in entries))  # requests, not a job's work
             # The streams whose rows wait in the shared batch step first: a step that decodes on its own (a chunk of
             # a prompt, a verify pass) replaces the context's logits, and the rows after it would be decoded again.
             entries.sort(key=lambda e: not (e.slot is not None and pool.waits(e.slot)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+from localspec.core.slots import SlotPool
 from localspec.models.flags import RunFlags
 from localspec.server.request import PROMPT_CHUNK, Started, Token
 from localspec.server.request import Request as ServerRequest
@@ -59,6 +60,42 @@ def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home)
     steps = [later - earlier for earlier, later in zip(between, between[1:], strict=False)]
     assert steps[1:] and set(steps[1:]) == {1}, steps
     assert who.count("A") == 300 and who.count("B") == 4
+
+
+def test_an_answer_beside_a_prompt_being_read_drafts_as_alone(chat_home, monkeypatch):
+    """While only B's long prompt is read beside it, A is its ticks' one stream: each such tick's one decode holds
+    B's part and A's row with the drafts of its own fixed k, drafted as alone (it was planned as a stream of a shared
+    batch); both answer as alone."""
+    ticks = []  # (the tick's one stream, parts of prompts in it, rows it decoded)
+    begin = SlotPool.begin
+
+    def recorded(pool, streams, running=None):
+        rows = begin(pool, streams, running)
+        ticks.append((pool.tick.solo, pool.tick.reads, rows))
+        return rows
+
+    monkeypatch.setattr(SlotPool, "begin", recorded)
+    fixed = {"draft_max": 4, "adaptive": False}
+    long_prompt = " ".join(["the man said that the water was hot and"] * 120)
+    runner = Runner(RunFlags(pair="tiny", drafter="model"), chat_home, parallel=2)
+    try:
+        runner.start()
+        _, b = runner.submit(ServerRequest(None, long_prompt, max_tokens=1))
+        _, a = runner.submit(ServerRequest(None, "water was the man", max_tokens=48, overrides=fixed))
+        beside = a.result(120).generations[0]
+        b.result(120)
+    finally:
+        runner.close()
+    runner = Runner(RunFlags(pair="tiny", drafter="model"), chat_home, parallel=1)
+    try:
+        runner.start()
+        alone = runner.submit(ServerRequest(None, "water was the man", max_tokens=48, overrides=fixed))[1].result(120)
+    finally:
+        runner.close()
+    assert beside.tokens == alone.generations[0].tokens
+    read_beside = [(solo, rows) for solo, reads, rows in ticks if reads and solo is not None]
+    assert len(read_beside) >= 2 and all(solo is beside for solo, _ in read_beside)
+    assert {rows - PROMPT_CHUNK for _, rows in read_beside} == {1 + fixed["draft_max"]}  # its row and its own k
 
 
 def test_automatic_slots_are_four_where_the_target_shares_and_one_where_it_cannot(chat_home, tiny_models):
