@@ -9,11 +9,14 @@ Every running stream steps once per tick, so a long answer never holds the other
 read a chunk per tick (`Generation.read_prompt`) while the others answer, in their batch where it fits. A finished
 or cancelled request gives its slot back at once, in the tick it ends. A prompt that finds no room in the slots'
 one pool beside the running requests (they hold its cells) waits at the head of the queue until one of them ends,
-then starts again; only a prompt that does not fit with nothing else running is refused.
+then starts again; the requests behind it may pass it for its first PASS_WAITS waits (a short request need not wait
+for a long prompt's room), then wait behind it (so it is never starved); only a prompt that does not fit with
+nothing else running is refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -31,6 +34,7 @@ from .request import Emit, Event, Job, Outcome, Request, Token, steps
 from .served import Served
 
 log = logging.getLogger(__name__)
+PASS_WAITS = 2  # times a prompt waits for room while later requests may pass it; after that they wait behind it
 
 
 class Host(Protocol):
@@ -74,6 +78,8 @@ class Entry:
     slot: Slot | None = None
     answered: bool = False  # a token of it was emitted: it can no longer start again
     room_after: int | None = None  # waiting for room: started before, again once more requests than this have ended
+    waits: int = 0  # times its prompt found no room (later requests pass it for PASS_WAITS of them)
+    order: int = 0  # its place in arrival order (`Scheduler.add`)
 
 
 class Scheduler:
@@ -93,6 +99,7 @@ class Scheduler:
         self._pool: SlotPool | None = None
         self._pool_of: Served | None = None  # the pair the pool's slots belong to
         self._ended = 0  # requests ended so far: a prompt waiting for room starts again when this grows
+        self._added = 0  # requests queued so far (their arrival order)
 
     @property
     def busy(self) -> int:
@@ -102,6 +109,8 @@ class Scheduler:
     def add(self, entry: Entry) -> None:
         """Queue `entry` (any thread); the engine thread's loop starts if it is not running."""
         with self._lock:
+            self._added += 1
+            entry.order = self._added
             self._waiting.append(entry)
             start, self._looping = not self._looping, True
         if start:
@@ -126,18 +135,26 @@ class Scheduler:
                 self._settle(entry, error=e)
 
     def _admit(self) -> None:
-        """Start the waiting requests that fit, in order: a free slot each (a job's work needs none)."""
+        """Start the waiting requests that fit, in order: a free slot each (a job's work needs none). A prompt that
+        waits for room (`_wait_for_room`) holds the requests behind it once it has waited PASS_WAITS times; before
+        that they pass it (a short request need not wait for a long prompt's room), and one that finds no room
+        either waits behind it."""
         while True:
             with self._lock:
-                if not self._waiting:
+                entry = next((e for e in self._waiting if self._may_start(e)), None)
+                if entry is None:
                     return
-                entry = self._waiting[0]
-                if entry.work is None and self.busy >= self.n_slots:
-                    return
-                if entry.room_after == self._ended and self._active and not entry.job.cancelled:
-                    return  # its prompt waits for a running request to end (first in, first out)
-                self._waiting.popleft()
+                self._waiting.remove(entry)
             self._start(entry)
+
+    def _may_start(self, entry: Entry) -> bool:
+        """Whether `entry` may start now, as `_admit` takes the queue in order (under the lock)."""
+        if entry.work is None and self.busy >= self.n_slots:
+            return False
+        head = self._waiting[0]
+        if head.room_after == self._ended and self._active and not head.job.cancelled:  # the head waits for room
+            return entry is not head and entry.room_after is None and head.waits <= PASS_WAITS
+        return entry is head
 
     def _start(self, entry: Entry) -> None:
         if entry.room_after is not None:  # started before: it waited for room
@@ -243,8 +260,10 @@ class Scheduler:
             if entry.answered or not others:
                 return False
             self._active.remove(entry)
-            entry.run, entry.room_after = None, self._ended
-            self._waiting.appendleft(entry)
+            entry.run, entry.room_after, entry.waits = None, self._ended, entry.waits + 1
+            waiters = itertools.takewhile(lambda e: e.room_after is not None and e.order < entry.order, self._waiting)
+            self._waiting.insert(sum(1 for _ in waiters), entry)  # behind the prompts that came before it, ahead of
+            # the requests that never waited
         self._release(entry)
         entry.job.generation = None
         log.info("a prompt waits for room beside %d running request(s): %s", len(others), error)

@@ -5,12 +5,17 @@ batch — it steps before the chunk's decode replaces the context's logits, what
 from __future__ import annotations
 
 import threading
+from collections import deque
+from concurrent.futures import Future
+from types import SimpleNamespace
 
 from localspec.core.slots import SlotPool
+from localspec.errors import NoRoomError
 from localspec.models.flags import RunFlags
 from localspec.server.request import PROMPT_CHUNK, Started, Token
 from localspec.server.request import Request as ServerRequest
 from localspec.server.runner import Runner
+from localspec.server.scheduler import PASS_WAITS, Entry, Scheduler
 
 
 def test_a_long_prompt_is_read_a_chunk_per_step_while_another_answers(chat_home):
@@ -155,3 +160,67 @@ def test_a_prompt_with_no_room_beside_a_running_request_waits_for_it_to_end(chat
     assert first.generations[0].stats.emitted == 40 and first.generations[0].finish_reason == "length"
     assert second.generations[0].tokens == alone.generations[0].tokens  # as alone, once A ended
     assert order == ["A"] * order.count("A") + ["B"] * order.count("B"), order  # B's first token after A's last
+
+
+def _entry(order: int, room_after: int | None = None, waits: int = 0) -> Entry:
+    job = SimpleNamespace(cancelled=False, generation=None)
+    return Entry(job, None, lambda _: None, None, Future(), room_after=room_after, waits=waits, order=order)
+
+
+def test_requests_pass_a_prompt_waiting_for_room_for_its_first_waits_then_wait_behind_it():
+    """The queue's order (pure logic, no model): B's prompt waits for room beside the running A; C, which never waited,
+    passes it while B has waited at most PASS_WAITS times, then waits behind it; once a request ends, B goes first.
+    A request that passed and found no room either waits behind B and ahead of those that never waited."""
+    scheduler = Scheduler(None, 3)  # type: ignore[arg-type]  # the queue's rules need no runner
+    a, b, c = _entry(1), _entry(2, room_after=0, waits=1), _entry(3)
+    scheduler._active, scheduler._waiting = [a], deque([b, c])
+    assert not scheduler._may_start(b) and scheduler._may_start(c)  # B waits for A; C passes it
+    b.waits = PASS_WAITS + 1
+    assert not scheduler._may_start(c)  # B has waited long enough: C waits behind it
+    scheduler._ended = 1  # a request ended: B starts again first
+    assert scheduler._may_start(b) and not scheduler._may_start(c)
+    scheduler._ended, b.waits = 0, 1
+    d = _entry(4)
+    scheduler._active = [a, d]  # D passed B, then found no room either
+    assert scheduler._wait_for_room(d, NoRoomError("full"))
+    assert list(scheduler._waiting) == [b, d, c] and d.room_after == 0 and d.waits == 1
+    scheduler._active = [a, _entry(5), _entry(6)]  # every slot busy: nobody starts
+    assert not any(scheduler._may_start(e) for e in scheduler._waiting)
+
+
+def test_a_short_request_passes_a_prompt_waiting_for_room(chat_home):
+    """One pool of 256 cells, three slots: B's prompt arrives beside A's long prompt and answer and waits for room; C,
+    short, arriving after it, fits beside A: it passes B and answers while A still runs (it waited for A before). B
+    answers as alone once A ends; A answers whole. (B and C are sent from A's stream, at its 2nd and 12th tokens, so
+    B surely waits when C arrives.)"""
+    runner = Runner(RunFlags(pair="tiny", drafter="none", n_ctx=256), chat_home, parallel=3)
+    try:
+        served = runner.start()
+        words = "the man said that the water was hot and".split()
+        long_prompt, other_prompt, short = " ".join(words * 20), " ".join(reversed(words * 11)), "water was the man"
+        n_long, n_other, n_short = (len(served.engine.tokenize(p)) for p in (long_prompt, other_prompt, short))
+        assert n_long + 40 + n_short + 4 <= 256 < n_long + n_other  # C fits beside A; B does not
+        alone = runner.submit(ServerRequest(None, other_prompt, max_tokens=8))[1].result(120)
+        order: list[str] = []
+        sent: dict[str, Future] = {}
+
+        def emit(who: str):
+            def on(event) -> None:
+                if not isinstance(event, Token):
+                    return
+                order.append(who)
+                if who == "A" and order.count("A") in (2, 12):
+                    late, prompt, n = ("B", other_prompt, 8) if order.count("A") == 2 else ("C", short, 4)
+                    sent[late] = runner.submit(ServerRequest(None, prompt, max_tokens=n), emit(late))[1]
+
+            return on
+
+        _, a = runner.submit(ServerRequest(None, long_prompt, max_tokens=40), emit("A"))
+        first, second, third = a.result(120), sent["B"].result(120), sent["C"].result(120)
+    finally:
+        runner.close()
+    assert first.generations[0].stats.emitted == 40 and third.generations[0].stats.emitted == 4
+    last_a = len(order) - 1 - order[::-1].index("A")
+    assert order.count("C") == 4 and order.index("C") < last_a, order  # C passed B: it answered while A ran
+    assert order.index("B") > last_a, order  # B's first token after A's last
+    assert second.generations[0].tokens == alone.generations[0].tokens
