@@ -131,8 +131,9 @@ class Generation:
         self._draft_unread = False  # the draft has not read the prompt: it reads it after the first token
         self._draft_read: DraftRead | None = None  # when and how much of the prompt the draft reads (set by `_run`)
         self._forced: list[int] | None = None  # the grammar's forced tokens for the next step, once worked out
-        self._own_drafts: Proposal | None = None  # drafted by `draft_own` for the next step's shared tick
-        self._chose = False  # `draft_own` asked this stream's policy for the next step's k (the step teaches it)
+        # `draft_own` asked this stream's policy for the next step's k (the step teaches it), and any drafts the tick
+        # holds for it are its own drafter's (which keeps its cache after the step)
+        self._chose = False
         self._draft_error: NonFiniteLogitsError | None = None  # what `draft_own` met, said by the step
 
     @property
@@ -221,7 +222,6 @@ class Generation:
         if self.constraint is not None:
             drafts = admitted(drafts, self.constraint, len(forced))
         drafts.cost = dataclasses.replace(drafts.cost, seconds_ahead=time.perf_counter() - t0)  # its step's draft time
-        self._own_drafts = drafts
         return drafts
 
     def read_prompt(self, chunk: int) -> Iterator[None]:
@@ -404,15 +404,13 @@ class Generation:
         if tick is None or not self._chose and tick.alone(self):
             return self.drafter, self._draft_length(history, forced), True
         ahead = tick.drafts_for(self)
-        own, self._own_drafts = self._own_drafts, None
         chose, self._chose = self._chose, False
         if self._draft_error is not None:
             error, self._draft_error = self._draft_error, None
             raise error
         if ahead is None or not ahead.tokens:
             return self.drafter, 0, chose
-        keeper = self.drafter if own is not None else None
-        return SharedDrafts(ahead, keeper), len(ahead.tokens), chose
+        return SharedDrafts(ahead, self.drafter if chose else None), len(ahead.tokens), chose
 
     def _steps(self, history: list[int]) -> Iterator[TokenEvent]:
         engine, stats = self.engine, self.stats

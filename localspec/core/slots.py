@@ -277,7 +277,8 @@ class SlotPool:
                 break
             kept.append(one)
             used += len(one[2])
-        if len(kept) == 1:  # a lone step is a tick of one stream: its own drafter, policy and timing, as alone
+        solo = len(kept) == 1  # a lone step is a tick of one stream: its own drafter, policy and timing, as alone
+        if solo:
             tick.solo = kept[0][1]
         else:
             self._ticks += 1  # the plan's ticks (`_probe`, `_checked`)
@@ -294,7 +295,6 @@ class SlotPool:
         for slot, gen, ahead in kept:
             stats = gen.stats
             before = (stats.drafted, stats.accepted, stats.rejections)
-            solo = tick.solo is not None
             if solo or gen.drafts_alone or (not self.shared_drafts and gen.constraint is not None):
                 # as alone: its own drafter, its own k (beside others, the yardstick's grammar streams decode plainly)
                 own = gen.draft_own(alone=solo) if solo or self.shared_drafts else None
